@@ -1,0 +1,143 @@
+"""What the cost model prices: a workload (what to train) and a parallel strategy (how).
+
+The device mesh has named axes, outermost first: ``pp, dp_replicate, dp_shard, cp, tp``. Their
+product is the world size. ``ep`` (expert parallelism) is carved out of ``dp_shard × cp`` for the
+MoE layers, as in torchtitan: expert weights are split over ``ep`` ranks and sharded/replicated
+over the remaining ``dp_shard·cp/ep``.
+
+Per-layer choices (:class:`LayerStrategy`) apply to *units*: ``embedding``, ``layers.<i>``,
+``head``, or any operator inside them (``layers.3.mlp.up``); the most specific unit wins and
+``Strategy.default`` covers the rest.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+SHARDINGS = ("replicate", "zero1", "zero2", "zero3", "zero3_keep")
+RECOMPUTES = ("none", "selective", "full")
+OFFLOADS = ("none", "optimizer", "params")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb")
+MESH_AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+ZERO_TO_SHARDING = {0: "replicate", 1: "zero1", 2: "zero2", 3: "zero3"}
+
+Sharding = Literal["replicate", "zero1", "zero2", "zero3", "zero3_keep"]
+Recompute = Literal["none", "selective", "full"]
+Offload = Literal["none", "optimizer", "params"]
+Schedule = Literal["gpipe", "1f1b", "interleaved", "zb"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Mesh(_Strict):
+    """Degrees of the named mesh axes."""
+
+    pp: int = Field(1, ge=1, description="pipeline stages")
+    dp_replicate: int = Field(1, ge=1, description="plain data-parallel replicas")
+    dp_shard: int = Field(1, ge=1, description="ranks that ZeRO/FSDP shards states across")
+    cp: int = Field(1, ge=1, description="context-parallel ranks (sequence split in attention)")
+    tp: int = Field(1, ge=1, description="tensor-parallel ranks")
+    ep: int = Field(1, ge=1, description="expert-parallel ranks, carved from dp_shard x cp")
+
+    @model_validator(mode="after")
+    def _ep_fits(self) -> Mesh:
+        if (self.dp_shard * self.cp) % self.ep:
+            raise ValueError(f"ep={self.ep} must divide dp_shard*cp={self.dp_shard * self.cp}")
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.pp * self.dp_replicate * self.dp_shard * self.cp * self.tp
+
+    @property
+    def dp(self) -> int:
+        return self.dp_replicate * self.dp_shard
+
+    def axes(self) -> dict[str, int]:
+        return {a: getattr(self, a) for a in MESH_AXES}
+
+
+class LayerStrategy(_Strict):
+    """Per-unit choices.
+
+    Attributes:
+        unit: ``*`` (default), ``embedding``, ``layers.<i>``, ``head`` or an operator path.
+        sharding: ``replicate`` (DDP), ``zero1`` (optimizer states), ``zero2`` (+ gradients),
+            ``zero3`` (+ parameters, resharded after forward), ``zero3_keep`` (ZeRO-3 whose
+            parameters stay gathered from forward to backward).
+        recompute: ``none``, ``selective`` (attention core) or ``full`` (the whole unit).
+        offload: ``optimizer`` (fp32 master + Adam states in host memory, step on the CPU) or
+            ``params`` (parameters too).
+        split: OSDP operator splitting: run each large operator of the unit as ``split`` slices,
+            so that only one slice's gathered weights live at a time.
+    """
+
+    unit: str = "*"
+    sharding: Sharding = "replicate"
+    recompute: Recompute = "none"
+    offload: Offload = "none"
+    split: int = Field(1, ge=1, le=64)
+
+
+class Workload(_Strict):
+    """What to train: tokens per sample, samples per step, precision."""
+
+    seq_len: int = Field(..., ge=1)
+    global_batch: int = Field(..., ge=1, description="samples (sequences) per optimizer step")
+    precision: Literal["bf16", "fp8"] = "bf16"
+
+
+class Strategy(_Strict):
+    """How to train it."""
+
+    mesh: Mesh = Mesh()
+    micro_batch: int = Field(1, ge=1)
+    schedule: Schedule = "1f1b"
+    vpp: int = Field(1, ge=1, description="virtual stages per rank (interleaved schedule)")
+    stage_layers: list[int] | None = Field(
+        None, description="blocks per (virtual) stage in order; None = as even as possible"
+    )
+    sequence_parallel: bool = False
+    tp_mode: Literal["megatron", "tsp"] = "megatron"
+    cp_mode: Literal["ring", "ulysses"] = "ring"
+    default: LayerStrategy = LayerStrategy()
+    layers: list[LayerStrategy] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Strategy:
+        if self.schedule != "interleaved" and self.vpp != 1:
+            raise ValueError(f"vpp={self.vpp} needs schedule 'interleaved', not '{self.schedule}'")
+        if self.schedule == "interleaved" and self.mesh.pp == 1:
+            raise ValueError("schedule 'interleaved' needs pp > 1")
+        if self.sequence_parallel and self.mesh.tp == 1:
+            raise ValueError("sequence_parallel needs tp > 1")
+        if self.default.unit != "*":
+            raise ValueError("default layer strategy must have unit '*'")
+        units = [ls.unit for ls in self.layers]
+        if len(set(units)) != len(units):
+            raise ValueError(f"layer strategies name a unit twice: {sorted({u for u in units if units.count(u) > 1})}")
+        if self.stage_layers is not None:
+            if len(self.stage_layers) != self.mesh.pp * self.vpp:
+                raise ValueError(
+                    f"stage_layers has {len(self.stage_layers)} entries, expected pp*vpp={self.mesh.pp * self.vpp}"
+                )
+            if any(n < 0 for n in self.stage_layers):
+                raise ValueError("stage_layers entries must be >= 0")
+        return self
+
+    def num_microbatches(self, global_batch: int) -> int:
+        per_step = self.mesh.dp * self.micro_batch
+        return global_batch // per_step
+
+    def for_unit(self, name: str) -> LayerStrategy:
+        """The strategy of an operator or unit: the most specific matching entry, else default."""
+        best: LayerStrategy | None = None
+        for ls in self.layers:
+            if name == ls.unit or name.startswith(ls.unit + "."):
+                if best is None or len(ls.unit) > len(best.unit):
+                    best = ls
+        return best or self.default

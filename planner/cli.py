@@ -1,0 +1,172 @@
+"""The ``shardplan`` command line.
+
+Every command turns bad input into one line on stderr and exit code 2 (see :func:`guard`), and
+imports heavy packages (torch, solvers) only inside the commands that need them.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from profiler.errors import ShardplanError
+
+app = typer.Typer(
+    name="shardplan",
+    help="Find the fastest way to train a model on a GPU cluster: profile, price, search, plan, run.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+console = Console()
+err_console = Console(stderr=True)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def guard(fn: F) -> F:
+    """Run a command; a :class:`ShardplanError` becomes ``error: ...`` and exit code 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except ShardplanError as e:
+            err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+        except KeyboardInterrupt:
+            err_console.print("interrupted")
+            raise typer.Exit(130) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def _fmt(x: float, unit: str = "") -> str:
+    for scale, suffix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= scale:
+            return f"{x / scale:.2f} {suffix}{unit}"
+    return f"{x:.0f} {unit}".strip()
+
+
+@app.command()
+@guard
+def models(as_json: bool = typer.Option(False, "--json", help="machine-readable output")) -> None:
+    """List the preset models."""
+    from profiler.models import presets
+    from profiler.transformer import build_graph
+
+    rows = []
+    for name, cfg in presets().items():
+        g = build_graph(cfg, min(cfg.max_seq, 4096))
+        rows.append({"name": name, "arch": cfg.arch, "layers": cfg.layers, "hidden": cfg.hidden,
+                     "heads": cfg.heads, "kv_heads": cfg.kv_heads, "experts": cfg.experts,
+                     "total_params": g.total_params, "source": cfg.source})
+    if as_json:
+        print_json(rows)
+        return
+    t = Table(title="preset models")
+    for col in ("name", "arch", "layers", "hidden", "heads", "kv", "experts", "params"):
+        t.add_column(col, justify="right" if col not in ("name", "arch") else "left")
+    for r in rows:
+        t.add_row(r["name"], r["arch"], str(r["layers"]), str(r["hidden"]), str(r["heads"]),
+                  str(r["kv_heads"]), str(r["experts"] or "-"), _fmt(r["total_params"]))
+    console.print(t)
+
+
+@app.command()
+@guard
+def hardware(as_json: bool = typer.Option(False, "--json", help="machine-readable output")) -> None:
+    """List the accelerators (one data file each)."""
+    from profiler.hardware import accelerators
+
+    accs = list(accelerators().values())
+    if as_json:
+        print_json([a.to_dict() for a in accs])
+        return
+    t = Table(title="accelerators")
+    for col in ("name", "bf16 TFLOP/s", "fp8 TFLOP/s", "HBM GB", "HBM TB/s", "scale-up GB/s",
+                "domain", "scale-out GB/s", "GEMM eff"):
+        t.add_column(col, justify="left" if col == "name" else "right")
+    for a in accs:
+        t.add_row(a.name, f"{a.peak_tflops['bf16']:g}", f"{a.peak_tflops['fp8']:g}", f"{a.hbm_gb:g}",
+                  f"{a.hbm_tbps:g}", f"{a.scale_up.gbps:g}", str(a.scale_up.domain),
+                  f"{a.scale_out.gbps:g}", f"{a.gemm_efficiency:.2f}")
+    console.print(t)
+
+
+@app.command()
+@guard
+def inspect(
+    model: str = typer.Option(..., "--model", "-m", help="preset name, config.json path or pkg.module:factory"),
+    seq_len: int = typer.Option(0, "--seq-len", help="tokens per sample (default: the model's max)"),
+    as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
+) -> None:
+    """Show a model's layer graph: parameters, FLOPs and activations per token."""
+    from profiler.models import load_model
+
+    if seq_len < 0:
+        raise ShardplanError(f"--seq-len must be positive, got {seq_len}")
+    g = load_model(model, seq_len or None)
+    s = g.seq_len
+    layers = [
+        {"name": n.name, "kind": n.kind, "block": n.block, "params": n.params,
+         "fwd_flops_per_token": n.fwd_flops / s, "train_flops_per_token": (n.fwd_flops + n.bwd_flops) / s,
+         "act_bytes_per_token": n.act_saved_bytes / s, "tp": n.tp}
+        for n in g.nodes
+    ]
+    if as_json:
+        print_json({**g.summary(), "layers": layers})
+        return
+    t = Table(title=f"{g.model_id} at seq_len {s}: {_fmt(g.total_params)} parameters, "
+                    f"{_fmt(g.train_flops / s, 'FLOP')}/token (fwd+bwd)")
+    for col in ("layer", "kind", "params", "fwd FLOP/token", "saved act B/token"):
+        t.add_column(col, justify="left" if col in ("layer", "kind") else "right")
+    shown = _collapse_blocks(layers)
+    for r in shown:
+        t.add_row(r["name"], r["kind"], _fmt(r["params"]), _fmt(r["fwd_flops_per_token"]),
+                  _fmt(r["act_bytes_per_token"]))
+    console.print(t)
+
+
+def _collapse_blocks(layers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """First block in full, identical later blocks folded into one row each."""
+    out: list[dict[str, Any]] = []
+    first_block = next((r["block"] for r in layers if r["block"] is not None), None)
+    folded: dict[str, Any] | None = None
+    for r in layers:
+        if r["block"] is None or r["block"] == first_block:
+            if folded:
+                out.append(folded)
+                folded = None
+            out.append(r)
+            continue
+        if folded is None:
+            folded = {"name": f"layers.{r['block']}..", "kind": "block", "params": 0,
+                      "fwd_flops_per_token": 0.0, "act_bytes_per_token": 0.0, "blocks": set()}
+        folded["blocks"].add(r["block"])
+        folded["name"] = f"layers.{min(folded['blocks'])}-{max(folded['blocks'])} (each like layers.{first_block})"
+        for k in ("params", "fwd_flops_per_token", "act_bytes_per_token"):
+            folded[k] += r[k]
+    if folded:
+        out.append(folded)
+    return out
+
+
+def main() -> None:
+    from planner import commands  # noqa: F401  (registers the commands of later stages)
+
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,192 @@
+"""The layer graph: a model as operators in execution order, with what each costs.
+
+Every quantity is for **one sample** (one sequence of ``seq_len`` tokens) and for the whole,
+unsharded operator; the cost model divides by the parallel degrees of a plan. FLOPs follow the
+model-FLOPs convention of Megatron-LM and PaLM (every matmul counted, attention counted in full
+even when causal; ``causal`` on the node lets the cost model halve the *time* of causal attention).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import networkx as nx
+
+#: Operator kinds the cost model knows how to price.
+OP_KINDS = (
+    "embedding",  # token (and position) embedding lookup
+    "norm",  # LayerNorm / RMSNorm
+    "linear",  # a GEMM with weights; ``tp`` says how Megatron TP splits it
+    "attention",  # the attention core: QK^T, softmax, AV (no weights)
+    "activation",  # elementwise activation (GELU, SiLU*gate)
+    "dropout",  # dropout after a projection (saves a 1-byte mask)
+    "router",  # MoE gate: a small GEMM plus top-k
+    "experts",  # MoE expert MLPs (weights of all experts, top-k of them run per token)
+    "loss",  # softmax cross-entropy over the vocabulary
+    "other",  # anything traced that is none of the above
+)
+
+#: How Megatron tensor parallelism splits an operator's weights and output.
+TP_ROLES = ("column", "row", "replicated", "vocab", "heads", "none")
+
+
+@dataclass(frozen=True)
+class LayerNode:
+    """One operator of the model.
+
+    Attributes:
+        name: dotted module path, unique in the graph (``layers.3.mlp.up``).
+        kind: one of :data:`OP_KINDS`.
+        block: index of the repeated block it belongs to, ``None`` outside the stack.
+        block_type: ``embedding``, ``decoder``, ``encoder`` or ``head``; blocks of one type with
+            equal shapes are identical and solvers may share decisions across them.
+        params: number of parameters (all experts included for ``experts``).
+        param_bytes: bytes of one parameter in the compute dtype (2 for bf16).
+        fwd_flops: forward FLOPs per sample.
+        bwd_flops: backward FLOPs per sample (gradients of inputs and of weights).
+        act_saved_bytes: bytes kept from forward for backward, per sample.
+        act_tp_sharded: whether Megatron TP alone already shards ``act_saved_bytes`` (attention
+            heads, FFN columns); otherwise only sequence parallelism shards them.
+        act_selective_bytes: part of ``act_saved_bytes`` that selective recomputation drops
+            (the attention scores of non-flash attention).
+        out_bytes: bytes of the output activation per sample.
+        mem_bytes: bytes moved through memory per sample in forward (for bandwidth-bound ops).
+        causal: attention only: whether it is causal.
+        tp: how TP splits the weights (:data:`TP_ROLES`).
+        dims: shape facts the cost model needs (``in``, ``out``, ``heads``, ``kv_heads``,
+            ``head_dim``, ``experts``, ``top_k``, ``vocab``, ``hidden``).
+    """
+
+    name: str
+    kind: str
+    block: int | None
+    block_type: str
+    params: int = 0
+    param_bytes: int = 2
+    fwd_flops: float = 0.0
+    bwd_flops: float = 0.0
+    act_saved_bytes: float = 0.0
+    act_tp_sharded: bool = False
+    act_selective_bytes: float = 0.0
+    out_bytes: float = 0.0
+    mem_bytes: float = 0.0
+    causal: bool = False
+    tp: str = "none"
+    dims: Mapping[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kind not in OP_KINDS:
+            raise ValueError(f"layer {self.name}: kind '{self.kind}' is not one of {OP_KINDS}")
+        if self.tp not in TP_ROLES:
+            raise ValueError(f"layer {self.name}: tp role '{self.tp}' is not one of {TP_ROLES}")
+        if self.params < 0 or self.fwd_flops < 0 or self.act_saved_bytes < 0:
+            raise ValueError(f"layer {self.name}: negative size")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["dims"] = dict(self.dims)
+        return d
+
+
+@dataclass
+class LayerGraph:
+    """Operators of a model in execution order, over a networkx DiGraph (edges = data flow).
+
+    Attributes:
+        model_id: the name the model was asked by (preset, file or factory).
+        seq_len: tokens per sample the per-sample figures are for.
+        nodes: operators in execution order.
+        config: the architecture facts (hidden size, heads, ...), when known.
+    """
+
+    model_id: str
+    seq_len: int
+    nodes: list[LayerNode]
+    config: dict[str, Any] = field(default_factory=dict)
+    source: str = "analytic"
+
+    def __post_init__(self) -> None:
+        names = [n.name for n in self.nodes]
+        if len(set(names)) != len(names):
+            dup = sorted({n for n in names if names.count(n) > 1})
+            raise ValueError(f"layer graph of {self.model_id}: duplicate layer names {dup[:5]}")
+        if self.seq_len <= 0:
+            raise ValueError(f"seq_len must be positive, got {self.seq_len}")
+
+    # ---- networkx view -------------------------------------------------------------------
+    def to_networkx(self) -> nx.DiGraph:
+        """A DiGraph whose nodes carry the :class:`LayerNode` fields, edges in execution order."""
+        g = nx.DiGraph(model_id=self.model_id, seq_len=self.seq_len)
+        prev = None
+        for n in self.nodes:
+            g.add_node(n.name, **n.to_dict())
+            if prev is not None:
+                g.add_edge(prev, n.name)
+            prev = n.name
+        return g
+
+    # ---- totals --------------------------------------------------------------------------
+    @property
+    def total_params(self) -> int:
+        return sum(n.params for n in self.nodes)
+
+    @property
+    def fwd_flops(self) -> float:
+        return sum(n.fwd_flops for n in self.nodes)
+
+    @property
+    def train_flops(self) -> float:
+        """Forward plus backward FLOPs per sample, without recomputation."""
+        return sum(n.fwd_flops + n.bwd_flops for n in self.nodes)
+
+    @property
+    def act_saved_bytes(self) -> float:
+        return sum(n.act_saved_bytes for n in self.nodes)
+
+    @property
+    def num_blocks(self) -> int:
+        return len({n.block for n in self.nodes if n.block is not None})
+
+    def blocks(self) -> Iterator[tuple[str, list[LayerNode]]]:
+        """Units a pipeline stage or a per-layer strategy applies to, in order.
+
+        ``embedding`` (everything before the first block), ``layers.<i>`` for each block,
+        ``head`` (everything after the last block).
+        """
+        units: dict[str, list[LayerNode]] = {}
+        seen_block = False
+        for n in self.nodes:
+            if n.block is not None:
+                seen_block = True
+                key = f"layers.{n.block}"
+            else:
+                key = "head" if seen_block else "embedding"
+            units.setdefault(key, []).append(n)
+        yield from units.items()
+
+    def content_hash(self) -> str:
+        """A stable hash of the graph's contents (names, kinds, sizes, seq_len)."""
+        payload = json.dumps(
+            {"seq_len": self.seq_len, "nodes": [n.to_dict() for n in self.nodes]},
+            sort_keys=True,
+            default=str,
+        )
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "model": self.model_id,
+            "seq_len": self.seq_len,
+            "source": self.source,
+            "total_params": self.total_params,
+            "num_blocks": self.num_blocks,
+            "fwd_flops_per_token": self.fwd_flops / self.seq_len,
+            "train_flops_per_token": self.train_flops / self.seq_len,
+            "act_saved_bytes_per_token": self.act_saved_bytes / self.seq_len,
+            "content_hash": self.content_hash(),
+            "config": self.config,
+        }
