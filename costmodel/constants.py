@@ -1,0 +1,96 @@
+"""The few physical constants of the cost model, documented and fitted, never per row.
+
+Defaults hold for every accelerator; ``costmodel/data/constants.yaml`` may override them per
+accelerator (written by ``shardplan fit``, each override with the rows it was fitted on).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from profiler.errors import ShardplanError
+
+CONSTANTS_PATH = Path(__file__).parent / "data" / "constants.yaml"
+
+
+@dataclass(frozen=True)
+class CostConstants:
+    """Constants of the cost model.
+
+    Attributes:
+        gemm_overhead_s: fixed time per GEMM call (launch, tail wave); makes small, TP-shrunk
+            GEMMs less efficient than the spec-sheet GEMM efficiency.
+        gemm_scale: achieved fraction of the accelerator's measured best GEMM throughput in
+            real training (shapes, fused epilogues, interference with communication kernels).
+        attention_efficiency: flash-attention throughput relative to the achieved GEMM
+            throughput (forward); backward costs ``attention_bwd_ratio`` × forward.
+        attention_bwd_ratio: flash-attention backward time over forward time (it recomputes
+            the scores: 2.5 is the FLOP ratio).
+        memory_efficiency: achieved fraction of peak HBM bandwidth for bandwidth-bound ops.
+        fp8_gemm_speedup: fp8 GEMM throughput over bf16 (transposes and scaling included).
+        fsdp_overlap: fraction of a layer's compute under which its FSDP all-gather and
+            reduce-scatter can hide (prefetch).
+        dp_overlap: fraction of backward under which the bucketed DP gradient all-reduce hides.
+        tp_overlap: fraction of TP/SP collectives hidden by communication-GEMM overlap.
+        cp_overlap: fraction of ring-attention K/V exchange hidden under attention compute.
+        ep_overlap: fraction of MoE all-to-all hidden.
+        pp_overlap: fraction of pipeline send/recv hidden.
+        moe_imbalance: slowest expert rank's tokens over the mean.
+        context_bytes: per-GPU memory that is not tensors (CUDA context, NCCL buffers).
+        fragmentation: allocator slack as a fraction of the peak tensor memory.
+        step_overhead_s: per-step fixed cost (data loading, logging, launch).
+    """
+
+    gemm_overhead_s: float = 6e-6
+    gemm_scale: float = 0.92
+    attention_efficiency: float = 0.65
+    attention_bwd_ratio: float = 2.5
+    memory_efficiency: float = 0.70
+    fp8_gemm_speedup: float = 1.6
+    fsdp_overlap: float = 0.85
+    dp_overlap: float = 0.85
+    tp_overlap: float = 0.0
+    cp_overlap: float = 0.80
+    ep_overlap: float = 0.0
+    pp_overlap: float = 0.9
+    moe_imbalance: float = 1.15
+    context_bytes: float = 2.5 * 1024**3
+    fragmentation: float = 0.08
+    step_overhead_s: float = 0.02
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if v < 0:
+                raise ShardplanError(f"cost constant {f.name} must be >= 0, got {v}")
+        for f in ("fsdp_overlap", "dp_overlap", "tp_overlap", "cp_overlap", "ep_overlap", "pp_overlap"):
+            if getattr(self, f) > 1:
+                raise ShardplanError(f"cost constant {f} is a fraction, got {getattr(self, f)}")
+
+    def with_overrides(self, overrides: dict[str, Any]) -> CostConstants:
+        known = {f.name for f in fields(self)}
+        bad = sorted(set(overrides) - known)
+        if bad:
+            raise ShardplanError(f"unknown cost constant(s) {bad}; known: {sorted(known)}")
+        return replace(self, **{k: float(v) for k, v in overrides.items()})
+
+
+@cache
+def _overrides_file() -> dict[str, Any]:
+    if not CONSTANTS_PATH.exists():
+        return {}
+    with CONSTANTS_PATH.open() as f:
+        return yaml.safe_load(f) or {}
+
+
+def constants_for(accelerator: str) -> CostConstants:
+    """Defaults, then the file's ``default`` section, then its section for ``accelerator``."""
+    data = _overrides_file()
+    c = CostConstants().with_overrides(data.get("default", {}).get("constants", {}))
+    section = data.get("accelerators", {}).get(accelerator, {})
+    return c.with_overrides(section.get("constants", {}))

@@ -1,0 +1,136 @@
+"""Time of compute and of collectives on one cluster: spec sheet, optionally a measured profile.
+
+Collectives use an α–β model per network tier with NCCL's bus-bandwidth factors (ring
+all-reduce moves ``2(n-1)/n`` of the buffer, all-gather and reduce-scatter ``(n-1)/n``). Which
+tier a mesh axis uses follows from the axis order (outermost ``pp`` … innermost ``tp``) and the
+scale-up domain: a group whose ranks lie in one scale-up domain uses it; a group that spans
+domains runs hierarchically (scale-up part and scale-out part pipelined, as NCCL does), the
+scale-out part carried by each GPU's own NIC share.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from costmodel.constants import CostConstants, constants_for
+from profiler.errors import ShardplanError
+from profiler.hardware import Cluster
+
+if TYPE_CHECKING:  # the profile document belongs to the profiler
+    from profiler.profile_schema import Profile
+
+COLLECTIVE_FACTORS = {  # bytes on the wire per rank, over the buffer size, for a ring of n
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+    "send_recv": lambda n: 1.0,
+}
+
+
+@dataclass(frozen=True)
+class AxisGroup:
+    """A communication group: ``size`` ranks ``stride`` apart in the global rank order."""
+
+    size: int
+    stride: int
+
+
+class DeviceModel:
+    """Prices compute and communication on a cluster, from spec sheets or a profile."""
+
+    def __init__(self, cluster: Cluster, profile: Profile | None = None,
+                 constants: CostConstants | None = None):
+        self.cluster = cluster
+        self.acc = cluster.accelerator
+        self.profile = profile
+        self.c = constants or constants_for(self.acc.name)
+        if profile is not None:
+            kind = profile.device.kind
+            if kind != self.acc.kind:
+                raise ShardplanError(
+                    f"profile was measured on a {kind} device ({profile.device.name}) but the cluster's "
+                    f"accelerator '{self.acc.name}' is a {self.acc.kind}: profile and cluster must match"
+                )
+
+    # ---- compute ---------------------------------------------------------------------------
+    def gemm_rate(self, precision: str) -> float:
+        """Achieved FLOP/s of a large GEMM."""
+        rate = self.acc.peak_flops("bf16") * self.acc.gemm_efficiency * self.c.gemm_scale
+        if precision == "fp8" and self.acc.peak_tflops.get("fp8"):
+            rate *= self.c.fp8_gemm_speedup
+        if precision == "fp32":
+            rate = self.acc.peak_flops("fp32") * self.acc.gemm_efficiency * self.c.gemm_scale
+        return rate
+
+    def gemm_time(self, flops: float, precision: str = "bf16", calls: float = 1.0) -> float:
+        """Seconds for ``calls`` GEMMs of ``flops`` FLOPs each."""
+        if flops <= 0:
+            return 0.0
+        if self.profile is not None and self.profile.compute is not None and self.profile.compute.gemm:
+            return calls * flops / self.profile.gemm_flops_per_s(flops)
+        return calls * (flops / self.gemm_rate(precision) + self.c.gemm_overhead_s)
+
+    def attention_time(self, flops: float, causal: bool, backward: bool = False) -> float:
+        """Flash-attention seconds for ``flops`` model FLOPs (full count, halved if causal)."""
+        if flops <= 0:
+            return 0.0
+        work = flops * (0.5 if causal else 1.0)
+        if self.profile is not None and self.profile.compute is not None and self.profile.compute.attention:
+            t = work / self.profile.attention_flops_per_s(flops)
+        else:
+            t = work / (self.gemm_rate("bf16") * self.c.attention_efficiency) + self.c.gemm_overhead_s
+        return t * (self.c.attention_bwd_ratio if backward else 1.0)
+
+    def memory_time(self, nbytes: float, op: str = "elementwise") -> float:
+        """Seconds to move ``nbytes`` through memory in a bandwidth-bound op."""
+        if nbytes <= 0:
+            return 0.0
+        if self.profile is not None and self.profile.compute is not None and self.profile.compute.bandwidth:
+            return nbytes / self.profile.bytes_per_s(op)
+        return nbytes / (self.acc.hbm_tbps * 1e12 * self.c.memory_efficiency)
+
+    def host_time(self, nbytes: float) -> float:
+        """Seconds to move ``nbytes`` between device and host memory."""
+        return nbytes / (self.acc.host_link_gbps * 1e9) if nbytes > 0 else 0.0
+
+    # ---- communication ---------------------------------------------------------------------
+    def collective_time(self, kind: str, nbytes: float, group: AxisGroup) -> float:
+        """Seconds for one collective over ``group`` of a buffer of ``nbytes`` (full size)."""
+        n = group.size
+        if n <= 1 or nbytes <= 0:
+            return 0.0
+        if kind not in COLLECTIVE_FACTORS:
+            raise ShardplanError(f"unknown collective '{kind}'")
+        if self.profile is not None and self.profile.comm:
+            alpha, beta = self.profile.comm_alpha_beta(kind, n)
+            return alpha + beta * nbytes
+        factor = COLLECTIVE_FACTORS[kind](n)
+        up, out = self.acc.scale_up, self.acc.scale_out
+        eff = self.acc.busbw_efficiency
+        steps = 1.0 if kind == "send_recv" else math.ceil(math.log2(n)) * (2 if kind == "all_reduce" else 1)
+        domain = self.cluster.scale_up_domain
+        k = 1 if group.stride >= domain else math.gcd(min(n, domain // group.stride), n)  # ranks per domain
+        m = n // k  # scale-up domains the group spans
+        if m == 1:
+            return steps * up.latency_us * 1e-6 + factor * nbytes / (up.gbps * 1e9 * eff)
+        if kind == "send_recv":
+            return out.latency_us * 1e-6 + nbytes / (out.gbps * 1e9 * eff)
+        # hierarchical: within the domain over k ranks, across domains over m ranks on 1/k of the data
+        intra = COLLECTIVE_FACTORS[kind](k) * nbytes / (up.gbps * 1e9 * eff) if k > 1 else 0.0
+        inter = COLLECTIVE_FACTORS[kind](m) * (nbytes / k) / (out.gbps * 1e9 * eff)
+        if kind == "all_to_all":  # no hierarchy to exploit: every rank sends (n-1)/n across
+            inter = factor * nbytes * (1 - (k - 1) / max(n - 1, 1)) / (out.gbps * 1e9 * eff)
+        lat = steps * (up.latency_us if k > 1 else 0.0) * 1e-6 + math.ceil(math.log2(m)) * out.latency_us * 1e-6
+        return lat + max(intra, inter)
+
+    def axis_groups(self, axes: dict[str, int]) -> dict[str, AxisGroup]:
+        """Group size and rank stride of each mesh axis, outermost first as in ``axes``."""
+        out: dict[str, AxisGroup] = {}
+        stride = 1
+        for name in reversed(list(axes)):
+            out[name] = AxisGroup(axes[name], stride)
+            stride *= axes[name]
+        return out

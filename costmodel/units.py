@@ -1,0 +1,289 @@
+"""Cost of one unit (embedding, a block, the head) on one rank, for one micro-batch.
+
+Everything the pipeline and the memory model need is summed per unit here, so that identical
+blocks are priced once and solvers can combine unit costs without re-walking the graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from costmodel.device import AxisGroup, DeviceModel
+from costmodel.strategy import LayerStrategy, Strategy, Workload
+from profiler.graph import LayerNode
+
+GEMM_KINDS = ("linear", "router", "experts")
+TP_SPLIT_ROLES = ("column", "row", "heads", "vocab")
+
+# Bytes per parameter by precision: (compute copy, gradient, optimizer incl. fp32 master).
+STATE_BYTES = {"bf16": (2, 2, 12), "fp8": (2, 2, 12), "fp32": (4, 4, 8)}
+GRAD_REDUCE_BYTES = 4  # gradients are reduced in fp32 (FSDP2 reduce_dtype, Megatron main_grad)
+GATHER_BYTES = 2  # parameters are gathered in bf16
+
+
+@dataclass
+class Groups:
+    """The communication groups of a mesh (sizes and strides in global rank order)."""
+
+    tp: AxisGroup
+    cp: AxisGroup
+    shard: AxisGroup  # dp_shard x cp: the group ZeRO/FSDP shards dense states over
+    expert_shard: AxisGroup  # shard / ep: the group expert states are sharded over
+    ep: AxisGroup
+    replicate: AxisGroup  # dp_replicate
+    dp_all: AxisGroup  # dp_shard x cp x dp_replicate: the whole data-parallel group
+    pp: AxisGroup
+
+
+def mesh_groups(dev: DeviceModel, strategy: Strategy) -> Groups:
+    m = strategy.mesh
+    g = dev.axis_groups(m.axes())
+    shard = AxisGroup(m.dp_shard * m.cp, g["cp"].stride)
+    return Groups(
+        tp=g["tp"], cp=g["cp"], shard=shard,
+        expert_shard=AxisGroup(shard.size // m.ep, shard.stride * m.ep),
+        ep=AxisGroup(m.ep, shard.stride), replicate=g["dp_replicate"],
+        dp_all=AxisGroup(shard.size * m.dp_replicate, shard.stride), pp=g["pp"],
+    )
+
+
+@dataclass
+class UnitCost:
+    """One unit on one rank, per micro-batch unless said otherwise.
+
+    Times in seconds, sizes in bytes. ``*_comm`` are exposed (not hidden) communication.
+    """
+
+    name: str
+    block: int | None
+    fwd: float = 0.0
+    bwd: float = 0.0
+    recompute: float = 0.0
+    bwd_weight: float = 0.0  # part of ``bwd`` that computes weight gradients (zero-bubble)
+    comm: dict[str, float] = field(default_factory=dict)  # exposed per micro-batch, by axis
+    step_comm: dict[str, float] = field(default_factory=dict)  # exposable once per step, by axis
+    step_comm_window: float = 0.0  # backward time the per-step gradient sync can hide under
+    params: int = 0  # local parameters on this rank before data-parallel sharding
+    state_params: float = 0.0  # bytes: compute copy of parameters held between steps
+    state_grads: float = 0.0
+    state_optim: float = 0.0
+    param_bytes: int = 0  # exact state bytes, for comparison with a running job
+    grad_bytes: int = 0
+    optim_bytes: int = 0
+    activations: float = 0.0  # saved for backward, per micro-batch
+    gathered: float = 0.0  # transient: gathered parameters (ZeRO-3) live while it runs
+    recompute_peak: float = 0.0  # transient: activations rematerialised in backward
+    optim_time: float = 0.0  # optimizer step (per step)
+    offload_time: float = 0.0  # host transfers not hidden (per step)
+    hw_flops: float = 0.0  # hardware FLOPs per micro-batch incl. recomputation
+    out_bytes: float = 0.0  # activation sent to the next stage, per micro-batch
+
+    @property
+    def time(self) -> float:
+        return self.fwd + self.bwd + self.recompute + sum(self.comm.values())
+
+
+def _tp_div(n: LayerNode, s: Strategy) -> int:
+    """How many ways TP (and SP / TSP) splits this node's work and activations."""
+    tp = s.mesh.tp
+    if tp == 1:
+        return 1
+    if s.tp_mode == "tsp" or n.tp in TP_SPLIT_ROLES or n.kind in ("activation", "experts", "loss"):
+        return tp
+    return tp if s.sequence_parallel else 1
+
+
+def _param_div(n: LayerNode, s: Strategy) -> int:
+    """How many ways TP and EP split this node's parameters."""
+    div = s.mesh.tp if (s.tp_mode == "tsp" or n.tp in TP_SPLIT_ROLES or n.kind == "experts") else 1
+    return div * (s.mesh.ep if n.kind == "experts" else 1)
+
+
+def _act_div(n: LayerNode, s: Strategy) -> int:
+    tp = s.mesh.tp
+    if tp == 1:
+        return 1
+    return tp if (s.tp_mode == "tsp" or s.sequence_parallel or n.act_tp_sharded) else 1
+
+
+def node_times(n: LayerNode, dev: DeviceModel, s: Strategy, w: Workload, split: int = 1) -> tuple[float, float]:
+    """Forward and backward seconds of one node for one micro-batch on one rank."""
+    scale = s.micro_batch / s.mesh.cp / _tp_div(n, s)
+    flops = n.fwd_flops * scale
+    prec = w.precision
+    if n.kind in GEMM_KINDS:
+        calls = float(split)
+        if n.kind == "experts":
+            flops *= dev.c.moe_imbalance
+            calls = max(1.0, n.dims.get("experts", 1) / s.mesh.ep) * split
+        fwd = dev.gemm_time(flops / calls, prec, calls)
+        return fwd, 2 * fwd
+    if n.kind == "attention":
+        return dev.attention_time(flops, n.causal), dev.attention_time(flops, n.causal, backward=True)
+    op = {"norm": "norm", "embedding": "embedding", "loss": "cross_entropy", "activation": "activation"}.get(
+        n.kind, "elementwise")
+    t = dev.memory_time(n.mem_bytes * scale, op)
+    return t, 2 * t
+
+
+def unit_cost(
+    name: str, nodes: list[LayerNode], dev: DeviceModel, s: Strategy, w: Workload, groups: Groups,
+    ls: LayerStrategy | None = None,
+) -> UnitCost:
+    """Price a unit under its layer strategy.
+
+    ``ls`` forces one strategy on every operator of the unit (solvers use this); by default the
+    unit's entry in ``s`` applies, and operator entries may set their own ``split``.
+    """
+    forced = ls is not None
+    ls = ls or s.for_unit(name)
+    c = dev.c
+    tp, cp, b = s.mesh.tp, s.mesh.cp, s.micro_batch
+    scale = b / cp
+    u = UnitCost(name=name, block=nodes[0].block)
+    attn_fwd = attn_time = full_acts = fwd_flops = 0.0
+    ep_bytes = cp_bytes = 0.0
+    dense_params = expert_params = 0
+    slice_max = rest = 0.0  # OSDP: largest operator slice, and the unsplit rest of the unit
+    shard_units = 0  # separately gathered pieces (one per slice, plus the rest)
+    tp_msgs = 0  # activation-sized TP all-reduces per pass (forward or backward)
+    for n in nodes:
+        split = ls.split if forced else s.for_unit(n.name).split
+        f, bw = node_times(n, dev, s, w, split=split)
+        u.fwd += f
+        u.bwd += bw
+        if n.kind in GEMM_KINDS:
+            u.bwd_weight += bw / 2
+        fwd_flops += n.fwd_flops * scale / _tp_div(n, s)
+        u.hw_flops += (n.fwd_flops + n.bwd_flops) * scale / _tp_div(n, s)
+        acts = n.act_saved_bytes * scale / _act_div(n, s)
+        full_acts += acts
+        if ls.recompute == "selective":
+            acts -= n.act_selective_bytes * scale / _act_div(n, s)
+        u.activations += acts
+        if n.kind == "attention":
+            attn_fwd += f
+            attn_time += f + bw
+            kv = n.dims.get("kv_heads", 1) * n.dims.get("head_dim", 1)
+            cp_bytes += 2 * 2 * b * n.dims.get("seq", w.seq_len) * kv / tp  # K and V, all of the sequence
+        local = n.params // _param_div(n, s)
+        if split > 1 and local:
+            slice_max = max(slice_max, local / split)
+            shard_units += split
+        else:
+            rest += local
+        if n.kind == "experts":
+            expert_params += local
+            tok = b * w.seq_len / cp / (tp if s.sequence_parallel else 1)
+            ep_bytes += 2 * tok * n.dims.get("top_k", 1) * n.dims.get("in", 0)
+        else:
+            dense_params += local
+        if n.tp == "row" or (n.tp == "vocab" and n.kind in ("embedding", "linear")):
+            tp_msgs += 1
+    u.params = dense_params + expert_params
+    u.out_bytes = nodes[-1].out_bytes * b / cp / (tp if (s.sequence_parallel or s.tp_mode == "tsp") else 1)
+    # ---- recomputation -----------------------------------------------------------------
+    if ls.recompute == "full":
+        first = nodes[0]
+        u.activations = first.act_saved_bytes * scale / _act_div(first, s) if first.kind == "norm" else 0.0
+        u.recompute = u.fwd
+        u.recompute_peak = full_acts
+        u.hw_flops += fwd_flops
+    elif ls.recompute == "selective":
+        u.recompute = attn_fwd
+    # ---- tensor / sequence / context / expert parallel communication ----------------------
+    act_msg = 2.0 * b * w.seq_len / cp * _hidden(nodes)
+    passes = 3 if ls.recompute == "full" else 2  # forward, backward, and forward again
+    if tp > 1 and s.tp_mode == "megatron":
+        t = dev.collective_time("all_reduce", act_msg, groups.tp)
+        u.comm["tp"] = tp_msgs * passes * t * (1 - c.tp_overlap)
+    elif tp > 1:  # TSP: weight shards streamed around the tp ring, K/V gathered for attention
+        wbytes = GATHER_BYTES * u.params * tp
+        t = passes * dev.collective_time("all_gather", wbytes, groups.tp)
+        t += dev.collective_time("reduce_scatter", wbytes * GRAD_REDUCE_BYTES / GATHER_BYTES, groups.tp)
+        t += passes * dev.collective_time("all_gather", cp_bytes, groups.tp)
+        u.comm["tp"] = max(0.0, t - c.fsdp_overlap * (u.fwd + u.bwd))
+    if cp > 1 and cp_bytes:
+        if s.cp_mode == "ring":  # K/V gathered around the ring in forward, again plus dK/dV in backward
+            t = dev.collective_time("all_gather", cp_bytes, groups.cp) * (passes + 1)
+            u.comm["cp"] = max(0.0, t - c.cp_overlap * attn_time * passes / 2)
+        else:  # Ulysses: all-to-all of q, k, v and of the output, forward and backward
+            t = dev.collective_time("all_to_all", act_msg * 2 / tp, groups.cp)
+            u.comm["cp"] = 2 * t * passes
+    if ep_bytes and s.mesh.ep > 1:  # dispatch and combine, per pass
+        t = dev.collective_time("all_to_all", ep_bytes, groups.ep)
+        u.comm["ep"] = 2 * t * passes * (1 - c.ep_overlap)
+    pieces = shard_units + (1 if rest else 0)
+    _data_parallel(u, dense_params, expert_params, max(slice_max, rest), max(1, pieces), ls, dev, s, w, groups)
+    return u
+
+
+def _hidden(nodes: list[LayerNode]) -> int:
+    for n in nodes:
+        if "hidden" in n.dims:
+            return int(n.dims["hidden"])
+        if "in" in n.dims:
+            return int(n.dims["in"])
+    return 0
+
+
+def _data_parallel(
+    u: UnitCost, dense: int, expert: int, biggest_piece: float, pieces: int, ls: LayerStrategy,
+    dev: DeviceModel, s: Strategy, w: Workload, g: Groups,
+) -> None:
+    """Model states, ZeRO/FSDP collectives and the optimizer step of a unit.
+
+    Under ZeRO-3 the unit is gathered in ``pieces`` (more than one when OSDP splits operators),
+    the current and the prefetched piece alive at once.
+    """
+    c = dev.c
+    pb, gb, ob = STATE_BYTES[w.precision]
+    shard = ls.sharding if g.dp_all.size > 1 else "replicate"
+    for params, grp in ((dense, g.shard), (expert, g.expert_shard)):
+        if not params:
+            continue
+        d = grp.size
+        n_shard = {"replicate": (1, 1, 1), "zero1": (1, 1, d), "zero2": (1, d, d)}.get(shard, (d, d, d))
+        p_div, g_div, o_div = n_shard
+        on_host_optim = ls.offload in ("optimizer", "params")
+        u.param_bytes += int(params * pb // p_div)
+        u.grad_bytes += int(params * gb // g_div)
+        u.optim_bytes += int(params * ob // o_div)
+        u.state_params += 0.0 if ls.offload == "params" else params * pb / p_div
+        u.state_grads += params * gb / g_div
+        u.state_optim += 0.0 if on_host_optim else params * ob / o_div
+        local_opt = params / o_div
+        # Adam reads and writes master, moments and gradient, and writes the compute copy.
+        if on_host_optim:
+            u.offload_time += dev.host_time(local_opt * (GRAD_REDUCE_BYTES + GATHER_BYTES)) * (1 - c.dp_overlap)
+            u.optim_time += local_opt * 16 / 4e9  # host Adam at ~4 GB/s of state per GPU
+        else:
+            u.optim_time += dev.memory_time(local_opt * 36)
+        full = params * GATHER_BYTES
+        grads = params * GRAD_REDUCE_BYTES
+        if shard in ("zero3", "zero3_keep"):
+            k = pieces
+            ag = k * dev.collective_time("all_gather", full / k, grp)
+            rs = k * dev.collective_time("reduce_scatter", grads / k, grp)
+            per_mb = ag * (1 if shard == "zero3_keep" else 2) + rs
+            u.comm["dp"] = u.comm.get("dp", 0.0) + max(0.0, per_mb - c.fsdp_overlap * (u.fwd + u.bwd))
+            if shard == "zero3":  # current and prefetched piece
+                u.gathered += 2 * GATHER_BYTES * min(biggest_piece, params) if k > 1 else 2 * full
+            if shard == "zero3_keep":
+                u.state_params += full - params * pb / p_div  # stays gathered between fwd and bwd
+        elif shard == "zero2":
+            rs = dev.collective_time("reduce_scatter", grads, grp)
+            u.comm["dp"] = u.comm.get("dp", 0.0) + max(0.0, rs - c.fsdp_overlap * u.bwd)
+            u.step_comm["dp"] = u.step_comm.get("dp", 0.0) + dev.collective_time("all_gather", full, grp)
+        elif shard == "zero1":
+            u.step_comm["dp"] = u.step_comm.get("dp", 0.0) + dev.collective_time(
+                "reduce_scatter", grads, grp) + dev.collective_time("all_gather", full, grp)
+        else:
+            u.step_comm["dp"] = u.step_comm.get("dp", 0.0) + dev.collective_time("all_reduce", grads, grp)
+        if g.replicate.size > 1 and shard != "replicate":  # HSDP: all-reduce the shards across replicas
+            u.step_comm["dp"] = u.step_comm.get("dp", 0.0) + dev.collective_time(
+                "all_reduce", grads / grp.size, g.replicate)
+        elif g.replicate.size > 1:
+            u.step_comm["dp"] = u.step_comm.get("dp", 0.0) + dev.collective_time(
+                "all_reduce", grads, g.replicate)
+    u.step_comm_window = u.bwd
