@@ -1,0 +1,130 @@
+"""The cost model against closed-form results from the literature, exactly."""
+
+from __future__ import annotations
+
+import pytest
+
+from costmodel.device import DeviceModel
+from costmodel.estimate import UnitPricer, estimate
+from costmodel.strategy import LayerStrategy, Mesh, Strategy, Workload
+from profiler.errors import ShardplanError
+from profiler.graph import LayerGraph, LayerNode
+from profiler.hardware import parse_cluster
+from profiler.model_config import TransformerConfig
+from profiler.models import load_model
+from profiler.transformer import build_graph
+
+
+def _one_layer_graph(params: int) -> LayerGraph:
+    node = LayerNode(name="layers.0.fc", kind="linear", block=0, block_type="decoder", params=params,
+                     fwd_flops=2.0 * params, bwd_flops=4.0 * params, tp="column", dims={"in": 1, "out": params})
+    return LayerGraph(model_id="psi", seq_len=1, nodes=[node])
+
+
+@pytest.mark.parametrize("sharding,gb", [("replicate", 120.0), ("zero1", 31.4), ("zero2", 16.6), ("zero3", 1.88)])
+def test_zero_paper_model_state_grid(sharding: str, gb: float) -> None:
+    """Rajbhandari et al. 2020, Figure 1: Psi = 7.5B, N_d = 64, K = 12 (mixed-precision Adam)."""
+    g = _one_layer_graph(7_500_000_000)
+    s = Strategy(mesh=Mesh(dp_shard=64), default=LayerStrategy(sharding=sharding))
+    r = estimate(g, parse_cluster("64xa100-80gb"), s, Workload(seq_len=1, global_batch=64))
+    st = r.stages[0]
+    states = st.param_bytes + st.grad_bytes + st.optim_bytes
+    assert round(states / 1e9, 2 if gb < 10 else 1) == gb
+
+
+def _gpt_block_acts(tp: int, sp: bool, recompute: str, seq: int = 2048, b: int = 4) -> tuple[float, dict]:
+    cfg = TransformerConfig(name="gpt-k", layers=4, hidden=1024, heads=16, vocab=51200, max_seq=seq,
+                            bias=True, dropout=0.1, attention_impl="eager")
+    g = build_graph(cfg, seq)
+    s = Strategy(mesh=Mesh(tp=tp, dp_shard=8 // tp), micro_batch=b, sequence_parallel=sp,
+                 default=LayerStrategy(recompute=recompute))
+    price = UnitPricer(DeviceModel(parse_cluster("8xa100-80gb")), s, Workload(seq_len=seq, global_batch=64))
+    nodes = dict(g.blocks())["layers.1"]
+    return price("layers.1", nodes).activations, {"s": seq, "b": b, "h": 1024, "a": 16}
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+def test_korthikanti_activation_formulas(tp: int) -> None:
+    """Korthikanti et al. 2022, eqs. (1)-(5): bytes per layer in 16-bit training."""
+    acts, d = _gpt_block_acts(tp, sp=False, recompute="none")
+    s, b, h, a = d["s"], d["b"], d["h"], d["a"]
+    if tp == 1:
+        assert acts == pytest.approx(s * b * h * (34 + 5 * a * s / h), rel=1e-12)
+    assert acts == pytest.approx(s * b * h * (10 + 24 / tp + 5 * a * s / (h * tp)), rel=1e-12)
+    if tp > 1:
+        sp, _ = _gpt_block_acts(tp, sp=True, recompute="none")
+        assert sp == pytest.approx(s * b * h / tp * (34 + 5 * a * s / h), rel=1e-12)
+        sel, _ = _gpt_block_acts(tp, sp=True, recompute="selective")
+        assert sel == pytest.approx(34 * s * b * h / tp, rel=1e-12)
+        full_sp, _ = _gpt_block_acts(tp, sp=True, recompute="full")
+        assert full_sp == pytest.approx(2 * s * b * h / tp, rel=1e-12)
+    sel_nosp, _ = _gpt_block_acts(tp, sp=False, recompute="selective")
+    assert sel_nosp == pytest.approx(s * b * h * (10 + 24 / tp), rel=1e-12)
+    full, _ = _gpt_block_acts(tp, sp=False, recompute="full")
+    assert full == pytest.approx(2 * s * b * h, rel=1e-12)
+
+
+def test_model_flops_and_mfu_follow_the_megatron_formula() -> None:
+    g = load_model("gpt3-175b", 2048)
+    s = Strategy(mesh=Mesh(pp=8, tp=8, dp_replicate=16), schedule="1f1b", sequence_parallel=True,
+                 default=LayerStrategy(sharding="zero1", recompute="full"))
+    w = Workload(seq_len=2048, global_batch=1024)
+    r = estimate(g, parse_cluster("1024xa100-80gb"), s, w)
+    l, h, v, seq, bsz = 96, 12288, 50257, 2048, 1024
+    assert r.model_flops_per_step == pytest.approx(72 * bsz * seq * l * h**2 * (1 + seq / (6 * h) + v / (12 * l * h)))
+    assert r.mfu == pytest.approx(r.model_flops_per_step / r.step_time_s / (1024 * 312e12))
+    assert r.hfu > r.mfu  # full recomputation adds a forward pass
+    assert r.tokens_per_s_per_gpu == pytest.approx(bsz * seq / r.step_time_s / 1024)
+
+
+def test_pipeline_bubble_shrinks_with_interleaving_and_zero_bubble() -> None:
+    g = load_model("llama3-70b", 4096)
+    c = parse_cluster("64xh100")
+    w = Workload(seq_len=4096, global_batch=64)
+    times = {}
+    for sched, vpp in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb", 1)):
+        s = Strategy(mesh=Mesh(pp=8, tp=8), schedule=sched, vpp=vpp, default=LayerStrategy(recompute="full"))
+        times[sched] = estimate(g, c, s, w).time.bubble
+    assert times["gpipe"] == pytest.approx(times["1f1b"])
+    assert times["interleaved"] < times["1f1b"] and times["zb"] < times["1f1b"]
+
+
+def test_memory_peak_is_the_worst_stage_and_1f1b_holds_fewer_microbatches_than_gpipe() -> None:
+    g = load_model("llama3-8b", 4096)
+    c = parse_cluster("8xh100")
+    w = Workload(seq_len=4096, global_batch=32)
+    gp = estimate(g, c, Strategy(mesh=Mesh(pp=4, tp=2), schedule="gpipe"), w)
+    ofob = estimate(g, c, Strategy(mesh=Mesh(pp=4, tp=2), schedule="1f1b"), w)
+    assert ofob.memory_peak_gib < gp.memory_peak_gib
+    assert ofob.memory_peak_gib == pytest.approx(max(st.total for st in ofob.stages) / 1024**3)
+    acts = [st.activations for st in ofob.stages]
+    assert acts[0] > acts[-1]  # the first stage keeps p micro-batches in flight, the last one
+
+
+@pytest.mark.parametrize("model,kwargs,message", [
+    ("llama2-13b", {"mesh": Mesh(tp=3, dp_shard=1)}, "does not match the cluster's 8 GPUs"),
+    ("gpt2", {"mesh": Mesh(tp=8)}, "tp=8 does not divide the 12 attention heads"),
+    ("llama3-8b", {"mesh": Mesh(tp=8, ep=1)}, None),  # 8 KV heads
+    ("mixtral-8x7b", {"mesh": Mesh(ep=8, dp_shard=8)}, None),
+    ("qwen3-235b-a22b", {"mesh": Mesh(ep=8, dp_shard=8)}, None),
+    ("llama2-13b", {"mesh": Mesh(ep=2, dp_shard=4, tp=2)}, "ep=2 needs a mixture-of-experts model"),
+    ("llama2-13b", {"mesh": Mesh(pp=8), "micro_batch": 1}, None),
+])
+def test_constraint_violations_name_the_constraint_and_values(model: str, kwargs: dict, message: str | None) -> None:
+    g = load_model(model, 4096)
+    c = parse_cluster("8xh100")
+    s = Strategy(**kwargs)
+    if message is None:
+        estimate(g, c, s, Workload(seq_len=4096, global_batch=8))
+        return
+    with pytest.raises(ShardplanError, match=message):
+        estimate(g, c, s, Workload(seq_len=4096, global_batch=8))
+
+
+def test_batch_not_divisible_and_too_many_stages() -> None:
+    g = load_model("gpt2", 1024)
+    c = parse_cluster("16xa100-80gb")
+    with pytest.raises(ShardplanError, match="global batch 12 is not divisible by dp\\*micro_batch = 16\\*1"):
+        estimate(g, c, Strategy(mesh=Mesh(dp_shard=16)), Workload(seq_len=1024, global_batch=12))
+    with pytest.raises(ShardplanError, match="16 stages for only 12 layers"):
+        estimate(g, c, Strategy(mesh=Mesh(pp=16)), Workload(seq_len=1024, global_batch=16))
