@@ -88,7 +88,9 @@ class Workload(_Strict):
 
     seq_len: int = Field(..., ge=1)
     global_batch: int = Field(..., ge=1, description="samples (sequences) per optimizer step")
-    precision: Literal["bf16", "fp8"] = "bf16"
+    precision: Literal["bf16", "fp8", "fp32"] = Field(
+        "bf16", description="bf16/fp8 mixed precision (fp32 master weights and Adam), or fp32 throughout"
+    )
 
 
 class Strategy(_Strict):
