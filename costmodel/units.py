@@ -238,11 +238,11 @@ def _data_parallel(
     """
     c = dev.c
     pb, gb, ob = STATE_BYTES[w.precision]
-    shard = ls.sharding if g.dp_all.size > 1 else "replicate"
     for params, grp in ((dense, g.shard), (expert, g.expert_shard)):
         if not params:
             continue
         d = grp.size
+        shard = ls.sharding if d > 1 else "replicate"  # nothing to shard over: plain replicas
         n_shard = {"replicate": (1, 1, 1), "zero1": (1, 1, d), "zero2": (1, d, d)}.get(shard, (d, d, d))
         p_div, g_div, o_div = n_shard
         on_host_optim = ls.offload in ("optimizer", "params")

@@ -1,0 +1,87 @@
+"""Directions the cost model must get right: what each strategy buys and what it costs."""
+
+from __future__ import annotations
+
+import pytest
+
+from costmodel.device import AxisGroup, DeviceModel
+from costmodel.estimate import estimate, even_split, stage_units
+from costmodel.strategy import LayerStrategy, Mesh, Strategy, Workload
+from profiler.hardware import parse_cluster
+from profiler.models import load_model
+
+G = load_model("llama3-8b", 4096)
+C = parse_cluster("16xh100")
+W = Workload(seq_len=4096, global_batch=32)
+
+
+def _est(**kw):
+    default = kw.pop("default", LayerStrategy())
+    return estimate(G, C, Strategy(default=default, **kw), W)
+
+
+def test_sharding_trades_memory_for_communication() -> None:
+    mesh = Mesh(dp_shard=16)
+    by = {z: _est(mesh=mesh, default=LayerStrategy(sharding=z)) for z in ("replicate", "zero1", "zero2", "zero3")}
+    mem = [by[z].stages[0].params + by[z].stages[0].grads + by[z].stages[0].optimizer for z in by]
+    assert mem == sorted(mem, reverse=True) and mem[0] > 10 * mem[-1]
+    assert by["zero3"].time.comm["dp"] >= by["zero2"].time.comm.get("dp", 0.0)
+
+
+def test_recomputation_trades_time_for_activation_memory() -> None:
+    mesh = Mesh(dp_shard=16)
+    none, sel, full = (_est(mesh=mesh, default=LayerStrategy(sharding="zero3", recompute=r))
+                       for r in ("none", "selective", "full"))
+    assert full.stages[0].activations < none.stages[0].activations
+    assert full.step_time_s > none.step_time_s and full.hfu > full.mfu
+    assert sel.stages[0].activations <= none.stages[0].activations
+
+
+def test_tensor_and_context_parallel_split_activations() -> None:
+    base = _est(mesh=Mesh(dp_shard=16), micro_batch=2)
+    tp = _est(mesh=Mesh(dp_shard=8, tp=2), micro_batch=2, sequence_parallel=True)
+    cp = _est(mesh=Mesh(dp_shard=8, cp=2), micro_batch=2)
+    assert tp.stages[0].activations == pytest.approx(base.stages[0].activations / 2, rel=0.02)
+    assert cp.stages[0].activations == pytest.approx(base.stages[0].activations / 2, rel=1e-9)
+    assert tp.time.comm["tp"] > 0 and cp.time.comm.get("cp", 0) >= 0
+
+
+def test_optimizer_offload_moves_states_to_the_host() -> None:
+    on = _est(mesh=Mesh(dp_shard=16), default=LayerStrategy(sharding="zero1"))
+    off = _est(mesh=Mesh(dp_shard=16), default=LayerStrategy(sharding="zero1", offload="optimizer"))
+    assert off.stages[0].optimizer == 0 and on.stages[0].optimizer > 0
+    assert off.time.offload > 0
+
+
+def test_operator_splitting_shrinks_the_gathered_buffer() -> None:
+    g = load_model("gpt2-xl", 1024)
+    c = parse_cluster("8xa100-80gb")
+    w = Workload(seq_len=1024, global_batch=8)
+    whole = estimate(g, c, Strategy(mesh=Mesh(dp_shard=8), default=LayerStrategy(sharding="zero3")), w)
+    split = estimate(g, c, Strategy(mesh=Mesh(dp_shard=8), default=LayerStrategy(sharding="zero3", split=4)), w)
+    assert split.stages[0].buffers < whole.stages[0].buffers
+    assert split.step_time_s >= whole.step_time_s  # more, smaller collectives and GEMMs
+
+
+def test_collectives_pay_the_scale_out_tier_when_they_span_nodes() -> None:
+    dev = DeviceModel(parse_cluster("64xh100"))
+    inside = dev.collective_time("all_reduce", 1e9, AxisGroup(8, 1))
+    across = dev.collective_time("all_reduce", 1e9, AxisGroup(8, 8))  # one rank per node
+    hier = dev.collective_time("all_reduce", 1e9, AxisGroup(64, 1))
+    assert inside < hier < across
+    ring = 2 * 7 / 8 * 1e9 / (450e9 * dev.acc.busbw_efficiency)
+    assert inside == pytest.approx(ring + 2 * 3 * 3e-6)
+
+
+def test_stage_assignment_puts_embedding_first_and_head_last() -> None:
+    s = Strategy(mesh=Mesh(pp=4, dp_shard=4))
+    stages = stage_units(G, s)
+    assert [len([u for u, _ in st if u.startswith("layers.")]) for st in stages] == even_split(32, 4) == [8] * 4
+    assert stages[0][0][0] == "embedding" and stages[-1][-1][0] == "head"
+    assert even_split(10, 4) == [2, 3, 3, 2]
+
+
+def test_same_inputs_same_report() -> None:
+    a = _est(mesh=Mesh(pp=2, dp_shard=4, tp=2), schedule="1f1b").to_dict()
+    b = _est(mesh=Mesh(pp=2, dp_shard=4, tp=2), schedule="1f1b").to_dict()
+    assert a == b
