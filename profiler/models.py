@@ -48,6 +48,18 @@ def preset(name: str) -> TransformerConfig:
 
 # ---- Hugging Face config.json --------------------------------------------------------------
 
+class KnownKeysError(ShardplanError):
+    """A config.json whose key set shardplan does not read by itself (transformers may)."""
+
+    def __init__(self, name: str, config: dict[str, Any]):
+        mtype = config.get("model_type") or "?"
+        super().__init__(
+            f"config '{name}': model_type '{mtype}' is not a known key set (gpt2, llama, mistral, "
+            "mixtral, qwen2, qwen3, qwen3_moe); with transformers installed any architecture it knows is traced"
+        )
+        self.name, self.config = name, config
+
+
 def _get(d: dict[str, Any], *keys: str, default: Any = None) -> Any:
     for k in keys:
         if k in d and d[k] is not None:
@@ -90,11 +102,7 @@ def config_from_hf(d: dict[str, Any], name: str = "hf-model") -> TransformerConf
             )
     except KeyError as e:
         raise ShardplanError(f"config '{name}': missing key {e.args[0]!r} for model_type '{mtype}'") from None
-    raise ShardplanError(
-        f"config '{name}': model_type '{mtype or '?'}' is not a known key set "
-        "(gpt2, llama, mistral, mixtral, qwen2, qwen3, qwen3_moe); install transformers and pass "
-        "'transformers:<ModelClass>' style factories for other architectures"
-    )
+    raise KnownKeysError(name, d)
 
 
 def load_hf_config(path: str | Path) -> dict[str, Any]:
@@ -128,9 +136,22 @@ def resolve_config(spec: str | dict[str, Any] | TransformerConfig) -> Transforme
 
 
 def load_model(spec: str | dict[str, Any] | TransformerConfig, seq_len: int | None = None) -> LayerGraph:
-    """The layer graph of a preset, a config file or dict, or a ``pkg.mod:factory`` module."""
+    """The layer graph of a preset, a config file or dict, or a ``pkg.mod:factory`` module.
+
+    A config whose key set is not one of the common ones is built with ``transformers`` (when
+    installed) on the meta device and traced.
+    """
     if isinstance(spec, str) and ":" in spec and not Path(spec).exists():
         from profiler.trace import trace_factory  # imports torch only when needed
 
         return trace_factory(spec, seq_len=seq_len or 128)
-    return build_graph(resolve_config(spec), seq_len)
+    try:
+        return build_graph(resolve_config(spec), seq_len)
+    except KnownKeysError as e:
+        try:
+            import transformers  # noqa: F401
+        except ImportError:
+            raise e from None
+        from profiler.trace import trace_hf_config
+
+        return trace_hf_config(e.config, seq_len or 512, model_id=e.name)

@@ -217,3 +217,13 @@ def test_unknown_names_exit_2_with_close_matches_and_no_traceback() -> None:
     assert "Traceback" not in r.stderr + r.stdout
     r = _cli("inspect", "--model", str(DATA / "truncated-config.json"))
     assert r.returncode == 2 and "not valid JSON" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_other_architectures_are_traced_through_transformers(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    cfg = {"model_type": "gpt_neox", "hidden_size": 128, "intermediate_size": 512, "num_attention_heads": 4,
+           "num_hidden_layers": 2, "vocab_size": 320, "max_position_embeddings": 256}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    g = load_model(str(path), 64)
+    assert g.source == "traced" and g.total_params == 478720  # sum(p.numel()) of GPTNeoXForCausalLM
