@@ -15,7 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from profiler.models import config_from_hf  # noqa: E402
-from profiler.trace import trace_hf_config  # noqa: E402
+from profiler.trace_factories import trace_hf_config  # noqa: E402
 from profiler.transformer import build_graph  # noqa: E402
 
 LLAMA_405B = {

@@ -142,7 +142,7 @@ def load_model(spec: str | dict[str, Any] | TransformerConfig, seq_len: int | No
     installed) on the meta device and traced.
     """
     if isinstance(spec, str) and ":" in spec and not Path(spec).exists():
-        from profiler.trace import trace_factory  # imports torch only when needed
+        from profiler.trace_factories import trace_factory  # imports torch only when needed
 
         return trace_factory(spec, seq_len=seq_len or 128)
     try:
@@ -152,6 +152,6 @@ def load_model(spec: str | dict[str, Any] | TransformerConfig, seq_len: int | No
             import transformers  # noqa: F401
         except ImportError:
             raise e from None
-        from profiler.trace import trace_hf_config
+        from profiler.trace_factories import trace_hf_config
 
         return trace_hf_config(e.config, seq_len or 512, model_id=e.name)
