@@ -96,6 +96,35 @@ class Plan(_Doc):
         """Write atomically: a temporary file renamed over the target, never half a file."""
         write_atomic(Path(path), self.to_json())
 
+    # ---- notebook conveniences (delegating to planner.notebook, imported on use) ---------
+    @property
+    def report(self) -> dict[str, Any]:
+        """The cost model's report for the plan (``predicted`` as a dict)."""
+        return self.predicted.model_dump()
+
+    def to_dataframe(self) -> Any:
+        """One row per unit: stage, sharding, recompute, offload, split, memory and time."""
+        from planner.notebook import PlanView
+
+        return PlanView(self).to_dataframe()
+
+    def plot(self, kind: str = "memory", ax: Any = None) -> Any:
+        """A matplotlib figure: ``memory``, ``timeline``, ``layers`` or ``pareto``."""
+        from planner.notebook import PlanView
+
+        return PlanView(self).plot(kind, ax=ax)
+
+    def export(self, target: str) -> Any:
+        """The plan for ``torchtitan``, ``megatron``, ``deepspeed``, ``nanotron`` or ``python``."""
+        from planner.notebook import PlanView
+
+        return PlanView(self).export(target)
+
+    def _repr_html_(self) -> str:
+        from planner.notebook import PlanView
+
+        return PlanView(self)._repr_html_()
+
 
 def write_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -142,6 +171,8 @@ def load_plan(path: str | Path) -> Plan:
         text = p.read_text()
     except OSError as e:
         raise PlanError(f"cannot read plan '{p}': {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise PlanError(f"plan '{p}' is not a text (JSON) file") from None
     return parse_plan(text, origin=f"plan '{p}'")
 
 

@@ -1,0 +1,102 @@
+"""``shardplan explain | compare | plot | export``: read plan documents, show, draw and translate them.
+
+Bad input (a missing or malformed plan, an unknown ``--kind`` or ``--to``, a wrong output suffix) is
+one line on stderr and exit code 2, checked before anything is written.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+
+from planner.cli import app, console, err_console, guard, print_json
+from profiler.errors import ShardplanError
+
+
+@app.command("explain")
+@guard
+def explain_cmd(
+    plan: Path = typer.Argument(..., help="plan JSON written by 'shardplan plan'"),
+    as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
+) -> None:
+    """Explain a plan: mesh on the nodes, schedule, per-stage memory, step time, solver, vs runner-up."""
+    from planner.explain import explain_data, read_plan, render_explain
+
+    data = explain_data(read_plan(plan))
+    if as_json:
+        print_json(data)
+    else:
+        render_explain(data, console)
+
+
+def _names(paths: list[Path]) -> list[str]:
+    stems = [p.stem for p in paths]
+    return [str(p) if stems.count(p.stem) > 1 else p.stem for p in paths]
+
+
+@app.command("compare")
+@guard
+def compare_cmd(
+    plans: list[Path] = typer.Argument(..., help="two or more plan JSON files"),
+    as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
+) -> None:
+    """Compare plans side by side, the differences first."""
+    from planner.compare import compare, render_compare
+    from planner.explain import read_plan
+
+    if len(plans) < 2:
+        raise ShardplanError(f"compare needs at least two plans, got {len(plans)}")
+    data = compare([read_plan(p) for p in plans], _names(plans))
+    if as_json:
+        print_json(data)
+    else:
+        render_compare(data, console)
+
+
+@app.command("plot")
+@guard
+def plot_cmd(
+    plan: Path = typer.Argument(..., help="plan JSON"),
+    kind: str = typer.Option("memory", "--kind", "-k", help="memory | timeline | layers | pareto"),
+    output: Path = typer.Option(..., "--output", "-o", help="image to write: .png or .svg"),
+) -> None:
+    """Draw a plan: memory per stage, a step timeline, the per-layer strategy map or the Pareto frontier."""
+    from planner.explain import read_plan
+    from planner.plots import KINDS, check_output, save_plot
+    from profiler.errors import UnknownNameError
+
+    if kind not in KINDS:
+        raise UnknownNameError("plot kind", kind, KINDS)
+    check_output(output)
+    save_plot(read_plan(plan), kind, output)
+    err_console.print(f"wrote {output}", highlight=False)
+
+
+@app.command("export")
+@guard
+def export_cmd(
+    plan: Path = typer.Argument(..., help="plan JSON"),
+    to: str = typer.Option(..., "--to", help="torchtitan | megatron | deepspeed | nanotron | python"),
+    output: Path | None = typer.Option(None, "--output", "-o", help="file to write (default: stdout)"),
+) -> None:
+    """Write a plan as a framework's configuration; warn (with the predicted cost) where it cannot express it."""
+    from planner.explain import read_plan
+    from planner.exports import check_target, export
+    from planner.schema import write_atomic
+
+    target = check_target(to)
+    if output is not None and (output.is_dir() or not output.parent.is_dir()):
+        raise ShardplanError(f"output '{output}': " + ("is a folder" if output.is_dir() else
+                                                       f"folder '{output.parent}' does not exist"))
+    result = export(read_plan(plan), target)
+    for i, line in enumerate(result.warnings()):
+        err_console.print(("warning: " if i == 0 else "") + line, markup=False, highlight=False, soft_wrap=True)
+    for note in result.notes:
+        err_console.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
+    if output is None:
+        sys.stdout.write(result.text)
+    else:
+        write_atomic(output, result.text)
+        err_console.print(f"wrote {output}", highlight=False)

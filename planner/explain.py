@@ -1,0 +1,228 @@
+"""What a plan does and why (``shardplan explain``): as data, and as a rich terminal view.
+
+:func:`explain_data` reads the plan document alone (plus the accelerator's scale-up domain): the
+mesh and where its axes run (inside a scale-up domain or across nodes), schedule and micro-batching,
+per-stage memory against the limit, the step-time breakdown, the solver, and how the plan differs
+from its runner-up.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from costmodel.strategy import MESH_AXES
+from planner.compare import describe_diff, describe_run, diff_strategies, label_units, runs
+from planner.reprice import memory_limit_gib, plan_cluster, predicted_dict, unit_key, units_of
+from planner.schema import Plan, PlanError, load_plan
+from profiler.errors import ShardplanError
+
+AXIS_ROLE = {"pp": "pipeline stages", "dp_replicate": "data-parallel replicas", "dp_shard": "ZeRO/FSDP shards",
+             "cp": "context parallel (sequence split)", "tp": "tensor parallel", "ep": "expert parallel"}
+TIME_PARTS = (("compute", "compute_s"), ("recompute", "recompute_s"), ("bubble", "bubble_s"),
+              ("optimizer", "optimizer_s"), ("offload", "offload_s"))
+
+
+def read_plan(path: str | Path) -> Plan:
+    """:func:`load_plan`, with any unreadable file (a directory, binary data) a :class:`PlanError`."""
+    try:
+        return load_plan(path)
+    except UnicodeDecodeError:
+        raise PlanError(f"plan '{path}' is not a text (JSON) file") from None
+
+
+def mesh_placement(plan: Plan) -> dict[str, Any]:
+    """Each mesh axis: size, rank stride, and whether its groups stay inside a scale-up domain."""
+    c = plan.inputs.cluster
+    try:
+        domain = plan_cluster(plan).scale_up_domain
+    except ShardplanError:
+        domain = c.gpus_per_node
+    m = plan.strategy.mesh
+    axes, stride = [], 1
+    strides: dict[str, int] = {}
+    for name in reversed(MESH_AXES):
+        strides[name] = stride
+        stride *= getattr(m, name)
+    where = "node" if domain == c.gpus_per_node else "scale-up domain"
+    for name in [*MESH_AXES, "ep"]:
+        n = getattr(m, name)
+        if n == 1:
+            continue
+        st = strides["cp"] if name == "ep" else strides[name]
+        k = 1 if st >= domain else math.gcd(min(n, domain // st), n)
+        if k == n:
+            place = f"inside one {where}"
+        elif k == 1:
+            place = f"across {n} {where}s (scale-out network)"
+        else:
+            place = f"{k} per {where} x {n // k} {where}s (hierarchical)"
+        group = [i * st for i in range(min(n, 4))]
+        axes.append({"axis": name, "size": n, "role": AXIS_ROLE[name], "stride": st, "per_domain": k,
+                     "domains": n // k, "placement": place,
+                     "example_group": ", ".join(map(str, group)) + (", ..." if n > 4 else "")})
+    return {"world_size": m.world_size, "nodes": c.nodes, "gpus_per_node": c.gpus_per_node,
+            "scale_up_domain": domain, "axes": axes}
+
+
+def schedule_info(plan: Plan) -> dict[str, Any]:
+    s, w = plan.strategy, plan.inputs.workload
+    n_mb = s.num_microbatches(w.global_batch)
+    return {"schedule": s.schedule if s.mesh.pp > 1 else "none (pp=1)", "pp": s.mesh.pp, "vpp": s.vpp,
+            "micro_batch": s.micro_batch, "num_microbatches": n_mb, "dp": s.mesh.dp,
+            "tokens_per_microbatch": s.micro_batch * w.seq_len, "stage_layers": s.stage_layers,
+            "sequence_parallel": s.sequence_parallel, "tp_mode": s.tp_mode, "cp_mode": s.cp_mode}
+
+
+def stage_info(plan: Plan) -> list[dict[str, Any]]:
+    limit = memory_limit_gib(plan)
+    out = []
+    for st in predicted_dict(plan).get("stages") or []:
+        su = sorted(st.get("units") or [], key=unit_key)
+        row = {"stage": st.get("stage"), "layers": label_units(su) if su else "-", "units": len(su),
+               "strategies": [f"{r['units']}: {describe_run(r)}" for r in runs(plan.strategy, su)]}
+        for k in ("params", "grads", "optimizer", "activations", "buffers", "overhead", "total"):
+            row[f"{k}_gib"] = float(st.get(f"{k}_gib", 0.0))
+        row["limit_gib"] = limit
+        row["headroom_gib"] = limit - row["total_gib"]
+        out.append(row)
+    return out
+
+
+def time_breakdown(pred: dict[str, Any]) -> dict[str, Any]:
+    t = pred.get("time") or {}
+    step = pred["step_time_s"]
+    parts = [(name, float(t[k])) for name, k in TIME_PARTS[:2] if k in t]
+    parts += [(f"exposed {a} comm", float(v)) for a, v in sorted((t.get("comm_s") or {}).items()) if v]
+    parts += [(name, float(t[k])) for name, k in TIME_PARTS[2:] if k in t]
+    other = step - sum(v for _, v in parts)
+    if parts and abs(other) > 1e-6 * step:
+        parts.append(("other", other))
+    parts = [(n, v) for n, v in parts if v or n == "compute"]
+    return {"step_time_s": step,
+            "components": [{"name": n, "seconds": v, "share": v / step} for n, v in parts]}
+
+
+def runner_up(plan: Plan, units: list[str]) -> dict[str, Any] | None:
+    """Why the plan beats ``alternatives[0]``: what differs, and the predicted time and memory."""
+    if not plan.alternatives:
+        return None
+    alt = plan.alternatives[0]
+    a, b = predicted_dict(plan), alt.predicted.model_dump()
+    limit = memory_limit_gib(plan)
+    dt = b["step_time_s"] - a["step_time_s"]
+    dm = b["memory_peak_gib"] - a["memory_peak_gib"]
+    alt_fits = bool(b.get("fits", b["memory_peak_gib"] <= limit))
+    ta, tb = time_breakdown(a)["components"], time_breakdown(b)["components"]
+    names = list(dict.fromkeys([c["name"] for c in ta] + [c["name"] for c in tb]))
+    va, vb = ({c["name"]: c["seconds"] for c in x} for x in (ta, tb))
+    moves = sorted(({"component": n, "plan_s": va.get(n, 0.0), "runner_up_s": vb.get(n, 0.0),
+                     "delta_s": vb.get(n, 0.0) - va.get(n, 0.0)} for n in names), key=lambda d: -abs(d["delta_s"]))
+    moves = [m for m in moves if abs(m["delta_s"]) > 1e-9][:4]
+    if not alt_fits:
+        verdict = f"the runner-up needs {b['memory_peak_gib']:.1f} GiB per GPU, over the {limit:.1f} GiB limit"
+    elif dt >= 0:
+        verdict = f"this plan is faster by {dt:.4g} s per step ({dt / b['step_time_s']:.1%} of the runner-up's)"
+    else:
+        verdict = (f"the runner-up is {-dt:.4g} s per step faster; the solver ranked this plan first "
+                   f"(objective and status in 'solver')")
+    if alt_fits and dm:
+        verdict += f"; the runner-up uses {abs(dm):.2f} GiB {'more' if dm > 0 else 'less'} memory"
+    return {"changes": diff_strategies(plan.strategy, alt.strategy, units), "step_time_delta_s": dt,
+            "step_time_delta_pct": dt / a["step_time_s"], "memory_delta_gib": dm, "runner_up_fits": alt_fits,
+            "runner_up_step_time_s": b["step_time_s"], "time_deltas": moves, "verdict": verdict}
+
+
+def explain_data(plan: Plan) -> dict[str, Any]:
+    units = units_of(plan)
+    pred = predicted_dict(plan)
+    limit = memory_limit_gib(plan)
+    c, w = plan.inputs.cluster, plan.inputs.workload
+    return {
+        "model": plan.inputs.model,
+        "cluster": {**c.model_dump(), "name": f"{c.world_size}x {c.accelerator}"},
+        "workload": w.model_dump(),
+        "predicted": {"step_time_s": pred["step_time_s"], "tokens_per_s_per_gpu": pred["tokens_per_s_per_gpu"],
+                      "mfu": pred["mfu"], "hfu": pred["hfu"], "memory_peak_gib": pred["memory_peak_gib"],
+                      "memory_limit_gib": limit, "fits": bool(pred.get("fits", pred["memory_peak_gib"] <= limit))},
+        "mesh": mesh_placement(plan),
+        "schedule": schedule_info(plan),
+        "layer_strategies": runs(plan.strategy, units),
+        "stages": stage_info(plan),
+        "time": time_breakdown(pred),
+        "solver": plan.solver.model_dump(),
+        "runner_up": runner_up(plan, units),
+        "alternatives": len(plan.alternatives),
+    }
+
+
+# ---- terminal view -------------------------------------------------------------------------------
+
+def _bar(frac: float, width: int = 20) -> str:
+    n = max(0, min(width, round(frac * width)))
+    return "█" * n + "·" * (width - n)
+
+
+def render_explain(d: dict[str, Any], console: Console) -> None:
+    p, w, c = d["predicted"], d["workload"], d["cluster"]
+    console.rule(f"[bold]{escape(d['model'])}[/] on {c['name']} ({c['nodes']} nodes x {c['gpus_per_node']} GPUs)")
+    fit = "[green]fits[/]" if p["fits"] else "[bold red]DOES NOT FIT[/]"
+    console.print(f"seq_len {w['seq_len']}, global batch {w['global_batch']}, {w['precision']}  |  step "
+                  f"[bold]{p['step_time_s']:.4g} s[/], {p['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU, MFU "
+                  f"{p['mfu']:.1%}  |  peak {p['memory_peak_gib']:.1f} / {p['memory_limit_gib']:.1f} GiB {fit}")
+    mesh = d["mesh"]
+    t = Table(title=f"mesh: {mesh['world_size']} GPUs, scale-up domain {mesh['scale_up_domain']} GPUs")
+    for col in ("axis", "size", "role", "rank stride", "placement", "first group"):
+        t.add_column(col, justify="right" if col in ("size", "rank stride") else "left")
+    for a in mesh["axes"]:
+        t.add_row(a["axis"], str(a["size"]), a["role"], str(a["stride"]), a["placement"], a["example_group"])
+    if not mesh["axes"]:
+        t.add_row("-", "1", "single GPU", "-", "-", "0")
+    console.print(t)
+    sc = d["schedule"]
+    console.print(f"[bold]schedule[/] {sc['schedule']}, pp={sc['pp']}, vpp={sc['vpp']}: {sc['num_microbatches']} "
+                  f"micro-batches of {sc['micro_batch']} sample(s) ({sc['tokens_per_microbatch']:,} tokens) per "
+                  f"data-parallel rank (dp={sc['dp']}); tp_mode {sc['tp_mode']}"
+                  f"{', sequence parallel' if sc['sequence_parallel'] else ''}, cp_mode {sc['cp_mode']}",
+                  highlight=False)
+    st = Table(title="per pipeline stage: memory per GPU (GiB)")
+    for col in ("stage", "layers", "strategies", "params", "grads", "optim", "acts", "buffers", "overhead",
+                "total", "of limit"):
+        st.add_column(col, justify="left" if col in ("layers", "strategies", "of limit") else "right",
+                      overflow="fold")
+    for s in d["stages"]:
+        frac = s["total_gib"] / s["limit_gib"] if s["limit_gib"] else 0.0
+        st.add_row(str(s["stage"]), escape(s["layers"]), escape("\n".join(s["strategies"])),
+                   *(f"{s[k + '_gib']:.2f}" for k in ("params", "grads", "optimizer", "activations", "buffers",
+                                                       "overhead", "total")),
+                   f"[{'red' if frac > 1 else 'green'}]{_bar(frac, 12)} {frac:.0%}[/]")
+    if d["stages"]:
+        console.print(st)
+    else:
+        console.print("per-stage memory: not recorded in this plan")
+    tt = Table(title=f"step time {d['time']['step_time_s']:.4g} s")
+    for col in ("part", "seconds", "share", ""):
+        tt.add_column(col, justify="right" if col in ("seconds", "share") else "left")
+    for comp in d["time"]["components"]:
+        tt.add_row(comp["name"], f"{comp['seconds']:.4g}", f"{comp['share']:.1%}", _bar(comp["share"]))
+    console.print(tt)
+    so = d["solver"]
+    extra = "".join(f", {k} {so[k]:.4g}" for k in ("objective", "bound", "gap") if so.get(k) is not None)
+    console.print(f"[bold]solver[/] {so['name']} ({so['status']}, space {so['space']}{extra}), {so['candidates']} "
+                  f"candidates in {so['time_s']:.2f} s; {d['alternatives']} alternative(s) kept", highlight=False)
+    ru = d["runner_up"]
+    if ru is None:
+        console.print("no runner-up recorded: nothing to compare against")
+        return
+    console.print(f"[bold]vs runner-up[/] ({ru['runner_up_step_time_s']:.4g} s/step): {escape(ru['verdict'])}",
+                  highlight=False)
+    for ch in ru["changes"]:
+        console.print(f"  • {escape(describe_diff(ch))}", highlight=False)
+    for m in ru["time_deltas"]:
+        console.print(f"    {m['component']}: {m['plan_s']:.4g} s here, {m['runner_up_s']:.4g} s there "
+                      f"({m['delta_s']:+.4g} s)", highlight=False)

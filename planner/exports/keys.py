@@ -1,0 +1,140 @@
+"""Every export target's key names, in one place, with the tool version they match.
+
+The exporters read configuration keys, flags and enum values only from here, so that when a tool
+renames one, a single edit (and the version next to it) follows the rename. A value of ``None``
+means the target has no such key and the exporter leaves it out.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# ---- torchtitan: job config TOML ------------------------------------------------------------------
+TORCHTITAN_VERSION: Final = "torchtitan v0.2.0"
+TORCHTITAN: Final[dict[str, str | None]] = {
+    "parallelism": "parallelism",  # [parallelism]
+    "dp_replicate": "data_parallel_replicate_degree",
+    "dp_shard": "data_parallel_shard_degree",
+    "reshard": "fsdp_reshard_after_forward",  # "default" | "always" | "never"
+    "tp": "tensor_parallel_degree",
+    # The issue's name. torchtitan applies sequence parallelism whenever tp > 1 and has no switch for
+    # it (its TP knobs are disable_loss_parallel / enable_async_tensor_parallel): set this entry to
+    # None to leave the key out.
+    "sequence_parallel": "enable_sequence_parallel",
+    "pp": "pipeline_parallel_degree",
+    "schedule": "pipeline_parallel_schedule",
+    "layers_per_stage": "pipeline_parallel_layers_per_stage",
+    "fqns_per_part": "module_fqns_per_model_part",  # exact stage boundaries (uneven splits too)
+    "pp_microbatch": "pipeline_parallel_microbatch_size",
+    "cp": "context_parallel_degree",
+    "cp_rotate": "context_parallel_rotate_method",
+    "ep": "expert_parallel_degree",
+    "ac": "activation_checkpoint",  # [activation_checkpoint]
+    "ac_mode": "mode",  # "none" | "selective" | "full"
+    "ac_option": "selective_ac_option",  # "op" (selective op-level) or "N" (full AC every N-th layer)
+    "training": "training",  # [training]
+    "local_batch": "local_batch_size",
+    "global_batch": "global_batch_size",
+    "seq_len": "seq_len",
+    "cpu_offload": "enable_cpu_offload",  # FSDP2 CPUOffloadPolicy: parameters, gradients, optimizer
+    "mp_param": "mixed_precision_param",
+    "model": "model",  # [model]
+    "converters": "converters",  # ["float8"] turns on float8 training
+}
+TORCHTITAN_SCHEDULES: Final = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B",
+                               "zb": "InterleavedZeroBubble"}
+TORCHTITAN_RESHARD: Final = {"zero3": "always", "zero3_keep": "never"}
+TORCHTITAN_CP_ROTATE: Final = {"ring": "allgather"}
+TORCHTITAN_FLOAT8: Final = "float8"
+TORCHTITAN_FQN: Final = {"embedding": ["tok_embeddings"], "block": "layers.{i}", "head": ["norm", "output"]}
+
+# ---- Megatron-LM: command-line flags ----------------------------------------------------------------
+MEGATRON_VERSION: Final = "Megatron-LM core_r0.13.0"
+MEGATRON: Final[dict[str, str | None]] = {
+    "num_layers": "--num-layers",
+    "tp": "--tensor-model-parallel-size",
+    "pp": "--pipeline-model-parallel-size",
+    "vpp_layers": "--num-layers-per-virtual-pipeline-stage",
+    "first_stage_layers": "--decoder-first-pipeline-num-layers",
+    "last_stage_layers": "--decoder-last-pipeline-num-layers",
+    "cp": "--context-parallel-size",
+    "cp_comm": "--cp-comm-type",
+    "ep": "--expert-model-parallel-size",
+    "sp": "--sequence-parallel",
+    "dist_opt": "--use-distributed-optimizer",
+    "dist_opt_instances": "--num-distributed-optimizer-instances",  # ZeRO-1 sharded within dp_shard
+    "fsdp": "--use-custom-fsdp",  # Megatron-FSDP (renamed --use-megatron-fsdp in later releases)
+    "fsdp_strategy": "--data-parallel-sharding-strategy",
+    "recompute_granularity": "--recompute-granularity",
+    "recompute_method": "--recompute-method",
+    "recompute_num_layers": "--recompute-num-layers",
+    "micro_batch": "--micro-batch-size",
+    "global_batch": "--global-batch-size",
+    "seq_len": "--seq-length",
+    "bf16": "--bf16",
+    "fp8": "--fp8-format",
+    "optimizer_offload": "--optimizer-cpu-offload",
+    "optimizer_offload_fraction": "--optimizer-offload-fraction",
+    "overlap_grad": "--overlap-grad-reduce",
+    "overlap_param": "--overlap-param-gather",
+}
+MEGATRON_CP_COMM: Final = {"ring": "p2p", "ulysses": "a2a"}
+MEGATRON_FSDP_STRATEGY: Final = {"zero2": "optim_grads", "zero3": "optim_grads_params"}
+MEGATRON_FP8_FORMAT: Final = "hybrid"
+
+# ---- DeepSpeed: config JSON -----------------------------------------------------------------------
+DEEPSPEED_VERSION: Final = "DeepSpeed 0.17"
+DEEPSPEED: Final[dict[str, str | None]] = {
+    "train_batch": "train_batch_size",
+    "micro_batch": "train_micro_batch_size_per_gpu",
+    "grad_accum": "gradient_accumulation_steps",
+    "bf16": "bf16",
+    "enabled": "enabled",
+    "zero": "zero_optimization",
+    "stage": "stage",
+    "offload_optimizer": "offload_optimizer",
+    "offload_param": "offload_param",
+    "device": "device",
+    "pin_memory": "pin_memory",
+    "hpz": "zero_hpz_partition_size",  # ZeRO++ hierarchical (secondary) parameter partition
+    "overlap_comm": "overlap_comm",
+    "contiguous_gradients": "contiguous_gradients",
+    "tensor_parallel": "tensor_parallel",  # AutoTP training (DeepSpeed >= 0.16.4)
+    "autotp_size": "autotp_size",
+    "sequence_parallel_size": "sequence_parallel_size",  # DeepSpeed-Ulysses
+}
+DEEPSPEED_ZERO_STAGE: Final = {"replicate": 0, "zero1": 1, "zero2": 2, "zero3": 3}
+
+# ---- nanotron: YAML config --------------------------------------------------------------------------
+NANOTRON_VERSION: Final = "nanotron v0.4"
+NANOTRON: Final[dict[str, str | None]] = {
+    "parallelism": "parallelism",
+    "dp": "dp",  # nanotron's world is dp * tp * pp * expert_parallel_size
+    "pp": "pp",
+    "tp": "tp",
+    "pp_engine": "pp_engine",
+    "tp_mode": "tp_mode",
+    "tp_async": "tp_linear_async_communication",
+    "ep": "expert_parallel_size",
+    "recompute": "recompute_layer",
+    "tokens": "tokens",
+    "micro_batch": "micro_batch_size",
+    "grad_accum": "batch_accumulation_per_replica",
+    "seq_len": "sequence_length",
+    "optimizer": "optimizer",
+    "zero_stage": "zero_stage",
+}
+NANOTRON_PP_ENGINES: Final = {"gpipe": "afab", "1f1b": "1f1b"}
+NANOTRON_TP_MODES: Final = {True: "REDUCE_SCATTER", False: "ALL_REDUCE"}
+
+# ---- python: the project's own runtime ------------------------------------------------------------
+PYTHON_VERSION: Final = "shardplan runtime (runtime.apply.apply_plan)"
+PYTHON: Final[dict[str, str | None]] = {
+    "apply_module": "runtime.apply", "apply": "apply_plan",  # apply_plan(model, plan) -> model
+    "optimizer": "build_optimizer",  # build_optimizer(model, cls, **kwargs), in apply_module
+    "model_module": "runtime.model", "model": "Transformer", "config": "resolve_config",
+    "train_module": "runtime.train", "step": "train_step",  # train_step(model, tokens, targets, n_mb)
+}
+
+VERSIONS: Final = {"torchtitan": TORCHTITAN_VERSION, "megatron": MEGATRON_VERSION, "deepspeed": DEEPSPEED_VERSION,
+                   "nanotron": NANOTRON_VERSION, "python": PYTHON_VERSION}

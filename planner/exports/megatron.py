@@ -1,0 +1,136 @@
+"""Megatron-LM: the parallelism, batch and precision flags of ``pretrain_gpt.py``, one per line.
+
+The output parses with ``shlex.split(text, comments=True)``; pass it as
+``torchrun ... pretrain_gpt.py $(sed 's/#.*//' plan.args) <model and data flags>``.
+"""
+
+from __future__ import annotations
+
+from costmodel.estimate import even_split
+from costmodel.strategy import Strategy
+from planner.exports.base import Caps, Nearest, header, runs_text
+from planner.exports.keys import (
+    MEGATRON,
+    MEGATRON_CP_COMM,
+    MEGATRON_FP8_FORMAT,
+    MEGATRON_FSDP_STRATEGY,
+    MEGATRON_VERSION,
+)
+from planner.reprice import block_index, stage_sizes
+
+SUFFIX = ".args"
+CAPS = Caps(
+    tool="megatron", shardings=("replicate", "zero1", "zero2", "zero3"), pp_shardings=("replicate", "zero1"),
+    hsdp_shardings=("replicate", "zero1"), offloads=("none", "optimizer"), per_layer=frozenset({"recompute"}),
+    schedules=("1f1b", "interleaved"), cp_modes=tuple(MEGATRON_CP_COMM),
+)
+
+
+def adjust(n: Nearest) -> None:
+    _stages(n)
+    _recompute(n)
+    if n.values("offload") and n.values("offload")[0] == "optimizer" and n.values("sharding")[0] == "replicate":
+        n.lose("sharding", "replicate → zero1 (Megatron offloads the optimizer of the distributed optimizer only)")
+        n.set_all("sharding", "zero1")
+
+
+def _stages(n: Nearest) -> None:
+    """Megatron splits layers evenly, or with a different first and last stage (pp > 1, vpp 1)."""
+    p, blocks = n.mesh["pp"], len(n.blocks)
+    if p == 1:
+        return
+    v = n.fields["vpp"]
+    sizes = n.stage_sizes()
+    if v > 1:
+        if len(set(sizes)) == 1:
+            return
+        if blocks % (p * v) == 0:
+            n.lose("uneven virtual stages", f"{sizes} → {blocks // (p * v)} layers each (Megatron's "
+                                            "interleaving needs equal virtual stages)")
+            n.fields["stage_layers"] = None
+            return
+        n.lose("schedule", f"interleaved → 1f1b ({blocks} layers do not split evenly over pp*vpp = {p * v})")
+        n.fields.update(schedule="1f1b", vpp=1, stage_layers=None)
+        sizes = even_split(blocks, p)
+    if len(set(sizes)) == 1:
+        return
+    if p == 2 or len(set(sizes[1:-1])) == 1:
+        n.extra["first_last"] = (sizes[0], sizes[-1])
+        n.fields["stage_layers"] = sizes
+        return
+    mid = blocks // p
+    new = [blocks - mid * (p - 1)] + [mid] * (p - 1)
+    n.lose("uneven pipeline stages", f"{sizes} → {new} (Megatron varies only the first and last stage)")
+    n.fields["stage_layers"] = new
+    n.extra["first_last"] = (new[0], new[-1])
+
+
+def _recompute(n: Nearest) -> None:
+    """One granularity for all blocks; ``full`` may cover the first N blocks of every (virtual) stage."""
+    others = [u for u in n.units if block_index(u) is None]  # selective there recomputes nothing anyway
+    if any(v == "full" for v in n.values("recompute", others)):
+        n.lose("recompute outside the blocks", "full recompute of embedding/head → none (Megatron recomputes transformer layers only)")
+    n.set_all("recompute", "none", others)
+    vals = n.values("recompute", n.blocks)
+    if len(set(vals)) <= 1:
+        return
+    chunks, i = [], 0
+    for size in n.stage_sizes():
+        chunks.append(n.blocks[i:i + size])
+        i += size
+    if "full" not in vals:  # selective on some blocks only: selective on all of them
+        before = ", ".join(sorted(set(vals)))
+        n.lose("per-layer recompute", f"{before} → selective on every layer (one granularity in Megatron)")
+        n.set_all("recompute", "selective", n.blocks)
+        return
+    k = max(sum(1 for u in ch if n.choice[u]["recompute"] != "none") for ch in chunks)
+    target = {u: ("full" if j < k else "none") for ch in chunks for j, u in enumerate(ch)}
+    if any(n.choice[u]["recompute"] != target[u] for u in n.blocks):
+        what = "full on every layer" if k >= max(map(len, chunks)) else f"full on the first {k} layer(s) of every stage"
+        n.lose("per-layer recompute", f"{runs_text(n, 'recompute')} → {what} (Megatron recomputes one "
+                                      "granularity; full may cover the first N layers of each stage)")
+    for u in n.blocks:
+        n.choice[u]["recompute"] = target[u]
+    if k < max(map(len, chunks)):
+        n.extra["recompute_block"] = k
+
+
+def render(n: Nearest, s: Strategy, cost: str) -> str:
+    K, m, w = MEGATRON, s.mesh, n.workload_model()
+    flags: list[tuple[str | None, object]] = [(K["num_layers"], len(n.blocks) or None), (K["tp"], m.tp),
+                                             (K["pp"], m.pp)]
+    sizes = stage_sizes(s, len(n.blocks))
+    if s.vpp > 1:
+        flags.append((K["vpp_layers"], sizes[0]))
+    elif "first_last" in n.extra and len(set(sizes)) > 1:
+        flags.append((K["first_stage_layers"], n.extra["first_last"][0]))
+        if m.pp > 2:
+            flags.append((K["last_stage_layers"], n.extra["first_last"][1]))
+    flags += [(K["cp"], m.cp)]
+    if m.cp > 1:
+        flags.append((K["cp_comm"], MEGATRON_CP_COMM[s.cp_mode]))
+    flags += [(K["ep"], m.ep), (K["sp"], True if s.sequence_parallel else None)]
+    shard = n.values("sharding")[0] if n.units else s.default.sharding
+    if shard == "zero1":
+        flags += [(K["dist_opt"], True), (K["overlap_grad"], True), (K["overlap_param"], True)]
+        if m.dp_replicate > 1:
+            flags.append((K["dist_opt_instances"], m.dp_replicate))
+    elif shard in MEGATRON_FSDP_STRATEGY:
+        flags += [(K["fsdp"], True), (K["fsdp_strategy"], MEGATRON_FSDP_STRATEGY[shard])]
+    else:
+        flags.append((K["overlap_grad"], True))
+    rec = {n.choice[u]["recompute"] for u in n.blocks} - {"none"}
+    if rec == {"selective"}:
+        flags.append((K["recompute_granularity"], "selective"))
+    elif rec == {"full"}:
+        k = n.extra.get("recompute_block")
+        flags += [(K["recompute_granularity"], "full"), (K["recompute_method"], "block" if k else "uniform"),
+                  (K["recompute_num_layers"], k or 1)]
+    if any(v == "optimizer" for v in n.values("offload")):
+        flags += [(K["optimizer_offload"], True), (K["optimizer_offload_fraction"], 1.0)]
+    flags += [(K["micro_batch"], s.micro_batch), (K["global_batch"], w.global_batch), (K["seq_len"], w.seq_len),
+              (K["bf16"], True)]
+    if w.precision == "fp8":
+        flags.append((K["fp8"], MEGATRON_FP8_FORMAT))
+    lines = [f"{f}" if v is True else f"{f} {v}" for f, v in flags if f is not None and v is not None]
+    return header(n.plan, MEGATRON_VERSION, n.losses, cost) + "\n".join(lines) + "\n"

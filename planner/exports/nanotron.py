@@ -1,0 +1,41 @@
+"""nanotron: the YAML ``parallelism`` block, with the ``tokens`` batch keys and the optimizer's ZeRO stage
+(merge them into a full nanotron config)."""
+
+from __future__ import annotations
+
+import yaml
+
+from costmodel.strategy import Strategy
+from planner.exports.base import Caps, Nearest, header
+from planner.exports.keys import NANOTRON, NANOTRON_PP_ENGINES, NANOTRON_TP_MODES, NANOTRON_VERSION
+
+SUFFIX = ".yaml"
+CAPS = Caps(
+    tool="nanotron", shardings=("replicate", "zero1"), hsdp_shardings=("replicate",), recomputes=("none", "full"),
+    offloads=("none",), schedules=tuple(NANOTRON_PP_ENGINES), uneven_stages=False, cp_modes=(),
+    sequence_parallel=True,
+)
+
+
+def adjust(n: Nearest) -> None:
+    if n.mesh["ep"] > 1:
+        n.notes.append(f"nanotron counts expert parallelism as its own axis: dp = data-parallel ranks / ep = "
+                       f"{n.mesh['dp_replicate'] * n.mesh['dp_shard'] // n.mesh['ep']}")
+
+
+def render(n: Nearest, s: Strategy, cost: str) -> str:
+    K, m, w = NANOTRON, s.mesh, n.workload_model()
+    shard = n.values("sharding")[0] if n.units else s.default.sharding
+    rec = n.values("recompute")[0] if n.units else s.default.recompute
+    par = {K["dp"]: m.dp // m.ep, K["pp"]: m.pp, K["tp"]: m.tp,
+           K["pp_engine"]: NANOTRON_PP_ENGINES.get(s.schedule, "1f1b"),
+           K["tp_mode"]: NANOTRON_TP_MODES[s.sequence_parallel], K["tp_async"]: s.sequence_parallel,
+           K["ep"]: m.ep, K["recompute"]: rec == "full"}
+    doc = {
+        K["parallelism"]: par,
+        K["tokens"]: {K["micro_batch"]: s.micro_batch, K["grad_accum"]: s.num_microbatches(w.global_batch),
+                      K["seq_len"]: w.seq_len},
+        K["optimizer"]: {K["zero_stage"]: 1 if shard == "zero1" else 0},
+    }
+    body = yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)
+    return header(n.plan, NANOTRON_VERSION, n.losses, cost) + body

@@ -1,0 +1,73 @@
+"""python: a short script that applies the plan with the project's runtime inside torch.distributed.
+
+The runtime executes every choice a plan can make, so nothing is lost. The plan is embedded (without
+its alternatives) so that the script runs on its own:
+``torchrun --nnodes N --nproc-per-node G plan.py [steps]``.
+"""
+
+from __future__ import annotations
+
+from costmodel.strategy import Strategy
+from planner.exports.base import Caps, Nearest, header
+from planner.exports.keys import PYTHON, PYTHON_VERSION
+
+SUFFIX = ".py"
+CAPS = Caps(tool="python", per_layer=frozenset({"sharding", "recompute", "offload"}), tsp=True, split=True)
+
+TEMPLATE = '''"""Train {model} for a few steps on random tokens with the plan below (run under torchrun)."""
+
+import sys
+
+import torch
+import torch.distributed as dist
+
+from planner.schema import parse_plan
+from {apply_module} import {apply}, {optimizer}
+from {model_module} import {model_cls}, {config}
+from {train_module} import {step}
+
+PLAN = parse_plan(r"""
+{plan_json}""")
+
+
+def main(steps: int = 3) -> None:
+    dist.init_process_group()
+    m, w = PLAN.strategy.mesh, PLAN.inputs.workload
+    cfg = {config}(PLAN.inputs.model)
+    torch.manual_seed(0)  # every rank builds the same model; {apply} keeps this rank's part
+    model = {apply}({model_cls}(cfg), PLAN)
+    opt = {optimizer}(model, torch.optim.AdamW, lr=1e-4)
+    dev = next(p.device for p in model.parameters())
+    dp = m.dp_replicate * m.dp_shard
+    rank = dist.get_rank()
+    dp_rank, rows = rank // (m.cp * m.tp) % dp, w.global_batch // dp
+    n_mb = PLAN.strategy.num_microbatches(w.global_batch)
+    for k in range(steps):
+        g = torch.Generator().manual_seed(k)
+        data = torch.randint(0, cfg.vocab, (w.global_batch, w.seq_len + 1), generator=g)
+        data = data[dp_rank * rows:(dp_rank + 1) * rows].to(dev)
+        loss = {step}(model, data[:, :-1], data[:, 1:], n_mb)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if loss is not None:
+            print(f"rank {{rank}} step {{k}}: loss {{float(loss):.4f}}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 3)
+'''
+
+
+def adjust(n: Nearest) -> None:
+    c = n.plan.inputs.cluster
+    n.notes.append(f"run: torchrun --nnodes {c.nodes} --nproc-per-node {c.gpus_per_node} <script> [steps]")
+
+
+def render(n: Nearest, s: Strategy, cost: str) -> str:
+    plan = n.plan.model_copy(update={"strategy": s, "alternatives": []})
+    text = TEMPLATE.format(model=plan.inputs.model, apply_module=PYTHON["apply_module"], apply=PYTHON["apply"],
+                           optimizer=PYTHON["optimizer"], model_module=PYTHON["model_module"],
+                           model_cls=PYTHON["model"], config=PYTHON["config"], train_module=PYTHON["train_module"],
+                           step=PYTHON["step"], plan_json=plan.to_json())
+    return header(n.plan, PYTHON_VERSION, n.losses, cost) + text

@@ -1,0 +1,110 @@
+"""torchtitan: the job config TOML (``[parallelism]``, ``[activation_checkpoint]``, ``[training]``)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from costmodel.strategy import Strategy
+from planner.exports.base import Caps, Nearest, collapse, header
+from planner.exports.keys import (
+    TORCHTITAN,
+    TORCHTITAN_CP_ROTATE,
+    TORCHTITAN_FLOAT8,
+    TORCHTITAN_FQN,
+    TORCHTITAN_RESHARD,
+    TORCHTITAN_SCHEDULES,
+    TORCHTITAN_VERSION,
+)
+from planner.reprice import block_index, stage_sizes
+
+SUFFIX = ".toml"
+CAPS = Caps(
+    tool="torchtitan", shardings=("replicate", "zero3_keep", "zero3"), offloads=("none", "params"),
+    per_layer=frozenset({"recompute"}), cp_modes=tuple(TORCHTITAN_CP_ROTATE), sequence_parallel=True,
+)
+
+
+def adjust(n: Nearest) -> None:
+    """Activation checkpointing applies to transformer blocks only: all alike, or full on every N-th."""
+    others = [u for u in n.units if block_index(u) is None]  # selective there recomputes nothing anyway
+    if any(v == "full" for v in n.values("recompute", others)):
+        n.lose("recompute outside the blocks", "full recompute of embedding/head → none (torchtitan checkpoints transformer blocks only)")
+    n.set_all("recompute", "none", others)
+    vals = n.values("recompute", n.blocks)
+    if len(set(vals)) <= 1:
+        return
+    idx = [block_index(u) for u in n.blocks]
+    if set(vals) == {"none", "full"}:
+        for every in range(2, len(vals) + 1):
+            if all((v == "full") == ((i + 1) % every == 0) for i, v in zip(idx, vals, strict=True)):  # type: ignore[operator]
+                n.extra["ac_every"] = every
+                return
+    collapse(n, "recompute", "torchtitan checkpoints all blocks alike, or fully every N-th block", n.blocks)
+
+
+def _toml(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return str(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    return "[" + ", ".join(_toml(x) for x in v) + "]"
+
+
+def _table(name: str, items: list[tuple[str | None, Any]]) -> str:
+    lines = [f"[{name}]"] + [f"{k} = {_toml(v)}" for k, v in items if k is not None and v is not None]
+    return "\n".join(lines) + "\n"
+
+
+def fqns_per_part(s: Strategy, n_blocks: int) -> list[list[str]]:
+    sizes = stage_sizes(s, n_blocks)
+    parts, i = [], 0
+    for k, size in enumerate(sizes):
+        part = list(TORCHTITAN_FQN["embedding"]) if k == 0 else []
+        part += [str(TORCHTITAN_FQN["block"]).format(i=j) for j in range(i, i + size)]
+        i += size
+        if k == len(sizes) - 1:
+            part += list(TORCHTITAN_FQN["head"])
+        parts.append(part)
+    return parts
+
+
+def render(n: Nearest, s: Strategy, cost: str) -> str:
+    K, m, w = TORCHTITAN, s.mesh, n.workload_model()
+    units = n.units
+    shard = s.for_unit(units[0]).sharding if units else s.default.sharding
+    all_replicate = all(s.for_unit(u).sharding == "replicate" for u in units)
+    rep, shd = (m.dp_replicate * m.dp_shard, 1) if all_replicate else (m.dp_replicate, m.dp_shard)
+    n_mb = s.num_microbatches(w.global_batch)
+    par: list[tuple[str | None, Any]] = [
+        (K["dp_replicate"], rep), (K["dp_shard"], shd), (K["reshard"], TORCHTITAN_RESHARD.get(shard, "default")),
+        (K["tp"], m.tp), (K["sequence_parallel"], s.sequence_parallel), (K["pp"], m.pp),
+    ]
+    if m.pp > 1:
+        par += [(K["schedule"], TORCHTITAN_SCHEDULES[s.schedule]), (K["pp_microbatch"], s.micro_batch),
+                (K["fqns_per_part"], fqns_per_part(s, len(n.blocks)))]
+    par += [(K["cp"], m.cp)]
+    if m.cp > 1:
+        par.append((K["cp_rotate"], TORCHTITAN_CP_ROTATE[s.cp_mode]))
+    par.append((K["ep"], m.ep))
+    rec = {s.for_unit(u).recompute for u in n.blocks} - {"none"}
+    if "ac_every" in n.extra:
+        ac = [(K["ac_mode"], "selective"), (K["ac_option"], str(n.extra["ac_every"]))]
+    elif rec == {"full"}:
+        ac = [(K["ac_mode"], "full")]
+    elif rec == {"selective"}:
+        ac = [(K["ac_mode"], "selective"), (K["ac_option"], "op")]
+    else:
+        ac = [(K["ac_mode"], "none")]
+    offload = any(s.for_unit(u).offload != "none" for u in units)
+    train: list[tuple[str | None, Any]] = [
+        (K["local_batch"], s.micro_batch * (n_mb if m.pp > 1 else 1)), (K["global_batch"], w.global_batch),
+        (K["seq_len"], w.seq_len), (K["mp_param"], "bfloat16"), (K["cpu_offload"], offload),
+    ]
+    out = [header(n.plan, TORCHTITAN_VERSION, n.losses, cost), _table(str(K["parallelism"]), par),
+           _table(str(K["ac"]), ac), _table(str(K["training"]), train)]
+    if w.precision == "fp8":
+        out.append(_table(str(K["model"]), [(K["converters"], [TORCHTITAN_FLOAT8])]))
+    return "\n".join(out)

@@ -1,0 +1,298 @@
+"""A plan's context for analysis: its model, cluster and unit costs, and re-pricing variants of it.
+
+``explain``, ``plot`` and ``export`` read a plan document alone where they can; what the document
+does not record (per-unit costs for the timeline, the cost of the nearest plan an export target
+can express) comes from the cost model, with the model and cluster the plan names.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from costmodel.strategy import Strategy, Workload
+from planner.schema import Alternative, ClusterRef, Plan, PlanInputs, Predicted, SolverInfo
+from profiler.errors import ShardplanError
+
+if TYPE_CHECKING:
+    from costmodel.report import Report
+    from profiler.graph import LayerGraph
+    from profiler.hardware import Cluster
+
+GIB = 1024**3
+_LAYER = re.compile(r"^layers\.(\d+)$")
+
+
+def unit_key(name: str) -> tuple[int, int, str]:
+    """Execution order of unit names: embedding, layers.0, layers.1, ..., head."""
+    if name == "embedding":
+        return (0, 0, "")
+    m = _LAYER.match(name)
+    if m:
+        return (1, int(m.group(1)), "")
+    return (2, 0, "") if name == "head" else (3, 0, name)
+
+
+def block_index(name: str) -> int | None:
+    m = _LAYER.match(name)
+    return int(m.group(1)) if m else None
+
+
+def predicted_dict(plan: Plan) -> dict[str, Any]:
+    """The plan's predicted report as a dict (extra cost-model keys included)."""
+    return plan.predicted.model_dump()
+
+
+def memory_limit_gib(plan: Plan) -> float:
+    """The per-GPU limit the plan was priced against."""
+    pred = predicted_dict(plan)
+    if pred.get("memory_limit_gib"):
+        return float(pred["memory_limit_gib"])
+    if plan.inputs.memory_limit_gib:
+        return float(plan.inputs.memory_limit_gib)
+    return plan.inputs.cluster.memory_gb * 1e9 / GIB
+
+
+# ---- model and cluster --------------------------------------------------------------------------
+
+def plan_graph(plan: Plan) -> LayerGraph:
+    """The layer graph of the plan's model at its sequence length (raises ShardplanError)."""
+    from profiler.models import load_model
+
+    return load_model(plan.inputs.model, plan.inputs.workload.seq_len)
+
+
+def plan_cluster(plan: Plan) -> Cluster:
+    from profiler.hardware import parse_cluster
+
+    return parse_cluster(plan.inputs.cluster.model_dump())
+
+
+def try_graph(plan: Plan) -> LayerGraph | None:
+    try:
+        return plan_graph(plan)
+    except (ShardplanError, ImportError, OSError):
+        return None
+
+
+def units_of(plan: Plan, graph: LayerGraph | None = None) -> list[str]:
+    """The plan's units in execution order: from the graph, the predicted stages, or the model."""
+    if graph is None:
+        names: set[str] = set()
+        for st in predicted_dict(plan).get("stages") or []:
+            names.update(st.get("units") or [])
+        if names:
+            return sorted(names, key=unit_key)
+        graph = try_graph(plan)
+    if graph is not None:
+        return [u for u, _ in graph.blocks()]
+    names = {_unit_of(ls.unit) for ls in plan.strategy.layers}
+    return sorted(names, key=unit_key)
+
+
+def _unit_of(op: str) -> str:
+    """The unit an operator path belongs to (``layers.3.mlp.up`` -> ``layers.3``)."""
+    parts = op.split(".")
+    return ".".join(parts[:2]) if parts[0] == "layers" and len(parts) > 1 else parts[0]
+
+
+def stage_sizes(strategy: Strategy, blocks: int) -> list[int]:
+    """Blocks per virtual stage."""
+    from costmodel.estimate import even_split
+
+    return list(strategy.stage_layers or even_split(blocks, strategy.mesh.pp * strategy.vpp))
+
+
+def unit_stages(strategy: Strategy, units: Sequence[str]) -> dict[str, tuple[int, int]]:
+    """``unit -> (virtual stage, pipeline rank)``; embedding on the first stage, head on the last."""
+    blocks = [u for u in units if block_index(u) is not None]
+    sizes = stage_sizes(strategy, len(blocks))
+    p, last = strategy.mesh.pp, len(sizes) - 1
+    out: dict[str, tuple[int, int]] = {}
+    i = 0
+    for k, n in enumerate(sizes):
+        for u in blocks[i:i + n]:
+            out[u] = (k, k % p)
+        i += n
+    for u in units:
+        if u not in out:
+            k = 0 if unit_key(u)[0] == 0 else last
+            out[u] = (k, k % p)
+    return out
+
+
+def unit_split(strategy: Strategy, unit: str) -> int:
+    """The largest OSDP split of the unit or any operator inside it."""
+    splits = [ls.split for ls in strategy.layers if ls.unit == unit or ls.unit.startswith(unit + ".")]
+    return max([strategy.for_unit(unit).split, *splits])
+
+
+# ---- pricing ------------------------------------------------------------------------------------
+
+def price(
+    graph: LayerGraph, cluster: Cluster, strategy: Strategy, workload: Workload,
+    memory_limit_gib: float | None = None, model: str | None = None, profile: str | None = None,
+    alternatives: Iterable[Strategy] = (),
+) -> Plan:
+    """Price ``strategy`` with the cost model and wrap it into a plan document (solver ``user``)."""
+    from costmodel.estimate import estimate
+    from profiler.profile_schema import load_profile
+
+    prof = load_profile(profile) if profile else None
+
+    def predicted(s: Strategy) -> Predicted:
+        return Predicted(**estimate(graph, cluster, s, workload, prof, memory_limit_gib).to_dict())
+
+    inputs = PlanInputs(
+        model=model or graph.model_id, model_hash=graph.content_hash(), cluster=ClusterRef(**cluster.to_dict()),
+        workload=workload, memory_limit_gib=memory_limit_gib, profile=profile,
+    )
+    alts = [Alternative(strategy=a, predicted=predicted(a)) for a in alternatives]
+    return Plan(inputs=inputs, strategy=strategy, predicted=predicted(strategy), solver=SolverInfo(name="user"),
+                alternatives=alts)
+
+
+def plan_from_strategy(
+    model: str, cluster: str | dict[str, Any], strategy: Strategy | dict[str, Any], seq_len: int,
+    global_batch: int, precision: str = "bf16", memory_limit_gib: float | None = None,
+    alternatives: Iterable[Strategy | dict[str, Any]] = (),
+) -> Plan:
+    """A plan for a strategy you give (no search): ``plan_from_strategy("llama3-8b", "16xh100", {...}, 4096, 64)``."""
+    from profiler.hardware import parse_cluster
+    from profiler.models import load_model
+
+    def as_strategy(s: Strategy | dict[str, Any]) -> Strategy:
+        return s if isinstance(s, Strategy) else Strategy.model_validate(s)
+
+    w = Workload(seq_len=seq_len, global_batch=global_batch, precision=precision)  # type: ignore[arg-type]
+    return price(load_model(model, seq_len), parse_cluster(cluster), as_strategy(strategy), w, memory_limit_gib,
+                 model=model, alternatives=[as_strategy(a) for a in alternatives])
+
+
+@dataclass
+class Repriced:
+    """A variant of a plan priced next to the plan itself (both re-estimated, same inputs)."""
+
+    original: dict[str, Any] | None = None
+    variant: dict[str, Any] | None = None
+    error: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def delta_s(self) -> float | None:
+        if self.original is None or self.variant is None:
+            return None
+        return self.variant["step_time_s"] - self.original["step_time_s"]
+
+
+def reprice(plan: Plan, strategy: Strategy, workload: Workload | None = None) -> Repriced:
+    """Re-estimate the plan and ``strategy`` (on ``workload``) with the plan's model and cluster."""
+    from costmodel.estimate import estimate
+    from profiler.profile_schema import load_profile
+
+    out = Repriced()
+    try:
+        graph, cluster = plan_graph(plan), plan_cluster(plan)
+        prof = load_profile(plan.inputs.profile) if plan.inputs.profile else None
+    except ShardplanError as e:
+        out.error = f"cannot load the plan's model or cluster: {e}"
+        return out
+    if graph.content_hash() != plan.inputs.model_hash:
+        out.notes.append(f"model '{plan.inputs.model}' changed since the plan was made (hash differs)")
+    limit = plan.inputs.memory_limit_gib
+    try:
+        out.original = _report(estimate(graph, cluster, plan.strategy, plan.inputs.workload, prof, limit))
+    except ShardplanError as e:
+        out.error = f"the plan itself no longer prices: {e}"
+        return out
+    try:
+        out.variant = _report(estimate(graph, cluster, strategy, workload or plan.inputs.workload, prof, limit))
+    except ShardplanError as e:
+        out.error = f"the nearest plan does not price: {e}"
+    return out
+
+
+def _report(r: Report) -> dict[str, Any]:
+    return r.to_dict()
+
+
+# ---- per-stage times for the timeline ----------------------------------------------------------
+
+@dataclass
+class StageTimes:
+    """Per *virtual* stage, one micro-batch: forward, backward (incl. recompute), weight-gradient part
+    of backward, exposed communication; ``p2p`` per stage boundary (one direction). Once per step:
+    the exposed gradient synchronisation, the optimizer step (with the fixed step overhead) and
+    host transfers. ``exact`` is False when the times are spread evenly from the prediction."""
+
+    fwd: list[float]
+    bwd: list[float]
+    wgt: list[float]
+    comm: list[float]
+    p2p: list[float]
+    grad_sync: float = 0.0
+    optimizer: float = 0.0
+    offload: float = 0.0
+    exact: bool = True
+
+
+def stage_times(plan: Plan) -> StageTimes:
+    """Per-virtual-stage times from the cost model; evenly split from the prediction if the model is unknown."""
+    s = plan.strategy
+    try:
+        return _stage_times_model(plan)
+    except (ShardplanError, ImportError, OSError):
+        pass
+    pred = predicted_dict(plan)
+    t = pred.get("time") or {}
+    n_mb = int(pred.get("num_microbatches") or s.num_microbatches(plan.inputs.workload.global_batch) or 1)
+    k = s.mesh.pp * s.vpp
+    per_rank = s.vpp * n_mb
+    comm = t.get("comm_s") or {}
+    fb = (t.get("compute_s", plan.predicted.step_time_s * 0.8)) / per_rank
+    rc = t.get("recompute_s", 0.0) / per_rank
+    cm = sum(v for a, v in comm.items() if a in ("tp", "cp", "ep")) / per_rank
+    pp = comm.get("pp", 0.0) / per_rank / 2
+    return StageTimes([fb / 3] * k, [2 * fb / 3 + rc] * k, [fb / 3] * k, [cm] * k, [pp] * max(k - 1, 0),
+                      grad_sync=comm.get("dp", 0.0), optimizer=t.get("optimizer_s", 0.0),
+                      offload=t.get("offload_s", 0.0), exact=False)
+
+
+def priced_units(plan: Plan) -> tuple[list[list[Any]], Any]:
+    """Unit costs per virtual stage (``costmodel.units.UnitCost``) and the device model used."""
+    from costmodel.device import DeviceModel
+    from costmodel.estimate import UnitPricer, check, stage_units
+    from profiler.profile_schema import load_profile
+
+    graph, cluster, s, w = plan_graph(plan), plan_cluster(plan), plan.strategy, plan.inputs.workload
+    check(graph, cluster, s, w)
+    dev = DeviceModel(cluster, load_profile(plan.inputs.profile) if plan.inputs.profile else None)
+    pricer = UnitPricer(dev, s, w)
+    return [[pricer(name, nodes) for name, nodes in st] for st in stage_units(graph, s)], dev
+
+
+def _stage_times_model(plan: Plan) -> StageTimes:
+    from costmodel.units import mesh_groups
+
+    s = plan.strategy
+    costs, dev = priced_units(plan)
+    fwd = [sum(u.fwd for u in st) for st in costs]
+    bwd = [sum(u.bwd + u.recompute for u in st) for st in costs]
+    wgt = [sum(u.bwd_weight for u in st) for st in costs]
+    comm = [sum(sum(u.comm.values()) for u in st) for st in costs]
+    p2p = []
+    pp_group = mesh_groups(dev, s).pp
+    for st in costs[:-1]:
+        nbytes = st[-1].out_bytes if st else 0.0
+        p2p.append(dev.collective_time("send_recv", nbytes, pp_group) * (1 - dev.c.pp_overlap))
+    p = s.mesh.pp
+    ranks: list[list[Any]] = [[] for _ in range(p)]
+    for k, st in enumerate(costs):
+        ranks[k % p].extend(st)
+    sync = max(max(0.0, sum(sum(u.step_comm.values()) for u in rk) - dev.c.dp_overlap * sum(
+        u.step_comm_window for u in rk)) for rk in ranks)
+    optim = max(sum(u.optim_time for u in rk) for rk in ranks) + dev.c.step_overhead_s
+    offload = max(sum(u.offload_time for u in rk) for rk in ranks)
+    return StageTimes(fwd, bwd, wgt, comm, p2p, grad_sync=sync, optimizer=optim, offload=offload)
