@@ -65,13 +65,14 @@ class DeviceModel:
             rate = self.acc.peak_flops("fp32") * self.acc.gemm_efficiency * self.c.gemm_scale
         return rate
 
-    def gemm_time(self, flops: float, precision: str = "bf16", calls: float = 1.0) -> float:
-        """Seconds for ``calls`` GEMMs of ``flops`` FLOPs each."""
+    def gemm_time(self, flops: float, precision: str = "bf16", calls: float = 1.0, backward: bool = False) -> float:
+        """Seconds for ``calls`` GEMMs of ``flops`` forward FLOPs each (backward: their two GEMMs)."""
         if flops <= 0:
             return 0.0
         if self.profile is not None and self.profile.compute is not None and self.profile.compute.gemm:
-            return calls * flops / self.profile.gemm_flops_per_s(flops)
-        return calls * (flops / self.gemm_rate(precision) + self.c.gemm_overhead_s)
+            phase = "bwd" if backward else "fwd"
+            return calls * flops * (2 if backward else 1) / self.profile.gemm_flops_per_s(flops, phase)
+        return calls * (flops / self.gemm_rate(precision) + self.c.gemm_overhead_s) * (2 if backward else 1)
 
     def attention_time(self, flops: float, causal: bool, backward: bool = False) -> float:
         """Flash-attention seconds for ``flops`` model FLOPs (full count, halved if causal)."""
@@ -79,18 +80,21 @@ class DeviceModel:
             return 0.0
         work = flops * (0.5 if causal else 1.0)
         if self.profile is not None and self.profile.compute is not None and self.profile.compute.attention:
-            t = work / self.profile.attention_flops_per_s(flops)
-        else:
-            t = work / (self.gemm_rate("bf16") * self.c.attention_efficiency) + self.c.gemm_overhead_s
+            if backward:  # the measured backward rate counts 2x the forward FLOPs
+                return 2 * work / self.profile.attention_flops_per_s(flops, phase="bwd")
+            return work / self.profile.attention_flops_per_s(flops, phase="fwd")
+        t = work / (self.gemm_rate("bf16") * self.c.attention_efficiency) + self.c.gemm_overhead_s
         return t * (self.c.attention_bwd_ratio if backward else 1.0)
 
-    def memory_time(self, nbytes: float, op: str = "elementwise") -> float:
-        """Seconds to move ``nbytes`` through memory in a bandwidth-bound op."""
+    def memory_time(self, nbytes: float, op: str = "elementwise", backward: bool = False) -> float:
+        """Seconds to move ``nbytes`` (the forward's traffic) through memory in a bandwidth-bound op."""
         if nbytes <= 0:
             return 0.0
         if self.profile is not None and self.profile.compute is not None and self.profile.compute.bandwidth:
-            return nbytes / self.profile.bytes_per_s(op)
-        return nbytes / (self.acc.hbm_tbps * 1e12 * self.c.memory_efficiency)
+            t = nbytes / self.profile.bytes_per_s(op)
+            return t * self.profile.bwd_fwd_ratio(op) if backward else t
+        t = nbytes / (self.acc.hbm_tbps * 1e12 * self.c.memory_efficiency)
+        return 2 * t if backward else t
 
     def host_time(self, nbytes: float) -> float:
         """Seconds to move ``nbytes`` between device and host memory."""

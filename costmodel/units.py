@@ -116,14 +116,13 @@ def node_times(n: LayerNode, dev: DeviceModel, s: Strategy, w: Workload, split: 
         if n.kind == "experts":
             flops *= dev.c.moe_imbalance
             calls = max(1.0, n.dims.get("experts", 1) / s.mesh.ep) * split
-        fwd = dev.gemm_time(flops / calls, prec, calls)
-        return fwd, 2 * fwd
+        return dev.gemm_time(flops / calls, prec, calls), dev.gemm_time(flops / calls, prec, calls, backward=True)
     if n.kind == "attention":
         return dev.attention_time(flops, n.causal), dev.attention_time(flops, n.causal, backward=True)
     op = {"norm": "norm", "embedding": "embedding", "loss": "cross_entropy", "activation": "activation"}.get(
         n.kind, "elementwise")
-    t = dev.memory_time(n.mem_bytes * scale, op)
-    return t, 2 * t
+    nbytes = n.mem_bytes * scale
+    return dev.memory_time(nbytes, op), dev.memory_time(nbytes, op, backward=True)
 
 
 def unit_cost(
@@ -286,4 +285,7 @@ def _data_parallel(
         elif g.replicate.size > 1:
             u.step_comm["dp"] = u.step_comm.get("dp", 0.0) + dev.collective_time(
                 "all_reduce", grads, g.replicate)
-    u.step_comm_window = u.bwd
+    # Gradients reduce under the last micro-batch's backward; a sharded optimizer's parameter
+    # all-gather runs under the next step's first forward (Megatron --overlap-param-gather, FSDP
+    # prefetch), so ZeRO-1/2 may hide their per-step traffic under a forward and a backward.
+    u.step_comm_window = u.bwd + (u.fwd if shard in ("zero1", "zero2") else 0.0)

@@ -168,5 +168,7 @@ def main() -> None:
     app()
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # python -m planner.cli: run the imported module, where commands register
+    from planner.cli import main as _main
+
+    _main()

@@ -1,0 +1,130 @@
+"""Per-layer measured times against the cost model, before and after calibrating it with a profile.
+
+    python benchmarks/calibration_cpu.py [--profile P.json] [--out calibration.json] [--tiny]
+
+1. A compute profile of this CPU: read from ``--profile`` if the file exists, else measured now
+   (``--quick`` grid, about a minute; ``--tiny`` a much smaller one) and written there.
+2. Two small models, a GPT-2 (the preset: LayerNorm, GELU, eager attention with dropout) and a
+   Llama-like one (RMSNorm, SwiGLU, GQA, SDPA), ``--layers`` blocks each, are run for real
+   (:func:`profiler.measure_model.measure_layers`): forward/backward time and saved bytes per node.
+3. The cost model (:func:`costmodel.compute.layer_times`) predicts the same nodes from the
+   spec sheet (``cpu.yaml``, *before*) and from the profile (*after*); the median relative error
+   per node kind and for whole blocks is reported for both, and everything goes to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from profiler.errors import ShardplanError
+from profiler.measure_compute import Timing, profile_compute
+from profiler.measure_model import cut_config, measure_layers, with_predictions
+from profiler.model_config import TransformerConfig
+from profiler.models import preset
+from profiler.profile_schema import LayerMeasurement, Profile, load_profile
+from profiler.transformer import build_graph
+
+LLAMA_SMALL = TransformerConfig(name="llama-small", layers=2, hidden=1024, heads=16, kv_heads=4, ffn_hidden=2816,
+                                vocab=32000, activation="swiglu", norm="rmsnorm", position="rope", max_seq=2048)
+TINY_GRID = {
+    "gemm_shapes": [(128, 128, 128), (256, 768, 768), (512, 1024, 1024), (512, 3072, 1024), (512, 1024, 4096)],
+    "attn_shapes": [(1, 8, 128, 64, False), (1, 8, 512, 64, False), (1, 8, 512, 64, True)],
+    "bw_cases": [("norm", "layernorm", (512, 1024)), ("norm", "rmsnorm", (512, 1024)),
+                 ("activation", "gelu", (512, 4096)), ("activation", "swiglu", (512, 2816)),
+                 ("elementwise", "add", (512, 1024)), ("softmax", "softmax", (1024, 512))],
+}
+
+
+def get_profile(path: Path | None, tiny: bool) -> Profile:
+    if path is not None and path.exists():
+        prof = load_profile(path)
+        prof.check_kind("cpu", "this benchmark")
+        return prof
+    t0 = time.perf_counter()
+    kw = dict(TINY_GRID, timing=Timing(warmup=1, min_reps=3, max_reps=8, target_s=0.1)) if tiny else {}
+    info, comp = profile_compute("cpu", "bf16", quick=True, progress=sys.stderr.isatty(), **kw)
+    prof = Profile(device=info, compute=comp)
+    print(f"compute profile: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    if path is not None:
+        prof.save(path)
+    return prof
+
+
+def rel_errors(rows: list[LayerMeasurement]) -> dict[str, dict[str, float | None]]:
+    """Median |predicted / measured - 1| of forward and backward time, per node kind."""
+    out: dict[str, dict[str, float | None]] = {}
+    for kind in sorted({r.kind for r in rows}):
+        sel = [r for r in rows if r.kind == kind and r.predicted_fwd_s is not None and r.fwd_s > 0 and r.bwd_s > 0]
+        out[kind] = {
+            "fwd": statistics.median(abs(r.predicted_fwd_s / r.fwd_s - 1) for r in sel) if sel else None,
+            "bwd": statistics.median(abs(r.predicted_bwd_s / r.bwd_s - 1) for r in sel) if sel else None,
+        }
+    return out
+
+
+def run_model(cfg: TransformerConfig, prof: Profile, layers: int, seq_len: int, micro_batch: int,
+              repeats: int) -> dict:
+    dev = torch.device("cpu")
+    before = measure_layers(cfg, dev, layers=layers, micro_batch=micro_batch, seq_len=seq_len, dtype="bf16",
+                            repeats=repeats)
+    graph = build_graph(cut_config(cfg, layers), seq_len)
+    after = with_predictions(before, graph, dev, profile=prof)
+    return {"model": cfg.name, "layers": layers, "seq_len": seq_len, "micro_batch": micro_batch,
+            "error_before": rel_errors(before), "error_after": rel_errors(after),
+            "rows": [{**b.model_dump(), "calibrated_fwd_s": a.predicted_fwd_s, "calibrated_bwd_s": a.predicted_bwd_s}
+                     for b, a in zip(before, after, strict=True)]}
+
+
+def show(res: dict) -> None:
+    def ms(x: float | None) -> str:
+        return "     -" if x is None else f"{x * 1e3:8.3f}"
+
+    print(f"\n{res['model']}: {res['layers']} layer(s), seq {res['seq_len']}, micro-batch {res['micro_batch']} "
+          "(ms; spec = cpu.yaml, cal = with the profile)")
+    print(f"{'layer':<28}{'fwd':>9}{'spec':>9}{'cal':>9}{'bwd':>9}{'spec':>9}{'cal':>9}{'saved KiB':>10}{'graph':>8}")
+    for r in res["rows"]:
+        print(f"{r['layer']:<28}{ms(r['fwd_s'])}{ms(r['predicted_fwd_s'])}{ms(r['calibrated_fwd_s'])}"
+              f"{ms(r['bwd_s'])}{ms(r['predicted_bwd_s'])}{ms(r['calibrated_bwd_s'])}"
+              f"{r['saved_bytes'] / 1024:>10.0f}{r['predicted_saved_bytes'] / 1024:>8.0f}")
+    print("median |pred/meas - 1| per kind   before (fwd, bwd)    after (fwd, bwd)")
+    for kind, b in res["error_before"].items():
+        a = res["error_after"][kind]
+
+        def pc(x: float | None) -> str:
+            return "   -" if x is None else f"{x:5.0%}"
+        print(f"  {kind:<30} {pc(b['fwd'])} {pc(b['bwd'])}          {pc(a['fwd'])} {pc(a['bwd'])}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--profile", type=Path, default=None, help="compute profile to read, or to write if missing")
+    ap.add_argument("--out", type=Path, default=None, help="write the results here (JSON)")
+    ap.add_argument("--tiny", action="store_true", help="a tiny compute grid (seconds, for smoke tests)")
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--micro-batch", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=5)
+    a = ap.parse_args(argv)
+    try:
+        prof = get_profile(a.profile, a.tiny)
+        results = [run_model(cfg, prof, a.layers, a.seq_len, a.micro_batch, a.repeats)
+                   for cfg in (preset("gpt2"), LLAMA_SMALL)]
+    except ShardplanError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for res in results:
+        show(res)
+    if a.out:
+        a.out.write_text(json.dumps({"device": prof.device.model_dump(), "models": results}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

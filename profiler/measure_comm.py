@@ -1,0 +1,365 @@
+"""Time collectives between N processes on this host and fit α (latency) and β (s/byte) to them.
+
+``profile_comm`` hosts a TCP store on an OS-chosen port, spawns N workers that join one process
+group (gloo on CPU, nccl with one GPU per rank), and times all_reduce, all_gather,
+reduce_scatter, all_to_all and a send/recv ping-pong over message sizes and over every group size
+2..N that fits. Each repeat is the slowest rank's time after a barrier; the min and the median of
+the repeats are kept and ``time = α + β·bytes`` is fitted to one of them by least squares on the
+relative error (every size counts alike). A worker that dies, fails to start its backend or hangs
+stops the run: every child is terminated and a :class:`ShardplanError` says which rank and where.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import queue
+import re
+import signal
+import statistics
+import threading
+import time
+import warnings
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+
+from profiler.errors import ShardplanError
+from profiler.profile_schema import COLLECTIVES, CommFit, DeviceInfo
+
+KIB, MIB = 1024, 1024**2
+FULL_SIZES = [KIB * 4**i for i in range(10)]  # 1 KiB .. 256 MiB
+QUICK_SIZES = [KIB * 4**i for i in range(8)]  # 1 KiB .. 16 MiB
+_UNITS = {"": 1, "b": 1, "k": KIB, "kb": KIB, "kib": KIB, "m": MIB, "mb": MIB, "mib": MIB,
+          "g": 1024**3, "gb": 1024**3, "gib": 1024**3}
+
+
+def parse_sizes(text: str) -> list[int]:
+    """``1K,64K,1M`` → bytes (binary units); sorted, unique."""
+    out = []
+    for part in text.split(","):
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", part)
+        if not m or m.group(2).lower() not in _UNITS:
+            raise ShardplanError(f"--sizes: cannot read '{part.strip()}' (use sizes like 1K, 64K, 1M, 256M)")
+        n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+        if n < 4:
+            raise ShardplanError(f"--sizes: '{part.strip()}' is below 4 bytes (one float)")
+        out.append(n)
+    return sorted(set(out))
+
+
+def fmt_bytes(n: float) -> str:
+    for unit, scale in (("GiB", 1024**3), ("MiB", MIB), ("KiB", KIB)):
+        if n >= scale:
+            return f"{n / scale:g} {unit}"
+    return f"{n:g} B"
+
+
+def fit_alpha_beta(points: list[tuple[float, float]]) -> tuple[float, float, float]:
+    """(α, β, median relative error) of ``t = α + β·x`` by least squares on relative error,
+    both constrained to be non-negative."""
+    if not points:
+        raise ShardplanError("no points to fit")
+    x = np.array([p[0] for p in points], dtype=float)
+    t = np.array([p[1] for p in points], dtype=float)
+    if len(set(x.tolist())) == 1:
+        a, b = 0.0, float(np.median(t / x))
+    else:
+        A = np.stack([1.0 / t, x / t], axis=1)
+        (a, b), *_ = np.linalg.lstsq(A, np.ones_like(t), rcond=None)
+        if a < 0:
+            a, b = 0.0, float(np.sum(x / t) / np.sum((x / t) ** 2))
+        if b < 0:
+            a, b = float(np.sum(1 / t) / np.sum(1 / t**2)), 0.0
+    err = float(np.median(np.abs(a + b * x - t) / t))
+    return float(a), float(b), err
+
+
+def _reps(nbytes: int, quick: bool) -> int:
+    """Repeats from the size alone (every rank must run the same number)."""
+    est = 2e-4 + nbytes / 5e8  # a pessimistic loopback guess
+    lo, hi, target = (3, 10, 0.1) if quick else (5, 30, 0.5)
+    return int(min(hi, max(lo, math.ceil(target / est))))
+
+
+# ---- the worker ----------------------------------------------------------------------------------
+
+def _watch_parent(ppid: int) -> None:
+    while True:  # the parent was killed: leave no orphan behind
+        if os.getppid() != ppid:
+            os._exit(3)
+        time.sleep(0.5)
+
+
+def _numel(nbytes: int, world: int) -> int:
+    return max(world, nbytes // 4 // world * world)
+
+
+def _time_collective(coll: str, nbytes: int, world: int, rank: int, group: Any, device: Any,
+                     reps: int, warmup: int) -> list[float]:
+    import torch
+    import torch.distributed as dist
+
+    n = _numel(nbytes, world)
+    big = torch.ones(n, device=device)
+    small = torch.ones(n // world, device=device)
+    out = torch.empty_like(big)
+    ag = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+    rs = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+    ops = {
+        "all_reduce": lambda: dist.all_reduce(big, group=group),
+        "all_gather": lambda: ag(big, small, group=group),
+        "reduce_scatter": lambda: rs(small, big, group=group),
+        "all_to_all": lambda: dist.all_to_all_single(out, big, group=group),
+    }
+
+    def ping_pong() -> None:
+        if rank == 0:
+            dist.send(big, 1, group=group)
+            dist.recv(big, 1, group=group)
+        else:
+            dist.recv(big, 0, group=group)
+            dist.send(big, 0, group=group)
+
+    op = ping_pong if coll == "send_recv" else ops[coll]
+    cuda = device.type == "cuda"
+    times = []
+    for i in range(warmup + reps):
+        dist.barrier(group=group)
+        if cuda:
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        op()
+        if cuda:
+            torch.cuda.synchronize(device)
+        dt = time.perf_counter() - t0
+        if i >= warmup:
+            times.append(dt / 2 if coll == "send_recv" else dt)
+    # each repeat takes as long as its slowest rank
+    tt = torch.tensor(times, dtype=torch.float64, device=device)
+    dist.all_reduce(tt, op=dist.ReduceOp.MAX, group=group)
+    return tt.cpu().tolist()
+
+
+def _worker(rank: int, world: int, port: int, cfg: dict[str, Any], q: Any) -> None:
+    threading.Thread(target=_watch_parent, args=(cfg["ppid"],), daemon=True).start()
+    warnings.filterwarnings("ignore")
+    code = 0
+    where = "starting"
+    try:
+        import torch
+        import torch.distributed as dist
+
+        backend = cfg["backend"]
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+            device = torch.device("cuda", rank)
+        else:
+            device = torch.device("cpu")
+            torch.set_num_threads(1)
+        where = f"starting the {backend} process group"
+        if rank == 0:
+            q.put(("start", where))
+        store = dist.TCPStore("127.0.0.1", port, world_size=None, is_master=False,
+                              timeout=timedelta(seconds=cfg["timeout_s"]))
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world,
+                                timeout=timedelta(seconds=cfg["timeout_s"]),
+                                device_id=device if backend == "nccl" else None)
+        results: list[dict[str, Any]] = []
+        for w in cfg["groups"]:
+            group = dist.new_group(list(range(w)))
+            if rank < w:
+                for coll in cfg["collectives"]:
+                    if coll == "send_recv" and w != 2:
+                        continue
+                    for nbytes in cfg["sizes"]:
+                        where = f"{coll} of {fmt_bytes(nbytes)} at world {w}"
+                        if cfg.get("fail_at") == [rank, coll, nbytes]:
+                            os._exit(7)  # fault injection for the tests
+                        if rank == 0:
+                            q.put(("start", where))
+                        ts = _time_collective(coll, nbytes, w, rank, group, device,
+                                              _reps(nbytes, cfg["quick"]), 1 if cfg["quick"] else 2)
+                        if rank == 0:
+                            results.append({"collective": coll, "world": w, "bytes": nbytes, "times": ts})
+                            q.put(("done_point", where))
+            where = f"the barrier after world {w}"
+            dist.barrier()
+        if rank == 0:
+            q.put(("result", results))
+        dist.destroy_process_group()
+    except BaseException as e:  # noqa: BLE001  (report anything, then exit non-zero)
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        q.put(("error", rank, where, f"{type(e).__name__}: {msg}"[:500]))
+        code = 1
+    finally:
+        q.close()
+        q.join_thread()
+        os._exit(code)
+
+
+# ---- the parent ----------------------------------------------------------------------------------
+
+def check_backend(backend: str, nproc: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    if nproc < 2:
+        raise ShardplanError(f"--nproc must be at least 2 to time collectives, got {nproc}")
+    if backend == "gloo":
+        if not dist.is_available() or not dist.is_gloo_available():
+            raise ShardplanError("backend 'gloo' cannot start: this torch build has no gloo support")
+    elif backend == "nccl":
+        if not torch.cuda.is_available():
+            raise ShardplanError("backend 'nccl' cannot start: no CUDA device is visible "
+                                 f"(torch {torch.__version__}); use --backend gloo")
+        if not dist.is_nccl_available():
+            raise ShardplanError("backend 'nccl' cannot start: this torch build has no NCCL")
+        if torch.cuda.device_count() < nproc:
+            raise ShardplanError(f"backend 'nccl' needs one GPU per process: {nproc} processes but "
+                                 f"{torch.cuda.device_count()} GPU(s) visible")
+    else:
+        raise ShardplanError(f"backend '{backend}' is not gloo or nccl")
+
+
+def _terminate(procs: list[Any]) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + 5
+    for p in procs:
+        p.join(max(0.1, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join(2)
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "hung"
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def profile_comm(
+    nproc: int = 2, backend: str = "gloo", sizes: list[int] | None = None, quick: bool = False, *,
+    collectives: list[str] | None = None, groups: list[int] | None = None, stat: str = "median",
+    progress: bool = True, timeout_s: float = 120.0, fail_at: tuple[int, str, int] | None = None,
+) -> tuple[DeviceInfo, list[CommFit]]:
+    """Spawn ``nproc`` workers, time the collectives and fit α/β per (collective, group size)."""
+    import torch
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    from profiler.measure_compute import device_info, host_load, sweep_progress
+
+    check_backend(backend, nproc)
+    if stat not in ("median", "min"):
+        raise ShardplanError(f"stat must be median or min, got '{stat}'")
+    colls = list(collectives or COLLECTIVES)
+    bad = [c for c in colls if c not in COLLECTIVES]
+    if bad:
+        raise ShardplanError(f"unknown collective(s) {bad}; known: {', '.join(COLLECTIVES)}")
+    sizes = sorted(set(sizes or (QUICK_SIZES if quick else FULL_SIZES)))
+    groups = sorted(set(groups or range(2, nproc + 1)))
+    if any(w < 2 or w > nproc for w in groups):
+        raise ShardplanError(f"group sizes must be in 2..{nproc}, got {groups}")
+    total = sum(len(sizes) for w in groups for c in colls if c != "send_recv" or w == 2)
+    cfg = {"backend": backend, "sizes": sizes, "collectives": colls, "groups": groups, "quick": quick,
+           "timeout_s": timeout_s, "ppid": os.getpid(), "fail_at": list(fail_at) if fail_at else None}
+
+    load = host_load()
+    store = dist.TCPStore("127.0.0.1", 0, world_size=None, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=timeout_s))
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(r, nproc, store.port, cfg, q), daemon=True,
+                         name=f"shardplan-comm-{r}") for r in range(nproc)]
+    results: list[dict[str, Any]] | None = None
+    errors: dict[int, tuple[str, str]] = {}
+    where = "starting the workers"
+    try:
+        for p in procs:
+            p.start()
+        last = time.monotonic()
+        with sweep_progress(progress) as new_task:
+            adv = new_task(f"comm {backend} x{nproc}", total)
+            while True:
+                try:
+                    msg = q.get(timeout=0.2)
+                    last = time.monotonic()
+                except queue.Empty:
+                    msg = None
+                if msg is not None:
+                    if msg[0] == "start":
+                        where = msg[1]
+                    elif msg[0] == "done_point":
+                        adv()
+                    elif msg[0] == "result":
+                        results = msg[1]
+                    elif msg[0] == "error":
+                        errors[msg[1]] = (msg[2], msg[3])
+                    continue
+                codes = [p.exitcode for p in procs]
+                if results is not None and all(c is not None for c in codes) or errors:
+                    break
+                if any(c not in (None, 0) for c in codes):
+                    break
+                if all(c == 0 for c in codes):
+                    break
+                if time.monotonic() - last > timeout_s:
+                    break
+        if results is not None and not errors and all(p.exitcode == 0 for p in procs):
+            pass
+        else:
+            time.sleep(0.5)  # let the other ranks report what they saw
+            while True:
+                try:
+                    msg = q.get_nowait()
+                except queue.Empty:
+                    break
+                if msg[0] == "error":
+                    errors[msg[1]] = (msg[2], msg[3])
+            raise ShardplanError(_failure(procs, errors, where, backend, timeout_s))
+    finally:
+        _terminate(procs)
+        q.close()
+        del store
+    fits = []
+    for coll in colls:
+        for w in groups:
+            pts = [r for r in results if r["collective"] == coll and r["world"] == w]
+            if not pts:
+                continue
+            med = [(float(r["bytes"]), statistics.median(r["times"])) for r in pts]
+            mins = [(float(r["bytes"]), min(r["times"])) for r in pts]
+            a, b, err = fit_alpha_beta(med if stat == "median" else mins)
+            fits.append(CommFit(collective=coll, world=w, backend=backend, alpha_s=a, beta_s_per_byte=b,
+                                median_rel_error=err, stat=stat, points=med, min_points=mins))
+    dev = torch.device("cuda", 0) if backend == "nccl" else torch.device("cpu")
+    return device_info(dev, load), fits
+
+
+def _failure(procs: list[Any], errors: dict[int, tuple[str, str]], where: str, backend: str,
+             timeout_s: float) -> str:
+    codes = {r: p.exitcode for r, p in enumerate(procs)}
+    dead = [r for r, c in codes.items() if c not in (None, 0) and r not in errors]
+    if dead:  # a rank that died without a word is the cause; the others only saw its absence
+        r = dead[0]
+        msg = f"rank {r} {_describe_exit(codes[r])} during {where}"
+    elif errors:
+        r = min(errors)
+        if any("starting" in w for w, _ in errors.values()):
+            r = next(r for r, (w, _) in sorted(errors.items()) if "starting" in w)
+            return f"backend '{backend}' cannot start on rank {r}: {errors[r][1]}; all workers were stopped"
+        msg = f"rank {r} failed during {errors[r][0]}: {errors[r][1]}"
+    elif all(c == 0 for c in codes.values()):
+        msg = "the workers exited without reporting results"
+    else:
+        msg = f"no progress for {timeout_s:g} s during {where} (a rank hung)"
+    return f"communication sweep failed: {msg}; all workers were stopped and nothing was written"

@@ -1,0 +1,401 @@
+"""Run a few real layers of a model and measure each layer-graph node: time and saved bytes.
+
+:func:`build_stack` turns a :class:`~profiler.model_config.TransformerConfig` cut to ``layers``
+blocks into a plain PyTorch module whose submodule names are the layer-graph node names of
+:mod:`profiler.transformer` (``layers.0.attn_norm``, ``layers.0.attn.qkv``, ``layers.0.attn.core``,
+``layers.0.attn.out``, ``layers.0.mlp_norm``, ``layers.0.mlp.up/act/down``, dropouts, MoE router
+and experts). :func:`measure_layers` times each node's forward (pre/post forward hooks) and
+backward (full backward pre/post hooks) with the profiler's clock, and attributes every tensor
+autograd saves for backward to the node that saved it (``saved_tensors_hooks``; parameters
+excluded, a storage counted once, at the last node that saves it). RoPE and residual adds are not
+graph nodes: their time shows only in the whole-block rows (``layers.<i>``).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import replace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from profiler.errors import ShardplanError
+from profiler.graph import LayerGraph
+from profiler.measure_compute import DTYPES, Clock
+from profiler.model_config import TransformerConfig
+from profiler.profile_schema import LayerMeasurement, Profile
+from profiler.transformer import build_graph
+
+# ---- a minimal transformer block with the layer graph's node names --------------------------------
+
+class AttentionCore(nn.Module):
+    """Split a fused qkv projection into heads and attend (SDPA, or eager with saved scores)."""
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.a, self.kv, self.d = cfg.heads, cfg.kv_heads, cfg.head_dim
+        self.causal, self.eager = cfg.causal, cfg.attention_impl == "eager"
+        self.p = cfg.dropout
+
+    def forward(self, qkv: torch.Tensor) -> torch.Tensor:
+        b, s, _ = qkv.shape
+        a, kv, d = self.a, self.kv, self.d
+        q, k, v = qkv.split([a * d, kv * d, kv * d], dim=-1)
+        q, k, v = (t.reshape(b, s, -1, d).transpose(1, 2) for t in (q, k, v))
+        if self.eager:
+            if kv < a:
+                k, v = k.repeat_interleave(a // kv, dim=1), v.repeat_interleave(a // kv, dim=1)
+            scores = q @ k.transpose(-2, -1) / math.sqrt(d)
+            if self.causal:
+                mask = torch.ones(s, s, dtype=torch.bool, device=qkv.device).triu(1)
+                scores = scores.masked_fill(mask, float("-inf"))
+            probs = torch.softmax(scores, dim=-1)
+            if self.p:
+                probs = F.dropout(probs, self.p, self.training)
+            o = probs @ v
+        else:
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, enable_gqa=kv < a)
+        return o.transpose(1, 2).reshape(b, s, a * d)
+
+
+class Activation(nn.Module):
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind = kind
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kind == "swiglu":
+            gate, up = x.chunk(2, dim=-1)
+            return F.silu(gate) * up
+        return F.gelu(x, approximate="tanh")
+
+
+def _norm(cfg: TransformerConfig) -> nn.Module:
+    return nn.LayerNorm(cfg.hidden) if cfg.norm == "layernorm" else nn.RMSNorm(cfg.hidden)
+
+
+class Attn(nn.Module):
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        a, kv, d, h = cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.hidden
+        self.qkv = nn.Linear(h, (a + 2 * kv) * d, bias=cfg.bias or cfg.qkv_bias)
+        self.core = AttentionCore(cfg)
+        self.out = nn.Linear(a * d, h, bias=cfg.bias)
+        self.dropout = nn.Dropout(cfg.dropout) if cfg.dropout else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.out(self.core(self.qkv(x)))
+        return self.dropout(y) if self.dropout is not None else y
+
+
+class Mlp(nn.Module):
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        n_in = 2 if cfg.activation == "swiglu" else 1
+        self.up = nn.Linear(cfg.hidden, n_in * cfg.ffn_hidden, bias=cfg.bias)
+        self.act = Activation(cfg.activation)
+        self.down = nn.Linear(cfg.ffn_hidden, cfg.hidden, bias=cfg.bias)
+        self.dropout = nn.Dropout(cfg.dropout) if cfg.dropout else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.down(self.act(self.up(x)))
+        return self.dropout(y) if self.dropout is not None else y
+
+
+class Experts(nn.Module):
+    """All routed experts; tokens dispatched to their top-k experts one expert at a time."""
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        e, h, f = cfg.experts, cfg.hidden, cfg.moe_ffn_hidden
+        n_in = 2 if cfg.activation == "swiglu" else 1
+        self.k, self.act = cfg.top_k, Activation(cfg.activation)
+        self.w_in = nn.Parameter(torch.randn(e, n_in * f, h) * h**-0.5)
+        self.w_out = nn.Parameter(torch.randn(e, h, f) * f**-0.5)
+
+    def forward(self, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        top_w, top_i = torch.softmax(logits.float(), dim=-1).topk(self.k, dim=-1)
+        top_w = top_w.to(x.dtype)
+        out = torch.zeros_like(x)
+        for e in range(self.w_in.shape[0]):
+            tok, slot = (top_i == e).nonzero(as_tuple=True)
+            if tok.numel():
+                y = F.linear(self.act(F.linear(x[tok], self.w_in[e])), self.w_out[e])
+                out = out.index_add(0, tok, y * top_w[tok, slot, None])
+        return out
+
+
+class Shared(nn.Module):
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        n_in = 2 if cfg.activation == "swiglu" else 1
+        fs = cfg.moe_ffn_hidden * cfg.shared_experts
+        self.up = nn.Linear(cfg.hidden, n_in * fs, bias=False)
+        self.act = Activation(cfg.activation)
+        self.down = nn.Linear(fs, cfg.hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(self.act(self.up(x)))
+
+
+class Moe(nn.Module):
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.router = nn.Linear(cfg.hidden, cfg.experts, bias=False)
+        self.experts = Experts(cfg)
+        self.shared = Shared(cfg) if cfg.shared_experts else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        y = self.experts(flat, self.router(flat))
+        if self.shared is not None:
+            y = y + self.shared(flat)
+        return y.view_as(x)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: TransformerConfig, i: int):
+        super().__init__()
+        self.attn_norm, self.attn, self.mlp_norm = _norm(cfg), Attn(cfg), _norm(cfg)
+        if cfg.is_moe_layer(i):
+            self.moe = Moe(cfg)
+        else:
+            self.mlp = Mlp(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x))
+        ffn = self.moe if hasattr(self, "moe") else self.mlp
+        return x + ffn(self.mlp_norm(x))
+
+
+class Stack(nn.Module):
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.layers))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for blk in self.layers:
+            x = blk(x)
+        return x
+
+
+def cut_config(cfg: TransformerConfig, layers: int) -> TransformerConfig:
+    if layers < 1:
+        raise ShardplanError(f"--layers must be at least 1, got {layers}")
+    if cfg.arch == "vit":
+        raise ShardplanError(f"model '{cfg.name}': ViT blocks are not measured yet (decoder and encoder stacks are)")
+    return replace(cfg, layers=min(layers, cfg.layers), dense_layers=min(cfg.dense_layers, layers))
+
+
+def build_stack(cfg: TransformerConfig, device: torch.device, dtype: torch.dtype) -> Stack:
+    with torch.device(device):
+        return Stack(cfg).to(dtype)
+
+
+def check_fits(graph: LayerGraph, micro_batch: int, dtype: str, device: torch.device, fraction: float = 0.6) -> float:
+    """Bytes the slice needs (weights, gradients, activations, transients); refuse if too much."""
+    es = torch.tensor([], dtype=DTYPES[dtype]).element_size()
+    params = sum(n.params for n in graph.nodes if n.block is not None)
+    acts = sum(n.act_saved_bytes for n in graph.nodes if n.block is not None) * micro_batch * es / 2
+    biggest = max((n.out_bytes for n in graph.nodes if n.block is not None), default=0) * micro_batch * es / 2
+    need = 2.0 * params * es + 1.5 * acts + 4 * biggest
+    if device.type == "cuda":
+        avail = float(torch.cuda.mem_get_info(device)[0])
+    else:
+        import psutil
+
+        avail = float(psutil.virtual_memory().available)
+    if need > fraction * avail:
+        raise ShardplanError(
+            f"model '{graph.model_id}': {graph.num_blocks} layer(s) at micro-batch {micro_batch} and seq_len "
+            f"{graph.seq_len} need about {need / 2**30:.1f} GiB on {device} (weights, gradients, activations) "
+            f"but {avail / 2**30:.1f} GiB is free; use fewer --layers, a shorter --seq-len or a smaller model")
+    return need
+
+
+# ---- measuring -------------------------------------------------------------------------------------
+
+class _Recorder:
+    """Forward/backward marks per named module and saved bytes per node."""
+
+    def __init__(self, modules: dict[str, nn.Module], clock: Clock, params: set[int]):
+        self.clock, self.params = clock, params
+        self.marks: dict[str, dict[str, Any]] = {}
+        self.stack: list[str] = []
+        self.saved: dict[int, tuple[str, int]] = {}  # storage pointer -> (node, bytes)
+        self.recording = False
+        self.allocated: dict[str, int] = {}  # CUDA: bytes a forward left allocated
+        self._mem0: dict[str, int] = {}
+        self.handles = []
+        for name, mod in modules.items():
+            self.handles += [
+                mod.register_forward_pre_hook(self._pre(name)),
+                mod.register_forward_hook(self._post(name)),
+                mod.register_full_backward_pre_hook(self._bpre(name)),
+                mod.register_full_backward_hook(self._bpost(name)),
+            ]
+
+    def _pre(self, name: str) -> Any:
+        def hook(mod: nn.Module, args: Any) -> None:
+            self.stack.append(name)
+            if self.recording and self.clock.cuda:
+                self._mem0[name] = torch.cuda.memory_allocated(self.clock.device)
+            self.marks.setdefault(name, {})["f0"] = self.clock.mark()
+        return hook
+
+    def _post(self, name: str) -> Any:
+        def hook(mod: nn.Module, args: Any, out: Any) -> None:
+            self.marks[name]["f1"] = self.clock.mark()
+            self.stack.pop()
+            if self.recording and self.clock.cuda:
+                self.allocated[name] = torch.cuda.memory_allocated(self.clock.device) - self._mem0[name]
+        return hook
+
+    def _bpre(self, name: str) -> Any:
+        def hook(mod: nn.Module, grad_out: Any) -> None:
+            self.marks[name]["b0"] = self.clock.mark()
+        return hook
+
+    def _bpost(self, name: str) -> Any:
+        def hook(mod: nn.Module, grad_in: Any, grad_out: Any) -> None:
+            self.marks[name]["b1"] = self.clock.mark()
+        return hook
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        if self.stack and not isinstance(t, nn.Parameter):
+            st = t.untyped_storage()
+            ptr = st.data_ptr()
+            if ptr not in self.params and st.nbytes():
+                self.saved[ptr] = (self.stack[-1], st.nbytes())
+        return t
+
+    def times(self) -> dict[str, tuple[float, float]]:
+        self.clock.sync()
+        out = {}
+        for name, m in self.marks.items():
+            fw = self.clock.elapsed(m["f0"], m["f1"]) if "f1" in m else 0.0
+            bw = self.clock.elapsed(m["b0"], m["b1"]) if "b1" in m else 0.0
+            out[name] = (fw, bw)
+        self.marks = {}
+        return out
+
+    def close(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+def _predict(graph: LayerGraph, device: torch.device, micro_batch: int, dtype: str,
+             profile: Profile | None, accelerator: str | None) -> dict[str, tuple[float, float]] | None:
+    try:
+        from costmodel.compute import layer_times
+    except ImportError:
+        return None
+    from profiler.hardware import accelerator as get_accelerator
+
+    acc = get_accelerator(accelerator or ("cpu" if device.type == "cpu" else
+                                          _guess_gpu(device) or "h100-sxm"))
+    precision = "fp32" if dtype == "fp32" else "bf16"  # the cost model prices fp16 like bf16
+    return layer_times(graph, acc, profile=profile, micro_batch=micro_batch, precision=precision)
+
+
+def _guess_gpu(device: torch.device) -> str | None:
+    from profiler.measure_compute import guess_accelerator
+
+    props = torch.cuda.get_device_properties(device)
+    return guess_accelerator(props.name, props.total_memory / 1e9)
+
+
+def measure_layers(
+    cfg: TransformerConfig, device: torch.device, *, layers: int = 2, micro_batch: int = 1,
+    seq_len: int = 128, dtype: str = "bf16", warmup: int = 2, repeats: int = 5,
+    profile: Profile | None = None, accelerator: str | None = None, model_name: str | None = None,
+) -> list[LayerMeasurement]:
+    """Per-node and per-block measurements of ``layers`` blocks of ``cfg``, with predictions."""
+    if micro_batch < 1 or seq_len < 1 or repeats < 1:
+        raise ShardplanError("--micro-batch, --seq-len and --repeats must be positive")
+    cut = cut_config(cfg, layers)
+    graph = build_graph(cut, seq_len)
+    blocks = [n for n in graph.nodes if n.block is not None]
+    check_fits(graph, micro_batch, dtype, device)
+    torch.manual_seed(0)
+    dt = DTYPES[dtype]
+    stack = build_stack(cut, device, dt).train()
+    mods = dict(stack.named_modules())
+    names = [n.name for n in blocks if n.name in mods] + [f"layers.{i}" for i in range(cut.layers)]
+    params = {p.untyped_storage().data_ptr() for p in stack.parameters()}
+    clock = Clock(device)
+    rec = _Recorder({n: mods[n] for n in names}, clock, params)
+    shape = (micro_batch, graph.seq_len, cut.hidden)
+
+    def step(record_saved: bool) -> dict[str, tuple[float, float]]:
+        for p in stack.parameters():
+            p.grad = None
+        x = torch.randn(shape, device=device, dtype=dt, requires_grad=True)
+        if record_saved:
+            rec.recording = True
+            with torch.autograd.graph.saved_tensors_hooks(rec.pack, lambda t: t):
+                y = stack(x)
+            rec.recording = False
+        else:
+            y = stack(x)
+        y.backward(torch.ones_like(y))
+        return rec.times()
+
+    try:
+        step(record_saved=True)
+        for _ in range(max(0, warmup - 1)):
+            step(False)
+        runs = [step(False) for _ in range(repeats)]
+    except RuntimeError as e:
+        if isinstance(e, torch.OutOfMemoryError) or "allocate" in str(e):
+            raise ShardplanError(f"out of memory on {device} running {layers} layer(s) of '{cfg.name}'") from None
+        raise
+    finally:
+        rec.close()
+    saved: dict[str, float] = {}
+    for node, nbytes in rec.saved.values():
+        saved[node] = saved.get(node, 0.0) + nbytes
+    kinds = {n.name: n.kind for n in blocks}
+    rows = []
+    for name in names:
+        if name in kinds:
+            kind, sv = kinds[name], saved.get(name, 0.0)
+        else:  # a whole block: its nodes plus what only the block saw (residual adds, ...)
+            kind = "block"
+            sv = sum(v for k, v in saved.items() if k == name or k.startswith(name + "."))
+        rows.append(LayerMeasurement(
+            model=model_name or cfg.name, layer=name, micro_batch=micro_batch, seq_len=graph.seq_len,
+            fwd_s=statistics.median(r.get(name, (0.0, 0.0))[0] for r in runs),
+            bwd_s=statistics.median(r.get(name, (0.0, 0.0))[1] for r in runs),
+            saved_bytes=sv, kind=kind, dtype=dtype, allocated_bytes=rec.allocated.get(name)))
+    return with_predictions(rows, graph, device, profile=profile, accelerator=accelerator)
+
+
+def with_predictions(rows: list[LayerMeasurement], graph: LayerGraph, device: torch.device, *,
+                     profile: Profile | None = None, accelerator: str | None = None) -> list[LayerMeasurement]:
+    """``rows`` with the cost model's predictions for the same nodes (blocks: the sum of their nodes).
+
+    Times are left None when :func:`costmodel.compute.layer_times` is not importable. Saved bytes
+    come from the layer graph (16-bit activations), scaled to the rows' dtype.
+    """
+    if not rows:
+        return rows
+    micro_batch, dtype = rows[0].micro_batch, rows[0].dtype or "bf16"
+    pred = _predict(graph, device, micro_batch, dtype, profile, accelerator)
+    scale = micro_batch * torch.tensor([], dtype=DTYPES[dtype]).element_size() / 2
+    nodes = {n.name: n for n in graph.nodes}
+    out = []
+    for r in rows:
+        members = [nodes[r.layer]] if r.layer in nodes else \
+            [n for n in graph.nodes if n.block is not None and f"layers.{n.block}" == r.layer]
+        pf = pb = None
+        if pred is not None:
+            pf = sum(pred.get(n.name, (0.0, 0.0))[0] for n in members)
+            pb = sum(pred.get(n.name, (0.0, 0.0))[1] for n in members)
+        out.append(r.model_copy(update={
+            "predicted_fwd_s": pf, "predicted_bwd_s": pb,
+            "predicted_saved_bytes": sum(n.act_saved_bytes for n in members) * scale}))
+    return out

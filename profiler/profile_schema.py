@@ -1,0 +1,397 @@
+"""The profile document: what ``shardplan profile`` measured on one device, versioned JSON.
+
+A profile names the device and software it was measured with and holds every measured curve:
+
+* ``compute``: forward and backward time of GEMMs over (m, n, k) shapes, of scaled-dot-product
+  attention, and of the bandwidth-bound operators (norm, softmax, activation, elementwise,
+  embedding, cross-entropy), on one device in one dtype;
+* ``comm``: one α-β fit per collective and group size, with the points it was fitted to;
+* ``model``: per-layer forward/backward time and saved-activation bytes of a few real layers of
+  a model, beside the cost model's prediction for the same layers.
+
+The cost model reads it through :meth:`Profile.gemm_flops_per_s`,
+:meth:`Profile.attention_flops_per_s`, :meth:`Profile.bytes_per_s` and
+:meth:`Profile.comm_alpha_beta`. ``profiler/profile.schema.json`` is generated from these models
+(``python -m profiler.profile_schema``) and a test keeps it in step. Reading a file that is
+truncated, of another schema version or with a bad field raises :class:`ProfileError` (a
+:class:`~profiler.errors.ShardplanError`) naming the file, the field and the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from profiler.errors import ShardplanError
+
+SCHEMA_VERSION = "1.0"
+SCHEMA_PATH = Path(__file__).parent / "profile.schema.json"
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+BW_OPS = ("norm", "softmax", "activation", "elementwise", "embedding", "cross_entropy")
+#: Other names the cost model may ask by (layer-graph kinds, common spellings).
+_BW_ALIASES = {"loss": "cross_entropy", "dropout": "elementwise", "layernorm": "norm", "rmsnorm": "norm",
+               "add": "elementwise", "gelu": "activation", "silu": "activation", "swiglu": "activation"}
+_COMM_ALIASES = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
+                 "alltoall": "all_to_all", "all2all": "all_to_all", "p2p": "send_recv", "send": "send_recv",
+                 "recv": "send_recv", "sendrecv": "send_recv"}
+
+
+class ProfileError(ShardplanError):
+    """A profile document that cannot be read, does not validate, or does not fit the request."""
+
+
+class _Doc(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DeviceInfo(_Doc):
+    """Where and with what the profile was measured."""
+
+    kind: Literal["cpu", "gpu"]
+    name: str = Field(..., description="CPU model or CUDA device name")
+    torch_version: str
+    cuda_version: str | None = None
+    threads: int = Field(..., ge=1, description="torch intra-op threads (CPU) or CPU threads of the host")
+    hostname: str
+    created: str = Field(..., description="ISO 8601 time the measurement finished")
+    index: int | None = Field(None, description="CUDA device index, None on CPU")
+    accelerator: str | None = Field(None, description="accelerator file this device matches, if known")
+    load_before: float | None = Field(None, ge=0, description="1-minute load average of the host when the "
+                                      "measurement started (busy hosts inflate CPU timings)")
+
+
+class GemmPoint(_Doc):
+    """``y[m, n] = x[m, k] @ w[n, k]^T`` forward; backward computes dx and dw (2× the FLOPs).
+
+    ``flops`` is the forward count 2·m·n·k; ``flops_per_s`` is the training throughput
+    ``3·flops / (fwd_s + bwd_s)``.
+    """
+
+    m: int = Field(..., ge=1)
+    n: int = Field(..., ge=1)
+    k: int = Field(..., ge=1)
+    fwd_s: float = Field(..., gt=0)
+    bwd_s: float = Field(..., gt=0)
+    flops: float = Field(..., gt=0)
+    flops_per_s: float = Field(..., gt=0)
+    spread: float = Field(0.0, ge=0, description="relative interquartile range of fwd+bwd repeats")
+    tag: str = Field("", description="where the shape comes from (square, qkv/tp4, ...)")
+
+
+class AttnPoint(_Doc):
+    """SDPA on (batch, heads, seq, head_dim); ``flops`` = 4·b·h·s²·d in full even when causal;
+    ``flops_per_s`` = ``3·flops / (fwd_s + bwd_s)``."""
+
+    batch: int = Field(..., ge=1)
+    heads: int = Field(..., ge=1)
+    seq: int = Field(..., ge=1)
+    head_dim: int = Field(..., ge=1)
+    causal: bool
+    fwd_s: float = Field(..., gt=0)
+    bwd_s: float = Field(..., gt=0)
+    flops: float = Field(..., gt=0)
+    flops_per_s: float = Field(..., gt=0)
+    spread: float = Field(0.0, ge=0)
+
+
+class BwPoint(_Doc):
+    """A bandwidth-bound operator: ``bytes`` moved in forward (read + written), forward ``seconds``."""
+
+    bytes: float = Field(..., gt=0)
+    seconds: float = Field(..., gt=0)
+    bytes_per_s: float = Field(..., gt=0)
+    bwd_s: float | None = Field(None, gt=0, description="backward seconds, when measured")
+    variant: str = Field("", description="layernorm/rmsnorm, gelu/swiglu, add, ...")
+    shape: list[int] = Field(default_factory=list)
+    spread: float = Field(0.0, ge=0)
+
+
+class ComputeProfile(_Doc):
+    dtype: str = Field(..., description="bf16, fp16 or fp32")
+    gemm: list[GemmPoint] = Field(default_factory=list)
+    attention: list[AttnPoint] = Field(default_factory=list)
+    bandwidth: dict[Literal["norm", "softmax", "activation", "elementwise", "embedding", "cross_entropy"],
+                    list[BwPoint]] = Field(default_factory=dict)
+    wall_s: float = Field(0.0, ge=0, description="time the sweep took")
+    skipped: int = Field(0, ge=0, description="grid points left out to keep the time limit (busy host)")
+
+
+class CommFit(_Doc):
+    """``time(bytes) = alpha_s + beta_s_per_byte · bytes`` for one collective at one group size.
+
+    ``bytes`` is the full tensor in the nccl-tests convention: the reduced tensor (all_reduce),
+    the gathered output (all_gather), the input before scattering (reduce_scatter), each rank's
+    buffer (all_to_all), the message (send_recv, one way: half a ping-pong).
+    """
+
+    collective: Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"]
+    world: int = Field(..., ge=1)
+    backend: str
+    alpha_s: float = Field(..., ge=0)
+    beta_s_per_byte: float = Field(..., ge=0)
+    median_rel_error: float = Field(..., ge=0)
+    stat: Literal["median", "min"] = Field("median", description="statistic of the repeats fitted")
+    points: list[tuple[float, float]] = Field(..., min_length=1, description="(bytes, seconds)")
+    min_points: list[tuple[float, float]] = Field(default_factory=list, description="(bytes, min seconds)")
+
+    def predict(self, nbytes: float) -> float:
+        return self.alpha_s + self.beta_s_per_byte * nbytes
+
+
+class LayerMeasurement(_Doc):
+    model: str
+    layer: str = Field(..., description="layer-graph node name (layers.0.attn.qkv) or a block (layers.0)")
+    micro_batch: int = Field(..., ge=1)
+    seq_len: int = Field(..., ge=1)
+    fwd_s: float = Field(..., ge=0)
+    bwd_s: float = Field(..., ge=0)
+    saved_bytes: float = Field(..., ge=0, description="bytes kept for backward, parameters excluded")
+    predicted_fwd_s: float | None = None
+    predicted_bwd_s: float | None = None
+    predicted_saved_bytes: float | None = None
+    kind: str = Field("", description="layer-graph node kind, 'block' for a whole block")
+    dtype: str = ""
+    allocated_bytes: float | None = Field(None, description="CUDA only: memory the forward left allocated "
+                                          "(saved tensors and the output), from torch.cuda.memory_allocated")
+
+
+class Profile(_Doc):
+    schema_version: Literal["1.0"] = SCHEMA_VERSION
+    kind: Literal["shardplan-profile"] = "shardplan-profile"
+    device: DeviceInfo
+    compute: ComputeProfile | None = None
+    comm: list[CommFit] = Field(default_factory=list)
+    model: list[LayerMeasurement] = Field(default_factory=list)
+
+    # ---- what the cost model asks ------------------------------------------------------------
+    def gemm_flops_per_s(self, flops: float, phase: Literal["both", "fwd", "bwd"] = "both") -> float:
+        """Achieved GEMM throughput for a GEMM of ``flops`` forward FLOPs (2·m·n·k).
+
+        Median throughput of the points of each size, piecewise linear in log(flops), clamped at
+        the ends. ``phase`` picks forward (``flops/fwd_s``), backward (``2·flops/bwd_s``) or the
+        training throughput of both (default, ``flops_per_s``).
+        """
+        pts = self._compute("gemm").gemm
+        if not pts:
+            raise ProfileError("profile has no GEMM measurements")
+        return _interp_log(_rates(pts, phase), flops)
+
+    def attention_flops_per_s(self, flops: float, causal: bool = False,
+                              phase: Literal["both", "fwd", "bwd"] = "both") -> float:
+        """Achieved SDPA throughput (full 4·b·h·s²·d FLOPs) at ``flops``, as for GEMMs.
+
+        The default reads the non-causal points (a cost model that halves causal time wants
+        those); ``causal=True`` reads the causal points, whose throughput counts the full FLOPs
+        in a time that already skips the masked half. Falls back to all points when the asked
+        kind was not measured.
+        """
+        pts = self._compute("attention").attention
+        if not pts:
+            raise ProfileError("profile has no attention measurements")
+        sel = [p for p in pts if p.causal == causal] or pts
+        return _interp_log(_rates(sel, phase), flops)
+
+    def bytes_per_s(self, op: str, variant: str | None = None) -> float:
+        """Large-size achieved bandwidth of ``op`` (median over the larger half of its points);
+        an op that was not measured gets the median of the measured ops. ``variant`` narrows an
+        op to one implementation (``layernorm``/``rmsnorm``, ``gelu``/``swiglu``) when measured."""
+        bw = self._compute("bandwidth").bandwidth
+        per_op = {k: _large_bw(v) for k, v in bw.items() if v}
+        if not per_op:
+            raise ProfileError("profile has no bandwidth measurements")
+        key = _BW_ALIASES.get(op, op)
+        if key in per_op:
+            sel = [p for p in bw[key] if p.variant == variant] if variant else []
+            return _large_bw(sel) if sel else per_op[key]
+        return statistics.median(per_op.values())
+
+    def bwd_fwd_ratio(self, op: str) -> float:
+        """Backward over forward time of a bandwidth-bound op at large sizes (2.0 if unmeasured)."""
+        bw = self._compute("bandwidth").bandwidth
+        pts = bw.get(_BW_ALIASES.get(op, op)) or [p for v in bw.values() for p in v]
+        ratios = [p.bwd_s / p.seconds for p in _upper_half(pts) if p.bwd_s]
+        return statistics.median(ratios) if ratios else 2.0
+
+    def comm_alpha_beta(self, collective: str, world: int | None = None) -> tuple[float, float]:
+        """(alpha seconds, beta seconds per byte) of ``collective`` from the fit with the nearest
+        group size (the largest measured one when ``world`` is None)."""
+        name = _COMM_ALIASES.get(collective.lower().replace("-", "_"), collective.lower().replace("-", "_"))
+        fits = [f for f in self.comm if f.collective == name]
+        if not fits:
+            have = sorted({f.collective for f in self.comm})
+            raise ProfileError(f"profile has no '{collective}' measurement"
+                               + (f" (it has {', '.join(have)})" if have else " (no comm measurements)"))
+        if world is None:
+            best = max(fits, key=lambda f: f.world)
+        else:  # nearest world; on a tie the larger one; among equals the last measured
+            best = min(reversed(fits), key=lambda f: (abs(f.world - world), -f.world))
+        return best.alpha_s, best.beta_s_per_byte
+
+    def _compute(self, what: str) -> ComputeProfile:
+        if self.compute is None:
+            raise ProfileError(f"profile has no compute section (needed for {what}); run "
+                               "'shardplan profile compute'")
+        return self.compute
+
+    # ---- checks and merging --------------------------------------------------------------------
+    def check_kind(self, kind: str, what: str = "the cluster") -> None:
+        """Refuse to mix: a GPU profile for a CPU cluster (or the reverse) is an error."""
+        if self.device.kind != kind:
+            raise ProfileError(f"profile was measured on a {self.device.kind} ({self.device.name}) but "
+                               f"{what} is {kind}; profile the right kind of device")
+
+    def merged(self, other: Profile) -> Profile:
+        """This profile with ``other``'s sections laid over it (same device kind required)."""
+        other.check_kind(self.device.kind, f"the profile it is merged into ({self.device.name})")
+        keys = {(f.collective, f.world, f.backend) for f in other.comm}
+        comm = [f for f in self.comm if (f.collective, f.world, f.backend) not in keys] + list(other.comm)
+        mkeys = {(m.model, m.layer, m.micro_batch, m.seq_len) for m in other.model}
+        model = [m for m in self.model if (m.model, m.layer, m.micro_batch, m.seq_len) not in mkeys]
+        return self.model_copy(update={
+            "device": other.device if other.compute is not None else self.device,
+            "compute": other.compute if other.compute is not None else self.compute,
+            "comm": comm, "model": model + list(other.model)})
+
+    # ---- files -------------------------------------------------------------------------------
+    def to_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
+
+    def save(self, path: str | Path) -> None:
+        """Write atomically (temporary file renamed over the target): never half a profile."""
+        from planner.schema import write_atomic
+
+        write_atomic(Path(path), self.to_json())
+
+
+# ---- interpolation helpers -------------------------------------------------------------------
+
+def _rates(pts: list[Any], phase: str) -> list[tuple[float, float]]:
+    if phase == "fwd":
+        return [(p.flops, p.flops / p.fwd_s) for p in pts]
+    if phase == "bwd":
+        return [(p.flops, 2 * p.flops / p.bwd_s) for p in pts]
+    if phase != "both":
+        raise ProfileError(f"phase must be both, fwd or bwd, got '{phase}'")
+    return [(p.flops, p.flops_per_s) for p in pts]
+
+
+def _interp_log(points: list[tuple[float, float]], x: float) -> float:
+    """Median y per distinct x, then linear in log(x) between neighbours, clamped at the ends."""
+    by_x: dict[float, list[float]] = {}
+    for px, py in points:
+        by_x.setdefault(float(px), []).append(float(py))
+    xs = sorted(by_x)
+    ys = [statistics.median(by_x[v]) for v in xs]
+    if x <= xs[0] or len(xs) == 1:
+        return ys[0]
+    if x >= xs[-1]:
+        return ys[-1]
+    lx = math.log(x)
+    for i in range(1, len(xs)):
+        if x <= xs[i]:
+            x0, x1 = math.log(xs[i - 1]), math.log(xs[i])
+            t = (lx - x0) / (x1 - x0)
+            return ys[i - 1] + t * (ys[i] - ys[i - 1])
+    return ys[-1]  # not reached
+
+
+def _upper_half(pts: list[BwPoint]) -> list[BwPoint]:
+    srt = sorted(pts, key=lambda p: p.bytes)
+    return srt[len(srt) // 2:]
+
+
+def _large_bw(pts: list[BwPoint]) -> float:
+    return statistics.median(p.bytes_per_s for p in _upper_half(pts))
+
+
+# ---- reading ---------------------------------------------------------------------------------
+
+def _describe(err: ValidationError) -> str:
+    parts = []
+    for e in err.errors()[:5]:
+        loc = ".".join(str(x) for x in e["loc"]) or "(document)"
+        parts.append(f"{loc}: {e['msg']}")
+    more = f" (and {err.error_count() - 5} more)" if err.error_count() > 5 else ""
+    return "; ".join(parts) + more
+
+
+def _unclosed(text: str) -> bool:
+    """Whether JSON text ends inside a string, an object or an array (a cut-off file)."""
+    depth, in_str, esc = 0, False, False
+    for ch in text:
+        if in_str:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+    return in_str or depth > 0
+
+
+def parse_profile(data: dict[str, Any] | str, origin: str = "profile") -> Profile:
+    """Validate a profile from a dict or JSON text; errors name the field and the reason."""
+    if isinstance(data, str):
+        text = data
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            if not text.strip():
+                raise ProfileError(f"{origin} is empty") from None
+            if e.pos >= len(text.rstrip()) or _unclosed(text):
+                raise ProfileError(f"{origin} is truncated: the JSON ends early ({e.msg} at line "
+                                   f"{e.lineno} column {e.colno}); measure again") from None
+            raise ProfileError(f"{origin} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    if not isinstance(data, dict):
+        raise ProfileError(f"{origin} must hold a JSON object, not {type(data).__name__}")
+    if data.get("kind") != "shardplan-profile":
+        raise ProfileError(f"{origin} is not a shardplan profile (its 'kind' is {data.get('kind')!r}, "
+                           "expected 'shardplan-profile'; is it a plan?)")
+    version = data.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise ProfileError(f"{origin}: schema_version {version!r} is not supported (this shardplan reads "
+                           f"{SCHEMA_VERSION}); measure again with 'shardplan profile'")
+    try:
+        return Profile.model_validate(data)
+    except ValidationError as e:
+        raise ProfileError(f"{origin} is not a valid profile: {_describe(e)}") from None
+
+
+def load_profile(path: str | Path) -> Profile:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ProfileError(f"cannot read profile '{p}': {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise ProfileError(f"profile '{p}' is not a text (JSON) file") from None
+    return parse_profile(text, origin=f"profile '{p}'")
+
+
+def json_schema() -> dict[str, Any]:
+    schema = Profile.model_json_schema()
+    schema["$id"] = f"https://shardplan.dev/schema/profile-{SCHEMA_VERSION}.json"
+    schema["title"] = "shardplan profile"
+    return schema
+
+
+def json_schema_text() -> str:
+    return json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"
+
+
+if __name__ == "__main__":  # regenerate profiler/profile.schema.json
+    from planner.schema import write_atomic
+
+    write_atomic(SCHEMA_PATH, json_schema_text())
+    print(f"wrote {SCHEMA_PATH}")
