@@ -1,0 +1,36 @@
+"""Run a plan: apply it to a PyTorch model with torch.distributed, train, and measure.
+
+Public API::
+
+    from runtime import apply_plan, build_optimizer, train_step, state_bytes
+    model = apply_plan(model, plan)            # inside an initialised process group
+    opt = build_optimizer(model, torch.optim.AdamW, lr=1e-3)
+    loss = train_step(model, tokens, targets)  # forward + backward (any plan, pipelines too)
+    opt.step(); opt.zero_grad()
+    state_bytes(model, opt)                    # {param_bytes, grad_bytes, optim_bytes} of this rank
+
+Heavy modules (torch.distributed) load on first use of these names.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["apply_plan", "build_optimizer", "train_step", "state_bytes", "Transformer", "PlanMismatchError"]
+
+_WHERE = {
+    "apply_plan": "runtime.apply",
+    "build_optimizer": "runtime.apply",
+    "train_step": "runtime.train",
+    "state_bytes": "runtime.memory",
+    "Transformer": "runtime.model",
+    "PlanMismatchError": "runtime.validate",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        import importlib
+
+        return getattr(importlib.import_module(_WHERE[name]), name)
+    raise AttributeError(f"module 'runtime' has no attribute {name!r}")

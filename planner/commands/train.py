@@ -1,0 +1,113 @@
+"""``shardplan train``: run a plan on N local processes and report loss, step time and memory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from planner.cli import app, console, guard, print_json
+from profiler.errors import ShardplanError
+
+PARITY_RTOL = 1e-4
+
+
+def _settings(plan: Any, steps: int, seed: int, seq_len: int, global_batch: int) -> Any:
+    from runtime.train import TrainSettings
+
+    w = plan.inputs.workload
+    s = TrainSettings(steps=steps, global_batch=global_batch or w.global_batch, seq_len=seq_len or w.seq_len, seed=seed)
+    st = plan.strategy
+    if s.global_batch % st.mesh.dp:
+        raise ShardplanError(f"global batch {s.global_batch} is not divisible by the plan's data parallelism {st.mesh.dp}")
+    rows = s.global_batch // st.mesh.dp
+    if rows % st.micro_batch:
+        raise ShardplanError(f"{rows} samples per data-parallel rank are not a multiple of micro_batch {st.micro_batch}")
+    return s
+
+
+def _parity(losses: list[float], ref: list[float]) -> tuple[bool, float]:
+    diffs = [abs(a - b) for a, b in zip(losses, ref, strict=True)]
+    ok = all(d <= PARITY_RTOL * abs(b) + 1e-6 for d, b in zip(diffs, ref, strict=True))
+    return ok, max(diffs, default=0.0)
+
+
+def _table(report: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"shardplan train: {report['model']} on {report['nproc']} processes ({report['device']})",
+              caption="per-rank memory in MB: parameters, gradients, optimizer state (local shards), peak")
+    ref = report.get("reference_losses") or []
+    cols = ["step", "loss"] + (["ref loss"] if ref else []) + ["time s", "rank", "params", "grads", "optim", "peak"]
+    for col in cols:
+        t.add_column(col, justify="right", no_wrap=True, min_width=7 if "loss" in col else None)
+    for st in report["steps"]:
+        for j, r in enumerate(st["ranks"]):
+            first = j == 0
+            row = [str(st["step"]) if first else "", f"{st['loss']:.5f}" if first else ""]
+            if ref:
+                row.append(f"{ref[st['step']]:.5f}" if first else "")
+            row += [f"{st['step_time_s']:.3f}" if first else "", str(r["rank"]), f"{r['param_bytes'] / 1e6:.2f}",
+                    f"{r['grad_bytes'] / 1e6:.2f}", f"{r['optim_bytes'] / 1e6:.2f}", f"{r['peak_bytes'] / 1e6:.0f}"]
+            t.add_row(*row)
+    console.print(t)
+    if "parity" in report:
+        verdict = "[green]parity[/]" if report["parity"] else "[red]NO parity[/]"
+        console.print(f"{verdict}: largest loss difference {report['max_loss_diff']:.3g} (rtol {PARITY_RTOL:g})")
+
+
+@app.command()
+@guard
+def train(
+    model: str = typer.Option(..., "--model", "-m", help="tiny-gpt, tiny-llama, hf-llama, hf-gpt2 or a small preset (gpt2)"),
+    plan_path: Path = typer.Option(..., "--plan", "-p", help="plan JSON (shardplan plan ... -o plan.json)"),
+    nproc: int = typer.Option(0, "--nproc", "-n", help="local processes (default: the plan's world size)"),
+    steps: int = typer.Option(3, "--steps", help="optimizer steps"),
+    check_parity: bool = typer.Option(False, "--check-parity", help="also train in one process and compare losses"),
+    seed: int = typer.Option(0, "--seed", help="seed of the weights and the synthetic tokens"),
+    seq_len: int = typer.Option(0, "--seq-len", help="tokens per sample (default: the plan's)"),
+    global_batch: int = typer.Option(0, "--global-batch", help="samples per step (default: the plan's)"),
+    precision: str = typer.Option("fp32", "--precision", help="fp32, or bf16 (FSDP2 mixed precision; zero3 plans only)"),
+    output: Path | None = typer.Option(None, "--output", "-o", help="also write the JSON report here (atomically)"),
+    as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
+) -> None:
+    """Train a model with a plan on N local processes (gloo on CPU, NCCL on GPUs); report loss, time, memory."""
+    import json
+
+    from planner.schema import load_plan, write_atomic
+    from runtime.apply import check_plan
+    from runtime.launch import Job, launch
+    from runtime.mesh import device_type
+    from runtime.model import spec_for
+
+    if steps < 1:
+        raise ShardplanError(f"--steps must be at least 1, got {steps}")
+    plan = load_plan(plan_path)
+    world = plan.strategy.mesh.world_size
+    nproc = nproc or world
+    if nproc != world:
+        raise ShardplanError(f"the plan's mesh {plan.strategy.mesh.axes()} needs {world} processes; --nproc is {nproc}")
+    spec = spec_for(model)
+    if precision not in ("fp32", "bf16"):
+        raise ShardplanError(f"--precision must be fp32 or bf16, got '{precision}'")
+    s = _settings(plan, steps, seed, seq_len, global_batch)
+    s.precision = precision
+    dev = device_type()
+    check_plan(spec, plan, nproc, dev, seq_len=s.seq_len)
+    results = launch([Job(model=spec, plan_json=plan.to_json(), settings=s.to_dict(), name=model,
+                          reference=check_parity)], nproc)
+    res = results[0]
+    report: dict[str, Any] = {"model": model, "plan": str(plan_path), "nproc": nproc, "device": dev,
+                              "precision": precision, "settings": s.to_dict(), "steps": res["steps"],
+                              "fsdp_units": res["fsdp_units"], "notes": res["notes"]}
+    if check_parity:  # rank 0 trained the same model in one process after the distributed run
+        ref = res["reference_losses"]
+        ok, diff = _parity([st["loss"] for st in res["steps"]], ref)
+        report.update(reference_losses=ref, parity=ok, max_loss_diff=diff)
+    if output is not None:
+        write_atomic(output, json.dumps(report, indent=2, sort_keys=True) + "\n")
+    if as_json:
+        print_json(report)
+    else:
+        _table(report)

@@ -1,0 +1,302 @@
+"""``apply_plan``: make a model train the way a plan says, inside an initialised process group.
+
+Order of application (each step documented in its module):
+
+1. check plan against model, process group and device (:mod:`runtime.validate`), changing nothing;
+2. build the named mesh (:mod:`runtime.mesh`);
+3. cut pipeline stages (:mod:`runtime.pipeline`);
+4. split operators (OSDP, :mod:`runtime.splitting`);
+5. tensor / sequence parallelism (:mod:`runtime.tensor_parallel`);
+6. activation checkpointing (:mod:`runtime.checkpointing`);
+7. data-parallel sharding per unit (:mod:`runtime.sharding`, :mod:`runtime.zero`);
+8. pipeline schedule.
+
+Then :func:`build_optimizer` makes a ``torch.optim`` optimizer over what this rank steps, with the
+hooks ZeRO-1/2, DDP and tied pipeline embeddings need, and :func:`runtime.train.train_step` runs one
+step for any plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy
+
+from costmodel.strategy import Strategy
+from profiler.errors import ShardplanError
+from runtime import checkpointing, splitting, tensor_parallel
+from runtime.adapters import ModelAdapter, adapt
+from runtime.mesh import RuntimeMesh, build_mesh, device_type, wrap_mesh
+from runtime.pipeline import PipelineRunner, TiedPair, build_pipeline, make_runner, tied_pair_group
+from runtime.sharding import shard
+from runtime.units import resolve, split_targets, unit_of
+from runtime.validate import check
+from runtime.zero import ReplicatedParams, local
+
+
+@dataclass
+class AppliedPlan:
+    """What ``apply_plan`` did on this rank (``model._shardplan``)."""
+
+    strategy: Strategy
+    mesh: RuntimeMesh
+    adapter: ModelAdapter
+    stages: list[nn.Module]
+    replicated: list[ReplicatedParams] = field(default_factory=list)
+    fsdp_units: list[str] = field(default_factory=list)
+    pipeline: PipelineRunner | None = None
+    tied: TiedPair | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+class PipelinedModel(nn.Module):
+    """This rank's pipeline stages; train it with :func:`runtime.train.train_step`."""
+
+    def __init__(self, stages: list[nn.Module]) -> None:
+        super().__init__()
+        self.stages = nn.ModuleList(stages)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a pipelined model runs through its schedule: use runtime.train_step(model, ...)")
+
+
+def applied(model: nn.Module) -> AppliedPlan:
+    info = getattr(model, "_shardplan", None)
+    if info is None:
+        raise ShardplanError("this model has no plan applied (call runtime.apply_plan first)")
+    return info
+
+
+def _strategy_of(plan: Any) -> tuple[Strategy, dict[str, Any] | None]:
+    from planner.schema import Plan
+
+    if isinstance(plan, Strategy):
+        return plan, None
+    if isinstance(plan, Plan):
+        return plan.strategy, {"name": plan.inputs.model, "hash": plan.inputs.model_hash,
+                               "seq_len": plan.inputs.workload.seq_len}
+    raise ShardplanError(f"apply_plan needs a planner.schema.Plan or a costmodel Strategy, got {type(plan).__name__}")
+
+
+ARCH_FIELDS = ("layers", "hidden", "heads", "kv_heads", "head_dim", "ffn_hidden", "vocab", "activation", "norm",
+               "position", "bias", "qkv_bias", "tied_embeddings", "experts", "max_seq")
+
+
+def _model_config(ad: ModelAdapter) -> Any:
+    from profiler.models import config_from_hf
+
+    try:
+        return ad.model.cfg if ad.kind == "reference" else config_from_hf(ad.model.config.to_dict())
+    except ShardplanError:
+        return None
+
+
+def model_problem(ad: ModelAdapter, facts: dict[str, Any] | None) -> str | None:
+    """Why the plan document was made for another model, or None when it fits.
+
+    The layer-graph hash decides; when it differs but the plan's model name resolves to the
+    same architecture (e.g. a hash over another sequence length), the model fits.
+    """
+    from profiler.transformer import build_graph
+
+    if facts is None:
+        return None
+    cfg = _model_config(ad)
+    if cfg is None:
+        return None
+    if build_graph(cfg, facts["seq_len"]).content_hash() == facts["hash"]:
+        return None
+    try:
+        from runtime.model import resolve_config
+
+        other = resolve_config(facts["name"])
+    except ShardplanError:
+        return (f"the plan was made for model '{facts['name']}' (graph hash {facts['hash']}), "
+                f"not this {cfg.name} model")
+    diffs = [f"{k} {getattr(other, k)} vs {getattr(cfg, k)}" for k in ARCH_FIELDS if getattr(other, k) != getattr(cfg, k)]
+    if not diffs:
+        return None
+    return f"the plan was made for model '{facts['name']}', not this one (plan vs model: {', '.join(diffs)})"
+
+
+def check_plan(spec: dict[str, Any], plan: Any, world_size: int, dev: str, seq_len: int | None = None) -> None:
+    """Validate ``plan`` against the model of ``spec`` without a process group (model on meta)."""
+    from runtime.model import build
+
+    strategy, facts = _strategy_of(plan)
+    with torch.device("meta"):
+        model, _ = build(spec)
+    ad = adapt(model)
+    check(ad, strategy, world_size, dev, model_problem(ad, facts))
+    cfg = _model_config(ad)
+    if seq_len and cfg is not None and cfg.position == "learned" and seq_len > cfg.max_seq:
+        raise ShardplanError(f"seq_len {seq_len} exceeds the model's {cfg.max_seq} learned positions")
+    if seq_len and strategy.sequence_parallel and seq_len % strategy.mesh.tp:
+        raise ShardplanError(f"sequence parallelism splits the sequence over tp={strategy.mesh.tp}: "
+                             f"seq_len {seq_len} is not divisible by it")
+
+
+def _groups(ad: ModelAdapter, stage: nn.Module, strategy: Strategy, splits: list[tuple[str, int]]) -> list[tuple[str, list[str]]]:
+    """Candidate FSDP units of ``stage``, most specific first: slices, operators, units."""
+    names = {n for n, _ in stage.named_modules()}
+    out: list[tuple[str, list[str]]] = []
+    for path, k in splits:
+        if path in names:
+            out += [(f"{path}.slices.{j}", [f"{path}.slices.{j}"]) for j in range(k)]
+    ops = [ls.unit for ls in strategy.layers if ls.unit not in ad.units()]
+    for op in sorted(ops, key=lambda u: -len(u.split("."))):
+        paths = [p for p in ad.unit_paths(op) if p in names]
+        if paths and any(True for p in paths for _ in stage.get_submodule(p).parameters()):
+            out.append((op, paths))
+    for u in ad.units():
+        paths = [p for p in ad.unit_paths(u) if p in names]
+        if paths:
+            out.append((u, paths))
+    return out
+
+
+def _checkpoint(ad: ModelAdapter, stage: nn.Module, strategy: Strategy, dev: str) -> None:
+    """Wrap units (and operator entries inside units that recompute nothing) per the plan."""
+    names = {n for n, _ in stage.named_modules()}
+    unit_mode = {u: resolve(strategy, u).recompute for u in ad.units()}
+    for u, mode in unit_mode.items():
+        for p in ad.unit_paths(u):
+            if p in names:
+                checkpointing.wrap(stage.get_submodule(p), mode, dev)
+    for ls in strategy.layers:
+        if ls.unit in unit_mode or ls.recompute == "none" or unit_mode.get(unit_of(ls.unit)) != "none":
+            continue
+        for p in ad.unit_paths(ls.unit):
+            if p in names:
+                checkpointing.wrap(stage.get_submodule(p), ls.recompute, dev)
+
+
+def _splits(ad: ModelAdapter, stage: nn.Module, strategy: Strategy) -> list[tuple[str, int]]:
+    targets = split_targets(ad, strategy, stage)
+    for path, k in targets:
+        splitting.split_module(stage, path, k)
+    return targets
+
+
+def apply_plan(model: nn.Module, plan: Any, mesh: DeviceMesh | RuntimeMesh | None = None, *,
+               mixed_precision: MixedPrecisionPolicy | None = None, n_microbatches: int | None = None) -> nn.Module:
+    """Apply ``plan`` (a :class:`planner.schema.Plan` or a :class:`Strategy`) to ``model``.
+
+    Runs on every rank of an initialised default process group whose size is the plan's world
+    size; every rank must have built ``model`` identically (same seed). Returns the model changed
+    in place, or, with pipeline parallelism, a :class:`PipelinedModel` of this rank's stages.
+    Raises :class:`~runtime.validate.PlanMismatchError` (a ``ShardplanError``) listing every
+    disagreement before anything is changed.
+
+    Args:
+        mesh: the plan's mesh, already built: a ``DeviceMesh`` named ``pp, dp_replicate, dp_shard,
+            cp, tp`` (size-1 axes included) or a :class:`RuntimeMesh`; built when None.
+        mixed_precision: FSDP2 policy for the ``zero3`` units (fp32 when None).
+        n_microbatches: pipeline micro-batches per step (default: the plan's global batch over
+            ``dp * micro_batch`` when ``plan`` is a Plan, else ``2 * pp``).
+    """
+    strategy, facts = _strategy_of(plan)
+    if getattr(model, "_shardplan", None) is not None:
+        raise ShardplanError("this model already has a plan applied; build a fresh model to apply another")
+    ad = adapt(model)
+    dev = mesh.device_type if mesh is not None else device_type()
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    check(ad, strategy, world, dev, model_problem(ad, facts))
+    rt = wrap_mesh(mesh, strategy.mesh) if mesh is not None else build_mesh(strategy.mesh, dev)
+    device = torch.device(dev, torch.cuda.current_device()) if dev == "cuda" else torch.device("cpu")
+    model.to(device)
+    pp = strategy.mesh.pp
+    notes: list[str] = []
+    if pp > 1:
+        if n_microbatches is None:
+            n_microbatches = (plan.strategy.num_microbatches(plan.inputs.workload.global_batch)
+                              if facts is not None else 2 * pp)
+        stages, ids, has_first, has_last = build_pipeline(model, strategy, rt)
+    else:
+        stages = [model]
+    replicated: list[ReplicatedParams] = []
+    units: list[str] = []
+    for st in stages:
+        splits = _splits(ad, st, strategy)
+        if strategy.mesh.tp > 1:
+            tensor_parallel.parallelize(ad, st, rt.tp_mesh(), strategy.sequence_parallel)
+        _checkpoint(ad, st, strategy, dev)
+        tied_here = ad.tied and getattr(st, "embed", True) is not None and getattr(st, "head", True) is not None
+        res = shard(ad, st, strategy, rt, _groups(ad, st, strategy, splits),
+                    mixed_precision or MixedPrecisionPolicy(), tied_here)
+        replicated += res.replicated
+        units += res.fsdp_units
+        notes += res.notes
+    if mixed_precision is not None and mixed_precision.param_dtype not in (None, torch.float32) and any(
+            r.params for r in replicated):
+        raise ShardplanError("a low-precision MixedPrecisionPolicy needs every unit sharded with zero3/zero3_keep "
+                             "(FSDP2); the plan's replicate/zero1/zero2 units run in fp32")
+    info = AppliedPlan(strategy=strategy, mesh=rt, adapter=ad, stages=stages, replicated=replicated,
+                       fsdp_units=units, notes=list(dict.fromkeys(notes)))
+    out: nn.Module = model
+    if pp > 1:
+        info.pipeline = make_runner(stages, ids, strategy, rt, n_microbatches, device)
+        if ad.tied:
+            group = tied_pair_group(rt)
+            param = stages[0].embed.tok.weight if has_first else (stages[-1].head.weight if has_last else None)
+            info.tied = TiedPair(group=group, param=param)
+        out = PipelinedModel(stages)
+    out._shardplan = info  # type: ignore[assignment]
+    return out
+
+
+# ---- optimizer -------------------------------------------------------------------------------
+
+def optimizer_params(model: nn.Module) -> list[nn.Parameter]:
+    """The tensors this rank's optimizer steps: FSDP shards, DDP parameters and ZeRO-1/2 slices."""
+    info = applied(model)
+    custom = {id(p) for r in info.replicated for p in r.params}
+    out = [p for p in model.parameters() if id(p) not in custom]
+    for r in info.replicated:
+        out += r.optimizer_params()
+    return out
+
+
+def _tied_optim_param(info: AppliedPlan) -> nn.Parameter | None:
+    """What the optimizer steps for this rank's copy of the tied embedding."""
+    t = info.tied
+    if t is None or t.param is None:
+        return None
+    for r in info.replicated:
+        for s in r.slots:
+            if s.param is t.param:
+                return s.shard if s.shard is not None else s.param
+    return t.param
+
+
+def build_optimizer(model: nn.Module, cls: type[torch.optim.Optimizer] = torch.optim.AdamW,
+                    **kwargs: Any) -> torch.optim.Optimizer:
+    """A ``cls`` optimizer over :func:`optimizer_params` with the plan's step hooks.
+
+    Before each ``step``: DDP/ZeRO gradient reduction, then the sum of tied pipeline copies'
+    gradients. After: all-gather of ZeRO-1/2 slices.
+    """
+    info = applied(model)
+    opt = cls(optimizer_params(model), **kwargs)
+    tied_param = _tied_optim_param(info)
+
+    def pre(_opt: Any, _args: Any, _kwargs: Any) -> None:
+        for r in info.replicated:
+            r.reduce_grads()
+        if info.tied is not None and info.tied.group is not None and tied_param is not None:
+            g = tied_param.grad if tied_param.grad is not None else torch.zeros_like(tied_param)
+            tied_param.grad = g
+            dist.all_reduce(local(g), group=info.tied.group)
+
+    def post(_opt: Any, _args: Any, _kwargs: Any) -> None:
+        for r in info.replicated:
+            r.gather_params()
+
+    opt.register_step_pre_hook(pre)
+    opt.register_step_post_hook(post)
+    return opt

@@ -1,0 +1,185 @@
+"""Launch N local training processes (``torch.multiprocessing`` spawn) and collect their results.
+
+One launch runs one or more *jobs* (a plan to apply to a freshly built model, then K steps) in
+the same process group, so that tests pay the start-up once for several plans. Rank 0 writes the
+results with :func:`planner.schema.write_atomic`; the parent reads them. A rank that raises or
+dies ends the launch: ``torch.multiprocessing`` terminates the other ranks, and the parent raises a
+:class:`LaunchError` with one line saying which rank failed and why.
+
+Fault injection for tests: ``SHARDPLAN_FAIL_RANK=<r>`` makes rank ``r`` raise before training,
+``SHARDPLAN_FAIL_RANK=<r>:exit`` makes it exit at once (like a rank killed by the OOM killer).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import tempfile
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+
+from profiler.errors import ShardplanError
+
+FAIL_ENV = "SHARDPLAN_FAIL_RANK"
+SEP = "\n--- traceback ---\n"
+
+
+class LaunchError(ShardplanError):
+    """A rank failed; the message names it and the error."""
+
+
+def free_port() -> int:
+    """A TCP port the OS says is free (bind to port 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Job:
+    """One plan to train: the model, the plan (JSON text of a Plan or a Strategy), the settings."""
+
+    model: dict[str, Any]  # runtime.model.spec_for(...)
+    plan_json: str
+    settings: dict[str, Any]  # TrainSettings fields
+    name: str = ""
+    reference: bool = False  # rank 0 also trains the model in one process (``reference_losses``)
+
+
+def _load_plan(text: str) -> Any:
+    from costmodel.strategy import Strategy
+    from planner.schema import parse_plan
+
+    data = json.loads(text)
+    if "strategy" in data and "inputs" in data:
+        return parse_plan(data)
+    return Strategy.model_validate(data)
+
+
+def _microbatches(plan: Any, rows: int) -> int:
+    strategy = getattr(plan, "strategy", plan)
+    return max(1, rows // strategy.micro_batch)
+
+
+_MESHES: dict[tuple, Any] = {}
+_REFS: dict[str, list[float]] = {}
+
+
+def _run_job(job: Job) -> dict[str, Any]:
+    from runtime.apply import apply_plan
+    from runtime.mesh import build_mesh
+    from runtime.model import build
+    from runtime.train import TrainSettings, run
+
+    s = TrainSettings(**job.settings)
+    plan = _load_plan(job.plan_json)
+    strategy = getattr(plan, "strategy", plan)
+    rows = s.global_batch // strategy.mesh.dp
+    n_mb = _microbatches(plan, rows)
+    torch.manual_seed(s.seed)
+    model, vocab = build(job.model)
+    key = tuple(strategy.mesh.axes().items())
+    if key not in _MESHES:  # jobs of one launch share meshes (process groups are costly)
+        _MESHES[key] = build_mesh(strategy.mesh)
+    mp = None
+    if s.precision == "bf16":
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    elif s.precision != "fp32":
+        raise ShardplanError(f"precision '{s.precision}' is not fp32 or bf16")
+    model = apply_plan(model, plan, mesh=_MESHES[key], mixed_precision=mp, n_microbatches=n_mb)
+    steps = run(model, vocab, s, n_microbatches=n_mb)
+    out = {"name": job.name, "steps": steps, "fsdp_units": model._shardplan.fsdp_units,
+           "notes": model._shardplan.notes}
+    if job.reference and torch.distributed.get_rank() == 0:
+        from runtime.train import reference_losses
+
+        key = json.dumps([job.model, job.settings], sort_keys=True)
+        if key not in _REFS:
+            _REFS[key] = reference_losses(job.model, s)
+        out["reference_losses"] = _REFS[key]
+    return out
+
+
+def _worker(rank: int, world: int, port: int, jobs: list[Job], out_dir: str) -> None:
+    import warnings
+
+    import torch.distributed as dist
+
+    from planner.schema import write_atomic
+    from runtime.mesh import backend_for, device_type
+
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")  # split slices: cat
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    dev = device_type()
+    if dev == "cuda":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    try:
+        dist.init_process_group(backend_for(dev), init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                device_id=torch.device("cuda", rank % torch.cuda.device_count()) if dev == "cuda" else None)
+        fail = os.environ.get(FAIL_ENV, "").split(":")
+        if fail[0] == str(rank):
+            if fail[1:] == ["exit"]:
+                os._exit(3)  # die without a word, as an OOM-killed rank would
+            raise RuntimeError(f"injected failure ({FAIL_ENV}={rank})")
+        results = []
+        for j in jobs:
+            try:
+                results.append(_run_job(j))
+            except Exception as e:
+                if len(jobs) == 1:
+                    raise
+                raise type(e)(f"job '{j.name}': {e}") if isinstance(e, ShardplanError) else \
+                    RuntimeError(f"job '{j.name}': {type(e).__name__}: {e}") from e
+        if rank == 0:
+            write_atomic(Path(out_dir) / "results.json", json.dumps(results))
+        dist.barrier()
+    except BaseException as e:
+        detail = "" if isinstance(e, ShardplanError) else traceback.format_exc()
+        write_atomic(Path(out_dir) / f"error.{rank}", f"{type(e).__name__}: {e}{SEP}{detail}")
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _failure(out_dir: Path, rank: int, fallback: str) -> str:
+    """The failing rank's own message, else ``fallback`` (a rank killed without a word)."""
+    mine = out_dir / f"error.{rank}"
+    if mine.exists():
+        return f"rank {rank} failed: {mine.read_text().split(SEP)[0]}"
+    return fallback
+
+
+def launch(jobs: list[Job], nproc: int, start_method: str = "spawn") -> list[dict[str, Any]]:
+    """Run ``jobs`` on ``nproc`` local processes; one result dict per job (from rank 0).
+
+    Raises :class:`LaunchError` when a rank fails; all ranks have ended by then.
+    """
+    if nproc < 1:
+        raise ShardplanError(f"--nproc must be at least 1, got {nproc}")
+    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)  # we report failures ourselves
+    with tempfile.TemporaryDirectory(prefix="shardplan-train-") as tmp:
+        out = Path(tmp)
+        port = free_port()
+        try:
+            mp.start_processes(_worker, args=(nproc, port, jobs, tmp), nprocs=nproc, join=True,
+                               start_method=start_method)
+        except mp.ProcessRaisedException as e:
+            raise LaunchError(_failure(out, e.error_index, f"rank {e.error_index} failed")) from None
+        except mp.ProcessExitedException as e:
+            how = f"signal {e.signal_name}" if e.signal_name else f"exit code {e.exit_code}"
+            raise LaunchError(_failure(out, e.error_index, f"rank {e.error_index} died ({how})")) from None
+        res = out / "results.json"
+        if not res.exists():
+            raise LaunchError("training ended without results (rank 0 wrote nothing)")
+        return json.loads(res.read_text())

@@ -1,0 +1,106 @@
+"""The named :class:`DeviceMesh` of a plan, and the process groups the runtime needs from it.
+
+The mesh always has the five axes of :data:`costmodel.strategy.MESH_AXES` in that order
+(``pp, dp_replicate, dp_shard, cp, tp``), size-1 axes included: slicing a size-1 axis is cheap
+and keeps every coordinate well defined. ``ep`` is not an axis of its own (see
+:mod:`costmodel.strategy`); the runtime rejects plans with ``ep > 1``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from costmodel.strategy import MESH_AXES, Mesh
+from profiler.errors import ShardplanError
+
+
+def device_type() -> str:
+    """``cuda`` when a GPU is visible, else ``cpu``."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def backend_for(dev: str) -> str:
+    return "nccl" if dev == "cuda" else "gloo"
+
+
+@dataclass
+class RuntimeMesh:
+    """The plan's mesh on this rank.
+
+    Attributes:
+        mesh: the 5-D device mesh named ``pp, dp_replicate, dp_shard, cp, tp``.
+        sizes: degree of each axis.
+    """
+
+    mesh: DeviceMesh
+    sizes: dict[str, int]
+
+    @property
+    def device_type(self) -> str:
+        return self.mesh.device_type
+
+    def size(self, axis: str) -> int:
+        return self.sizes[axis]
+
+    def coord(self, axis: str) -> int:
+        """This rank's index along ``axis``."""
+        return self.mesh.get_local_rank(axis)
+
+    def sub(self, *axes: str) -> DeviceMesh:
+        return self.mesh[axes if len(axes) > 1 else axes[0]]
+
+    def group(self, axis: str) -> dist.ProcessGroup:
+        return self.mesh.get_group(axis)
+
+    @property
+    def dp_size(self) -> int:
+        return self.sizes["dp_replicate"] * self.sizes["dp_shard"]
+
+    @property
+    def dp_rank(self) -> int:
+        """Index of this rank's data shard (replica-major), the same on all its TP/PP peers."""
+        return self.coord("dp_replicate") * self.sizes["dp_shard"] + self.coord("dp_shard")
+
+    def fsdp_mesh(self) -> DeviceMesh:
+        """1-D ``dp_shard`` mesh, or the 2-D ``(dp_replicate, dp_shard)`` mesh for HSDP."""
+        if self.sizes["dp_replicate"] > 1:
+            return self.sub("dp_replicate", "dp_shard")
+        return self.sub("dp_shard")
+
+    def tp_mesh(self) -> DeviceMesh:
+        return self.sub("tp")
+
+
+def build_mesh(plan_mesh: Mesh, dev: str | None = None) -> RuntimeMesh:
+    """Build the named mesh of ``plan_mesh`` inside an initialised default process group."""
+    if not dist.is_initialized():
+        raise ShardplanError("apply_plan needs an initialised process group (torch.distributed.init_process_group)")
+    if plan_mesh.ep != 1:
+        raise ShardplanError(f"the runtime does not implement expert parallelism (plan has ep={plan_mesh.ep})")
+    world = dist.get_world_size()
+    if plan_mesh.world_size != world:
+        raise ShardplanError(
+            f"the plan's mesh {plan_mesh.axes()} needs {plan_mesh.world_size} processes, "
+            f"but the process group has {world}"
+        )
+    sizes = plan_mesh.axes()
+    mesh = init_device_mesh(dev or device_type(), tuple(sizes[a] for a in MESH_AXES), mesh_dim_names=MESH_AXES)
+    return RuntimeMesh(mesh=mesh, sizes=sizes)
+
+
+def wrap_mesh(mesh: DeviceMesh | RuntimeMesh, plan_mesh: Mesh) -> RuntimeMesh:
+    """A user's mesh as a :class:`RuntimeMesh`, checked against the plan's degrees."""
+    if isinstance(mesh, RuntimeMesh):
+        rt = mesh
+    else:
+        if tuple(mesh.mesh_dim_names or ()) != MESH_AXES:
+            raise ShardplanError(f"the mesh must have the axes {MESH_AXES} (size-1 ones included), "
+                                 f"not {mesh.mesh_dim_names}")
+        rt = RuntimeMesh(mesh=mesh, sizes=dict(zip(MESH_AXES, mesh.shape, strict=True)))
+    if rt.sizes != plan_mesh.axes():
+        raise ShardplanError(f"the given mesh {rt.sizes} is not the plan's {plan_mesh.axes()}")
+    return rt

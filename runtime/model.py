@@ -1,0 +1,293 @@
+"""The reference model: a GPT / Llama style decoder whose module paths are the layer graph's names.
+
+``Transformer(cfg)`` builds, for a :class:`~profiler.model_config.TransformerConfig`, modules named
+exactly like the operators of :func:`profiler.transformer.build_graph`::
+
+    embed                      token table (``embed.tok``) and learned positions (``embed.pos``)
+    layers.<i>.attn_norm       LayerNorm or RMSNorm
+    layers.<i>.attn.qkv        fused Q/K/V projection, laid out per KV group (see below)
+    layers.<i>.attn.core       attention (no weights): RoPE, causal SDPA
+    layers.<i>.attn.out        output projection
+    layers.<i>.mlp_norm
+    layers.<i>.mlp.up          fused gate+up for SwiGLU (interleaved columns), up for GELU
+    layers.<i>.mlp.act
+    layers.<i>.mlp.down
+    final_norm
+    head                       LM head; with tied embeddings it shares ``embed.tok.weight``
+
+and its parameter count equals ``build_graph(cfg).total_params``.
+
+Layouts chosen so that tensor parallelism can shard contiguous columns: the QKV output is ordered
+per KV group ``[q heads of the group, k, v]`` and the SwiGLU ``up`` output interleaves gate and
+up column by column, so any contiguous slice of whole groups (or column pairs) is self-contained;
+attention reshapes with ``-1`` heads so the local head count after column sharding just works.
+
+Dropout is not modelled (training runs are deterministic) and attention always runs through
+``scaled_dot_product_attention`` whatever ``attention_impl`` says; neither changes parameters.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from profiler.errors import ShardplanError
+from profiler.model_config import TransformerConfig
+
+#: Small decoders for tests and for ``shardplan train --model tiny-*`` (no download needed).
+TINY_MODELS: dict[str, TransformerConfig] = {
+    "tiny-gpt": TransformerConfig(
+        name="tiny-gpt", layers=4, hidden=64, heads=4, vocab=256, max_seq=64, activation="gelu",
+        norm="layernorm", position="learned", bias=True, tied_embeddings=True,
+        source="shardplan runtime test model (GPT-2 style)",
+    ),
+    "tiny-llama": TransformerConfig(
+        name="tiny-llama", layers=4, hidden=64, heads=4, kv_heads=2, vocab=256, max_seq=64,
+        ffn_hidden=128, activation="swiglu", norm="rmsnorm", position="rope", bias=False,
+        tied_embeddings=False, source="shardplan runtime test model (Llama style, GQA)",
+    ),
+}
+
+#: Largest model ``shardplan train`` builds from a preset (parameters); bigger ones need real GPUs.
+MAX_TRAIN_PARAMS = 400_000_000
+
+
+def unsupported_features(cfg: TransformerConfig) -> list[str]:
+    """What of ``cfg`` the reference model cannot build (empty when it can)."""
+    out = []
+    if cfg.arch != "decoder":
+        out.append(f"arch '{cfg.arch}' (only decoders)")
+    if cfg.is_moe:
+        out.append("mixture-of-experts layers")
+    if cfg.qk_norm:
+        out.append("qk_norm")
+    if cfg.type_vocab:
+        out.append("token-type embeddings")
+    return out
+
+
+def resolve_config(name: str | TransformerConfig) -> TransformerConfig:
+    """A tiny runtime model by name, a :class:`TransformerConfig`, or a small enough preset."""
+    if isinstance(name, TransformerConfig):
+        cfg = name
+    elif name.strip().lower() in TINY_MODELS:
+        cfg = TINY_MODELS[name.strip().lower()]
+    else:
+        from profiler.models import resolve_config as _resolve
+
+        cfg = _resolve(name)
+    bad = unsupported_features(cfg)
+    if bad:
+        raise ShardplanError(f"the runtime reference model cannot build '{cfg.name}': {'; '.join(bad)}")
+    if not isinstance(name, TransformerConfig):
+        from profiler.transformer import build_graph
+
+        n = build_graph(cfg, 1).total_params
+        if n > MAX_TRAIN_PARAMS:
+            raise ShardplanError(
+                f"model '{name}' has {n / 1e6:.0f}M parameters; the runtime trains models up to "
+                f"{MAX_TRAIN_PARAMS / 1e6:.0f}M here (try {', '.join(TINY_MODELS)} or gpt2)"
+            )
+    return cfg
+
+
+def _norm(cfg: TransformerConfig) -> nn.Module:
+    return nn.LayerNorm(cfg.hidden) if cfg.norm == "layernorm" else nn.RMSNorm(cfg.hidden, eps=1e-6)
+
+
+class Embedding(nn.Module):
+    """Token table ``tok`` plus, for learned positions, a position table ``pos``."""
+
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(cfg.vocab, cfg.hidden)
+        self.pos = nn.Embedding(cfg.max_seq, cfg.hidden) if cfg.position == "learned" else None
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.tok(tokens)
+        if self.pos is not None:
+            positions = torch.arange(tokens.shape[1], device=tokens.device)
+            h = h + self.pos(positions)
+        return h
+
+
+def _rope(x: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
+    """Rotary position embedding of ``x`` shaped (batch, seq, heads, head_dim), half-split layout."""
+    s, d = x.shape[1], x.shape[-1]
+    inv = 1.0 / (base ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))
+    ang = torch.outer(torch.arange(s, device=x.device, dtype=torch.float32), inv)  # (s, d/2)
+    cos = torch.cat([ang.cos(), ang.cos()], -1)[None, :, None, :].to(x.dtype)
+    sin = torch.cat([ang.sin(), ang.sin()], -1)[None, :, None, :].to(x.dtype)
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+class AttentionCore(nn.Module):
+    """Causal attention over the fused QKV output; no weights (``layers.<i>.attn.core``)."""
+
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        self.group = cfg.heads // cfg.kv_heads  # query heads per KV head
+        self.head_dim = cfg.head_dim
+        self.rope = cfg.position == "rope"
+
+    def forward(self, qkv: torch.Tensor) -> torch.Tensor:
+        b, s, _ = qkv.shape
+        g, d = self.group, self.head_dim
+        x = qkv.view(b, s, -1, g + 2, d)  # -1 = local KV heads (fewer after TP column sharding)
+        q = x[:, :, :, :g].reshape(b, s, -1, d)
+        k, v = x[:, :, :, g], x[:, :, :, g + 1]
+        if self.rope:
+            q, k = _rope(q), _rope(k)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (b, heads, s, d)
+        if g > 1:
+            k = k.repeat_interleave(g, dim=1)
+            v = v.repeat_interleave(g, dim=1)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return o.transpose(1, 2).reshape(b, s, -1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        a, kv, d, h = cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.hidden
+        self.qkv = nn.Linear(h, (a + 2 * kv) * d, bias=cfg.bias or cfg.qkv_bias)
+        self.core = AttentionCore(cfg)
+        self.out = nn.Linear(a * d, h, bias=cfg.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.core(self.qkv(x)))
+
+
+class Activation(nn.Module):
+    """GELU, or SwiGLU over interleaved (gate, up) column pairs (``layers.<i>.mlp.act``)."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kind == "gelu":
+            return F.gelu(x, approximate="tanh")
+        pairs = x.view(*x.shape[:-1], -1, 2)
+        return F.silu(pairs[..., 0]) * pairs[..., 1]
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        n_in = 2 if cfg.activation == "swiglu" else 1
+        self.up = nn.Linear(cfg.hidden, n_in * cfg.ffn_hidden, bias=cfg.bias)
+        self.act = Activation(cfg.activation)
+        self.down = nn.Linear(cfg.ffn_hidden, cfg.hidden, bias=cfg.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(self.act(self.up(x)))
+
+
+class Block(nn.Module):
+    """One pre-norm transformer block (``layers.<i>``)."""
+
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        self.attn_norm = _norm(cfg)
+        self.attn = Attention(cfg)
+        self.mlp_norm = _norm(cfg)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x))
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Transformer(nn.Module):
+    """The reference decoder. ``forward(tokens) -> logits``.
+
+    Pipeline stages are copies with some parts set to ``None``: without ``embed`` the input is a
+    hidden state, without ``head`` the output is one; ``layers`` is a ``ModuleDict`` keyed by the
+    global block index so that names stay ``layers.<i>`` on every stage.
+    """
+
+    def __init__(self, cfg: TransformerConfig, init_std: float = 0.02) -> None:
+        super().__init__()
+        bad = unsupported_features(cfg)
+        if bad:
+            raise ShardplanError(f"the runtime reference model cannot build '{cfg.name}': {'; '.join(bad)}")
+        self.cfg = cfg
+        self.embed: Embedding | None = Embedding(cfg)
+        self.layers = nn.ModuleDict({str(i): Block(cfg) for i in range(cfg.layers)})
+        self.final_norm: nn.Module | None = _norm(cfg)
+        self.head: nn.Linear | None = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
+        self._init(init_std)
+        if cfg.tied_embeddings:
+            self.head.weight = self.embed.tok.weight
+
+    def _init(self, std: float) -> None:
+        for m in self.modules():
+            if isinstance(m, nn.Linear | nn.Embedding):
+                nn.init.normal_(m.weight, std=std)
+            if isinstance(m, nn.Linear) and m.bias is not None:
+                nn.init.zeros_(m.bias)
+        for name, p in self.named_parameters():  # GPT-2 style scaled init of residual outputs
+            if name.endswith(("attn.out.weight", "mlp.down.weight")):
+                nn.init.normal_(p, std=std / math.sqrt(2 * self.cfg.layers))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x) if self.embed is not None else x
+        for block in self.layers.values():
+            h = block(h)
+        if self.final_norm is not None:
+            h = self.final_norm(h)
+        if self.head is not None:
+            h = self.head(h)
+        return h
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross entropy (fp32)."""
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+
+def count_params(model: nn.Module) -> int:
+    """Parameters of ``model``, shared ones (tied embeddings) counted once."""
+    return sum(p.numel() for p in model.parameters())
+
+
+# ---- model specs: what a training job builds -------------------------------------------------
+
+#: Tiny Hugging Face configs for tests and examples (built locally, nothing downloaded).
+TINY_HF: dict[str, dict[str, object]] = {
+    "hf-llama": {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+                 "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,
+                 "tie_word_embeddings": False, "attn_implementation": "sdpa", "bos_token_id": 0, "eos_token_id": 0},
+    "hf-gpt2": {"vocab_size": 256, "n_embd": 64, "n_layer": 4, "n_head": 4, "n_positions": 64,
+                "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "attn_implementation": "sdpa",
+                "bos_token_id": 0, "eos_token_id": 0},
+}
+
+
+def spec_for(name: str | TransformerConfig) -> dict[str, object]:
+    """A picklable model spec: ``{"kind": "reference", "config": {...}}`` or an HF kind + config."""
+    if isinstance(name, str) and name in TINY_HF:
+        return {"kind": name, "config": dict(TINY_HF[name])}
+    return {"kind": "reference", "config": resolve_config(name).to_dict()}
+
+
+def build(spec: dict[str, object]) -> tuple[nn.Module, int]:
+    """Build the model of ``spec`` (seed the RNG first); returns (model, vocabulary size)."""
+    kind, conf = spec["kind"], dict(spec["config"])  # type: ignore[call-overload]
+    if kind == "reference":
+        cfg = TransformerConfig.from_dict(conf)
+        return Transformer(cfg), cfg.vocab
+    import transformers
+
+    if kind == "hf-llama":
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**conf))
+    elif kind == "hf-gpt2":
+        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**conf))
+    else:
+        raise ShardplanError(f"unknown model kind '{kind}' (reference, hf-llama, hf-gpt2)")
+    return model, int(model.config.vocab_size)

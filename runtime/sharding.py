@@ -1,0 +1,114 @@
+"""Data-parallel sharding per unit: which parameter gets which plan value, and FSDP2 for ZeRO-3.
+
+How each plan value maps onto PyTorch (``N`` = ``dp_shard`` ranks, ``R`` = ``dp_replicate``):
+
+================  ============================================================  ===========================
+plan value        PyTorch                                                       per-rank state at rest
+================  ============================================================  ===========================
+``replicate``     :class:`runtime.zero.ReplicatedParams` stage 0: gradient      params, grads, optimizer
+                  all-reduce over R·N before the step (what DDP does, without   state whole
+                  bucketing/overlap)
+``zero1``         ``ReplicatedParams`` stage 1: DDP gradients; optimizer steps  params, grads whole;
+                  a 1/N flat slice of each parameter; slices all-gathered       optimizer state 1/N
+``zero2``         ``ReplicatedParams`` stage 2: gradients reduce-scattered in   params whole; grads and
+                  a post-accumulate-grad hook, slices as in ``zero1``            optimizer state 1/N
+``zero3``         ``fully_shard(unit, reshard_after_forward=True)``             everything 1/N
+``zero3_keep``    ``fully_shard(unit, reshard_after_forward=False)``: gathered  everything 1/N (gathered
+                  parameters kept from forward to backward                      params live fwd→bwd)
+HSDP (R > 1)      ``fully_shard`` on the 2-D ``(dp_replicate, dp_shard)`` mesh:  as above, 1/N
+                  placements ``(Replicate(), Shard(0))``
+================  ============================================================  ===========================
+
+FSDP2 has no ZeRO-1/2 of its own (``reshard_after_forward=False`` is ZeRO-3 whose gathered
+parameters outlive forward, not ZeRO-2: parameters stay sharded at rest); that is why those
+values use the runtime's own collectives. With ``N == 1`` every value is plain replication over R.
+Each ``fully_shard`` call gets ``mp_policy`` (a ``MixedPrecisionPolicy``, fp32 by default) and, on
+CUDA, ``CPUOffloadPolicy`` when the unit's ``offload`` is not ``none`` (FSDP2 offloads parameters,
+gradients and optimizer state together; on CPU offloading is a no-op). The root module is
+``fully_shard``-ed last (``reshard_after_forward=False``) with the parameters no unit took, e.g. a
+tied embedding that the head shares; parameters of non-FSDP values are ``ignored_params``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+from costmodel.strategy import LayerStrategy, Strategy
+from runtime.adapters import ModelAdapter
+from runtime.mesh import RuntimeMesh
+from runtime.units import graph_name, resolve, unit_of
+from runtime.zero import STAGES, ReplicatedParams
+
+FSDP_VALUES = ("zero3", "zero3_keep")
+
+
+def effective_value(ls: LayerStrategy, rt: RuntimeMesh) -> str:
+    """The sharding actually applied: every value is replication when ``dp_shard`` is 1."""
+    return ls.sharding if rt.size("dp_shard") > 1 else "replicate"
+
+
+@dataclass
+class ShardingResult:
+    replicated: list[ReplicatedParams]
+    fsdp_units: list[str]
+    notes: list[str]
+
+
+def _fsdp(mods: list[nn.Module], rt: RuntimeMesh, ls: LayerStrategy, mp: MixedPrecisionPolicy,
+          ignored: set[nn.Parameter], root: bool = False) -> None:
+    offload: OffloadPolicy = CPUOffloadPolicy() if ls.offload != "none" and rt.device_type == "cuda" else OffloadPolicy()
+    target = mods[0] if len(mods) == 1 else mods
+    fully_shard(target, mesh=rt.fsdp_mesh(), reshard_after_forward=False if root else ls.sharding == "zero3",
+                mp_policy=mp, offload_policy=offload, ignored_params=ignored or None)
+
+
+def shard(ad: ModelAdapter, stage: nn.Module, strategy: Strategy, rt: RuntimeMesh, groups: list[tuple[str, list[str]]],
+          mp: MixedPrecisionPolicy, tied_in_stage: bool) -> ShardingResult:
+    """Apply data-parallel sharding to ``stage`` (the model or one pipeline stage).
+
+    Args:
+        groups: candidate FSDP units, most specific first: (graph name, module paths in ``stage``).
+        tied_in_stage: the stage holds both ends of a tied embedding (they must share one unit).
+    """
+    notes: list[str] = []
+    by_value: dict[str, list[nn.Parameter]] = {}
+    fsdp_params: set[nn.Parameter] = set()
+    for path, p in stage.named_parameters():
+        value = effective_value(resolve(strategy, graph_name(ad, path)), rt)
+        if value in FSDP_VALUES:
+            fsdp_params.add(p)
+        else:
+            by_value.setdefault(value, []).append(p)
+    custom = {p for ps in by_value.values() for p in ps}
+    units: list[str] = []
+    if fsdp_params:
+        taken: set[int] = set()
+        for gname, paths in groups:
+            ls = resolve(strategy, gname)
+            if effective_value(ls, rt) not in FSDP_VALUES:
+                continue
+            mods = [stage.get_submodule(p) for p in paths]
+            if tied_in_stage and unit_of(gname) == "embedding":
+                notes.append("tied embedding: embedding and head weights are in the root FSDP unit")
+                continue
+            if tied_in_stage and unit_of(gname) == "head":  # the shared weight stays with the embedding
+                mods = [m for m, p in zip(mods, paths, strict=True) if not p.endswith("head")]
+            own = {id(q) for m in mods for q in m.parameters()} - taken
+            if not mods or not any(id(q) in own for q in fsdp_params):
+                continue
+            _fsdp(mods, rt, ls, mp, custom)
+            taken |= own
+            units.append(gname)
+        root_ls = resolve(strategy, "embed") if tied_in_stage else strategy.default
+        _fsdp([stage], rt, root_ls, mp, custom, root=True)
+        units.append("<root>")
+    dp = rt.dp_size
+    shard_g = rt.group("dp_shard") if rt.size("dp_shard") > 1 else None
+    rep_g = rt.group("dp_replicate") if rt.size("dp_replicate") > 1 else None
+    replicated = [ReplicatedParams(STAGES[v], ps, shard_g, rep_g, dp) for v, ps in sorted(by_value.items())]
+    if rt.device_type != "cuda" and any(resolve(strategy, u).offload != "none" for u in ad.units()):
+        notes.append("offload requested: a no-op on CPU")
+    return ShardingResult(replicated=replicated, fsdp_units=units, notes=notes)

@@ -1,0 +1,143 @@
+"""Training loop on synthetic tokens, per-step metrics, and the single-process reference run.
+
+Data is the same on every run: step ``k`` of seed ``s`` draws ``global_batch`` sequences of
+``seq_len + 1`` uniform tokens from a generator seeded with ``(s, k)``; data-parallel rank ``d``
+trains rows ``[d·B/dp, (d+1)·B/dp)``. Losses are next-token cross entropy, averaged over the global
+batch, so a plan's losses are comparable with :func:`reference_losses` one step at a time.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from runtime.adapters import adapt
+from runtime.apply import applied, build_optimizer
+from runtime.memory import peak_bytes, state_bytes
+from runtime.model import build, lm_loss
+
+LR = 1e-3
+
+
+@dataclass
+class TrainSettings:
+    """What to train: steps, batch, sequence length, seed, learning rate, precision."""
+
+    steps: int = 3
+    global_batch: int = 8
+    seq_len: int = 32
+    seed: int = 0
+    lr: float = LR
+    precision: str = "fp32"  # or "bf16": FSDP2 MixedPrecisionPolicy(bf16 params, fp32 reduce); zero3 units only
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def synthetic_batch(step: int, s: TrainSettings, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens, targets) of ``step``, each ``(global_batch, seq_len)``."""
+    g = torch.Generator().manual_seed(s.seed * 1_000_003 + step)
+    data = torch.randint(0, vocab, (s.global_batch, s.seq_len + 1), generator=g)
+    return data[:, :-1].contiguous(), data[:, 1:].contiguous()
+
+
+def make_optimizer_kwargs(s: TrainSettings) -> dict[str, Any]:
+    return {"lr": s.lr, "weight_decay": 0.0}
+
+
+def reference_losses(spec: dict[str, Any], s: TrainSettings) -> list[float]:
+    """Losses of plain single-process training of model ``spec`` (fp32, whole batch per step)."""
+    torch.manual_seed(s.seed)
+    model, vocab = build(spec)
+    fwd = adapt(model).forward_logits
+    opt = torch.optim.AdamW(model.parameters(), **make_optimizer_kwargs(s))
+    out = []
+    for k in range(s.steps):
+        x, y = synthetic_batch(k, s, vocab)
+        loss = lm_loss(fwd(model, x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        out.append(float(loss.detach()))
+    return out
+
+
+def train_step(model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor, n_microbatches: int = 1) -> torch.Tensor | None:
+    """Forward and backward of this rank's batch; the mean loss where it is known, else None.
+
+    Without pipeline parallelism the batch runs as ``n_microbatches`` accumulated micro-batches;
+    with it, through the plan's schedule (only the last stage knows the loss). Call
+    ``optimizer.step()`` afterwards (see :func:`runtime.build_optimizer`).
+    """
+    info = applied(model)
+    if info.pipeline is not None:
+        return info.pipeline.step(tokens, targets)
+    fwd = info.adapter.forward_logits
+    total = torch.zeros((), dtype=torch.float32, device=tokens.device)
+    n = max(1, min(n_microbatches, tokens.shape[0]))
+    for xs, ys in zip(tokens.chunk(n), targets.chunk(n), strict=True):
+        loss = lm_loss(fwd(model, xs), ys) * (xs.shape[0] / tokens.shape[0])
+        loss.backward()
+        total += loss.detach()
+    return total
+
+
+def global_loss(model: nn.Module, loss: torch.Tensor | None) -> float:
+    """The step's loss averaged over data parallelism, the same number on every rank."""
+    info = applied(model)
+    rt = info.mesh
+    reporter = rt.coord("tp") == 0 and rt.coord("cp") == 0 and (info.pipeline is None or info.pipeline.has_last)
+    dev = torch.device(rt.device_type, torch.cuda.current_device()) if rt.device_type == "cuda" else torch.device("cpu")
+    t = torch.zeros((), dtype=torch.float64, device=dev)
+    if reporter and loss is not None:
+        t += loss.double()
+    dist.all_reduce(t)
+    return float(t) / rt.dp_size
+
+
+def run(model: nn.Module, vocab: int, s: TrainSettings, n_microbatches: int = 1) -> list[dict[str, Any]]:
+    """Train ``s.steps`` steps of an ``apply_plan``-ed model; per-step metrics (same on all ranks).
+
+    Each step reports ``loss``, ``step_time_s`` (slowest rank) and ``ranks``: per rank
+    ``param_bytes`` and ``grad_bytes`` (before the optimizer step, after gradient reduction),
+    ``optim_bytes`` (after the step) and ``peak_bytes``.
+    """
+    info = applied(model)
+    rt = info.mesh
+    opt = build_optimizer(model, torch.optim.AdamW, **make_optimizer_kwargs(s))
+    seen: dict[str, int] = {}
+
+    def measure(_o: Any, _a: Any, _k: Any) -> None:
+        seen.update(state_bytes(model, opt))
+
+    opt.register_step_pre_hook(measure)
+    dev = torch.device(rt.device_type, torch.cuda.current_device()) if rt.device_type == "cuda" else torch.device("cpu")
+    dp, d = rt.dp_size, rt.dp_rank
+    rows = s.global_batch // dp
+    out = []
+    for k in range(s.steps):
+        x, y = synthetic_batch(k, s, vocab)
+        x, y = x[d * rows : (d + 1) * rows].to(dev), y[d * rows : (d + 1) * rows].to(dev)
+        if rt.device_type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        loss = train_step(model, x, y, n_microbatches)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if rt.device_type == "cuda":
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        after = state_bytes(model, opt)
+        mine = {"rank": dist.get_rank(), "param_bytes": seen["param_bytes"], "grad_bytes": seen["grad_bytes"],
+                "optim_bytes": after["optim_bytes"], "peak_bytes": peak_bytes(rt.device_type)}
+        ranks: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(ranks, mine)
+        times = torch.tensor([dt], dtype=torch.float64, device=dev)
+        dist.all_reduce(times, op=dist.ReduceOp.MAX)
+        out.append({"step": k, "loss": global_loss(model, loss), "step_time_s": float(times), "ranks": ranks})
+    return out

@@ -1,0 +1,94 @@
+"""Check that a plan and a model agree before anything is changed, and say what differs."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from costmodel.strategy import Strategy
+from profiler.errors import ShardplanError
+from runtime.adapters import ModelAdapter
+from runtime.units import resolve, split_targets
+
+
+class PlanMismatchError(ShardplanError):
+    """The plan does not fit the model, the process group or the device; the message lists why."""
+
+
+def _split_problems(ad: ModelAdapter, strategy: Strategy, tp: int) -> list[str]:
+    targets = split_targets(ad, strategy)
+    if not targets:
+        return []
+    if ad.kind != "reference":
+        return [f"operator splitting ({targets[0][0]}, split={targets[0][1]}) is implemented for the reference model only"]
+    if tp > 1:
+        return [f"operator splitting ({targets[0][0]}, split={targets[0][1]}) cannot be combined with tp={tp}"]
+    out = []
+    for path, k in targets:
+        if path == "embed.tok" and ad.tied:
+            out.append(f"split={k} of the tied embedding ({path}) is not supported")
+            continue
+        mod = ad.get(path)
+        if isinstance(mod, nn.Embedding):
+            width = mod.embedding_dim
+        elif isinstance(mod, nn.Linear):
+            width = mod.out_features
+        else:
+            out.append(f"operator '{path}' is a {type(mod).__name__}, which cannot be split (only Linear, Embedding)")
+            continue
+        if width % k:
+            out.append(f"operator '{path}': width {width} is not divisible by split={k}")
+    return out
+
+
+def check(ad: ModelAdapter, strategy: Strategy, world_size: int, device: str, model_problem: str | None = None) -> None:
+    """Raise :class:`PlanMismatchError` listing every disagreement between plan and model.
+
+    Args:
+        ad: the model.
+        strategy: the plan's strategy.
+        world_size: processes in the default group.
+        device: ``cpu`` or ``cuda``.
+        model_problem: why the plan document names another model, if it does.
+    """
+    m = strategy.mesh
+    problems: list[str] = []
+    if model_problem:
+        problems.append(model_problem)
+    if m.world_size != world_size:
+        problems.append(f"world size: the plan's mesh {m.axes()} has {m.world_size} ranks, the process group {world_size}")
+    if m.ep > 1:
+        problems.append(f"expert parallelism (ep={m.ep}) is not implemented by the runtime")
+    if m.cp > 1:
+        problems.append(f"context parallelism (cp={m.cp}) is not supported on device '{device}' by this runtime "
+                        "(torch's context_parallel needs CUDA SDPA kernels; the runtime does not wire it yet)")
+    if m.tp > 1:
+        for what, n in (("heads", ad.heads), ("kv_heads", ad.kv_heads), ("ffn_hidden", ad.ffn_hidden)):
+            if n % m.tp:
+                problems.append(f"tp={m.tp} does not divide {what}={n}")
+        if strategy.tp_mode != "megatron":
+            problems.append(f"tp_mode '{strategy.tp_mode}' is not implemented by the runtime (only 'megatron')")
+    if m.pp > 1:
+        if ad.kind != "reference":
+            problems.append(f"pipeline parallelism (pp={m.pp}) is implemented for the reference model only, not {ad.kind}")
+        n_stages = m.pp * strategy.vpp
+        if strategy.stage_layers is not None and sum(strategy.stage_layers) != ad.num_layers:
+            problems.append(f"stage_layers {strategy.stage_layers} sum to {sum(strategy.stage_layers)}, "
+                            f"the model has {ad.num_layers} layers")
+        elif strategy.stage_layers is None and n_stages > ad.num_layers:
+            problems.append(f"{n_stages} pipeline stages for {ad.num_layers} layers")
+        emb, head = resolve(strategy, "embed.tok").sharding, resolve(strategy, "head").sharding
+        if ad.tied and emb != head:
+            problems.append(f"tied embeddings over pipeline stages need the same sharding for 'embedding' and "
+                            f"'head' (their gradients are summed shard by shard); the plan has {emb} and {head}")
+    unknown = [ls.unit for ls in strategy.layers if not ad.has(ls.unit)]
+    if unknown:
+        known = ", ".join(ad.units()[:3] + ["...", ad.units()[-1]])
+        problems.append(f"units/operators not in the model: {unknown} (the model has {known} and their operators)")
+    if not unknown:
+        problems += _split_problems(ad, strategy, m.tp)
+    for ls in [strategy.default, *strategy.layers]:
+        if ls.offload != "none" and device == "cuda" and ls.sharding not in ("zero3", "zero3_keep"):
+            problems.append(f"unit '{ls.unit}': offload '{ls.offload}' needs zero3 sharding in the runtime (FSDP2)")
+    if problems:
+        uniq = list(dict.fromkeys(problems))
+        raise PlanMismatchError("plan and model disagree:\n  - " + "\n  - ".join(uniq))

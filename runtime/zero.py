@@ -1,0 +1,157 @@
+"""Data parallelism for parameters that stay whole on every rank: ``replicate``, ``zero1``, ``zero2``.
+
+FSDP2 (``fully_shard``) always shards parameters at rest, so it implements ZeRO-3 only. The
+plan values that keep parameters whole are implemented here, on plain collectives, with the
+semantics of DeepSpeed's stages:
+
+=========  ==================  ==========================================================
+stage      plan value          what happens
+=========  ==================  ==========================================================
+0          ``replicate``       DDP: gradients all-reduced (averaged) over the data-parallel
+                               ranks before the step; full optimizer state on every rank.
+1          ``zero1``           gradients all-reduced as in DDP; the optimizer steps a flat
+                               1/N slice of every parameter (its Adam moments exist for that
+                               slice only), then the slices are all-gathered.
+2          ``zero2``           as ``zero1``, but each gradient is reduce-scattered as soon as
+                               it is accumulated (a post-accumulate-grad hook), so only the
+                               rank's 1/N gradient slice is kept.
+=========  ==================  ==========================================================
+
+N is the ``dp_shard`` degree; with ``dp_replicate > 1`` the slices are additionally all-reduced
+over ``dp_replicate`` (HSDP-style). Tensor-parallel parameters (DTensors) are handled through
+their local shards. Slices are views into the parameter, so no second copy of the weights exists
+in fp32 training. Collectives are blocking and unbucketed: correct, not fast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+STAGES = {"replicate": 0, "zero1": 1, "zero2": 2}
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """The local tensor of a DTensor (sharing storage), else ``t`` itself (detached)."""
+    return t._local_tensor if isinstance(t, DTensor) else t.detach()
+
+
+def _span(numel: int, n: int, r: int) -> tuple[int, int, int]:
+    chunk = -(-numel // n)
+    lo = min(r * chunk, numel)
+    return lo, min(lo + chunk, numel), chunk
+
+
+@dataclass
+class _Slot:
+    param: nn.Parameter
+    shard: nn.Parameter | None  # stage >= 1: flat view of this rank's slice
+    lo: int = 0
+    hi: int = 0
+    chunk: int = 0
+
+
+@dataclass
+class ReplicatedParams:
+    """Parameters of one ZeRO stage (0, 1 or 2) that are whole on every data-parallel rank.
+
+    Attributes:
+        stage: 0 (``replicate``), 1 (``zero1``) or 2 (``zero2``).
+        shard_group: the ``dp_shard`` group (slices are 1/its size); None when of size 1.
+        replicate_group: the ``dp_replicate`` group; None when of size 1.
+        dp_size: all data-parallel ranks (the gradient average's divisor).
+    """
+
+    stage: int
+    params: list[nn.Parameter]
+    shard_group: dist.ProcessGroup | None
+    replicate_group: dist.ProcessGroup | None
+    dp_size: int
+    slots: list[_Slot] = field(default_factory=list)
+    _hooks: list = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.shard_group is None and self.stage > 0:
+            self.stage = 0  # nothing to shard over
+        n = dist.get_world_size(self.shard_group) if self.shard_group is not None else 1
+        r = dist.get_rank(self.shard_group) if self.shard_group is not None else 0
+        for p in self.params:
+            if self.stage == 0:
+                self.slots.append(_Slot(p, None))
+                continue
+            data = local(p)
+            if not data.is_contiguous():
+                raise RuntimeError(f"zero{self.stage}: parameter of shape {tuple(data.shape)} is not contiguous")
+            lo, hi, chunk = _span(data.numel(), n, r)
+            shard = nn.Parameter(data.view(-1)[lo:hi])
+            self.slots.append(_Slot(p, shard, lo, hi, chunk))
+            if self.stage == 2:
+                self._hooks.append(p.register_post_accumulate_grad_hook(self._make_hook(self.slots[-1])))
+
+    # ---- gradients -------------------------------------------------------------------------
+    def _make_hook(self, slot: _Slot):
+        def hook(p: torch.Tensor) -> None:
+            g = local(p.grad).reshape(-1)
+            piece = self._reduce_scatter(g, slot)
+            if slot.shard.grad is None:
+                slot.shard.grad = piece
+            else:
+                slot.shard.grad.add_(piece)
+            p.grad = None
+
+        return hook
+
+    def _reduce_scatter(self, flat: torch.Tensor, slot: _Slot) -> torch.Tensor:
+        n = dist.get_world_size(self.shard_group)
+        padded = torch.zeros(n * slot.chunk, dtype=flat.dtype, device=flat.device)
+        padded[: flat.numel()] = flat
+        out = torch.empty(slot.chunk, dtype=flat.dtype, device=flat.device)
+        dist.reduce_scatter_single(out, padded, group=self.shard_group)
+        return out[: slot.hi - slot.lo].clone()
+
+    def _all_reduce(self, t: torch.Tensor, groups: list[dist.ProcessGroup | None]) -> None:
+        for g in groups:
+            if g is not None:
+                dist.all_reduce(t, group=g)
+
+    def reduce_grads(self) -> None:
+        """Average gradients over data parallelism (call after backward, before the step)."""
+        for s in self.slots:
+            if self.stage == 2:
+                if s.shard.grad is None:  # unused parameter: no hook fired
+                    s.shard.grad = torch.zeros_like(s.shard)
+                self._all_reduce(s.shard.grad, [self.replicate_group])
+                s.shard.grad.div_(self.dp_size)
+                continue
+            if s.param.grad is None:
+                s.param.grad = torch.zeros_like(s.param)
+            g = local(s.param.grad)
+            self._all_reduce(g, [self.shard_group, self.replicate_group])
+            g.div_(self.dp_size)
+            if self.stage == 1:
+                s.shard.grad = g.view(-1)[s.lo : s.hi]
+
+    # ---- parameters --------------------------------------------------------------------------
+    def optimizer_params(self) -> list[nn.Parameter]:
+        """What the optimizer steps: the parameters (stage 0) or this rank's slices."""
+        return [s.param if s.shard is None else s.shard for s in self.slots]
+
+    def gather_params(self) -> None:
+        """After the step: all-gather the updated slices into the whole parameters."""
+        if self.stage == 0:
+            return
+        n = dist.get_world_size(self.shard_group)
+        for s in self.slots:
+            flat = local(s.param).view(-1)
+            inp = torch.zeros(s.chunk, dtype=flat.dtype, device=flat.device)
+            inp[: s.hi - s.lo] = flat[s.lo : s.hi]
+            out = torch.empty(n * s.chunk, dtype=flat.dtype, device=flat.device)
+            dist.all_gather_single(out, inp, group=self.shard_group)
+            flat.copy_(out[: flat.numel()])
+            if self.stage == 1:
+                s.param.grad = None
+                s.shard.grad = None

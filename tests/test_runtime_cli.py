@@ -1,0 +1,116 @@
+"""``shardplan train``: bad input and faults give one message and a non-zero exit; a good plan trains."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import psutil
+import pytest
+from typer.testing import CliRunner
+
+import planner.commands  # noqa: F401  (registers ``train``)
+from costmodel.strategy import LayerStrategy as L
+from costmodel.strategy import Mesh, Strategy
+from planner.cli import app
+from runtime.launch import FAIL_ENV, free_port
+from runtime.plans import hand_plan
+
+runner = CliRunner()
+
+
+@pytest.fixture()
+def plan2(tmp_path: Path) -> Path:
+    p = tmp_path / "plan.json"
+    hand_plan("tiny-llama", Strategy(mesh=Mesh(dp_shard=2), default=L(sharding="zero2"),
+                                     micro_batch=4)).save(p)
+    return p
+
+
+def _train(*args: str) -> tuple[int, str]:
+    r = runner.invoke(app, ["train", *args])
+    return r.exit_code, r.output
+
+
+def _workers() -> list[psutil.Process]:
+    """Live child processes that are training ranks (not multiprocessing's resource tracker)."""
+    out = []
+    for c in psutil.Process().children(recursive=True):
+        try:
+            if "resource_tracker" not in " ".join(c.cmdline()) and c.status() != psutil.STATUS_ZOMBIE:
+                out.append(c)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def test_corrupt_plan_file(tmp_path: Path) -> None:
+    bad = tmp_path / "plan.json"
+    bad.write_text('{"schema_version": "1.0", "strategy": ')
+    code, out = _train("--model", "tiny-llama", "--plan", str(bad), "--nproc", "2")
+    assert code == 2 and "not valid JSON" in out
+    bad.write_text('{"schema_version": "1.0", "strategy": {}}')
+    code, out = _train("--model", "tiny-llama", "--plan", str(bad))
+    assert code == 2 and "not a valid plan" in out
+    code, out = _train("--model", "tiny-llama", "--plan", str(tmp_path / "missing.json"))
+    assert code == 2 and "cannot read plan" in out
+
+
+def test_plan_for_another_world_size_or_model(plan2: Path, tmp_path: Path) -> None:
+    code, out = _train("--model", "tiny-llama", "--plan", str(plan2), "--nproc", "4")
+    assert code == 2 and "needs 2 processes" in out and "--nproc is 4" in out
+    code, out = _train("--model", "tiny-gpt", "--plan", str(plan2), "--nproc", "2")
+    assert code == 2 and "made for model 'tiny-llama'" in out and "activation swiglu vs gelu" in out
+    cp = tmp_path / "cp.json"
+    hand_plan("tiny-llama", Strategy(mesh=Mesh(cp=2))).save(cp)
+    code, out = _train("--model", "tiny-llama", "--plan", str(cp))
+    assert code == 2 and "context parallelism (cp=2)" in out
+    code, out = _train("--model", "llama2-70b", "--plan", str(plan2))
+    assert code == 2 and "parameters" in out
+    code, out = _train("--model", "tiny-llama", "--plan", str(plan2), "--global-batch", "7")
+    assert code == 2 and "not divisible" in out
+
+
+@pytest.mark.slow
+def test_train_reports_losses_memory_and_parity(plan2: Path, tmp_path: Path) -> None:
+    out_file = tmp_path / "report.json"
+    code, out = _train("--model", "tiny-llama", "--plan", str(plan2), "--steps", "2", "--check-parity",
+                       "--json", "--output", str(out_file))
+    assert code == 0, out
+    rep = json.loads(out)
+    assert rep == json.loads(out_file.read_text())
+    assert rep["parity"] is True and rep["max_loss_diff"] < 1e-4
+    assert len(rep["steps"]) == 2 and rep["steps"][0]["loss"] == pytest.approx(rep["reference_losses"][0], rel=1e-4)
+    n = 180800  # tiny-llama parameters; ZeRO-2 over 2 ranks
+    for st in rep["steps"]:
+        assert st["step_time_s"] > 0
+        assert [r["rank"] for r in st["ranks"]] == [0, 1]
+        for r in st["ranks"]:
+            assert (r["param_bytes"], r["grad_bytes"], r["optim_bytes"]) == (4 * n, 2 * n, 4 * n)
+            assert r["peak_bytes"] > 0
+    assert _workers() == []
+
+
+@pytest.mark.slow
+def test_a_dying_rank_ends_all_ranks_with_one_message(plan2: Path, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(FAIL_ENV, "1")
+    out_file = tmp_path / "report.json"
+    code, out = _train("--model", "tiny-llama", "--plan", str(plan2), "--steps", "2", "--output", str(out_file))
+    assert code != 0
+    assert "rank 1 failed" in out and "injected failure" in out
+    assert "Traceback" not in out
+    assert not out_file.exists() and list(tmp_path.iterdir()) == [plan2]  # no partial outputs
+    assert _workers() == []  # no orphans
+    monkeypatch.setenv(FAIL_ENV, "0:exit")  # dies without a word
+    code, out = _train("--model", "tiny-llama", "--plan", str(plan2), "--steps", "2", "--output", str(out_file))
+    assert code != 0 and "rank 0 died (exit code 3)" in out
+    assert not out_file.exists() and _workers() == []
+
+
+def test_free_port_is_bindable() -> None:
+    import socket
+
+    port = free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))

@@ -1,0 +1,216 @@
+"""Runtime pieces that need no process group: reference model, splitting, checkpointing,
+memory accounting, pipeline cutting, plan/model validation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from costmodel.strategy import LayerStrategy as L
+from costmodel.strategy import Mesh, Strategy
+from profiler.errors import ShardplanError
+from profiler.model_config import TransformerConfig
+from profiler.transformer import build_graph
+from runtime import checkpointing
+from runtime.adapters import adapt
+from runtime.apply import check_plan, model_problem
+from runtime.memory import state_bytes, tensor_bytes
+from runtime.model import TINY_MODELS, Transformer, build, count_params, lm_loss, resolve_config, spec_for
+from runtime.pipeline import stage_layer_counts, stage_module
+from runtime.plans import hand_plan
+from runtime.splitting import SplitEmbedding, SplitLinear, split_module
+from runtime.units import graph_name, resolve
+from runtime.validate import PlanMismatchError, check
+
+GPT_LIKE = TransformerConfig(name="gpt-like", layers=2, hidden=64, heads=4, vocab=256, max_seq=32, bias=True,
+                             position="learned", tied_embeddings=True, activation="gelu", norm="layernorm")
+LLAMA_LIKE = TransformerConfig(name="llama-like", layers=3, hidden=64, heads=4, kv_heads=2, vocab=256, max_seq=32,
+                               ffn_hidden=96, activation="swiglu", norm="rmsnorm", position="rope", bias=False)
+
+
+def _tokens(vocab: int = 256, b: int = 2, s: int = 16) -> torch.Tensor:
+    return torch.randint(0, vocab, (b, s), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("cfg", [GPT_LIKE, LLAMA_LIKE, TINY_MODELS["tiny-gpt"], TINY_MODELS["tiny-llama"]],
+                         ids=lambda c: c.name)
+def test_reference_model_matches_layer_graph(cfg: TransformerConfig) -> None:
+    torch.manual_seed(0)
+    m = Transformer(cfg)
+    g = build_graph(cfg, 16)
+    assert count_params(m) == g.total_params
+    modules = dict(m.named_modules())
+    assert [n.name for n in g.nodes if n.name not in modules] == ["loss"]
+    x = _tokens(cfg.vocab)
+    logits = m(x)
+    assert logits.shape == (2, 16, cfg.vocab)
+    assert torch.isfinite(lm_loss(logits, x))
+    assert (m.head.weight is m.embed.tok.weight) == cfg.tied_embeddings
+
+
+def test_gpt2_preset_parameter_count_on_meta() -> None:
+    cfg = resolve_config("gpt2")
+    with torch.device("meta"):
+        m = Transformer(cfg)
+    assert count_params(m) == build_graph(cfg, 128).total_params == 124_439_808
+
+
+def test_resolve_config_rejects_big_and_unsupported_models() -> None:
+    with pytest.raises(ShardplanError, match="parameters"):
+        resolve_config("llama2-7b")
+    with pytest.raises(ShardplanError, match="mixture-of-experts"):
+        resolve_config("mixtral-8x7b")
+    with pytest.raises(ShardplanError, match="arch 'encoder'"):
+        resolve_config("bert-large")
+    with pytest.raises(ShardplanError, match="unknown model"):
+        spec_for("no-such-model")
+
+
+def test_split_linear_and_embedding_compute_the_same() -> None:
+    torch.manual_seed(0)
+    lin, emb = nn.Linear(64, 96), nn.Embedding(256, 64)
+    x, idx = torch.randn(2, 5, 64), torch.randint(0, 256, (2, 5))
+    torch.testing.assert_close(SplitLinear(lin, 3)(x), lin(x), rtol=0, atol=1e-6)
+    assert torch.equal(SplitEmbedding(emb, 4)(idx), emb(idx))
+    m = Transformer(TINY_MODELS["tiny-llama"])
+    x = _tokens()
+    ref = m(x)
+    for path in ("layers.0.mlp.up", "layers.1.attn.qkv", "head", "embed.tok"):
+        split_module(m, path, 2)
+    assert count_params(m) == build_graph(TINY_MODELS["tiny-llama"], 16).total_params
+    torch.testing.assert_close(m(x), ref, rtol=1e-5, atol=1e-6)
+    with pytest.raises(TypeError, match="only Linear and Embedding"):
+        split_module(m, "layers.0.attn_norm", 2)
+
+
+@pytest.mark.parametrize("name", list(TINY_MODELS))
+def test_checkpointing_full_and_selective_keep_gradients(name: str) -> None:
+    torch.manual_seed(0)
+    m = Transformer(TINY_MODELS[name])
+    x = _tokens()
+    lm_loss(m(x), x).backward()
+    ref = [p.grad.clone() for p in m.parameters()]
+    m.zero_grad()
+    checkpointing.wrap(m.layers["0"], "full", "cpu")
+    checkpointing.wrap(m.layers["1"], "selective", "cpu")
+    lm_loss(m(x), x).backward()
+    for a, b in zip(ref, [p.grad for p in m.parameters()], strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert m.layers["1"]._shardplan_recompute == "selective"
+    assert torch.ops.aten._scaled_dot_product_flash_attention_for_cpu in checkpointing.recompute_ops("cpu")
+
+
+def test_state_bytes_counts_each_storage_once() -> None:
+    torch.manual_seed(0)
+    m = Transformer(TINY_MODELS["tiny-gpt"])  # tied: head.weight is embed.tok.weight
+    n = count_params(m)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+    assert state_bytes(m, opt) == {"param_bytes": 4 * n, "grad_bytes": 0, "optim_bytes": 0}
+    x = _tokens()
+    lm_loss(m(x), x).backward()
+    opt.step()
+    assert state_bytes(m, opt) == {"param_bytes": 4 * n, "grad_bytes": 4 * n, "optim_bytes": 8 * n}
+    t = torch.zeros(100)
+    assert tensor_bytes([t, t[10:20], t[50:]]) == 400
+    assert tensor_bytes([t[:10], t[20:30]]) == 80
+
+
+def test_pipeline_stages_compose_to_the_model() -> None:
+    for cfg in (TINY_MODELS["tiny-gpt"], TINY_MODELS["tiny-llama"]):
+        torch.manual_seed(0)
+        m = Transformer(cfg)
+        x = _tokens()
+        ref = m(x)
+        s = Strategy(mesh=Mesh(pp=2), stage_layers=[1, 3])
+        counts = stage_layer_counts(s, cfg.layers)
+        assert counts == [1, 3]
+        assert stage_layer_counts(Strategy(mesh=Mesh(pp=2), schedule="interleaved", vpp=2), 6) == [2, 2, 1, 1]
+        first, last = stage_module(m, 0, counts), stage_module(m, 1, counts)
+        assert list(first.layers) == ["0"] and list(last.layers) == ["1", "2", "3"]
+        assert first.head is None and last.embed is None
+        assert (last.head is m.head) == (not cfg.tied_embeddings)  # tied: the last stage holds a copy
+        torch.testing.assert_close(last(first(x)), ref)
+
+
+def test_strategy_resolution_most_specific_wins() -> None:
+    s = Strategy(default=L(sharding="zero3"), layers=[
+        L(unit="layers.1", sharding="replicate"), L(unit="layers.1.mlp.up", sharding="zero2"),
+        L(unit="embedding", sharding="zero1"), L(unit="embed", sharding="zero2", split=2), L(unit="head", sharding="zero1")])
+    assert resolve(s, "layers.1.attn.qkv.weight").sharding == "replicate"
+    assert resolve(s, "layers.1.mlp.up.slices.0.weight").sharding == "zero2"
+    assert resolve(s, "layers.0.mlp.up.weight").sharding == "zero3"
+    assert resolve(s, "embed.tok.weight").sharding == "zero2"  # the operator beats its unit
+    assert resolve(s, "embed.pos.weight").sharding == "zero2"
+    assert resolve(s, "final_norm.weight").sharding == "zero1"
+    ad = adapt(build(spec_for("hf-llama"))[0])
+    assert graph_name(ad, "model.layers.2.self_attn.k_proj.weight") == "layers.2.attn.qkv"
+    assert graph_name(ad, "model.layers.2.post_attention_layernorm.weight") == "layers.2.mlp_norm"
+    assert graph_name(ad, "lm_head.weight") == "head"
+    assert graph_name(ad, "model.embed_tokens.weight") == "embed"
+
+
+def _problems(model: nn.Module, strategy: Strategy, world: int, **kw) -> str:
+    with pytest.raises(PlanMismatchError) as e:
+        check(adapt(model), strategy, world, "cpu", **kw)
+    return str(e.value)
+
+
+def test_validation_lists_every_difference() -> None:
+    llama = Transformer(TINY_MODELS["tiny-llama"])
+    msg = _problems(llama, Strategy(mesh=Mesh(tp=4, cp=2), layers=[
+        L(unit="layers.9", sharding="zero3"), L(unit="layers.0.mlp.gate", sharding="zero3")]), 4)
+    assert "world size" in msg and "8 ranks" in msg
+    assert "tp=4 does not divide kv_heads=2" in msg
+    assert "context parallelism (cp=2)" in msg
+    assert "'layers.9'" in msg and "'layers.0.mlp.gate'" in msg
+    msg = _problems(llama, Strategy(mesh=Mesh(dp_shard=2), layers=[
+        L(unit="layers.1", split=3), L(unit="layers.2.attn_norm", split=2)]), 2)
+    assert "'layers.1.attn.qkv': width 128 is not divisible by split=3" in msg
+    assert "'layers.2.attn_norm' is a RMSNorm, which cannot be split" in msg
+    assert "cannot be combined with tp=2" in _problems(llama, Strategy(mesh=Mesh(tp=2), default=L(split=2)), 2)
+    msg = _problems(llama, Strategy(mesh=Mesh(pp=2), stage_layers=[1, 2]), 2)
+    assert "sum to 3" in msg
+    gpt = Transformer(TINY_MODELS["tiny-gpt"])
+    msg = _problems(gpt, Strategy(mesh=Mesh(pp=2), layers=[L(unit="head", sharding="zero2")]), 2)
+    assert "same sharding for 'embedding' and 'head'" in msg and "replicate and zero2" in msg
+    assert "tied embedding" in _problems(gpt, Strategy(mesh=Mesh(dp_shard=2), layers=[L(unit="embedding", split=2)]), 2)
+    hf = build(spec_for("hf-gpt2"))[0]
+    msg = _problems(hf, Strategy(mesh=Mesh(pp=2), layers=[L(unit="layers.1", split=2)]), 2)
+    assert "reference model only" in msg
+    check(adapt(hf), Strategy(mesh=Mesh(dp_shard=2, tp=2), sequence_parallel=True,
+                              layers=[L(unit="layers.3.mlp.up", sharding="zero3")]), 4, "cpu")
+
+
+def test_unknown_model_type_is_named() -> None:
+    with pytest.raises(ShardplanError, match="TinyMLP"):
+        from tests.fixtures_models import TinyMLP
+
+        adapt(TinyMLP())
+
+
+def test_tensor_parallel_plan_names_unexpected_module_type() -> None:
+    from torch.distributed.tensor.parallel import ColwiseParallel, SequenceParallel
+
+    from runtime.tensor_parallel import _expect
+
+    m = Transformer(TINY_MODELS["tiny-gpt"])
+    m.layers["0"].mlp.up = nn.Sequential(nn.Linear(64, 256))
+    with pytest.raises(ShardplanError, match="'layers.0.mlp.up' is a torch.nn.modules.container.Sequential"):
+        _expect(m, "layers.0.mlp.up", ColwiseParallel())
+    with pytest.raises(ShardplanError, match="not a norm"):
+        _expect(m, "layers.0.attn.qkv", SequenceParallel())
+
+
+def test_plan_for_another_model_is_detected() -> None:
+    plan = hand_plan("tiny-gpt", Strategy(mesh=Mesh(dp_shard=2)))
+    gpt, llama = (adapt(Transformer(TINY_MODELS[n])) for n in ("tiny-gpt", "tiny-llama"))
+    facts = {"name": "tiny-gpt", "hash": plan.inputs.model_hash, "seq_len": 32}
+    assert model_problem(gpt, facts) is None
+    msg = model_problem(llama, facts)
+    assert msg and "tiny-gpt" in msg and "activation gelu vs swiglu" in msg
+    with pytest.raises(PlanMismatchError, match="activation gelu vs swiglu"):
+        check_plan(spec_for("tiny-llama"), plan, 2, "cpu")
+    with pytest.raises(ShardplanError, match="learned positions"):
+        check_plan(spec_for("tiny-gpt"), plan, 2, "cpu", seq_len=1000)
+    check_plan(spec_for("tiny-gpt"), plan, 2, "cpu", seq_len=32)
