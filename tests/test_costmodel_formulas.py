@@ -70,8 +70,8 @@ def test_model_flops_and_mfu_follow_the_megatron_formula() -> None:
                  default=LayerStrategy(sharding="zero1", recompute="full"))
     w = Workload(seq_len=2048, global_batch=1024)
     r = estimate(g, parse_cluster("1024xa100-80gb"), s, w)
-    l, h, v, seq, bsz = 96, 12288, 50257, 2048, 1024
-    assert r.model_flops_per_step == pytest.approx(72 * bsz * seq * l * h**2 * (1 + seq / (6 * h) + v / (12 * l * h)))
+    n_layers, h, v, seq, bsz = 96, 12288, 50257, 2048, 1024
+    assert r.model_flops_per_step == pytest.approx(72 * bsz * seq * n_layers * h**2 * (1 + seq / (6 * h) + v / (12 * n_layers * h)))
     assert r.mfu == pytest.approx(r.model_flops_per_step / r.step_time_s / (1024 * 312e12))
     assert r.hfu > r.mfu  # full recomputation adds a forward pass
     assert r.tokens_per_s_per_gpu == pytest.approx(bsz * seq / r.step_time_s / 1024)

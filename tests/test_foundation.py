@@ -12,7 +12,16 @@ import pytest
 import yaml
 
 from costmodel.strategy import LayerStrategy, Mesh, Strategy, Workload
-from planner.schema import SCHEMA_PATH, ClusterRef, Plan, PlanError, PlanInputs, Predicted, json_schema_text, parse_plan
+from planner.schema import (
+    SCHEMA_PATH,
+    ClusterRef,
+    Plan,
+    PlanError,
+    PlanInputs,
+    Predicted,
+    json_schema_text,
+    parse_plan,
+)
 from profiler import hardware
 from profiler.errors import ShardplanError, UnknownNameError
 from profiler.hardware import parse_cluster
@@ -55,8 +64,8 @@ def test_preset_names_are_short_lowercase_and_cover_the_families() -> None:
 def test_training_flops_equal_megatron_formula(name: str, seq: int) -> None:
     cfg = preset(name)
     g = build_graph(cfg, seq)
-    l, h, v = cfg.layers, cfg.hidden, cfg.vocab
-    megatron = 72 * seq * l * h**2 * (1 + seq / (6 * h) + v / (12 * l * h))
+    n_layers, h, v = cfg.layers, cfg.hidden, cfg.vocab
+    megatron = 72 * seq * n_layers * h**2 * (1 + seq / (6 * h) + v / (12 * n_layers * h))
     assert abs(g.train_flops / megatron - 1) < 0.01
 
 
