@@ -111,8 +111,9 @@ class UnitPricer:
 
     def __call__(self, name: str, nodes: list[LayerNode], ls: LayerStrategy | None = None) -> UnitCost:
         eff = ls or self.s.for_unit(name)
-        op_overrides = tuple(
-            (o.unit, o.split) for o in self.s.layers if o.unit.startswith(name + ".")
+        op_overrides = tuple(  # operator entries inside this unit (outside the stack: all such entries)
+            o for o in self.s.layers
+            if o.unit.startswith(name + ".") or (not name.startswith("layers.") and not o.unit.startswith("layers."))
         ) if ls is None else ()
         key = (name.startswith("layers."), _signature(nodes), eff, op_overrides)
         hit = self._cache.get(key)

@@ -135,11 +135,19 @@ class Strategy(_Strict):
         per_step = self.mesh.dp * self.micro_batch
         return global_batch // per_step
 
-    def for_unit(self, name: str) -> LayerStrategy:
-        """The strategy of an operator or unit: the most specific matching entry, else default."""
+    def _match(self, name: str) -> LayerStrategy | None:
         best: LayerStrategy | None = None
         for ls in self.layers:
             if name == ls.unit or name.startswith(ls.unit + "."):
                 if best is None or len(ls.unit) > len(best.unit):
                     best = ls
-        return best or self.default
+        return best
+
+    def for_unit(self, name: str) -> LayerStrategy:
+        """The strategy of a unit (or operator path): the most specific matching entry, else default."""
+        return self._match(name) or self.default
+
+    def for_op(self, unit: str, op: str) -> LayerStrategy:
+        """An operator's strategy: the most specific entry naming it or a path above it, else its
+        unit's (operators outside ``layers.<i>`` have names of their own: ``embed`` is in ``embedding``)."""
+        return self._match(op) or self.for_unit(unit)

@@ -93,10 +93,28 @@ def _tp_div(n: LayerNode, s: Strategy) -> int:
     return tp if s.sequence_parallel else 1
 
 
-def _param_div(n: LayerNode, s: Strategy) -> int:
-    """How many ways TP and EP split this node's parameters."""
-    div = s.mesh.tp if (s.tp_mode == "tsp" or n.tp in TP_SPLIT_ROLES or n.kind == "experts") else 1
-    return div * (s.mesh.ep if n.kind == "experts" else 1)
+def _local_params(n: LayerNode, s: Strategy) -> int:
+    """Parameters of this node on one rank after TP and EP (before data-parallel sharding).
+
+    As Megatron and DTensor TP do: row-parallel biases and position tables stay whole on every
+    TP rank; a tied LM head has its own copy of the embedding on the last pipeline stage.
+    """
+    tp, params = s.mesh.tp, n.params
+    if n.kind == "linear" and n.tp == "vocab" and params == 0 and s.mesh.pp > 1:
+        params = int(n.dims.get("in", 0)) * int(n.dims.get("out", 0))
+    if n.kind == "experts":
+        return params // (tp * s.mesh.ep)
+    if tp == 1:
+        return params
+    if s.tp_mode == "tsp" or n.tp in ("column", "heads") or (n.tp == "vocab" and n.kind != "embedding"):
+        return params // tp
+    if n.tp == "row":
+        weight = int(n.dims.get("in", 0)) * int(n.dims.get("out", 0))
+        return weight // tp + (params - weight)
+    if n.tp == "vocab":  # token table split by vocabulary; position and type tables whole
+        table = int(n.dims.get("vocab", 0)) * int(n.dims.get("hidden", 0))
+        return table // tp + (params - table)
+    return params
 
 
 def _act_div(n: LayerNode, s: Strategy) -> int:
@@ -142,12 +160,11 @@ def unit_cost(
     u = UnitCost(name=name, block=nodes[0].block)
     attn_fwd = attn_time = full_acts = fwd_flops = 0.0
     ep_bytes = cp_bytes = 0.0
-    dense_params = expert_params = 0
-    slice_max = rest = 0.0  # OSDP: largest operator slice, and the unsplit rest of the unit
-    shard_units = 0  # separately gathered pieces (one per slice, plus the rest)
+    states: dict[tuple[str, str, bool], StateGroup] = {}  # by (sharding, offload, expert)
     tp_msgs = 0  # activation-sized TP all-reduces per pass (forward or backward)
     for n in nodes:
-        split = ls.split if forced else s.for_unit(n.name).split
+        nls = ls if forced else s.for_op(name, n.name)
+        split = nls.split
         f, bw = node_times(n, dev, s, w, split=split)
         u.fwd += f
         u.bwd += bw
@@ -165,21 +182,15 @@ def unit_cost(
             attn_time += f + bw
             kv = n.dims.get("kv_heads", 1) * n.dims.get("head_dim", 1)
             cp_bytes += 2 * 2 * b * n.dims.get("seq", w.seq_len) * kv / tp  # K and V, all of the sequence
-        local = n.params // _param_div(n, s)
-        if split > 1 and local:
-            slice_max = max(slice_max, local / split)
-            shard_units += split
-        else:
-            rest += local
+        local = _local_params(n, s)
+        grp = states.setdefault((nls.sharding, nls.offload, n.kind == "experts"), StateGroup())
+        grp.add(local, split)
         if n.kind == "experts":
-            expert_params += local
             tok = b * w.seq_len / cp / (tp if s.sequence_parallel else 1)
             ep_bytes += 2 * tok * n.dims.get("top_k", 1) * n.dims.get("in", 0)
-        else:
-            dense_params += local
         if n.tp == "row" or (n.tp == "vocab" and n.kind in ("embedding", "linear")):
             tp_msgs += 1
-    u.params = dense_params + expert_params
+    u.params = sum(g.params for g in states.values())
     u.out_bytes = nodes[-1].out_bytes * b / cp / (tp if (s.sequence_parallel or s.tp_mode == "tsp") else 1)
     # ---- recomputation -----------------------------------------------------------------
     if ls.recompute == "full":
@@ -212,9 +223,43 @@ def unit_cost(
     if ep_bytes and s.mesh.ep > 1:  # dispatch and combine, per pass
         t = dev.collective_time("all_to_all", ep_bytes, groups.ep)
         u.comm["ep"] = 2 * t * passes * (1 - c.ep_overlap)
-    pieces = shard_units + (1 if rest else 0)
-    _data_parallel(u, dense_params, expert_params, max(slice_max, rest), max(1, pieces), ls, dev, s, w, groups)
+    for (sharding, offload, expert), grp in sorted(states.items()):
+        _data_parallel(u, grp, sharding, offload, groups.expert_shard if expert else groups.shard, dev, s, w, groups)
+    # Gradients reduce under the last micro-batch's backward; a sharded optimizer's parameter
+    # all-gather runs under the next step's first forward (Megatron --overlap-param-gather, FSDP
+    # prefetch), so ZeRO-1/2 may hide their per-step traffic under a forward and a backward.
+    u.step_comm_window = u.bwd + (u.fwd if ls.sharding in ("zero1", "zero2") else 0.0)
     return u
+
+
+@dataclass
+class StateGroup:
+    """Parameters of a unit that share one sharding: how many, and the pieces ZeRO-3 gathers.
+
+    OSDP operator splitting makes each slice of a split operator its own piece; the unsplit
+    operators together form one more.
+    """
+
+    params: int = 0
+    slice_max: float = 0.0
+    slices: int = 0
+    rest: int = 0
+
+    def add(self, local: int, split: int) -> None:
+        self.params += local
+        if split > 1 and local:
+            self.slice_max = max(self.slice_max, local / split)
+            self.slices += split
+        else:
+            self.rest += local
+
+    @property
+    def pieces(self) -> int:
+        return max(1, self.slices + (1 if self.rest else 0))
+
+    @property
+    def biggest_piece(self) -> float:
+        return max(self.slice_max, float(self.rest))
 
 
 def _hidden(nodes: list[LayerNode]) -> int:
@@ -227,65 +272,59 @@ def _hidden(nodes: list[LayerNode]) -> int:
 
 
 def _data_parallel(
-    u: UnitCost, dense: int, expert: int, biggest_piece: float, pieces: int, ls: LayerStrategy,
-    dev: DeviceModel, s: Strategy, w: Workload, g: Groups,
+    u: UnitCost, sg: StateGroup, sharding: str, offload: str, grp: AxisGroup, dev: DeviceModel,
+    s: Strategy, w: Workload, g: Groups,
 ) -> None:
-    """Model states, ZeRO/FSDP collectives and the optimizer step of a unit.
+    """Model states, ZeRO/FSDP collectives and the optimizer step of one group of parameters.
 
-    Under ZeRO-3 the unit is gathered in ``pieces`` (more than one when OSDP splits operators),
-    the current and the prefetched piece alive at once.
+    Under ZeRO-3 the group is gathered in ``sg.pieces`` (more than one when OSDP splits
+    operators), the current and the prefetched piece alive at once.
     """
     c = dev.c
     pb, gb, ob = STATE_BYTES[w.precision]
-    for params, grp in ((dense, g.shard), (expert, g.expert_shard)):
-        if not params:
-            continue
-        d = grp.size
-        shard = ls.sharding if d > 1 else "replicate"  # nothing to shard over: plain replicas
-        n_shard = {"replicate": (1, 1, 1), "zero1": (1, 1, d), "zero2": (1, d, d)}.get(shard, (d, d, d))
-        p_div, g_div, o_div = n_shard
-        on_host_optim = ls.offload in ("optimizer", "params")
-        u.param_bytes += int(params * pb // p_div)
-        u.grad_bytes += int(params * gb // g_div)
-        u.optim_bytes += int(params * ob // o_div)
-        u.state_params += 0.0 if ls.offload == "params" else params * pb / p_div
-        u.state_grads += params * gb / g_div
-        u.state_optim += 0.0 if on_host_optim else params * ob / o_div
-        local_opt = params / o_div
-        # Adam reads and writes master, moments and gradient, and writes the compute copy.
-        if on_host_optim:
-            u.offload_time += dev.host_time(local_opt * (GRAD_REDUCE_BYTES + GATHER_BYTES)) * (1 - c.dp_overlap)
-            u.optim_time += local_opt * 16 / 4e9  # host Adam at ~4 GB/s of state per GPU
-        else:
-            u.optim_time += dev.memory_time(local_opt * 36)
-        full = params * GATHER_BYTES
-        grads = params * GRAD_REDUCE_BYTES
-        if shard in ("zero3", "zero3_keep"):
-            k = pieces
-            ag = k * dev.collective_time("all_gather", full / k, grp)
-            rs = k * dev.collective_time("reduce_scatter", grads / k, grp)
-            per_mb = ag * (1 if shard == "zero3_keep" else 2) + rs
-            u.comm["dp"] = u.comm.get("dp", 0.0) + max(0.0, per_mb - c.fsdp_overlap * (u.fwd + u.bwd))
-            if shard == "zero3":  # current and prefetched piece
-                u.gathered += 2 * GATHER_BYTES * min(biggest_piece, params) if k > 1 else 2 * full
-            if shard == "zero3_keep":
-                u.state_params += full - params * pb / p_div  # stays gathered between fwd and bwd
-        elif shard == "zero2":
-            rs = dev.collective_time("reduce_scatter", grads, grp)
-            u.comm["dp"] = u.comm.get("dp", 0.0) + max(0.0, rs - c.fsdp_overlap * u.bwd)
-            u.step_comm["dp"] = u.step_comm.get("dp", 0.0) + dev.collective_time("all_gather", full, grp)
-        elif shard == "zero1":
-            u.step_comm["dp"] = u.step_comm.get("dp", 0.0) + dev.collective_time(
-                "reduce_scatter", grads, grp) + dev.collective_time("all_gather", full, grp)
-        else:
-            u.step_comm["dp"] = u.step_comm.get("dp", 0.0) + dev.collective_time("all_reduce", grads, grp)
-        if g.replicate.size > 1 and shard != "replicate":  # HSDP: all-reduce the shards across replicas
-            u.step_comm["dp"] = u.step_comm.get("dp", 0.0) + dev.collective_time(
-                "all_reduce", grads / grp.size, g.replicate)
-        elif g.replicate.size > 1:
-            u.step_comm["dp"] = u.step_comm.get("dp", 0.0) + dev.collective_time(
-                "all_reduce", grads, g.replicate)
-    # Gradients reduce under the last micro-batch's backward; a sharded optimizer's parameter
-    # all-gather runs under the next step's first forward (Megatron --overlap-param-gather, FSDP
-    # prefetch), so ZeRO-1/2 may hide their per-step traffic under a forward and a backward.
-    u.step_comm_window = u.bwd + (u.fwd if shard in ("zero1", "zero2") else 0.0)
+    params, d = sg.params, grp.size
+    if not params:
+        return
+    shard = sharding if d > 1 else "replicate"  # nothing to shard over: plain replicas
+    p_div, g_div, o_div = {"replicate": (1, 1, 1), "zero1": (1, 1, d), "zero2": (1, d, d)}.get(shard, (d, d, d))
+    on_host_optim = offload in ("optimizer", "params")
+    u.param_bytes += int(params * pb // p_div)
+    u.grad_bytes += int(params * gb // g_div)
+    u.optim_bytes += int(params * ob // o_div)
+    u.state_params += 0.0 if offload == "params" else params * pb / p_div
+    u.state_grads += params * gb / g_div
+    u.state_optim += 0.0 if on_host_optim else params * ob / o_div
+    local_opt = params / o_div
+    # Adam reads and writes master, moments and gradient, and writes the compute copy.
+    if on_host_optim:
+        u.offload_time += dev.host_time(local_opt * (GRAD_REDUCE_BYTES + GATHER_BYTES)) * (1 - c.dp_overlap)
+        u.optim_time += local_opt * 16 / 4e9  # host Adam at ~4 GB/s of state per GPU
+    else:
+        u.optim_time += dev.memory_time(local_opt * 36)
+    full = params * pb  # gathered in the compute dtype
+    grads = params * GRAD_REDUCE_BYTES
+    dp = u.comm.get("dp", 0.0)
+    step = u.step_comm.get("dp", 0.0)
+    if shard in ("zero3", "zero3_keep"):
+        k = sg.pieces
+        ag = k * dev.collective_time("all_gather", full / k, grp)
+        rs = k * dev.collective_time("reduce_scatter", grads / k, grp)
+        per_mb = ag * (1 if shard == "zero3_keep" else 2) + rs
+        dp += max(0.0, per_mb - c.fsdp_overlap * (u.fwd + u.bwd))
+        if shard == "zero3":  # current and prefetched piece
+            u.gathered += 2 * pb * min(sg.biggest_piece, params) if k > 1 else 2 * full
+        else:  # stays gathered between forward and backward
+            u.state_params += full - params * pb / p_div
+    elif shard == "zero2":
+        dp += max(0.0, dev.collective_time("reduce_scatter", grads, grp) - c.fsdp_overlap * u.bwd)
+        step += dev.collective_time("all_gather", full, grp)
+    elif shard == "zero1":
+        step += dev.collective_time("reduce_scatter", grads, grp) + dev.collective_time("all_gather", full, grp)
+    else:
+        step += dev.collective_time("all_reduce", grads, grp)
+    if g.replicate.size > 1:  # HSDP: all-reduce the (sharded) gradients across replicas
+        step += dev.collective_time("all_reduce", grads / (d if shard != "replicate" else 1), g.replicate)
+    if dp:
+        u.comm["dp"] = dp
+    if step:
+        u.step_comm["dp"] = step

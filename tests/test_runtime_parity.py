@@ -214,3 +214,32 @@ def test_four_process_meshes_match_single_process(w4: dict, key: tuple[str, str]
     else:  # two stages, each sharded over 2 ranks; the last holds a copy of the tied embedding
         cfg = TINY_MODELS["tiny-gpt"]
         assert sum(x[0] for x in b) == F * (n + cfg.vocab * cfg.hidden)
+
+
+# ---- the cost model predicts the same bytes ----------------------------------------------------
+def _predicted(model: str, s: Strategy, world: int) -> list[tuple[int, int, int]]:
+    """Per-rank (param, grad, optimizer) bytes the cost model predicts for the plan, rank order."""
+    from costmodel.estimate import estimate
+    from costmodel.strategy import Workload
+    from profiler.hardware import parse_cluster
+    from profiler.transformer import build_graph
+
+    g = build_graph(TINY_MODELS[model], SETTINGS.seq_len)
+    w = Workload(seq_len=SETTINGS.seq_len, global_batch=SETTINGS.global_batch, precision="fp32")
+    r = estimate(g, parse_cluster(f"{world}xcpu"), _one_microbatch(s), w)
+    per_stage = world // s.mesh.pp
+    return [(st.param_bytes, st.grad_bytes, st.optim_bytes) for st in r.stages for _ in range(per_stage)]
+
+
+COSTED = [("tiny-gpt", k) for k in W2_GPT] + [("tiny-llama", k) for k in W2_LLAMA]
+
+
+@pytest.mark.parametrize("key", COSTED, ids=lambda k: "-".join(k))
+def test_state_bytes_equal_the_cost_model_prediction(w2: dict, key: tuple[str, str]) -> None:
+    s = (W2_GPT if key[0] == "tiny-gpt" else W2_LLAMA)[key[1]]
+    assert _bytes(w2[key]) == _predicted(key[0], s, 2)
+
+
+@pytest.mark.parametrize("key", list(W4), ids=lambda k: "-".join(k))
+def test_four_process_state_bytes_equal_the_cost_model_prediction(w4: dict, key: tuple[str, str]) -> None:
+    assert _bytes(w4[key]) == _predicted(key[0], W4[key], 4)
