@@ -1,0 +1,89 @@
+"""The cost model against the published runs: per-source errors in-sample and leave-one-source-out.
+
+    python benchmarks/validate_published.py [CSV] [--no-loso] [--json]
+
+1. With the spec-sheet defaults of :class:`CostConstants` (no fit).
+2. In-sample: constants fitted on every A/B row (what ``shardplan fit`` writes).
+3. Leave-one-source-out: for each source with at least five usable rows, the constants are fitted
+   on the other sources only and the held-out source is predicted — the honest estimate of how the
+   model does on runs it was not fitted on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from costmodel.constants import CostConstants  # noqa: E402
+from costmodel.fit import fit, fit_rows  # noqa: E402
+from costmodel.published import default_csv_path, load_published  # noqa: E402
+from costmodel.validate import MIN_ROWS, Summary, source_label, summarize, validate  # noqa: E402
+
+
+def _pct(x: float | None) -> str:
+    return "     -" if x is None else f"{100 * x:5.1f}%"
+
+
+def table(title: str, sums: list[Summary], overall: Summary | None = None) -> str:
+    lines = [title, f"{'source':44s} {'rows':>4s} {'median':>6s} {'p90':>6s} {'rho':>6s} {'mem':>4s} "
+                    f"{'memmed':>6s}  targets"]
+    for s in [*sums, *([overall] if overall else [])]:
+        rho = "     -" if s.spearman is None else f"{s.spearman:6.3f}"
+        ok = {True: "met", False: "MISSED", None: "-"}[s.meets_targets] if s is not overall else ""
+        lines.append(f"{source_label(s.source):44s} {s.rows:4d} {_pct(s.median_ape)} {_pct(s.p90_ape)} {rho} "
+                     f"{s.memory_rows:4d} {_pct(s.memory_median_ape)}  {ok}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("csv", nargs="?", default=str(default_csv_path()))
+    ap.add_argument("--no-loso", action="store_true", help="skip the leave-one-source-out refits")
+    ap.add_argument("--json", action="store_true", help="print the numbers as JSON")
+    args = ap.parse_args()
+
+    rows, skipped = load_published(args.csv)
+    out: dict = {}
+    spec = validate(rows, skipped, lambda acc: CostConstants())
+    t0 = time.time()
+    result = fit(rows)
+    fitted = validate(rows, skipped, result.constants())
+    out["spec_defaults"] = spec.to_dict()
+    out["in_sample"] = fitted.to_dict()
+    out["constants"] = result.to_yaml()
+    text = [table("1. spec-sheet defaults (no fit)", spec.sources, spec.overall), "",
+            table(f"2. in-sample fit on {len(fit_rows(rows))} A/B rows ({time.time() - t0:.0f} s)",
+                  fitted.sources, fitted.overall)]
+    if not args.no_loso:
+        held: list[Summary] = []
+        preds = []
+        for src in [s.source for s in fitted.sources if s.rows >= MIN_ROWS]:
+            others = [r for r in rows if r.source != src]
+            mine = [r for r in rows if r.source == src]
+            rep = validate(mine, [], fit(others).constants())
+            held += rep.sources
+            preds += rep.predictions
+        loso_all = summarize("overall (held-out predictions pooled)", preds)
+        out["leave_one_source_out"] = {"sources": [s.to_dict() for s in held], "overall": loso_all.to_dict()}
+        text += ["", table("3. leave-one-source-out (each source predicted by constants fitted on the others)",
+                           held, loso_all)]
+    text += ["", f"skipped rows: {len(fitted.skipped)} (see `shardplan validate` for the reasons)"]
+    if args.json:
+        print(json.dumps(out, indent=2, sort_keys=True, default=str))
+    else:
+        print("\n".join(text))
+        c = result.to_yaml()
+        print("\nfitted constants:")
+        for name, sec in {"default": c["default"], **c["accelerators"]}.items():
+            consts = ", ".join(f"{k}={v:.4g}" for k, v in sec["constants"].items())
+            print(f"  {name} ({sec.get('rows', 0)} rows, {sec.get('sources', 0)} sources): {consts}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

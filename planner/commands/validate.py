@@ -1,0 +1,141 @@
+"""``shardplan validate`` and ``shardplan fit``: the cost model against published training runs.
+
+``validate`` is a report: it exits 0 whether or not the targets are met, and 2 only when a CSV
+cannot be read. ``fit`` refits the few cost constants on the A/B rows and writes them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from planner.cli import app, console, err_console, guard, print_json
+from profiler.errors import ShardplanError
+
+
+def _load(csvs: list[Path]) -> tuple[list[Any], list[Any]]:
+    from costmodel.published import default_csv_path, load_published
+
+    paths = csvs or [default_csv_path()]
+    if not csvs and not paths[0].exists():
+        raise ShardplanError(f"no CSV given and the default '{paths[0]}' does not exist")
+    rows: list[Any] = []
+    skipped: list[Any] = []
+    for p in paths:
+        r, s = load_published(p)
+        rows += r
+        skipped += s
+    return rows, skipped
+
+
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{100 * x:.1f}%"
+
+
+def _rho(x: float | None) -> str:
+    return "–" if x is None else f"{x:.3f}"
+
+
+def render_validation(data: dict[str, Any], title: str = "cost model vs published runs") -> None:
+    """Per-source table, the overall row, then the skipped rows with their reasons."""
+    from costmodel.validate import source_label
+
+    t = Table(title=title)
+    t.add_column("source", no_wrap=True, overflow="ellipsis", max_width=44)
+    for col in ("rows", "time", "median", "p90", "rho", "mem", "mem med", "targets"):
+        t.add_column(col, justify="right", no_wrap=True)
+    for s in [*data["sources"], data["overall"]]:
+        ok = {True: "[green]met[/]", False: "[red]missed[/]", None: "–"}[s["meets_targets"]]
+        if s["source"] == "overall":
+            t.add_section()
+            ok = "–"
+        t.add_row(source_label(s["source"]), str(s["rows"]), str(s["time_rows"]), _pct(s["median_ape"]),
+                  _pct(s["p90_ape"]), _rho(s["spearman"]), str(s["memory_rows"]),
+                  _pct(s["memory_median_ape"]), ok)
+    console.print(t)
+    tg = data["targets"]
+    console.print(f"median/p90: absolute % error of time-like metrics; rho: Spearman of throughput within "
+                  f"the source; mem med: median absolute % error of memory. Targets per source with >= "
+                  f"{tg['min_rows']} rows: median <= {_pct(tg['median_ape'])}, p90 <= {_pct(tg['p90_ape'])}, "
+                  f"rho >= {tg['spearman']}, mem med <= {_pct(tg['memory_median_ape'])}.", highlight=False)
+    if data["skipped"]:
+        k = Table(title=f"skipped rows ({len(data['skipped'])})")
+        for col in ("row", "source", "metric", "reason"):
+            k.add_column(col, justify="right" if col == "row" else "left", overflow="fold")
+        for s in data["skipped"]:
+            k.add_row(str(s["row"]), source_label(s["source"], 30), s["metric"], s["reason"])
+        console.print(k)
+
+
+@app.command("validate")
+@guard
+def validate_cmd(
+    csvs: list[Path] = typer.Argument(None, help="published-runs CSV files (default: the shared calibration file)"),
+    as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
+    profile: Path = typer.Option(None, "--profile", help="price compute and collectives from a measured profile"),
+    rows: bool = typer.Option(False, "--rows", help="with --json: every row's prediction too"),
+) -> None:
+    """Compare the cost model with published runs: errors per source, rank correlation, skipped rows."""
+    from costmodel.validate import validate
+
+    prof = None
+    if profile is not None:
+        from profiler.profile_schema import load_profile
+
+        prof = load_profile(profile)
+    published, skipped = _load(list(csvs or []))
+    report = validate(published, skipped, profile=prof)
+    data = report.to_dict(rows=rows)
+    if as_json:
+        print_json(data)
+    else:
+        render_validation(data)
+
+
+@app.command("fit")
+@guard
+def fit_cmd(
+    csv_path: Path = typer.Argument(None, help="published-runs CSV (default: the shared calibration file)"),
+    output: Path = typer.Option(None, "--output", "-o", help="constants file to write "
+                                "(default: costmodel/data/constants.yaml)"),
+    as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
+) -> None:
+    """Fit the cost constants on the A/B rows (globally, then per accelerator) and write them."""
+    from costmodel.constants import CONSTANTS_PATH
+    from costmodel.fit import fit, write_constants
+    from costmodel.validate import validate
+
+    out = output or CONSTANTS_PATH
+    if out.exists() and out.is_dir():
+        raise ShardplanError(f"output '{out}' is a directory")
+    published, skipped = _load([csv_path] if csv_path else [])
+    if not published:
+        raise ShardplanError("no usable rows to fit on")
+    result = fit(published)
+    header = ("# Written by `shardplan fit` from the published runs (reliability A/B rows only).\n"
+              "# Each section lists the rows, distinct runs and sources its constants were fitted on.")
+    try:
+        write_constants(result, out, header)
+    except OSError as e:
+        raise ShardplanError(f"cannot write '{out}': {e.strerror}") from None
+    report = validate(published, skipped, result.constants())
+    data = {"output": str(out), "constants": result.to_yaml(), "validation": report.to_dict()}
+    if as_json:
+        print_json(data)
+        return
+    t = Table(title=f"fitted constants -> {out}")
+    t.add_column("section")
+    t.add_column("constant")
+    t.add_column("value", justify="right")
+    t.add_column("fitted on", justify="right")
+    sections = {"default": data["constants"]["default"], **data["constants"]["accelerators"]}
+    for name, sec in sections.items():
+        for i, (k, v) in enumerate(sec["constants"].items()):
+            t.add_row(name if i == 0 else "", k, f"{v:.4g}",
+                      f"{sec.get('rows', 0)} rows / {sec.get('sources', 0)} sources" if i == 0 else "")
+    console.print(t)
+    render_validation(data["validation"], "after the fit")
+    err_console.print(f"wrote {out}", highlight=False)

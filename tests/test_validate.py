@@ -1,0 +1,175 @@
+"""Validation against published runs: row mapping, statistics, the CLI, and the fit's recovery."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import planner.commands  # noqa: F401  (registers the subcommands)
+from costmodel.constants import CostConstants
+from costmodel.device import DeviceModel
+from costmodel.estimate import estimate
+from costmodel.fit import fit_memory, fit_time, levenberg_marquardt
+from costmodel.published import COLUMNS, PublishedRow, Skipped, load_published
+from costmodel.validate import estimate_row, graph_of, predict, spearman, summarize, validate
+from planner.cli import app
+from profiler.errors import ShardplanError
+
+runner = CliRunner()
+
+MPT_NOTES = ("GradAccum=2; NumParams=125311488 (from table); MFU/HFU formula in README (6N + attention, "
+             "excl. norms)")
+BASE = {c: "" for c in COLUMNS}
+
+
+def _row(**kw: str) -> dict[str, str]:
+    return {**BASE, **kw}
+
+
+MPT = _row(source="mosaicml/llm-foundry README section 'A100 80GB with 1600 Gbps node-node interconnect'",
+           model="MPT-125m", params_B="0.125", layers="12", hidden="768", heads="12", ffn_hidden="3072",
+           seq_len="2048", vocab="50368", global_batch="512", micro_batch="32", gpus="8",
+           gpu_type="A100-80GB (1600Gbps RoCE)", tp="1", pp="1", dp="8", cp="1", ep="1",
+           **{"zero_stage/fsdp": "FSDP FULL_SHARD (ZeRO-3 style)"}, recompute="none",
+           metric="tokens_per_s_per_gpu", value="141737", notes=MPT_NOTES, precision="amp_bf16",
+           reliability="A (framework repo)")
+LLAMA = _row(source="some lab blog", model="Llama 3.1 8B", params_B="8", layers="32", hidden="4096", heads="32",
+             ffn_hidden="14336", seq_len="8192", vocab="128256", global_batch="64", micro_batch="2",
+             gpus="32", gpu_type="H200 (8/node NVLink; 400Gb/s CX-7 per GPU)", tp="1", pp="1", dp="32",
+             **{"zero_stage/fsdp": "FSDP2 degree 32"}, recompute="full", metric="mfu", value="0.4",
+             notes="kv_heads=8 (arch from public model config)", precision="BF16", reliability="C (hearsay)")
+NO_BATCH = {**LLAMA, "global_batch": "", "metric": "tokens_per_s_per_gpu", "value": "9000"}
+RANGE = {**LLAMA, "metric": "mfu_range", "value": "0.33-0.39"}
+ZERO = _row(source="ZeRO paper", model="7.5B transformer (ZeRO example)", params_B="7.5", gpus="64",
+            gpu_type="any (analytic)", tp="1", pp="1", dp="64", **{"zero_stage/fsdp": "ZeRO-1 (P_os)"},
+            metric="memory_GB_model_states_analytic", value="31.4", reliability="B (analytic)")
+
+
+def _csv(path: Path, rows: list[dict[str, str]]) -> Path:
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(COLUMNS))
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+def test_rows_map_to_cost_model_inputs_or_a_reason(tmp_path: Path) -> None:
+    rows, skipped = load_published(_csv(tmp_path / "r.csv", [MPT, LLAMA, NO_BATCH, RANGE, ZERO]))
+    by_line = {r.row: r for r in rows}
+    mpt, llama, zero = by_line[2], by_line[3], by_line[6]
+    assert isinstance(mpt, PublishedRow) and mpt.reliability == "A" and mpt.flops == "6n_total"
+    assert graph_of(mpt).total_params == 125311488  # learned positions, biases, tied embeddings
+    assert mpt.strategy.default.sharding == "zero3" and mpt.strategy.micro_batch == 32
+    assert mpt.cluster.accelerator.scale_out.gbps == pytest.approx(25.0)  # 1600 Gb/s per node of 8
+    assert mpt.workload.global_batch == 512 and mpt.cluster.world_size == 8
+    assert llama.config.kv_heads == 8 and llama.config.activation == "swiglu"
+    assert llama.reliability == "C" and llama.cluster.accelerator.name == "h200"
+    # checkpointing wraps the blocks only
+    assert llama.strategy.default.recompute == "full" and llama.strategy.for_unit("head").recompute == "none"
+    assert zero.config.name == "gpt3-7.5b" and zero.strategy.default.sharding == "zero1"
+    reasons = {s.row: s.reason for s in skipped}
+    assert set(reasons) == {4, 5}
+    assert "global batch not stated" in reasons[4]
+    assert "not a single comparable number" in reasons[5]
+    assert all(isinstance(s, Skipped) for s in skipped)
+
+
+def test_analytic_model_states_match_the_zero_paper(tmp_path: Path) -> None:
+    rows, _ = load_published(_csv(tmp_path / "z.csv", [ZERO]))
+    (p,), _ = predict(rows)
+    assert p.ape < 0.01  # 2Ψ + 2Ψ + 12Ψ/64 with Ψ = 7.47e9
+
+
+def test_spearman_known_values() -> None:
+    assert spearman([1, 2, 3, 4, 5], [5, 6, 7, 8, 7]) == pytest.approx(0.8207826816681233)
+    assert spearman([1, 2, 3], [30, 20, 10]) == pytest.approx(-1.0)
+    assert spearman([1, 2], [1, 2]) is None
+    assert spearman([1, 1, 1], [1, 2, 3]) is None
+
+
+def test_fast_path_equals_estimate(tmp_path: Path) -> None:
+    rows, _ = load_published(_csv(tmp_path / "r.csv", [MPT, LLAMA]))
+    for r in rows:
+        a = estimate(graph_of(r), r.cluster, r.strategy, r.workload)
+        b = estimate_row(r, DeviceModel(r.cluster))
+        assert b.step_time_s == pytest.approx(a.step_time_s, rel=1e-12)
+        assert b.memory_peak_gib == pytest.approx(a.memory_peak_gib, rel=1e-12)
+
+
+def test_summary_and_targets(tmp_path: Path) -> None:
+    rows, skipped = load_published(_csv(tmp_path / "r.csv", [MPT, LLAMA, RANGE]))
+    rep = validate(rows, skipped)
+    assert {s.source for s in rep.sources} == {MPT["source"], LLAMA["source"]}
+    s = summarize("x", rep.predictions)
+    assert s.rows == 2 and s.time_rows == 2 and s.meets_targets is None  # below five rows: no verdict
+    d = rep.to_dict(rows=True)
+    assert d["skipped"][0]["row"] == 4 and len(d["rows"]) == 2
+
+
+def test_cli_validate_json(tmp_path: Path) -> None:
+    path = _csv(tmp_path / "r.csv", [MPT, {**MPT, "metric": "mfu", "value": "0.4445"}, NO_BATCH])
+    r = runner.invoke(app, ["validate", str(path), "--json"])
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.output)
+    assert set(data) >= {"sources", "overall", "skipped"}
+    (src,) = data["sources"]
+    assert {"source", "rows", "median_ape", "p90_ape", "spearman", "memory_median_ape"} <= set(src)
+    assert src["rows"] == 2 and data["overall"]["rows"] == 2
+    assert data["skipped"] == [{"row": 4, "source": NO_BATCH["source"], "model": "Llama 3.1 8B",
+                                "metric": "tokens_per_s_per_gpu", "reason": data["skipped"][0]["reason"]}]
+    r = runner.invoke(app, ["validate", str(path)])
+    assert r.exit_code == 0 and "skipped rows" in r.output
+
+
+def test_cli_unreadable_csv_exits_2(tmp_path: Path) -> None:
+    r = runner.invoke(app, ["validate", str(tmp_path / "missing.csv")])
+    assert r.exit_code == 2 and "cannot read" in r.output
+    bad = tmp_path / "bad.csv"
+    bad.write_text("a,b\n1,2\n")
+    r = runner.invoke(app, ["validate", str(bad), "--json"])
+    assert r.exit_code == 2 and "missing column" in r.output
+
+
+def _synthetic(tmp_path: Path, truth: CostConstants) -> list[PublishedRow]:
+    """Rows whose values the model itself produced with ``truth``."""
+    variants = [MPT, {**MPT, "seq_len": "512", "global_batch": "2048", "micro_batch": "128"},
+                {**MPT, "seq_len": "8192", "global_batch": "128", "micro_batch": "8"},
+                {**MPT, "recompute": "full (activation checkpointing)", "micro_batch": "64",
+                 "global_batch": "1024"}]
+    for v in variants:
+        v["notes"] = ""
+    rows, _ = load_published(_csv(tmp_path / "s.csv", variants))
+    preds, _ = predict(rows, lambda acc: truth)
+    from dataclasses import replace
+
+    return [replace(p.row, value=p.predicted) for p in preds]
+
+
+def test_fit_recovers_the_constant_that_made_the_rows(tmp_path: Path) -> None:
+    truth = CostConstants(gemm_scale=0.8)
+    rows = _synthetic(tmp_path, truth)
+    res = fit_time(rows, base=CostConstants(), names=["gemm_scale"], per_accelerator=False)
+    assert res.default["gemm_scale"] == pytest.approx(0.8, abs=0.01)
+    assert res.support["default"]["rows"] == 4
+
+
+def test_fit_ignores_unreliable_rows(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    rows = [replace(r, reliability="C") for r in _synthetic(tmp_path, CostConstants(gemm_scale=0.8))]
+    with pytest.raises(ShardplanError, match="reliability A or B"):
+        fit_time(rows, base=CostConstants(), names=["gemm_scale"], per_accelerator=False)
+    assert fit_memory(rows, lambda acc: CostConstants())[1]["memory_rows"] == 0
+
+
+def test_levenberg_marquardt_on_a_bounded_quadratic() -> None:
+    import numpy as np
+
+    best, cost = levenberg_marquardt(lambda x: np.array([x["a"] - 0.3, 2 * (x["b"] - 1.5)]),
+                                     {"a": 0.9, "b": 0.2}, {"a": (0.0, 1.0), "b": (0.0, 2.0)})
+    assert best["a"] == pytest.approx(0.3, abs=1e-3) and best["b"] == pytest.approx(1.5, abs=1e-3)
+    assert cost < 1e-6
