@@ -1,0 +1,147 @@
+"""``plan()``: model + cluster + workload → the fastest plan that fits, as a plan document.
+
+    from planner.api import plan
+    p = plan("llama3-8b", "64xh100", seq_len=8192, global_batch=256)
+    p.save("plan.json")
+
+The document is reproducible: the same inputs give byte-identical JSON (the solver's wall time
+is therefore not stored; :func:`search_plan` returns it next to the plan). With a time limit the
+best plan found so far comes back with status ``time_limit`` and its proven gap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from costmodel.device import DeviceModel
+from costmodel.strategy import Workload
+from planner.schema import Alternative, ClusterRef, Plan, PlanInputs, Predicted, SolverInfo
+from profiler.errors import ShardplanError
+from profiler.graph import LayerGraph
+from profiler.hardware import Cluster, parse_cluster
+from profiler.models import load_model
+from solvers.hybrid import Progress, search
+from solvers.result import SearchResult
+from solvers.space import SPACES
+
+PRECISIONS = ("bf16", "fp8", "fp32")
+
+
+@dataclass
+class Planned:
+    plan: Plan
+    result: SearchResult
+    graph: LayerGraph
+    cluster: Cluster
+    by_batch: dict[int, float]  # global batch -> samples/s of its best plan
+
+
+def _model_name(model: Any, graph: LayerGraph) -> str:
+    return model if isinstance(model, str) else graph.model_id
+
+
+def search_plan(model: Any, cluster: str | dict[str, Any] | Cluster, seq_len: int,
+                global_batch: int | Sequence[int], memory_limit_gib: float | None = None, space: str = "full",
+                precision: str = "bf16", profile: str | Path | None = None, time_limit: float | None = None,
+                top_k: int = 5, progress: Progress | None = None) -> Planned:
+    """Search and build the plan document; with several global batches the one with the most
+    samples per second wins (throughput, not time per step, is compared)."""
+    if space not in SPACES:
+        raise ShardplanError(f"unknown search space '{space}'; known: {', '.join(SPACES)}")
+    if precision not in PRECISIONS:
+        raise ShardplanError(f"unknown precision '{precision}'; known: {', '.join(PRECISIONS)}")
+    if seq_len <= 0:
+        raise ShardplanError(f"seq_len must be positive, got {seq_len}")
+    batches = [global_batch] if isinstance(global_batch, int) else list(global_batch)
+    if not batches or any(int(b) <= 0 for b in batches):
+        raise ShardplanError(f"global batch must be positive, got {global_batch}")
+    if memory_limit_gib is not None and memory_limit_gib <= 0:
+        raise ShardplanError(f"memory limit must be positive, got {memory_limit_gib} GiB")
+    if time_limit is not None and time_limit <= 0:
+        raise ShardplanError(f"time limit must be positive, got {time_limit} s")
+    if top_k < 0:
+        raise ShardplanError(f"top-k must be >= 0, got {top_k}")
+    graph = load_model(model, seq_len)
+    cl = parse_cluster(cluster)
+    prof = None
+    if profile is not None:
+        from profiler.profile_schema import load_profile
+
+        prof = load_profile(profile)
+    dev = DeviceModel(cl, prof)
+    best: tuple[float, SearchResult, Workload] | None = None
+    by_batch: dict[int, float] = {}
+    errors = []
+    for b in sorted({int(x) for x in batches}):
+        w = Workload(seq_len=seq_len, global_batch=b, precision=precision)  # type: ignore[arg-type]
+        try:
+            res = search(graph, cl, w, space, memory_limit_gib, dev, time_limit, top_k, progress)
+        except ShardplanError as e:
+            if len(batches) == 1:
+                raise
+            errors.append(f"global batch {b}: {e}")
+            continue
+        by_batch[b] = b / res.objective
+        if best is None or by_batch[b] > best[0]:
+            best = (by_batch[b], res, w)
+    if best is None:
+        raise ShardplanError("; ".join(errors))
+    _, res, w = best
+    if space == "osdp":
+        res.options.update(_dp_check(graph, dev, res, w, memory_limit_gib))
+    if len(by_batch) > 1:
+        res.options["samples_per_s_by_global_batch"] = {str(k): v for k, v in sorted(by_batch.items())}
+    doc = Plan(
+        inputs=PlanInputs(model=_model_name(model, graph), model_hash=graph.content_hash(),
+                          cluster=ClusterRef(**cl.to_dict()), workload=w, memory_limit_gib=memory_limit_gib,
+                          profile=str(profile) if profile is not None else None),
+        strategy=res.best.strategy,
+        predicted=Predicted(**res.best.report.to_dict()),
+        solver=SolverInfo(
+            name="ilp" if space == "osdp" else "hybrid", status=res.status,  # type: ignore[arg-type]
+            space=res.space, objective=res.objective, bound=res.bound, gap=res.gap, time_s=0.0,
+            candidates=res.candidates,
+            options={**res.options, "settled_by": res.solver, "family": res.best.family,
+                     "alternative_families": [a.family for a in res.alternatives],
+                     "time_limit_s": time_limit, "top_k": top_k}),
+        alternatives=[Alternative(strategy=a.strategy, predicted=Predicted(**a.report.to_dict()))
+                      for a in res.alternatives],
+    )
+    return Planned(doc, res, graph, cl, by_batch)
+
+
+def plan(model: Any, cluster: str | dict[str, Any] | Cluster, seq_len: int, global_batch: int | Sequence[int],
+         memory_limit_gib: float | None = None, space: str = "full", precision: str = "bf16",
+         profile: str | Path | None = None, time_limit: float | None = None, top_k: int = 5) -> Plan:
+    """The fastest plan of ``space`` for ``model`` on ``cluster`` that fits ``memory_limit_gib`` per
+    GPU (the accelerator's memory by default). Raises :class:`ShardplanError` when nothing fits,
+    naming the least memory any plan of the space needs and what dominates it."""
+    return search_plan(model, cluster, seq_len, global_batch, memory_limit_gib, space, precision, profile,
+                       time_limit, top_k).plan
+
+
+def _dp_check(graph: LayerGraph, dev: DeviceModel, res: SearchResult, w: Workload,
+              limit: float | None) -> dict[str, Any]:
+    """OSDP: solve the winning mesh again with the DP (the second, independent exact solver)."""
+    from costmodel.report import GIB
+    from solvers.chain import mesh_problem
+    from solvers.osdp_dp import solve_dp
+    from solvers.osdp_ilp import solve_ilp
+    from solvers.space import MeshConfig
+
+    s = res.best.strategy
+    m = s.mesh
+    cfg = MeshConfig(m.pp, m.dp_replicate, m.dp_shard, m.cp, m.tp, m.ep, s.micro_batch, s.schedule, s.vpp,
+                     s.sequence_parallel, s.tp_mode, s.cp_mode)
+    lim = limit if limit is not None else dev.cluster.memory_bytes / GIB
+    prob = mesh_problem(graph, dev, cfg, w, SPACES["osdp"], lim)
+    ilp, dp = solve_ilp(prob), solve_dp(prob)
+    agree = ilp.choice is not None and dp.choice is not None and dp.bound <= ilp.objective * (1 + 1e-9) \
+        and dp.objective >= ilp.objective * (1 - 1e-9)
+    return {"dp_objective": dp.objective, "dp_bound": dp.bound, "dp_status": dp.status, "dp_gap": dp.gap,
+            "ilp_objective": ilp.objective, "dp_ilp_agree": bool(agree),
+            "dp_memory_grid_bytes": dp.info.get("mem_grid_bytes"),
+            "dp_memory_error_bound_gib": dp.info.get("mem_error_bound", 0.0) / GIB}

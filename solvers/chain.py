@@ -1,0 +1,212 @@
+"""The per-layer choice problem both OSDP solvers solve, and how the cost model fills it in.
+
+A chain of units (embedding, blocks, head) each picks one option. An option adds ``a`` to the
+objective and ``mem`` to the memory, and has two *transient* sizes ``g`` and ``r`` of which only
+the largest over the chain counts (gathered ZeRO-3 parameters, rematerialised activations). The
+objective also has a clipped term ``max(0, Σ d)`` (gradient synchronisation not hidden under the
+last backward) and, optionally, transition costs between the options of adjacent units::
+
+    minimise  const + Σ a + Σ trans[i][c_i, c_i+1] + max(0, Σ d)
+    s.t.      Σ mem + max g + max r <= budget
+
+For one data-parallel mesh (no pipeline) this is exactly :func:`costmodel.estimate.estimate`'s
+step time and peak memory (see :func:`mesh_problem`). Units with equal shapes share one option
+list (``classes``), which is what lets the ILP count options per class instead of per unit.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from costmodel.device import DeviceModel
+from costmodel.estimate import DP_BUCKET_BYTES
+from costmodel.report import GIB
+from costmodel.strategy import LayerStrategy, Strategy, Workload
+from costmodel.units import UnitCost, mesh_groups, unit_cost
+from costmodel.vectorized import unit_classes
+from profiler.graph import LayerGraph, LayerNode
+from solvers.space import MeshConfig, SpaceOptions, unit_options
+
+BUDGET_SAFETY = 1e-12  # relative: keeps the floating-point sum of a plan that fits below the limit
+
+
+@dataclass(frozen=True)
+class Option:
+    a: float
+    d: float = 0.0
+    mem: float = 0.0
+    g: float = 0.0
+    r: float = 0.0
+    key: Any = None
+
+
+@dataclass
+class ChainProblem:
+    options: list[list[Option]]  # per class
+    classes: list[int]  # class of every unit, in chain order
+    budget: float
+    const: float = 0.0
+    transitions: list[np.ndarray] | None = None  # len(classes) - 1 matrices (options_i x options_i+1)
+    names: list[str] = field(default_factory=list)
+
+    @property
+    def units(self) -> int:
+        return len(self.classes)
+
+    def unit_options(self, i: int) -> list[Option]:
+        return self.options[self.classes[i]]
+
+    def objective(self, choice: Sequence[int]) -> float:
+        opts = [self.unit_options(i)[c] for i, c in enumerate(choice)]
+        val = self.const + sum(o.a for o in opts) + max(0.0, sum(o.d for o in opts))
+        if self.transitions is not None:
+            val += sum(float(t[choice[i], choice[i + 1]]) for i, t in enumerate(self.transitions))
+        return val
+
+    def memory(self, choice: Sequence[int]) -> float:
+        opts = [self.unit_options(i)[c] for i, c in enumerate(choice)]
+        return sum(o.mem for o in opts) + max((o.g for o in opts), default=0.0) + max(
+            (o.r for o in opts), default=0.0)
+
+    def fits(self, choice: Sequence[int]) -> bool:
+        return self.memory(choice) <= self.budget
+
+    def counts(self) -> Counter[int]:
+        return Counter(self.classes)
+
+
+@dataclass
+class ChainSolution:
+    choice: list[int] | None  # option index per unit; None when infeasible
+    objective: float  # exact objective of ``choice`` (inf when infeasible)
+    bound: float  # proven lower bound on the optimum
+    status: str  # optimal, feasible, time_limit, infeasible
+    time_s: float = 0.0
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def gap(self) -> float:
+        if self.choice is None or not np.isfinite(self.objective) or self.objective <= 0:
+            return 0.0
+        return max(0.0, (self.objective - self.bound) / self.objective)
+
+
+def pareto(options: list[Option]) -> list[int]:
+    """Indices of the options no other option beats or equals on every field (first of equals kept)."""
+    keep: list[int] = []
+    vec = [(o.a, o.d, o.mem, o.g, o.r) for o in options]
+    for i, v in enumerate(vec):
+        dominated = False
+        for j, u in enumerate(vec):
+            if j != i and all(x <= y for x, y in zip(u, v, strict=True)) and (u != v or j < i):
+                dominated = True
+                break
+        if not dominated:
+            keep.append(i)
+    return keep
+
+
+def reduced(prob: ChainProblem) -> tuple[ChainProblem, list[list[int]]]:
+    """The problem without dominated options (only without transitions) and the index maps back."""
+    if prob.transitions is not None:
+        return prob, [list(range(len(o))) for o in prob.options]
+    maps = [pareto(opts) for opts in prob.options]
+    return ChainProblem([[o[i] for i in m] for o, m in zip(prob.options, maps, strict=True)], prob.classes,
+                        prob.budget, prob.const, None, prob.names), maps
+
+
+# ---- the cost model's chain: one mesh without pipeline parallelism --------------------------------
+
+def large_ops(nodes: list[LayerNode], frac: float = 0.25) -> list[str]:
+    """Operators OSDP may split: those with at least ``frac`` of the unit's largest operator's parameters."""
+    biggest = max((n.params for n in nodes), default=0)
+    return [n.name for n in nodes if biggest and n.params >= frac * biggest]
+
+
+def option_strategy(name: str, nodes: list[LayerNode], key: tuple) -> list[LayerStrategy]:
+    """The plan entries of one unit under option ``key = (sharding, recompute, offload, split, mixed)``.
+
+    The unit's entry carries the unit's sharding, recomputation and offload; its large operators
+    get entries of their own when split (``split`` slices) or, with ``mixed``, sharded by ZeRO-3
+    while the rest keeps the unit's sharding. An operator named like its unit (the LM ``head``)
+    shares the unit's entry: then the other operators of the unit get entries of their own."""
+    sh, rc, off, k, mixed = key
+    ops = large_ops(nodes) if (k > 1 or mixed) else []
+    big = LayerStrategy(sharding="zero3" if mixed else sh, offload=off, split=k)  # type: ignore[arg-type]
+    if name in ops:
+        unit = big.model_copy(update={"unit": name, "recompute": rc})
+        others = [LayerStrategy(unit=n.name, sharding=sh, offload=off)  # type: ignore[arg-type]
+                  for n in nodes if n.name not in ops]
+        return [unit, *others, *(big.model_copy(update={"unit": op}) for op in ops if op != name)]
+    unit = LayerStrategy(unit=name, sharding=sh, recompute=rc, offload=off)  # type: ignore[arg-type]
+    return [unit, *(big.model_copy(update={"unit": op}) for op in ops)]
+
+
+def price_option(name: str, nodes: list[LayerNode], key: tuple, cfg: MeshConfig,
+                 dev: DeviceModel, w: Workload) -> UnitCost:
+    """The unit's cost under ``key``, exactly as :func:`estimate` prices it inside a plan."""
+    s = cfg.strategy(layers=option_strategy(name, nodes, key))
+    return unit_cost(name, nodes, dev, s, w, mesh_groups(dev, s))
+
+
+def memory_budget(dev: DeviceModel, cfg: MeshConfig, limit_gib: float) -> float:
+    """Bytes of states, activations and transients a rank may hold under ``limit_gib``."""
+    c = dev.c
+    budget = (limit_gib * GIB - c.context_bytes) / (1 + c.fragmentation)
+    budget -= DP_BUCKET_BYTES if cfg.dp > 1 else 0.0
+    return budget * (1 - BUDGET_SAFETY)
+
+
+def mesh_problem(graph: LayerGraph, dev: DeviceModel, cfg: MeshConfig, w: Workload, opts: SpaceOptions,
+                 limit_gib: float) -> ChainProblem:
+    """The per-unit choice of one pipeline-free mesh configuration as a :class:`ChainProblem`."""
+    if cfg.pp != 1:
+        raise ValueError("mesh_problem is for meshes without pipeline parallelism")
+    c = dev.c
+    m = w.global_batch // (cfg.dp * cfg.micro_batch)
+    reps, index = unit_classes(graph)
+    keys = list(unit_options(opts, cfg.dp_shard * cfg.cp))
+    last = len(index) - 1
+    names = [n for n, _ in graph.blocks()]
+    options: list[list[Option]] = []
+    for k, (name, nodes) in enumerate(reps):
+        is_head = names[last] == "head" and index[last] == k
+        splittable = bool(large_ops(nodes))
+        row = []
+        for key in keys:
+            if (key[3] > 1 or key[4]) and not splittable:
+                continue
+            u = price_option(name, nodes, key, cfg, dev, w)
+            row.append(unit_option(u, m, c.dp_overlap, key, head=is_head))
+        options.append(row)
+    return ChainProblem(options, index, memory_budget(dev, cfg, limit_gib), c.step_overhead_s, None, names)
+
+
+def unit_option(u: UnitCost, m: float, dp_overlap: float, key: Any, head: bool = False,
+                in_flight: float = 1.0) -> Option:
+    mem = u.state_params + u.state_grads + u.state_optim + u.activations * in_flight
+    if head:
+        mem += u.activations / 2  # logits next to the fp32 softmax (see estimate's stage memory)
+    return Option(a=m * u.time + u.optim_time + u.offload_time,
+                  d=sum(u.step_comm.values()) - dp_overlap * u.step_comm_window,
+                  mem=mem, g=u.gathered, r=u.recompute_peak, key=key)
+
+
+def chain_strategy(graph: LayerGraph, cfg: MeshConfig, prob: ChainProblem, choice: Sequence[int]) -> Strategy:
+    """The plan of a solved chain: the most common unit strategy as default, the others listed."""
+    units = list(graph.blocks())
+    keys = [prob.unit_options(i)[c].key for i, c in enumerate(choice)]
+    top = Counter((k[0], k[1], k[2]) for k in keys).most_common(1)[0][0]
+    default = LayerStrategy(sharding=top[0], recompute=top[1], offload=top[2])  # type: ignore[arg-type]
+    layers: list[LayerStrategy] = []
+    for (name, nodes), key in zip(units, keys, strict=True):
+        entries = option_strategy(name, nodes, key)
+        if (key[0], key[1], key[2]) != top or entries[0].split != 1 or entries[0].sharding != key[0]:
+            layers.append(entries[0])
+        layers += entries[1:]
+    return cfg.strategy(default=default, layers=layers)

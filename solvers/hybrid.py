@@ -1,0 +1,413 @@
+"""The search: mesh enumeration, uniform plans priced at once, then the exact per-mesh solvers.
+
+1. Every mesh configuration of the space (:func:`solvers.space.mesh_configs`) gets a compute-only
+   lower bound (:func:`costmodel.vectorized.compute_bound`); in increasing order of it, the
+   configurations are priced with every uniform layer strategy at once
+   (:func:`costmodel.vectorized.price_grid`) until the bound reaches the best plan so far.
+2. Spaces with per-layer choices then solve each configuration exactly, in increasing order of a
+   tighter bound (every unit at its fastest option, memory ignored, stages balanced), until that
+   bound reaches the incumbent: without a pipeline the OSDP chain (:mod:`solvers.osdp_ilp`), with
+   one the stage DP of each uniform (sharding, offload) (:mod:`solvers.stages`).
+3. The best plans are re-priced by :func:`costmodel.estimate.estimate` and returned with the
+   runners-up and a throughput/memory Pareto frontier.
+
+Nothing is pruned that could beat the incumbent, so without a time limit the result is the
+optimum of the space. With one, whatever remains unsolved caps the proven bound.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from itertools import product
+from typing import Any
+
+import numpy as np
+
+from costmodel.device import DeviceModel
+from costmodel.estimate import estimate, even_split
+from costmodel.report import GIB
+from costmodel.strategy import Strategy, Workload
+from costmodel.vectorized import GridOption, GridReport, compute_bound, price_grid, unit_names
+from profiler.errors import ShardplanError
+from profiler.graph import LayerGraph
+from profiler.hardware import Cluster
+from solvers.chain import chain_strategy, large_ops, mesh_problem
+from solvers.osdp_ilp import solve_ilp
+from solvers.result import Found, SearchResult, family_of
+from solvers.space import MeshConfig, SpaceOptions, mesh_configs, space_options
+from solvers.stages import PipelineProblem, UnitView, pipeline_strategy, solve_pipeline
+
+Progress = Callable[[str, int, int], None]
+CHUNK = 4096
+PARETO_POINTS = 8
+
+
+class _Pool:
+    """The best plans seen (objective, tie-break key, lazy strategy), and the incumbent."""
+
+    def __init__(self, keep: int):
+        self.keep = keep
+        self.items: list[tuple[float, tuple, Callable[[], Strategy], str]] = []
+        self.best = np.inf
+
+    def add(self, obj: float, key: tuple, build: Callable[[], Strategy], solver: str) -> None:
+        self.best = min(self.best, obj)
+        self.items.append((obj, key, build, solver))
+        if len(self.items) > 4 * self.keep + 16:
+            self.items.sort(key=lambda x: (x[0], x[1]))
+            del self.items[self.keep + 8:]
+
+    def ranked(self) -> list[tuple[float, tuple, Callable[[], Strategy], str]]:
+        return sorted(self.items, key=lambda x: (x[0], x[1]))
+
+
+def _bounds(gr: GridReport, rows: list[MeshConfig], w: Workload, dev: DeviceModel, layout: tuple,
+            mask: np.ndarray | None = None) -> np.ndarray:
+    """Per row: no per-layer plan of the configuration is faster than this.
+
+    Every unit at its fastest of the options in ``mask`` (times only grow with operator
+    splitting), memory ignored; with a pipeline the slowest stage is at least the least possible
+    maximum over stage boundaries of those times (each stage holds a block), and at least 1/p of
+    the total. ``layout``: (embedding class, the block class if there is one, head class, blocks).
+    """
+    emb, block, head, L = layout
+    counts = np.bincount(np.array(gr.unit_index), minlength=len(gr.units))
+    sel = slice(None) if mask is None else mask
+    fast = [u.time[:, sel].min(axis=1) for u in gr.units]
+    t = sum(counts[k] * fast[k] for k in range(len(gr.units)))
+    extra = sum(counts[k] * (u.optim[:, sel].min(axis=1) + u.offload[:, sel].min(axis=1))
+                for k, u in enumerate(gr.units))
+    if gr.p2p_total is not None and block is not None:  # every stage boundary sends one block's output
+        t = t + gr.p2p_total
+    m = np.array([w.global_batch / (c.dp * c.micro_batch) for c in rows])
+    p = np.array([c.pp for c in rows], dtype=float)
+    v = np.array([c.vpp for c in rows], dtype=float)
+    sched = np.array([c.schedule for c in rows], dtype=object)
+    worst = t / p
+    if block is not None and gr.p2p_total is not None and (p > 1).any():
+        zero = np.zeros(len(rows))
+        hop = np.where(p > 1, gr.p2p_total / np.maximum(p * v - 1, 1), 0.0)
+        worst = np.maximum(worst, _max_stage(fast[block], zero if emb is None else fast[emb],
+                                             zero if head is None else fast[head], hop, p, v, sched, L))
+    # zero-bubble: the largest fill (T - 2W) is at least the mean over the stages
+    weight = sum(counts[k] * u.bwd_weight[:, 0] for k, u in enumerate(gr.units))
+    fill = np.maximum(0.0, (t - 2 * weight) / p)
+    pipe = np.select([p == 1, sched == "interleaved", sched == "zb"],
+                     [m * t, m * worst + (p - 1) * worst / v, m * worst + (p - 1) * fill], (m - 1) * worst + t)
+    return pipe + extra / p + dev.c.step_overhead_s
+
+
+def _max_stage(tb: np.ndarray, te: np.ndarray, th: np.ndarray, hop: np.ndarray, p: np.ndarray, v: np.ndarray,
+               sched: np.ndarray, L: int) -> np.ndarray:
+    """Least possible slowest stage (embedding on the first, head on the last, >= 1 block each)."""
+    out = np.zeros(len(tb))
+    for pv in {(int(a), int(b)) for a, b in zip(p, v, strict=True) if a > 1}:
+        rows = np.flatnonzero((p == pv[0]) & (v == pv[1]))
+        P, V = pv
+        if V > 1:  # interleaved: the even split
+            n_r, b_r = np.zeros(P), np.zeros(P)
+            for k, n in enumerate(even_split(L, P * V)):
+                n_r[k % P] += n
+                b_r[k % P] += k < P * V - 1
+            stage = tb[rows, None] * n_r + hop[rows, None] * b_r
+            stage[:, 0] += te[rows]
+            stage[:, -1] += th[rows]
+            out[rows] = stage.max(axis=1)
+            continue
+        # first, middle (P-2 alike) and last stage: extra time besides the blocks
+        ext = np.stack([te[rows] + hop[rows], hop[rows], th[rows]], axis=1)
+        weight = np.array([1.0, P - 2.0, 1.0]) if P > 2 else np.array([1.0, 0.0, 1.0])
+        b = tb[rows, None]
+        lo = (ext + b).max(axis=1)
+        hi = (ext + b * (L - P + 1)).max(axis=1)
+        for _ in range(45):
+            mid = (lo + hi) / 2
+            cap = np.floor((mid[:, None] - ext) / b)
+            ok = (cap >= 1).all(axis=1) & ((cap * weight).sum(axis=1) >= L)
+            hi = np.where(ok, mid, hi)
+            lo = np.where(ok, lo, mid)
+        out[rows] = lo
+    return out
+
+
+def _sub_grid(gr: GridReport, rows: np.ndarray) -> GridReport:
+    """The grid's unit arrays of some rows only (what the bounds read)."""
+    from dataclasses import replace
+
+    units = [replace(u, **{f: getattr(u, f)[rows] for f in ("time", "optim", "offload", "states", "activations",
+                                                             "bwd_weight")}) for u in gr.units]
+    return replace(gr, units=units, p2p_total=None if gr.p2p_total is None else gr.p2p_total[rows])
+
+
+def _lagrange(gr: GridReport, rows: list[MeshConfig], w: Workload, dev: DeviceModel, limit: float,
+              head: int | None) -> np.ndarray:
+    """Per row without a pipeline: max over λ >= 0 of Σ_units min_option (a + λ·mem) - λ·budget.
+
+    The memory constraint priced by λ (transients dropped, they only add memory); splitting
+    operators changes only the transients and adds time, so the grid's options bound it too."""
+    from solvers.chain import memory_budget
+
+    counts = np.bincount(np.array(gr.unit_index), minlength=len(gr.units))
+    m = np.array([w.global_batch / (c.dp * c.micro_batch) for c in rows])[:, None]
+    budget = np.array([memory_budget(dev, c, limit) for c in rows])
+    lams = np.concatenate([[0.0], np.logspace(-16, -6, 31)])  # seconds per byte
+    best = np.full(len(rows), -np.inf)
+    for lam in lams:
+        val = dev.c.step_overhead_s - lam * budget
+        for k, u in enumerate(gr.units):
+            a = m * u.time + u.optim + u.offload
+            mem = u.states + u.activations * (1.5 if k == head else 1.0)
+            val = val + counts[k] * (a + lam * mem).min(axis=1)
+        best = np.maximum(best, val)
+    return best
+
+
+def search(graph: LayerGraph, cluster: Cluster, w: Workload, space: str | SpaceOptions = "full",
+           memory_limit_gib: float | None = None, device: DeviceModel | None = None,
+           time_limit: float | None = None, top_k: int = 5, progress: Progress | None = None) -> SearchResult:
+    """The fastest plan of ``space`` that fits ``memory_limit_gib`` per GPU (the GPU's memory by
+    default). Raises :class:`ShardplanError` when no plan fits (see :mod:`solvers.infeasible`)."""
+    t0 = time.perf_counter()
+    opts = space if isinstance(space, SpaceOptions) else space_options(space)
+    dev = device or DeviceModel(cluster)
+    limit = memory_limit_gib if memory_limit_gib is not None else cluster.memory_bytes / GIB
+    if limit <= 0:
+        raise ShardplanError(f"memory limit must be positive, got {limit} GiB")
+    configs = list(mesh_configs(graph, cluster, w, opts))
+    if not configs:
+        raise ShardplanError(
+            f"no mesh of the '{opts.name}' space is valid for {cluster.world_size} GPUs, global batch "
+            f"{w.global_batch} and seq_len {w.seq_len}: the global batch must be divisible by the "
+            f"data-parallel degree (and seq_len by 2*cp)")
+    uopts = [GridOption(sh, rc, off) for sh, rc, off in product(opts.shardings, opts.recomputes, opts.offloads)]
+    if opts.per_layer and "zero3" in opts.shardings:  # for the bounds: large operators under ZeRO-3
+        uopts += [GridOption(sh, rc, off, large=True) for sh, rc, off in product(
+            [x for x in opts.shardings if x in ("replicate", "zero1")], opts.recomputes, opts.offloads)]
+    plain = np.array([not o.large for o in uopts])
+    pool = _Pool(max(top_k, 1))
+    lb0 = compute_bound(graph, cluster, w, configs, device=dev)
+    order = np.argsort(lb0, kind="stable")
+    parts: list[tuple[np.ndarray, GridReport]] = []
+    frontier: list[tuple[float, float, int, int, int]] = []  # (memory, step, part, i, j)
+    priced = 0
+    timed_out = False
+    pruned_at = len(order)
+    for start in range(0, len(order), CHUNK):
+        chunk = order[start:start + CHUNK]
+        if time_limit is not None and start and time.perf_counter() - t0 > time_limit:
+            pruned_at, timed_out = start, True
+            break
+        live = chunk[lb0[chunk] < pool.best]
+        if not len(live):
+            pruned_at = start
+            break
+        gr = price_grid(graph, cluster, w, [configs[i] for i in live], uopts, memory_limit_gib=limit, device=dev,
+                        large_ops=large_ops)
+        priced += gr.size
+        step = np.where(gr.fits & plain[None, :], gr.step_time_s, np.inf)
+        part = len(parts)
+        parts.append((live, gr))
+        flat = step.ravel()
+        for f in np.argsort(flat, kind="stable")[:max(top_k, 1) + 2]:
+            if np.isfinite(flat[f]):
+                i, j = divmod(int(f), len(uopts))
+                pool.add(float(flat[f]), (0, int(live[i]), j), _grid_builder(gr, i, j), "grid")
+        frontier = _pareto(frontier + _chunk_frontier(gr.memory_peak_gib, step, part))
+        if progress:
+            progress("pricing uniform plans", min(start + CHUNK, len(order)), len(order))
+    bound_left = [float(lb0[order[pruned_at]])] if pruned_at < len(order) else []
+    memo: dict[tuple, Any] = {}
+    if opts.per_layer:
+        items = _items(graph, parts, configs, opts, uopts, w, dev, _layout(graph), limit, pool.best)
+        for n, (lb, key, part, i, sub) in enumerate(items):
+            if lb >= pool.best:
+                break
+            if time_limit is not None and time.perf_counter() - t0 > time_limit:
+                timed_out = True
+                bound_left.append(lb)
+                break
+            cfg = configs[int(parts[part][0][i])]
+            left = None if time_limit is None else max(time_limit - (time.perf_counter() - t0), 0.05)
+            if sub is None:
+                prob = mesh_problem(graph, dev, cfg, w, opts, limit)
+                priced += sum(len(o) for o in prob.options)
+                sol = solve_ilp(prob, time_limit=left, cutoff=pool.best)
+                if sol.status == "time_limit":
+                    bound_left.append(sol.bound)
+                if sol.choice is not None:
+                    pool.add(sol.objective, (1,) + key, _chain_builder(graph, cfg, prob, sol.choice), "ilp")
+            else:
+                sh, off = sub
+                gr = parts[part][1]
+                cols = [uopts.index(GridOption(sh, rc, off)) for rc in opts.recomputes]
+                sig = _signature(gr, i, cols, cfg, w, dev, limit)
+                if sig in memo:  # an identical problem (another mesh with the same costs) was solved
+                    psol = memo[sig]
+                else:
+                    views = {k: [_view(u, i, j) for j in cols] for k, u in enumerate(gr.units)}
+                    pp = PipelineProblem(graph, dev, cfg, w, sh, off, opts.recomputes, limit, views)
+                    psol = memo[sig] = solve_pipeline(pp, pool.best, opts.stage_boundaries)
+                    priced += pp.evaluated
+                if psol is not None:
+                    pool.add(psol.objective, (1,) + key, _pipe_builder(graph, cfg, sh, off, psol), "stages")
+            if progress and n % 8 == 0:
+                progress("solving per-layer plans", n + 1, len(items))
+    if not np.isfinite(pool.best):
+        from solvers.infeasible import explain
+
+        raise explain(graph, cluster, w, opts, limit, dev, configs)
+    (best, best_solver), alternatives = _materialise(graph, cluster, w, pool, frontier, parts, limit, dev, top_k)
+    objective = best.step_time_s
+    bound = min([objective] + bound_left)
+    status = "optimal" if bound >= objective * (1 - 1e-12) else ("time_limit" if timed_out else "feasible")
+    if status == "optimal":
+        bound = objective
+    return SearchResult(best=best, objective=objective, bound=bound, status=status, space=opts.name,
+                        solver=best_solver, candidates=priced,
+                        time_s=time.perf_counter() - t0, alternatives=alternatives,
+                        options={"configurations": len(configs), "global_batch": w.global_batch,
+                                 "configurations_priced": int(sum(len(p[0]) for p in parts)),
+                                 "memory_limit_gib": limit})
+
+
+def _layout(graph: LayerGraph) -> tuple:
+    """(embedding class, the block class when all blocks are alike, head class, blocks)."""
+    from costmodel.vectorized import unit_classes
+
+    _, index = unit_classes(graph)
+    names = [n for n, _ in graph.blocks()]
+    blocks = {k for k, n in zip(index, names, strict=True) if n.startswith("layers.")}
+    return (index[0] if names[0] == "embedding" else None, next(iter(blocks)) if len(blocks) == 1 else None,
+            index[-1] if names[-1] == "head" else None, graph.num_blocks)
+
+
+def _items(graph: LayerGraph, parts: list[tuple[np.ndarray, GridReport]], configs: list[MeshConfig],
+           opts: SpaceOptions, uopts: list[GridOption], w: Workload, dev: DeviceModel, layout: tuple,
+           limit: float, best: float) -> list[tuple]:
+    """Per-layer work (bound, key, part, row, sub-problem) that could beat ``best``, by increasing bound."""
+    items = []
+    names = unit_names(graph)
+    for part, (live, gr) in enumerate(parts):
+        rows = [configs[int(ci)] for ci in live]
+        flat = np.flatnonzero([c.pp == 1 for c in rows])
+        deep = np.flatnonzero([c.pp > 1 for c in rows])
+        head = gr.unit_index[-1] if names[-1] == "head" else None
+        if len(flat):
+            sub, sub_rows = _sub_grid(gr, flat), [rows[i] for i in flat]
+            lb = np.maximum(_bounds(sub, sub_rows, w, dev, layout),
+                            _lagrange(sub, sub_rows, w, dev, limit, head))
+            for i in flat[lb < best]:
+                items.append((float(lb[np.searchsorted(flat, i)]), (int(live[i]), 0), part, int(i), None))
+        if not len(deep):
+            continue
+        sub, sub_rows = _sub_grid(gr, deep), [rows[i] for i in deep]
+        grouped = np.array([c.dp_shard * c.cp > 1 for c in sub_rows])
+        for s_i, (sh, off) in enumerate(product(opts.shardings, opts.offloads)):
+            mask = np.array([o.sharding == sh and o.offload == off and not o.large for o in uopts])
+            lb = _bounds(sub, sub_rows, w, dev, layout, mask)
+            # without a shard group every sharding prices alike: the first one is enough
+            keep = (lb < best) & (grouped | (sh == opts.shardings[0]))
+            for r in np.flatnonzero(keep):
+                i = int(deep[r])
+                items.append((float(lb[r]), (int(live[i]), s_i + 1), part, i, (sh, off)))
+    items.sort(key=lambda x: (x[0], x[1]))
+    return items
+
+
+_SIG_FIELDS = ("time", "activations", "remat", "states", "gathered", "step_comm", "window", "optim", "offload",
+               "bwd_weight")
+
+
+def _signature(gr: GridReport, i: int, cols: list[int], cfg: MeshConfig, w: Workload, dev: DeviceModel,
+               limit: float) -> tuple:
+    """Everything a pipeline sub-problem depends on: equal signatures, equal optima (the pipeline
+    group's stride is world/pp, so the stage-to-stage send time follows from pp and the bytes)."""
+    from solvers.chain import memory_budget
+
+    cache = gr.__dict__.setdefault("_packed", {})
+    if i not in cache:  # (options, fields): every number a sub-problem of this row reads
+        cache[i] = (np.stack([getattr(u, f)[i] for u in gr.units for f in _SIG_FIELDS], axis=1),
+                    np.array([u.out_bytes[i] for u in gr.units]))
+    packed = cache[i]
+    raw = packed[0][cols].tobytes() + packed[1].tobytes()
+    return (cfg.pp, cfg.vpp, cfg.schedule, w.global_batch // (cfg.dp * cfg.micro_batch),
+            memory_budget(dev, cfg, limit), cfg.dp > 1, raw)
+
+
+def _view(u: Any, i: int, j: int) -> UnitView:
+    return UnitView(float(u.time[i, j]), float(u.activations[i, j]), float(u.remat[i, j]), float(u.states[i, j]),
+                    float(u.gathered[i, j]), float(u.step_comm[i, j]), float(u.window[i, j]), float(u.optim[i, j]),
+                    float(u.offload[i, j]), float(u.bwd_weight[i, j]), float(u.out_bytes[i]))
+
+
+def _grid_builder(gr: GridReport, i: int, j: int) -> Callable[[], Strategy]:
+    return lambda: gr.strategy(i, j)
+
+
+def _chain_builder(graph: LayerGraph, cfg: MeshConfig, prob: Any, choice: list[int]) -> Callable[[], Strategy]:
+    return lambda: chain_strategy(graph, cfg, prob, choice)
+
+
+def _pipe_builder(graph: LayerGraph, cfg: MeshConfig, sh: str, off: str, sol: Any) -> Callable[[], Strategy]:
+    return lambda: pipeline_strategy(graph, cfg, sh, off, sol)
+
+
+def _chunk_frontier(mem: np.ndarray, step: np.ndarray, part: int) -> list[tuple[float, float, int, int, int]]:
+    """The fitting cells of one grid that no other cell beats in both memory and step time."""
+    cells = np.flatnonzero(np.isfinite(step.ravel()))
+    if not len(cells):
+        return []
+    mm, st = mem.ravel()[cells], step.ravel()[cells]
+    order = np.lexsort((st, mm))
+    keep = st[order] < np.minimum.accumulate(np.concatenate([[np.inf], st[order][:-1]]))
+    out = []
+    for f in cells[order[keep]]:
+        i, j = divmod(int(f), step.shape[1])
+        out.append((float(mem[i, j]), float(step[i, j]), part, i, j))
+    return out
+
+
+def _pareto(points: list[tuple[float, float, int, int, int]]) -> list[tuple[float, float, int, int, int]]:
+    """Plans no other plan beats in both memory and step time (least memory first)."""
+    out: list[tuple[float, float, int, int, int]] = []
+    for pt in sorted(points):
+        if not out or pt[1] < out[-1][1]:
+            out.append(pt)
+    return out
+
+
+def _materialise(graph: LayerGraph, cluster: Cluster, w: Workload, pool: _Pool, frontier: list,
+                 parts: list, limit: float, dev: DeviceModel, top_k: int) -> tuple[tuple[Found, str], list[Found]]:
+    """Re-price the best plans with estimate(): the winner, then top-k, the frontier, family bests."""
+    seen: set[str] = set()
+    ranked: list[tuple[Found, str]] = []
+    built = [(obj, key, build(), solver) for obj, key, build, solver in pool.ranked()[:top_k + 12]]
+    # equal step times (to 12 digits): the simpler plan first (fewer entries, no offload)
+    built.sort(key=lambda x: (float(f"{x[0]:.12g}"), len(x[2].layers) + (x[2].default.offload != "none"), x[1]))
+    for _obj, _, s, solver in built:
+        sig = s.model_dump_json()
+        if sig in seen:
+            continue
+        seen.add(sig)
+        rep = estimate(graph, cluster, s, w, memory_limit_gib=limit, device=dev)
+        if not rep.fits:  # a plan the solvers thought fits must fit: never hand out one that does not
+            continue
+        ranked.append((Found(s, rep, family_of(s)), solver))
+        if len(ranked) >= top_k + 1:
+            break
+    if not ranked:
+        raise ShardplanError("internal error: no plan the search found fits when re-priced")
+    best = ranked[0]
+    alts = [f for f, _ in ranked[1:top_k + 1]]
+    extra: list[Found] = []
+    picks = frontier if len(frontier) <= PARETO_POINTS else [
+        frontier[round(k * (len(frontier) - 1) / (PARETO_POINTS - 1))] for k in range(PARETO_POINTS)]
+    for _, _, part, i, j in picks:
+        s = parts[part][1].strategy(i, j)
+        sig = s.model_dump_json()
+        if sig not in seen:
+            seen.add(sig)
+            extra.append(Found(s, estimate(graph, cluster, s, w, memory_limit_gib=limit, device=dev), family_of(s)))
+    alts += extra
+    return best, alts

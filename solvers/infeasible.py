@@ -1,0 +1,212 @@
+"""When nothing fits: the least per-GPU memory any plan of the space needs, and what dominates it.
+
+Per mesh configuration the memory-minimal plan is found exactly:
+
+* without a pipeline, the OSDP chain with memory as the objective: under each cap on the
+  transient maxima every unit takes its smallest option (:func:`chain_min_memory`);
+* with one, per stage the least memory of its units (all blocks recompute fully, or all take the
+  smallest other option — mixing only adds the transient of full recomputation), then the stage
+  boundaries that minimise the largest stage (a min-max DP over blocks), for every uniform
+  (sharding, offload).
+
+Configurations are visited in increasing order of a lower bound (every unit's smallest states and
+activations, spread evenly over the stages) until it passes the best found.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from itertools import product
+
+import numpy as np
+
+from costmodel.device import DeviceModel
+from costmodel.estimate import UnitPricer, estimate, stage_units
+from costmodel.report import GIB, Report
+from costmodel.strategy import Strategy, Workload
+from costmodel.vectorized import GridOption, price_grid
+from profiler.errors import ShardplanError
+from profiler.graph import LayerGraph
+from profiler.hardware import Cluster
+from solvers.chain import ChainProblem, chain_strategy, large_ops, mesh_problem
+from solvers.space import MeshConfig, SpaceOptions
+from solvers.stages import PipelineProblem, PipelineSolution, pipeline_strategy
+
+
+def chain_min_memory(prob: ChainProblem) -> tuple[float, list[int]]:
+    """(least Σ mem + max g + max r, the choice) of a chain problem."""
+    opts = [o for row in prob.options for o in row]
+    best: tuple[float, list[int]] = (np.inf, [])
+    for G, R in product(sorted({0.0} | {o.g for o in opts}), sorted({0.0} | {o.r for o in opts})):
+        pick = []
+        for row in prob.options:
+            ok = [(o.mem, j) for j, o in enumerate(row) if o.g <= G and o.r <= R]
+            pick.append(min(ok) if ok else None)
+        if any(p is None for p in pick):
+            continue
+        total = sum(pick[k][0] for k in prob.classes) + G + R  # type: ignore[index]
+        if total < best[0]:
+            best = (total, [pick[k][1] for k in prob.classes])  # type: ignore[index]
+    return best
+
+
+def _pipeline_min(pp: PipelineProblem, boundaries: bool) -> tuple[float, PipelineSolution] | None:
+    """Least largest-stage memory (bytes before context and slack) and the plan that has it."""
+    L, p = len(pp.block_cls), pp.p
+    if not pp.single:
+        return None
+    k = pp.kinds[0]
+    rc = range(len(pp.recomputes))
+
+    def stage(r: int, n: int) -> tuple[float, tuple]:
+        from costmodel.pipeline import in_flight
+
+        fly = in_flight(pp.cfg.schedule, r, p, pp.m, pp.v)
+        fx = pp.fixed({k: n}, r == 0, r == p - 1)
+        best = (np.inf, ())
+        emb = [pp.costs[pp.emb][e] for e in rc] if r == 0 and pp.emb is not None else [None]
+        head = [pp.costs[pp.head][h] for h in rc] if r == p - 1 and pp.head is not None else [None]
+        for (e, ue), (h, uh), b in product(enumerate(emb), enumerate(head), rc):
+            ub = pp.costs[k][b]
+            units = [u for u in (ue, uh) if u is not None] + [ub]
+            acts = n * ub.activations * fly + sum(u.activations * fly for u in (ue,) if u) + (
+                uh.activations * (fly + 0.5) if uh else 0.0)
+            x = fx.states + fx.gathered + pp.bucket + max(u.recompute_peak for u in units) + acts
+            if x < best[0]:
+                best = (x, (e if ue else None, h if uh else None, b))
+        return best
+
+    if pp.v > 1 or not boundaries or p == 1:
+        sizes = [0] * p
+        from costmodel.estimate import even_split
+
+        for i, n in enumerate(even_split(L, p * pp.v)):
+            sizes[i % p] += n
+        per = [stage(r, sizes[r]) for r in range(p)]
+        layout = None
+    else:
+        table = [[stage(r, n) if 1 <= n <= L else (np.inf, ()) for n in range(L + 1)] for r in range(p)]
+        best = np.full(L + 1, np.inf)
+        best[0] = 0.0
+        choice = []
+        for r in range(p):
+            nb, arg = np.full(L + 1, np.inf), np.zeros(L + 1, dtype=int)
+            for j in range(1, L + 1):
+                for n in range(1, j + 1):
+                    v = max(best[j - n], table[r][n][0])
+                    if v < nb[j]:
+                        nb[j], arg[j] = v, n
+            best = nb
+            choice.append(arg)
+        layout, j = [], L
+        for r in range(p - 1, -1, -1):
+            layout.append(int(choice[r][j]))
+            j -= layout[-1]
+        layout.reverse()
+        sizes = layout
+        per = [table[r][sizes[r]] for r in range(p)]
+    if not all(np.isfinite(x) for x, _ in per):
+        return None
+    recompute: list[str] = []
+    if pp.emb is not None:
+        recompute.append(pp.recomputes[per[0][1][0]])
+    ranks = [[] for _ in range(p)]
+    if pp.v > 1 or layout is None:
+        from costmodel.estimate import even_split
+
+        start = 0
+        for i, n in enumerate(even_split(L, p * pp.v)):
+            ranks[i % p] += list(range(start, start + n))
+            start += n
+    else:
+        start = 0
+        for r, n in enumerate(sizes):
+            ranks[r] = list(range(start, start + n))
+            start += n
+    blocks = [""] * L
+    for r, idx in enumerate(ranks):
+        for i in idx:
+            blocks[i] = pp.recomputes[per[r][1][2]]
+    recompute += blocks
+    if pp.head is not None:
+        recompute.append(pp.recomputes[per[-1][1][1]])
+    return max(x for x, _ in per), PipelineSolution(0.0, layout, recompute)
+
+
+def min_memory(graph: LayerGraph, cluster: Cluster, w: Workload, opts: SpaceOptions, dev: DeviceModel,
+               configs: list[MeshConfig]) -> tuple[float, Strategy]:
+    """(GiB, plan): the least per-GPU peak memory of any plan in the space, and a plan that has it."""
+    c = dev.c
+    uopts = [GridOption(sh, rc, off) for sh, rc, off in product(opts.shardings, opts.recomputes, opts.offloads)]
+    if opts.per_layer and "zero3" in opts.shardings:  # per-operator ZeRO-3 may need less: bound it too
+        uopts += [GridOption(sh, rc, off, large=True) for sh, rc, off in product(
+            [x for x in opts.shardings if x in ("replicate", "zero1")], opts.recomputes, opts.offloads)]
+    gr = price_grid(graph, cluster, w, configs, uopts, device=dev, large_ops=large_ops)
+    counts = np.bincount(np.array(gr.unit_index), minlength=len(gr.units))
+    low = sum(counts[k] * (u.states.min(axis=1) + u.activations.min(axis=1)) for k, u in enumerate(gr.units))
+    pp_deg = np.array([cf.pp for cf in configs], dtype=float)
+    lb = (c.context_bytes + (1 + c.fragmentation) * low / pp_deg) / GIB
+    plain = np.where(np.array([not o.large for o in uopts])[None, :], gr.memory_peak_gib, np.inf)
+    i0, j0 = np.unravel_index(int(np.argmin(plain)), plain.shape)
+    best = (float(gr.memory_peak_gib[i0, j0]), gr.strategy(int(i0), int(j0)))
+    for i in np.argsort(lb, kind="stable"):
+        if lb[i] >= best[0]:
+            break
+        cfg = configs[int(i)]
+        if cfg.pp == 1 and opts.per_layer:
+            prob = mesh_problem(graph, dev, cfg, w, opts, 1e9)
+            x, choice = chain_min_memory(prob)
+            cand = [(x, lambda cfg=cfg, prob=prob, choice=choice: chain_strategy(graph, cfg, prob, choice))]
+        elif cfg.pp > 1 and opts.per_layer:
+            cand = []
+            shards = opts.shardings if cfg.dp_shard * cfg.cp > 1 else opts.shardings[:1]
+            for sh, off in product(shards, opts.offloads):
+                pp = PipelineProblem(graph, dev, cfg, w, sh, off, opts.recomputes, 1e9)
+                res = _pipeline_min(pp, opts.stage_boundaries)
+                if res is not None:
+                    cand.append((res[0], lambda cfg=cfg, sh=sh, off=off, sol=res[1]:
+                                 pipeline_strategy(graph, cfg, sh, off, sol)))
+        else:
+            continue
+        for x, build in cand:
+            gib = (c.context_bytes + (1 + c.fragmentation) * x) / GIB
+            if gib < best[0] - 1e-9:
+                s = build()
+                best = (estimate(graph, cluster, s, w, device=dev).memory_peak_gib, s)
+    return best
+
+
+def dominant(graph: LayerGraph, cluster: Cluster, s: Strategy, w: Workload, rep: Report, dev: DeviceModel) -> str:
+    """What dominates the worst stage's memory: ``model states of the embedding on stage 0``."""
+    st = max(rep.stages, key=lambda x: x.total)
+    parts = {"model states (parameters, gradients, optimizer)": st.params + st.grads + st.optimizer,
+             "activations": st.activations, "transient buffers (gathered parameters, recomputation, logits)":
+             st.buffers, "CUDA context and allocator slack": st.overhead}
+    what = max(parts, key=lambda k: parts[k])
+    price = UnitPricer(dev, s, w)
+    units = [u for k, vst in enumerate(stage_units(graph, s)) if k % s.mesh.pp == st.stage for u in vst]
+    costs = [(price(n, nodes), n) for n, nodes in units]
+    if what.startswith("model states"):
+        u, name = max(costs, key=lambda x: x[0].state_params + x[0].state_grads + x[0].state_optim)
+        share = u.state_params + u.state_grads + u.state_optim
+        blocks = Counter(n for uu, n in costs if n.startswith("layers."))
+        if name.startswith("layers.") and len(blocks) > 1:
+            name, share = f"{len(blocks)} blocks", share * len(blocks)
+        return f"{what} of {'the ' if name in ('embedding', 'head') else ''}{name} on stage {st.stage} " \
+               f"({share / GIB:.2f} of {st.total / GIB:.2f} GiB)"
+    return f"{what} on stage {st.stage} ({parts[what] / GIB:.2f} of {st.total / GIB:.2f} GiB)"
+
+
+def explain(graph: LayerGraph, cluster: Cluster, w: Workload, opts: SpaceOptions, limit: float,
+            dev: DeviceModel, configs: list[MeshConfig]) -> ShardplanError:
+    gib, s = min_memory(graph, cluster, w, opts, dev, configs)
+    rep = estimate(graph, cluster, s, w, device=dev)
+    return ShardplanError(
+        f"no plan in the '{opts.name}' space fits {limit:.2f} GiB per GPU: the smallest per-GPU memory any plan "
+        f"needs is {gib:.2f} GiB ({_describe(s)}), dominated by {dominant(graph, cluster, s, w, rep, dev)}")
+
+
+def _describe(s: Strategy) -> str:
+    m = s.mesh
+    axes = " ".join(f"{k}={v}" for k, v in m.axes().items() if v > 1) or "1 GPU"
+    return f"{axes}, micro-batch {s.micro_batch}, {s.default.sharding}, recompute {s.default.recompute}"

@@ -1,0 +1,225 @@
+"""Search spaces: small generator functions that yield only valid choices.
+
+Every degree a generator yields passes :func:`costmodel.estimate.check` for the model, cluster and
+workload it was given: tensor parallelism divides the attention heads and the KV heads (or the KV
+heads divide it) and stays inside one node; expert parallelism divides the experts and
+``dp_shard·cp``; ``pp·vpp`` stays within the layers; context parallelism keeps ``seq_len``
+divisible by ``2·cp``; micro-batch sizes divide the per-replica batch; interleaved schedules get a
+multiple of ``pp`` micro-batches.
+
+Named spaces (:data:`SPACES`):
+
+* ``fsdp`` — FSDP/HSDP: data parallelism only (``dp_replicate × dp_shard``), uniform sharding
+  ``zero2``/``zero3``/``zero3_keep``, uniform recomputation, optional parameter offload.
+* ``osdp`` — OSDP: data parallelism only, every unit (and the large operators of a unit, by
+  splitting) chooses its own sharding, recomputation and offload.
+* ``megatron`` — TP/PP/DP/SP/CP (and EP) with uniform layers, DDP or the distributed optimizer
+  (``zero1``), 1F1B or interleaved, an even stage split.
+* ``hybrid`` — every mesh axis and schedule; per mesh the units choose their own strategy and the
+  pipeline stages their own boundaries (see :mod:`solvers.hybrid` for what varies per layer).
+* ``full`` — all of the above at once (it is the union, so it searches like ``hybrid``).
+
+GPipe is never yielded: it has 1F1B's step time and keeps more micro-batches alive.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+from costmodel.strategy import OFFLOADS, RECOMPUTES, SHARDINGS, LayerStrategy, Mesh, Strategy, Workload
+from profiler.errors import ShardplanError
+from profiler.graph import LayerGraph
+from profiler.hardware import Cluster
+
+
+@dataclass(frozen=True)
+class SpaceOptions:
+    """What a search space lets vary."""
+
+    name: str
+    pp: bool = True
+    tp: bool = True
+    cp: bool = True
+    ep: bool = True
+    dp_replicate: bool = True
+    shardings: tuple[str, ...] = SHARDINGS
+    recomputes: tuple[str, ...] = RECOMPUTES
+    offloads: tuple[str, ...] = ("none",)
+    splits: tuple[int, ...] = (1,)  # OSDP operator splitting of a unit's large operators
+    per_layer: bool = False  # units choose their own strategy
+    stage_boundaries: bool = False  # non-uniform pipeline stages
+    schedules: tuple[str, ...] = ("1f1b", "interleaved")
+    max_vpp: int = 32
+    max_micro_batch: int = 64
+    max_micro_batch_sizes: int = 8  # keep the smallest few divisors
+    tp_modes: tuple[str, ...] = ("megatron",)
+    cp_modes: tuple[str, ...] = ("ring",)
+    sequence_parallel: tuple[bool, ...] = (True,)  # for tp > 1 (SP never costs more here)
+
+    def with_(self, **kw: object) -> SpaceOptions:
+        return replace(self, **kw)  # type: ignore[arg-type]
+
+
+SPACES: dict[str, SpaceOptions] = {
+    "fsdp": SpaceOptions("fsdp", pp=False, tp=False, cp=False, ep=False,
+                         shardings=("zero2", "zero3", "zero3_keep"), offloads=("none", "params")),
+    "osdp": SpaceOptions("osdp", pp=False, tp=False, cp=False, ep=False, offloads=OFFLOADS,
+                         splits=(1, 2, 4), per_layer=True),
+    "megatron": SpaceOptions("megatron", dp_replicate=False, shardings=("replicate", "zero1")),
+    "hybrid": SpaceOptions("hybrid", offloads=OFFLOADS, splits=(1, 2, 4), per_layer=True,
+                           stage_boundaries=True, schedules=("1f1b", "zb", "interleaved"),
+                           tp_modes=("megatron", "tsp"), cp_modes=("ring", "ulysses")),
+}
+SPACES["full"] = replace(SPACES["hybrid"], name="full")
+
+
+def space_options(name: str) -> SpaceOptions:
+    if name not in SPACES:
+        raise ShardplanError(f"unknown search space '{name}'; known: {', '.join(SPACES)}")
+    return SPACES[name]
+
+
+@dataclass(frozen=True, order=True)
+class MeshConfig:
+    """Everything of a strategy but the per-unit choices and the stage boundaries."""
+
+    pp: int
+    dp_replicate: int
+    dp_shard: int
+    cp: int
+    tp: int
+    ep: int
+    micro_batch: int
+    schedule: str
+    vpp: int
+    sequence_parallel: bool
+    tp_mode: str = "megatron"
+    cp_mode: str = "ring"
+
+    @property
+    def mesh(self) -> Mesh:
+        return Mesh(pp=self.pp, dp_replicate=self.dp_replicate, dp_shard=self.dp_shard, cp=self.cp,
+                    tp=self.tp, ep=self.ep)
+
+    @property
+    def dp(self) -> int:
+        return self.dp_replicate * self.dp_shard
+
+    def strategy(self, default: LayerStrategy | None = None, layers: list[LayerStrategy] | None = None,
+                 stage_layers: list[int] | None = None) -> Strategy:
+        return Strategy(mesh=self.mesh, micro_batch=self.micro_batch, schedule=self.schedule,  # type: ignore[arg-type]
+                        vpp=self.vpp, sequence_parallel=self.sequence_parallel, tp_mode=self.tp_mode,  # type: ignore[arg-type]
+                        cp_mode=self.cp_mode, default=default or LayerStrategy(),  # type: ignore[arg-type]
+                        layers=layers or [], stage_layers=stage_layers)
+
+    def describe(self) -> str:
+        parts = [f"{k}{getattr(self, k)}" for k in ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep")
+                 if getattr(self, k) > 1]
+        sched = f"{self.schedule}" + (f"/vpp{self.vpp}" if self.vpp > 1 else "")
+        return f"{' '.join(parts) or 'single GPU'} mb{self.micro_batch} {sched}"
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def tp_degrees(graph: LayerGraph, cluster: Cluster, world: int) -> Iterator[int]:
+    """Divide the heads, fit the KV heads (either divides the other) and stay inside one node."""
+    heads = int(graph.config.get("heads", 0) or 0)
+    kv = int(graph.config.get("kv_heads", 0) or 0)
+    for t in divisors(world):
+        if t > cluster.gpus_per_node or (heads and heads % t) or (kv and kv % t and t % kv):
+            continue
+        yield t
+
+
+def pp_degrees(graph: LayerGraph, world: int) -> Iterator[int]:
+    yield from (p for p in divisors(world) if p <= max(graph.num_blocks, 1))
+
+
+def cp_degrees(seq_len: int, world: int) -> Iterator[int]:
+    yield from (c for c in divisors(world) if c == 1 or seq_len % (2 * c) == 0)
+
+
+def ep_degrees(graph: LayerGraph, dp_shard_cp: int) -> Iterator[int]:
+    experts = int(graph.config.get("experts", 0) or 0)
+    if not experts:
+        yield 1
+        return
+    yield from (e for e in divisors(experts) if dp_shard_cp % e == 0)
+
+
+def dp_splits(dp: int, replicate: bool = True) -> Iterator[tuple[int, int]]:
+    """(dp_replicate, dp_shard) with the given product."""
+    for r in divisors(dp) if replicate else [1]:
+        yield r, dp // r
+
+
+def micro_batches(global_batch: int, dp: int, opts: SpaceOptions) -> Iterator[int]:
+    """Micro-batch sizes dividing the per-replica batch (the smallest few)."""
+    if global_batch % dp:
+        return
+    sizes = [b for b in divisors(global_batch // dp) if b <= opts.max_micro_batch]
+    yield from sizes[:opts.max_micro_batch_sizes]
+
+
+def schedules(pp: int, n_mb: int, blocks: int, opts: SpaceOptions) -> Iterator[tuple[str, int]]:
+    """(schedule, vpp); one entry when there is no pipeline."""
+    if pp == 1:
+        yield "1f1b", 1
+        return
+    for s in opts.schedules:
+        if s == "interleaved":
+            if n_mb % pp:
+                continue
+            for v in range(2, opts.max_vpp + 1):
+                if pp * v <= blocks and blocks % (pp * v) == 0:
+                    yield s, v
+        elif s != "gpipe":
+            yield s, 1
+
+
+def mesh_configs(graph: LayerGraph, cluster: Cluster, w: Workload, opts: SpaceOptions) -> Iterator[MeshConfig]:
+    """Every valid mesh configuration of the space, in a fixed order."""
+    world = cluster.world_size
+    blocks = graph.num_blocks
+    heads = int(graph.config.get("heads", 0) or 0)
+    for tp in tp_degrees(graph, cluster, world) if opts.tp else [1]:
+        for pp in pp_degrees(graph, world // tp) if opts.pp else [1]:
+            for cp in cp_degrees(w.seq_len, world // (tp * pp)) if opts.cp else [1]:
+                dp = world // (tp * pp * cp)
+                for dpr, dps in dp_splits(dp, opts.dp_replicate):
+                    for ep in ep_degrees(graph, dps * cp) if opts.ep else [1]:
+                        for b in micro_batches(w.global_batch, dp, opts):
+                            n_mb = w.global_batch // (dp * b)
+                            for sched, vpp in schedules(pp, n_mb, blocks, opts):
+                                for tpm in opts.tp_modes if tp > 1 else ("megatron",):
+                                    sps = (False,) if tp == 1 or tpm == "tsp" else opts.sequence_parallel
+                                    for sp in sps:
+                                        for cpm in opts.cp_modes if cp > 1 else ("ring",):
+                                            if cpm == "ulysses" and heads % (tp * cp):
+                                                continue
+                                            yield MeshConfig(pp, dpr, dps, cp, tp, ep, b, sched, vpp, sp,
+                                                             tpm, cpm)
+
+
+def unit_options(opts: SpaceOptions, shard_group: int) -> Iterator[tuple[str, str, str, int, bool]]:
+    """(sharding, recompute, offload, split, mixed) a unit may take.
+
+    ``split > 1`` splits the unit's large operators into slices under ZeRO-3 (splitting changes
+    nothing else); ``mixed`` shards the large operators with ZeRO-3 while the rest of the unit is
+    replicated or ZeRO-1 (OSDP's per-operator choice). Without a shard group (``dp_shard·cp == 1``)
+    every sharding prices as ``replicate`` and neither applies.
+    """
+    group = shard_group > 1
+    shardings = opts.shardings if group else ("replicate",)
+    z3 = group and opts.per_layer and "zero3" in opts.shardings
+    for sh in shardings:
+        for rc in opts.recomputes:
+            for off in opts.offloads:
+                for k in opts.splits:
+                    if k == 1 or (z3 and sh == "zero3"):
+                        yield sh, rc, off, k, False
+                    if z3 and sh in ("replicate", "zero1"):
+                        yield sh, rc, off, k, True

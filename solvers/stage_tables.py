@@ -1,0 +1,392 @@
+"""Pipeline stages: the least time of a rank holding some blocks, under its memory limit.
+
+For a mesh with ``pp > 1`` and one uniform (sharding, offload), each unit chooses its
+recomputation. Per (rank, units held) :class:`PipelineProblem` finds the least stage time whose
+memory fits — exactly: for a single block class, the number of blocks that recompute fully is
+enumerated (or, with two options, solved in closed form) for every block count at once; for
+several classes, Pareto frontiers of (time, memory) are merged across classes. Everything but
+the time is fixed by which units a stage holds (:class:`Fixed`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import astuple, dataclass
+from typing import Any
+
+import numpy as np
+
+from costmodel.device import DeviceModel
+from costmodel.estimate import DP_BUCKET_BYTES
+from costmodel.pipeline import in_flight
+from costmodel.strategy import Workload
+from costmodel.units import UnitCost, mesh_groups
+from costmodel.vectorized import unit_classes, unit_names
+from profiler.graph import LayerGraph
+from solvers.chain import memory_budget, price_option
+from solvers.space import MeshConfig
+
+INF = float("inf")
+
+
+@dataclass
+class Fixed:
+    """Recomputation-independent totals of a set of units (per micro-batch unless said otherwise)."""
+
+    states: float = 0.0
+    gathered: float = 0.0
+    sync: float = 0.0  # per-step gradient sync
+    window: float = 0.0
+    optim: float = 0.0
+    offload: float = 0.0
+    weight: float = 0.0  # weight-gradient part of backward (zero-bubble)
+
+
+@dataclass
+class StageCost:
+    time: float
+    choice: tuple  # (embedding option, head option, counts of options per block class)
+    fixed: Fixed
+
+    def exposed(self, dp_overlap: float) -> float:
+        return max(0.0, self.fixed.sync - dp_overlap * self.fixed.window)
+
+
+class _Table:
+    """Least stage times of one rank for every block count (one block class), plans made lazily."""
+
+    def __init__(self, pp: PipelineProblem, k: int, emb: bool, head: bool, n_max: int, f: int, rest: list[int]):
+        self.pp, self.k, self.emb, self.head, self.f, self.rest = pp, k, emb, head, f, rest
+        self.time = np.full(n_max + 1, INF)
+        self.e = np.full(n_max + 1, -1)
+        self.h = np.full(n_max + 1, -1)
+        self.nf = np.zeros(n_max + 1, dtype=int)
+        self.na = np.zeros(n_max + 1)
+        self.made: dict[int, StageCost | None] = {}
+
+    def get(self, n: int) -> StageCost | None:
+        if n in self.made:
+            return self.made[n]
+        sc = None
+        if np.isfinite(self.time[n]):
+            f, rest, nf, na = self.f, self.rest, int(self.nf[n]), int(self.na[n])
+            counts = Counter({f: nf, rest[0]: na} if rest else {f: nf})
+            if len(rest) > 1:
+                counts[rest[1]] = n - nf - na
+            e, h = int(self.e[n]), int(self.h[n])
+            sc = StageCost(float(self.time[n]), (None if e < 0 else e, None if h < 0 else h, {self.k: counts}),
+                           self.pp.fixed({self.k: n}, self.emb, self.head))
+        self.made[n] = sc
+        return sc
+
+
+@dataclass(frozen=True)
+class UnitView:
+    """What the stage DP reads of a unit's cost (from :class:`UnitCost` or a price grid's arrays)."""
+
+    time: float
+    activations: float
+    recompute_peak: float
+    states: float
+    gathered: float
+    sync: float
+    window: float
+    optim: float
+    offload: float
+    weight: float
+    out_bytes: float
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(astuple(self))
+
+    @classmethod
+    def of(cls, u: UnitCost) -> UnitView:
+        return cls(u.time, u.activations, u.recompute_peak, u.state_params + u.state_grads + u.state_optim,
+                   u.gathered, sum(u.step_comm.values()), u.step_comm_window, u.optim_time, u.offload_time,
+                   u.bwd_weight, u.out_bytes)
+
+
+class PipelineProblem:
+    def __init__(self, graph: LayerGraph, dev: DeviceModel, cfg: MeshConfig, w: Workload, sharding: str,
+                 offload: str, recomputes: tuple[str, ...], limit_gib: float,
+                 costs: dict[int, list[UnitView]] | None = None):
+        """``costs``: per unit class, the costs under each of ``recomputes`` (priced here if not given)."""
+        self.graph, self.dev, self.cfg, self.w = graph, dev, cfg, w
+        self.sharding, self.offload, self.recomputes = sharding, offload, recomputes
+        reps, index = unit_classes(graph)
+        names = unit_names(graph)
+        self.emb = index[0] if names[0] == "embedding" else None
+        self.head = index[-1] if names[-1] == "head" else None
+        self.block_cls = [k for k, n in zip(index, names, strict=True) if n.startswith("layers.")]
+        self.kinds = sorted(set(self.block_cls))
+        self.single = len(self.kinds) == 1
+        self.m = w.global_batch // (cfg.dp * cfg.micro_batch)
+        self.p, self.v = cfg.pp, cfg.vpp
+        self.costs: dict[int, list[UnitView]] = costs or {
+            k: [UnitView.of(price_option(reps[k][0], reps[k][1], (sharding, rc, offload, 1, False), cfg, dev, w))
+                for rc in recomputes] for k in set(index)}
+        self.budget = memory_budget(dev, cfg, limit_gib) + (DP_BUCKET_BYTES if cfg.dp > 1 else 0.0)
+        self.bucket = DP_BUCKET_BYTES if cfg.dp > 1 else 0.0
+        s = cfg.strategy()
+        send = dev.collective_time("send_recv", self.costs[self.block_cls[-1]][0].out_bytes, mesh_groups(dev, s).pp)
+        self.p2p = 2 * send * (1 - dev.c.pp_overlap)
+        self.cache: dict[tuple, Any] = {}
+        self.batch: dict[str, Any] | None = None
+        self.evaluated = 0
+
+    def fixed(self, counts: dict[int, int], emb: bool, head: bool) -> Fixed:
+        f = Fixed()
+        held = [(k, n) for k, n in counts.items() if n] + ([(self.emb, 1)] if emb and self.emb is not None else []) + (
+            [(self.head, 1)] if head and self.head is not None else [])
+        for k, n in held:
+            u = self.costs[k][0]
+            f.states += n * u.states
+            f.gathered = max(f.gathered, u.gathered)
+            f.sync += n * u.sync
+            f.window += n * u.window
+            f.optim += n * u.optim
+            f.offload += n * u.offload
+            f.weight += n * u.weight
+        return f
+
+    def _single(self, r: int, emb: bool, head: bool, bounds: int, n_max: int) -> _Table:
+        """Least stage time of rank ``r`` for 0..n_max blocks of the only block class."""
+        k = self.kinds[0]
+        fly = in_flight(self.cfg.schedule, r, self.p, self.m, self.v)
+        opts = self.costs[k]
+        f, rest = self._split()
+        n = np.arange(n_max + 1)[:, None].astype(float)
+        nf = np.arange(n_max + 1)[None, :].astype(float)
+        valid = nf <= n
+        ta, ma = (opts[rest[0]].time, opts[rest[0]].activations * fly) if rest else (0.0, 0.0)
+        tb, mb = (opts[rest[1]].time, opts[rest[1]].activations * fly) if len(rest) > 1 else (ta, ma)
+        tf, mf, rf = opts[f].time, opts[f].activations * fly, opts[f].recompute_peak
+        tab = _Table(self, k, emb, head, n_max, f, rest)
+        e_opts = range(len(self.costs[self.emb])) if emb and self.emb is not None else [None]
+        h_opts = range(len(self.costs[self.head])) if head and self.head is not None else [None]
+        fx = self.fixed({k: 1}, emb, head)
+        st_b = opts[0].states
+        states = fx.states - st_b + n * st_b
+        rows = np.arange(n_max + 1)
+        for e in e_opts:
+            for h in h_opts:
+                ue = self.costs[self.emb][e] if e is not None else None  # type: ignore[index]
+                uh = self.costs[self.head][h] if h is not None else None  # type: ignore[index]
+                base_t = (ue.time if ue else 0.0) + (uh.time if uh else 0.0) + bounds * self.p2p
+                base_m = (ue.activations * fly if ue else 0.0) + (uh.activations * (fly + 0.5) if uh else 0.0)
+                r_eh = max(ue.recompute_peak if ue else 0.0, uh.recompute_peak if uh else 0.0)
+                remat = np.where(nf > 0, max(r_eh, rf), r_eh)
+                if len(rest) == 1 and ta <= tf and ma > mf:  # two options: the fewest slow blocks that fit
+                    self._two(tab, n[:, 0], states[:, 0] + fx.gathered + base_m, r_eh, base_t, e, h, fly)
+                    continue
+                room = self.budget - self.bucket - states - fx.gathered - remat - base_m - nf * mf
+                left = n - nf
+                if not rest:
+                    ok = valid & (left == 0) & (room >= 0)
+                    na = np.zeros_like(left)
+                elif mb < ma:
+                    na = np.clip(np.floor((room - left * mb) / (ma - mb)), 0, left)
+                    ok = valid & (room - left * mb >= 0)
+                else:
+                    na = left
+                    ok = valid & (room - left * ma >= 0)
+                t = np.where(ok, base_t + nf * tf + na * ta + (left - na) * tb, INF)
+                j = np.argmin(t, axis=1)
+                tj = t[rows, j]
+                better = tj < tab.time
+                tab.time = np.where(better, tj, tab.time)
+                tab.e = np.where(better, -1 if e is None else e, tab.e)
+                tab.h = np.where(better, -1 if h is None else h, tab.h)
+                tab.nf = np.where(better, j, tab.nf)
+                tab.na = np.where(better, na[rows, j], tab.na)
+        tab.time[0] = INF  # every stage holds at least one block
+        self.evaluated += n_max + 1
+        return tab
+
+    def _two(self, tab: _Table, n: np.ndarray, fixed: np.ndarray, r_eh: float, base_t: float, e: int | None,
+             h: int | None, fly: float) -> None:
+        """Faster option ``a`` and leaner ``f``: per block count the least number of ``f`` blocks that fits."""
+        opts = self.costs[self.kinds[0]]
+        a, f = opts[tab.rest[0]], opts[tab.f]
+        ta, ma, tf, mf = a.time, a.activations * fly, f.time, f.activations * fly
+        room0 = self.budget - self.bucket - fixed - r_eh  # no block recomputes fully
+        room1 = self.budget - self.bucket - fixed - max(r_eh, f.recompute_peak)
+        need = np.maximum(1.0, np.ceil((n * ma - room1) / (ma - mf)))
+        need = np.where(need * mf + (n - need) * ma <= room1, need, need + 1)
+        nf = np.where(n * ma <= room0, 0.0, need)
+        ok = (nf <= n) & (nf * mf + (n - nf) * ma <= np.where(nf > 0, room1, room0))
+        t = np.where(ok, base_t + nf * tf + (n - nf) * ta, INF)
+        better = t < tab.time
+        tab.time = np.where(better, t, tab.time)
+        tab.e = np.where(better, -1 if e is None else e, tab.e)
+        tab.h = np.where(better, -1 if h is None else h, tab.h)
+        tab.nf = np.where(better, nf, tab.nf).astype(int)
+        tab.na = np.where(better, n - nf, tab.na)
+
+    def _split(self) -> tuple[int, list[int]]:
+        """The leanest option (full recomputation) and the others worth keeping, fastest first."""
+        opts = self.costs[self.kinds[0]]
+        order = sorted(range(len(opts)), key=lambda i: (opts[i].time, i))
+        full = [i for i in order if opts[i].recompute_peak > 0]
+        f = full[0] if full else min(order, key=lambda i: (opts[i].activations, i))
+        rest = [i for i in order if i != f]
+        if len(rest) == 2 and opts[rest[0]].activations <= opts[rest[1]].activations:
+            rest = rest[:1]  # the faster option also uses no more memory
+        return f, rest
+
+    def _batch(self) -> None:
+        """Every rank's table at once (one block class, one virtual stage per rank, two options)."""
+        k, p, L = self.kinds[0], self.p, len(self.block_cls)
+        f, rest = self._split()
+        opts = self.costs[k]
+        a, fo = opts[rest[0]], opts[f]
+        # rows: rank 0 under each embedding option, the middle ranks, rank p-1 under each head option
+        flies = np.array([in_flight(self.cfg.schedule, r, p, self.m, self.v) for r in range(p)])
+        base_b = {kind: (fx.states - opts[0].states + fx.gathered)
+                  for kind in {(r == 0, r == p - 1) for r in (0, p // 2, p - 1)}
+                  for fx in [self.fixed({k: 1}, *kind)]}
+        rank, es, hs, fly_l, base_l, reh_l, bt_l = [], [], [], [], [], [], []
+        emb = list(enumerate(self.costs[self.emb])) if self.emb is not None else [(None, None)]
+        head = list(enumerate(self.costs[self.head])) if self.head is not None else [(None, None)]
+        for r in (0, p - 1):
+            for e, ue in emb if r == 0 else [(None, None)]:
+                for h, uh in head if r == p - 1 else [(None, None)]:
+                    fl = flies[r]
+                    rank.append(r)
+                    es.append(-1 if e is None else e)
+                    hs.append(-1 if h is None else h)
+                    fly_l.append(fl)
+                    base_l.append(base_b[(r == 0, r == p - 1)] + (ue.activations * fl if ue else 0.0)
+                                  + (uh.activations * (fl + 0.5) if uh else 0.0))
+                    reh_l.append(max(ue.recompute_peak if ue else 0.0, uh.recompute_peak if uh else 0.0))
+                    bt_l.append((ue.time if ue else 0.0) + (uh.time if uh else 0.0) + (self.p2p if r < p - 1 else 0.0))
+        mid = np.arange(1, p - 1)
+        rank_a = np.concatenate([rank, mid])
+        order = np.argsort(rank_a, kind="stable")
+        col = lambda xs, midv: np.concatenate([np.array(xs, dtype=float), midv])[order][:, None]  # noqa: E731
+        fly = col(fly_l, flies[1:p - 1])
+        base = col(base_l, np.full(len(mid), base_b.get((False, False), 0.0)))
+        r_eh = col(reh_l, np.zeros(len(mid)))
+        base_t = col(bt_l, np.full(len(mid), self.p2p))
+        rows_rank = rank_a[order]
+        rows_e = np.concatenate([es, -np.ones(len(mid), dtype=int)])[order]
+        rows_h = np.concatenate([hs, -np.ones(len(mid), dtype=int)])[order]
+        n = np.arange(L + 1, dtype=float)[None, :]
+        ma, mf = a.activations * fly, fo.activations * fly
+        fixed = base + n * opts[0].states
+        room0 = self.budget - self.bucket - fixed - r_eh
+        room1 = self.budget - self.bucket - fixed - np.maximum(r_eh, fo.recompute_peak)
+        need = np.maximum(1.0, np.ceil((n * ma - room1) / (ma - mf)))
+        need = np.where(need * mf + (n - need) * ma <= room1, need, need + 1)
+        nf = np.where(n * ma <= room0, 0.0, need)
+        ok = (nf <= n) & (nf * mf + (n - nf) * ma <= np.where(nf > 0, room1, room0)) & (n >= 1)
+        t = np.where(ok, base_t + nf * fo.time + (n - nf) * a.time, INF)
+        starts = np.flatnonzero(np.r_[True, rows_rank[1:] != rows_rank[:-1]])
+        best = np.empty((p, L + 1), dtype=int)
+        for r, (lo, hi) in enumerate(zip(starts, list(starts[1:]) + [len(rows_rank)], strict=True)):
+            best[r] = lo + (np.argmin(t[lo:hi], axis=0) if hi - lo > 1 else 0)
+        cols = np.arange(L + 1)[None, :]
+        eh = np.stack([rows_e, rows_h], axis=1)
+        self.batch = {"time": t[best, cols], "e": eh[best, 0], "h": eh[best, 1], "nf": nf[best, cols].astype(int),
+                      "na": n - nf[best, cols], "f": f, "rest": rest}
+        self.evaluated += p * (L + 1)
+
+    def table(self, r: int) -> _Table:
+        """Rank ``r``'s table (one block class, one virtual stage per rank)."""
+        key = (r, r == 0, r == self.p - 1, 1 if r < self.p - 1 else 0)
+        tab = self.cache.get(key)
+        if tab is None:
+            b = self.batch
+            if b is not None:
+                tab = _Table(self, self.kinds[0], key[1], key[2], len(self.block_cls), b["f"], b["rest"])
+                tab.time, tab.e, tab.h, tab.nf, tab.na = b["time"][r], b["e"][r], b["h"][r], b["nf"][r], b["na"][r]
+            else:
+                tab = self._single(r, key[1], key[2], key[3], len(self.block_cls))
+            self.cache[key] = tab
+        return tab
+
+    def times(self) -> np.ndarray:
+        """(ranks × block counts) least stage times, one block class, one virtual stage per rank."""
+        if self.batch is None and not self.cache and self.v == 1:
+            f, rest = self._split()
+            o = self.costs[self.kinds[0]]
+            if len(rest) == 1 and o[rest[0]].time <= o[f].time and o[rest[0]].activations > o[f].activations:
+                self._batch()
+        if self.batch is not None:
+            return self.batch["time"]
+        return np.stack([self.table(r).time for r in range(self.p)])
+
+    def at(self, k: int, j: int, n: int) -> StageCost | None:
+        """Stage ``k`` of a pipeline without interleaving, holding blocks ``j .. j+n-1``."""
+        p = self.p
+        if self.single:
+            self.times()
+            return self.table(k).get(n)
+        return self.stage(k, dict(Counter(self.block_cls[j:j + n])), k == 0, k == p - 1, 1 if k < p - 1 else 0)
+
+    def stage(self, r: int, counts: dict[int, int], emb: bool, head: bool, bounds: int) -> StageCost | None:
+        """Least time of pipeline rank ``r`` holding ``counts`` blocks per class (and emb/head)."""
+        if self.single:
+            key = (r, emb, head, bounds)
+            if key not in self.cache:
+                self.cache[key] = self._single(r, emb, head, bounds, len(self.block_cls))
+            return self.cache[key].get(counts.get(self.kinds[0], 0))  # type: ignore[union-attr]
+        key = (r, tuple(sorted(counts.items())), emb, head, bounds)
+        if key not in self.cache:
+            self.cache[key] = [self._general(r, counts, emb, head, bounds)]
+        return self.cache[key][0]
+
+    def _general(self, r: int, counts: dict[int, int], emb: bool, head: bool, bounds: int) -> StageCost | None:
+        """Several block classes: Pareto frontiers of (time, memory) per class, merged."""
+        fly = in_flight(self.cfg.schedule, r, self.p, self.m, self.v)
+        fx = self.fixed(counts, emb, head)
+        self.evaluated += 1
+        groups: list[tuple[int, int, bool]] = [(k, n, False) for k, n in sorted(counts.items()) if n]
+        if emb and self.emb is not None:
+            groups.append((self.emb, 1, False))
+        if head and self.head is not None:
+            groups.append((self.head, 1, True))
+        caps = sorted({0.0} | {u.recompute_peak for k, _, _ in groups for u in self.costs[k]})
+        best: StageCost | None = None
+        for cap in caps:
+            room = self.budget - self.bucket - fx.states - fx.gathered - cap
+            front = [(bounds * self.p2p, 0.0, ())]
+            for k, n, is_head in groups:
+                allowed = [i for i, u in enumerate(self.costs[k]) if u.recompute_peak <= cap]
+                pts = []
+                for comp in _compositions(n, len(allowed)):
+                    t = sum(c * self.costs[k][allowed[i]].time for i, c in enumerate(comp))
+                    mm = sum(c * self.costs[k][allowed[i]].activations * (fly + (0.5 if is_head else 0.0))
+                             for i, c in enumerate(comp))
+                    pts.append((t, mm, ((k, tuple((allowed[i], c) for i, c in enumerate(comp) if c)),)))
+                front = _pareto([(a[0] + b[0], a[1] + b[1], a[2] + b[2]) for a in front for b in pts if a[1] + b[1] <= room])
+            if front and (best is None or front[0][0] < best.time):
+                choice = {k: Counter(dict(c)) for k, c in _merge(front[0][2])}
+                e = next(iter(choice.pop(self.emb))) if emb and self.emb is not None and self.emb in choice else None
+                h = next(iter(choice.pop(self.head))) if head and self.head is not None and self.head in choice else None
+                best = StageCost(front[0][0], (e, h, choice), fx)
+        return best
+
+
+def _compositions(n: int, k: int) -> list[tuple[int, ...]]:
+    if k == 1:
+        return [(n,)]
+    return [(i,) + rest for i in range(n + 1) for rest in _compositions(n - i, k - 1)]
+
+
+def _pareto(pts: list[tuple[float, float, tuple]]) -> list[tuple[float, float, tuple]]:
+    """Points no other point beats in both time and memory, fastest first."""
+    out: list[tuple[float, float, tuple]] = []
+    for p in sorted(pts, key=lambda x: (x[1], x[0])):
+        if not out or p[0] < out[-1][0]:
+            out.append(p)
+    return sorted(out, key=lambda x: (x[0], x[1]))
+
+
+def _merge(parts: tuple) -> list[tuple[int, tuple]]:
+    merged: dict[int, Counter[int]] = {}
+    for k, comp in parts:
+        merged.setdefault(k, Counter()).update(dict(comp))
+    return [(k, tuple(sorted(c.items()))) for k, c in merged.items()]
+
+

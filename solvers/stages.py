@@ -1,0 +1,261 @@
+"""Pipeline meshes: per-layer recomputation and non-uniform stage boundaries, exactly.
+
+For a mesh with ``pp > 1`` and one uniform (sharding, offload), each unit chooses its recomputation
+and — with one virtual stage per rank — the stages choose their boundaries (at least one block
+each; the embedding rides on the first stage, the head on the last). Everything but a stage's time
+``T`` is fixed by which units it holds; ``T`` and the memory depend on the recomputation choices.
+
+1. Per (rank, units held): the least ``T`` whose memory fits (:meth:`PipelineProblem.stage`) —
+   exact: for a single block class, enumerate how many blocks recompute fully and fill the rest
+   with the faster of the two other options as far as memory allows (closed form, all block
+   counts at once); for several classes, Pareto frontiers of (time, memory) merged across classes.
+2. Over the stages: a label-setting DP over (stages done, blocks done) whose labels carry the
+   running maxima and sums the schedule's step time needs (``max T, Σ T, max(T - 2W), max
+   exposed DP sync, max optimizer, max offload``), Pareto-pruned and pruned by a lower bound
+   against the incumbent. Its optimum equals :func:`costmodel.estimate.estimate` of the plan.
+
+With interleaved stages (``vpp > 1``) the split is the even one and each rank's choice is
+independent (``m·max T + (p-1)·max T / v`` only grows with each ``T``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+from costmodel.estimate import even_split
+from costmodel.strategy import LayerStrategy, Strategy
+from profiler.graph import LayerGraph
+from solvers.space import MeshConfig
+from solvers.stage_tables import INF, PipelineProblem, StageCost, UnitView
+
+__all__ = ["PipelineProblem", "PipelineSolution", "UnitView", "pipeline_strategy", "solve_pipeline"]
+
+@dataclass
+class PipelineSolution:
+    objective: float
+    stage_layers: list[int] | None
+    recompute: list[str]  # per unit, in order
+    status: str = "optimal"
+    labels: int = 0
+
+
+class _Label:
+    __slots__ = ("vals", "parent", "n", "cost")
+
+    def __init__(self, vals: tuple[float, ...], parent: _Label | None, n: int, cost: StageCost | None):
+        self.vals, self.parent, self.n, self.cost = vals, parent, n, cost
+
+
+def _objective(pp: PipelineProblem, max_t: float, sum_t: float, fill: float, ex: float, opt: float,
+               off: float) -> float:
+    c, m, p, v = pp.dev.c, pp.m, pp.p, pp.v
+    sched = pp.cfg.schedule
+    if sched == "interleaved":
+        pipe = m * max_t + (p - 1) * max_t / v
+    elif sched == "zb":
+        pipe = m * max_t + (p - 1) * max(fill, 0.0)
+    else:
+        pipe = (m - 1) * max_t + sum_t
+    return pipe + ex + opt + off + c.step_overhead_s
+
+
+def _vals(sc: StageCost, alpha: float) -> tuple[float, ...]:
+    return (sc.time, sc.time, sc.time - 2 * sc.fixed.weight, sc.exposed(alpha), sc.fixed.optim, sc.fixed.offload)
+
+
+def _extend(a: tuple[float, ...], b: tuple[float, ...]) -> tuple[float, ...]:
+    return (max(a[0], b[0]), a[1] + b[1], max(a[2], b[2]), max(a[3], b[3]), max(a[4], b[4]), max(a[5], b[5]))
+
+
+def solve_pipeline(pp: PipelineProblem, incumbent: float = INF, nonuniform: bool = True) -> PipelineSolution | None:
+    """The fastest plan of this (mesh, sharding, offload) that fits, or None (or nothing better than
+    ``incumbent``)."""
+    L, p, v = len(pp.block_cls), pp.p, pp.v
+    alpha = pp.dev.c.dp_overlap
+    if v > 1 or not nonuniform:
+        sizes = even_split(L, p * v)
+        per_rank: list[list[int]] = [[] for _ in range(p)]
+        start = 0
+        for k, n in enumerate(sizes):
+            per_rank[k % p].extend(range(start, start + n))
+            start += n
+        costs = []
+        for r in range(p):
+            counts = Counter(pp.block_cls[i] for i in per_rank[r])
+            bounds = sum(1 for k in range(r, p * v - 1, p))
+            sc = pp.stage(r, dict(counts), r == 0, r == p - 1, bounds)
+            if sc is None:
+                return None
+            costs.append(sc)
+        vals = _vals(costs[0], alpha)
+        for sc in costs[1:]:
+            vals = _extend(vals, _vals(sc, alpha))
+        obj = _objective(pp, *vals)
+        return PipelineSolution(obj, None if v > 1 or not nonuniform else None, _recompute(pp, costs, per_rank))
+    sched = pp.cfg.schedule
+    dims = (0, 2, 3, 4, 5) if sched == "zb" else (0, 1, 3, 4, 5)
+    if pp.single and np.isfinite(incumbent) and _quick_bound(pp) >= incumbent:
+        return None
+    minsum, minmax = _rest_bounds(pp)
+    _, fill0, _, opt0, off0 = _totals(pp)
+    if _objective(pp, minmax[0][0], minsum[0][0], fill0, 0.0, opt0, off0) >= incumbent:
+        return None
+
+    def bound(vals: tuple[float, ...], k: int, j: int) -> float:
+        fill, opt, off = max(vals[2], fill0), max(vals[4], opt0), max(vals[5], off0)
+        if k == p:
+            return _objective(pp, vals[0], vals[1], fill, vals[3], opt, off)
+        return _objective(pp, max(vals[0], minmax[k][j]), vals[1] + minsum[k][j], fill, vals[3], opt, off)
+
+    layer: dict[int, list[_Label]] = {0: [_Label((0.0, 0.0, -INF, 0.0, 0.0, 0.0), None, 0, None)]}
+    labels = 0
+    for k in range(p):
+        nxt: dict[int, list[_Label]] = {}
+        for j in sorted(layer):
+            hi = L - j if k == p - 1 else L - j - (p - k - 1)
+            lo = hi if k == p - 1 else 1
+            for n in range(lo, hi + 1):
+                sc = pp.at(k, j, n)
+                if sc is None:
+                    break
+                sv = _vals(sc, alpha)
+                grew = False
+                for lab in layer[j]:
+                    vals = _extend(lab.vals, sv) if lab.cost is not None else sv
+                    if bound(vals, k + 1, j + n) >= incumbent:
+                        continue
+                    grew = True
+                    _insert(nxt.setdefault(j + n, []), _Label(vals, lab, n, sc), dims)
+                    labels += 1
+                if not grew and sched != "zb" and (pp.m - 1) * sc.time >= incumbent:
+                    break
+        layer = nxt
+    final = layer.get(L, [])
+    if not final:
+        return None
+    best = min(final, key=lambda lab: _objective(pp, *lab.vals))
+    obj = _objective(pp, *best.vals)
+    sizes, costs = [], []
+    lab: _Label | None = best
+    while lab is not None and lab.cost is not None:
+        sizes.append(lab.n)
+        costs.append(lab.cost)
+        lab = lab.parent
+    sizes.reverse()
+    costs.reverse()
+    ranks, start = [], 0
+    for n in sizes:
+        ranks.append(list(range(start, start + n)))
+        start += n
+    return PipelineSolution(obj, sizes, _recompute(pp, costs, ranks), labels=labels)
+
+
+def _quick_bound(pp: PipelineProblem) -> float:
+    """Step time no partition beats: the least slowest stage (exact, from the stage tables) and
+    the least total (every unit at its fastest, memory ignored)."""
+    t = pp.times()
+    L = t.shape[1] - 1
+    vals = np.unique(t[np.isfinite(t)])
+    if not len(vals):
+        return INF
+    lo, hi = 0, len(vals) - 1
+    if ((t <= vals[hi]).sum(axis=1) < 1).any() or (t <= vals[hi]).sum() < L:
+        return INF
+    while lo < hi:  # the least slowest-stage time τ with Σ_r max{n: T_r(n) <= τ} >= L
+        mid = (lo + hi) // 2
+        caps = (t <= vals[mid]).sum(axis=1)
+        if (caps >= 1).all() and caps.sum() >= L:
+            hi = mid
+        else:
+            lo = mid + 1
+    return _objective(pp, float(vals[lo]), *_totals(pp))
+
+
+def _totals(pp: PipelineProblem) -> tuple[float, float, float, float, float]:
+    """Bounds on (Σ T, max fill, max exposed sync, max optimizer, max offload) of any partition:
+    every unit at its fastest, and each maximum at least the mean over the ranks."""
+    if pp.__dict__.get("_totals") is not None:
+        return pp.__dict__["_totals"]
+    p = pp.p
+    units = [(k, 1) for k in pp.block_cls] + [(k, 1) for k in (pp.emb, pp.head) if k is not None]
+    total = sum(min(u.time for u in pp.costs[k]) for k, _ in units) + (p - 1) * pp.p2p
+    weight = sum(pp.costs[k][0].weight for k, _ in units)
+    optim = sum(pp.costs[k][0].optim for k, _ in units)
+    offload = sum(pp.costs[k][0].offload for k, _ in units)
+    out = (total, (total - 2 * weight) / p, 0.0, optim / p, offload / p)
+    pp.__dict__["_totals"] = out
+    return out
+
+
+def _rest_bounds(pp: PipelineProblem) -> tuple[np.ndarray, np.ndarray]:
+    """Least Σ T and least max T of the stages k.. holding blocks j.. (each minimised alone)."""
+    L, p = len(pp.block_cls), pp.p
+    minsum = np.full((p + 1, L + 1), INF)
+    minmax = np.full((p + 1, L + 1), INF)
+    minsum[p][L], minmax[p][L] = 0.0, 0.0
+    if not pp.single:
+        for k in range(p - 1, -1, -1):
+            for j in range(L - (p - k) + 1):
+                hi = L - j if k == p - 1 else L - j - (p - k - 1)
+                lo = hi if k == p - 1 else 1
+                t = np.array([sc.time if (sc := pp.at(k, j, n)) is not None else INF for n in range(lo, hi + 1)])
+                if len(t):
+                    minsum[k][j] = np.min(t + minsum[k + 1][j + lo:j + hi + 1])
+                    minmax[k][j] = np.min(np.maximum(t, minmax[k + 1][j + lo:j + hi + 1]))
+        return minsum, minmax
+    times = pp.times()
+    jj = np.arange(L + 1)[:, None]
+    for k in range(p - 1, -1, -1):
+        t = times[k]
+        finite = np.flatnonzero(np.isfinite(t))
+        cap = int(finite[-1]) if len(finite) else 0  # more blocks than this do not fit on the stage
+        if cap < 1:
+            break
+        nn = np.arange(cap + 1)[None, :]
+        tgt = jj + nn
+        ok = (nn >= 1) & (tgt <= L) & ((tgt == L) if k == p - 1 else (tgt <= L - (p - k - 1)))
+        idx = np.minimum(tgt, L)
+        ts = np.where(ok, t[None, :cap + 1], INF)
+        minsum[k] = np.min(ts + minsum[k + 1][idx], axis=1)
+        minmax[k] = np.min(np.maximum(ts, minmax[k + 1][idx]), axis=1)
+    return minsum, minmax
+
+
+def _insert(labels: list[_Label], new: _Label, dims: tuple[int, ...]) -> None:
+    nv = [new.vals[d] for d in dims]
+    for lab in labels:
+        if all(lab.vals[d] <= x for d, x in zip(dims, nv, strict=True)):
+            return
+    labels[:] = [lab for lab in labels if not all(x <= lab.vals[d] for d, x in zip(dims, nv, strict=True))]
+    labels.append(new)
+
+
+def _recompute(pp: PipelineProblem, costs: list[StageCost], blocks: list[list[int]]) -> list[str]:
+    """Recomputation of every unit (embedding, blocks, head) from the stages' option counts."""
+    per_block = [""] * len(pp.block_cls)
+    emb = head = pp.recomputes[0]
+    for r, (sc, idx) in enumerate(zip(costs, blocks, strict=True)):
+        e, h, counts = sc.choice
+        if r == 0 and e is not None:
+            emb = pp.recomputes[e]
+        if h is not None:
+            head = pp.recomputes[h]
+        pools = {k: sorted(c.elements()) for k, c in counts.items()}
+        for i in idx:
+            per_block[i] = pp.recomputes[pools[pp.block_cls[i]].pop(0)]
+    out = [emb] if pp.emb is not None else []
+    return out + per_block + ([head] if pp.head is not None else [])
+
+
+def pipeline_strategy(graph: LayerGraph, cfg: MeshConfig, sharding: str, offload: str,
+                      sol: PipelineSolution) -> Strategy:
+    names = [n for n, _ in graph.blocks()]
+    top = Counter(sol.recompute).most_common(1)[0][0]
+    mk = LayerStrategy
+    default = mk(sharding=sharding, recompute=top, offload=offload)  # type: ignore[arg-type]
+    layers = [mk(unit=n, sharding=sharding, recompute=rc, offload=offload)  # type: ignore[arg-type]
+              for n, rc in zip(names, sol.recompute, strict=True) if rc != top]
+    return cfg.strategy(default=default, layers=layers, stage_layers=sol.stage_layers)

@@ -1,0 +1,110 @@
+"""OSDP chain solvers: DP, ILP and brute force agree; the cost model's chain is estimate()."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from costmodel.device import DeviceModel
+from costmodel.estimate import estimate
+from costmodel.strategy import Workload
+from profiler.hardware import parse_cluster
+from profiler.models import load_model
+from solvers.chain import ChainProblem, Option, chain_strategy, mesh_problem
+from solvers.exhaustive import solve_chain
+from solvers.osdp_dp import solve_dp
+from solvers.osdp_ilp import solve_ilp
+from solvers.space import SPACES, MeshConfig
+
+
+@st.composite
+def chains(draw: st.DrawFn, transitions: bool) -> ChainProblem:
+    n_units = draw(st.integers(1, 5))
+    n_classes = draw(st.integers(1, 3))
+    opt = st.builds(Option, a=st.integers(0, 20).map(float), d=st.integers(-5, 5).map(float),
+                    mem=st.integers(0, 10).map(float), g=st.sampled_from([0.0, 0.0, 3.0, 5.0]),
+                    r=st.sampled_from([0.0, 2.0, 4.0]))
+    options = [draw(st.lists(opt, min_size=1, max_size=4)) for _ in range(n_classes)]
+    classes = [draw(st.integers(0, n_classes - 1)) for _ in range(n_units)]
+    trans = None
+    if transitions:
+        trans = [np.array(draw(st.lists(st.lists(st.integers(0, 6).map(float), min_size=len(options[classes[i + 1]]),
+                                                           max_size=len(options[classes[i + 1]])),
+                                                  min_size=len(options[classes[i]]), max_size=len(options[classes[i]]))))
+                 for i in range(n_units - 1)]
+    return ChainProblem(options, classes, float(draw(st.integers(0, 40))), const=0.5, transitions=trans)
+
+
+def _agree(p: ChainProblem) -> None:
+    brute, dp, ilp = solve_chain(p), solve_dp(p), solve_ilp(p)
+    if brute.choice is None:
+        assert dp.choice is None and ilp.choice is None
+        return
+    assert dp.status == ilp.status == "optimal"
+    assert dp.objective == pytest.approx(brute.objective, rel=1e-12)
+    assert ilp.objective == pytest.approx(brute.objective, rel=1e-9)
+    assert p.fits(dp.choice) and p.fits(ilp.choice)  # type: ignore[arg-type]
+
+
+@settings(max_examples=20, deadline=None)
+@given(chains(transitions=False))
+def test_dp_ilp_brute_agree(p: ChainProblem) -> None:
+    _agree(p)
+
+
+@settings(max_examples=15, deadline=None)
+@given(chains(transitions=True))
+def test_dp_ilp_brute_agree_with_transitions(p: ChainProblem) -> None:
+    _agree(p)
+
+
+def test_dp_discretisation_is_bounded_and_conservative() -> None:
+    rng = random.Random(3)
+    for _ in range(25):
+        k = rng.randint(1, 3)
+        opts = [[Option(a=rng.random() * 3, d=rng.uniform(-1, 1), mem=rng.random() * 1e9,
+                        g=rng.choice([0.0, rng.random() * 3e8]), r=rng.choice([0.0, rng.random() * 2e8]))
+                 for _ in range(rng.randint(1, 4))] for _ in range(k)]
+        p = ChainProblem(opts, [rng.randrange(k) for _ in range(rng.randint(1, 5))], rng.random() * 4e9)
+        brute, dp, ilp = solve_chain(p), solve_dp(p, mem_buckets=512), solve_ilp(p)
+        if brute.choice is None:
+            assert dp.choice is None and ilp.choice is None
+            continue
+        assert ilp.objective == pytest.approx(brute.objective, rel=1e-9)
+        assert dp.bound <= brute.objective * (1 + 1e-12)  # the relaxed run bounds the optimum
+        if dp.choice is not None:  # the conservative run only returns plans that fit
+            assert p.fits(dp.choice) and dp.objective >= brute.objective * (1 - 1e-12)
+        assert dp.info["mem_error_bound"] == pytest.approx(dp.info["mem_grid_bytes"] * p.units)
+
+
+def test_time_limit_returns_bound() -> None:
+    rng = random.Random(0)
+    opts = [[Option(a=rng.random(), d=rng.uniform(-0.1, 0.1), mem=rng.random() * 10) for _ in range(6)]]
+    p = ChainProblem(opts, [0] * 40, 220.0)
+    sol = solve_ilp(p, time_limit=5.0)
+    assert sol.status in ("optimal", "time_limit")
+    assert sol.choice is not None and sol.bound <= sol.objective + 1e-12
+
+
+def test_mesh_chain_is_estimate() -> None:
+    g = load_model("gpt2-medium", 512)
+    cl = parse_cluster("8xh100")
+    w = Workload(seq_len=512, global_batch=32)
+    dev = DeviceModel(cl)
+    cfg = MeshConfig(1, 2, 4, 1, 1, 1, 2, "1f1b", 1, False)
+    prob = mesh_problem(g, dev, cfg, w, SPACES["osdp"], 12.0)
+    rng = random.Random(1)
+    for _ in range(6):
+        choice = [rng.randrange(len(prob.unit_options(i))) for i in range(prob.units)]
+        rep = estimate(g, cl, chain_strategy(g, cfg, prob, choice), w, memory_limit_gib=12.0)
+        assert prob.objective(choice) == pytest.approx(rep.step_time_s, rel=1e-12)
+        assert prob.fits(choice) == rep.fits
+    ilp, dp = solve_ilp(prob), solve_dp(prob)
+    assert ilp.status == "optimal"
+    assert dp.bound <= ilp.objective * (1 + 1e-9) <= dp.objective * (1 + 2e-9)
+    rep = estimate(g, cl, chain_strategy(g, cfg, prob, ilp.choice), w, memory_limit_gib=12.0)  # type: ignore[arg-type]
+    assert rep.fits and rep.step_time_s == pytest.approx(ilp.objective, rel=1e-12)

@@ -1,0 +1,84 @@
+"""The searches find exactly what brute force over the same space finds, and plans that fit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from costmodel.device import DeviceModel
+from costmodel.estimate import estimate
+from costmodel.strategy import Workload
+from profiler.errors import ShardplanError
+from profiler.hardware import parse_cluster
+from profiler.models import load_model
+from solvers.chain import mesh_problem
+from solvers.exhaustive import search_space, space_plans
+from solvers.hybrid import search
+from solvers.osdp_dp import solve_dp
+from solvers.space import SPACES, mesh_configs
+
+SMALL = {"name": "small", "layers": 3, "hidden": 1024, "heads": 8, "vocab": 8192, "max_seq": 1024}
+LIMITED = dict(shardings=("replicate", "zero3"), recomputes=("none", "full"), offloads=("none",),
+               max_micro_batch_sizes=2, tp_modes=("megatron",), cp_modes=("ring",))
+
+
+@pytest.fixture(scope="module")
+def setup() -> tuple:
+    g = load_model(SMALL, 1024)
+    return g, parse_cluster("2xh100"), Workload(seq_len=1024, global_batch=4)
+
+
+def _limits(g, cl, w, opts) -> list[float | None]:  # type: ignore[no-untyped-def]
+    mems = sorted(estimate(g, cl, s, w).memory_peak_gib for s in list(space_plans(g, cl, w, opts))[::37])
+    return [mems[len(mems) // 10], None]
+
+
+@pytest.mark.parametrize("space", ["osdp", "hybrid", "megatron", "fsdp"])
+def test_search_equals_exhaustive(setup: tuple, space: str) -> None:
+    g, cl, w = setup
+    kw = dict(LIMITED, splits=(1,))
+    if space == "osdp":  # every sharding, splitting and per-operator ZeRO-3; small models only
+        g = load_model(dict(SMALL, layers=2), 1024)
+        kw.update(shardings=("replicate", "zero1", "zero3"), recomputes=("none",), splits=(1, 2))
+    if space == "fsdp":
+        kw.pop("shardings")
+    if space == "hybrid":
+        kw.update(max_micro_batch_sizes=1)
+    opts = SPACES[space].with_(**kw)
+    for limit in _limits(g, cl, w, opts):
+        best, plan, n = search_space(g, cl, w, opts, limit)
+        assert n > 10 and plan is not None
+        res = search(g, cl, w, opts, memory_limit_gib=limit)
+        assert res.status == "optimal" and res.gap == 0.0
+        assert res.objective == pytest.approx(best, rel=1e-9)
+        rep = estimate(g, cl, res.best.strategy, w, memory_limit_gib=limit)
+        assert rep.fits and rep.step_time_s == pytest.approx(res.objective, rel=1e-12)
+        if space == "osdp":  # the DP, mesh by mesh, finds the same optimum
+            dev = DeviceModel(cl)
+            dps = [solve_dp(mesh_problem(g, dev, c, w, opts, limit if limit else cl.memory_bytes / 2**30))
+                   for c in mesh_configs(g, cl, w, opts)]
+            assert min(d.objective for d in dps) == pytest.approx(best, rel=1e-9)
+
+
+def test_infeasible_names_memory_and_cause(setup: tuple) -> None:
+    g, cl, w = setup
+    opts = SPACES["hybrid"].with_(**LIMITED)
+    with pytest.raises(ShardplanError) as e:
+        search(g, cl, w, opts, memory_limit_gib=2.0)
+    msg = str(e.value)
+    assert "no plan in the 'hybrid' space fits 2.00 GiB" in msg
+    assert "smallest per-GPU memory any plan needs is" in msg and "dominated by" in msg
+    need = float(msg.split("needs is ")[1].split(" GiB")[0])
+    feasible = search(g, cl, w, opts, memory_limit_gib=need + 0.01)
+    assert feasible.best.memory_gib <= need + 0.01
+    with pytest.raises(ShardplanError):
+        search(g, cl, w, opts, memory_limit_gib=need - 0.01)
+
+
+def test_time_limit_reports_gap() -> None:
+    g, cl = load_model("llama3-8b", 4096), parse_cluster("64xh100")
+    res = search(g, cl, Workload(seq_len=4096, global_batch=256), "full", time_limit=0.5)
+    assert res.status in ("optimal", "time_limit")
+    assert res.bound <= res.objective and (res.status == "optimal") == (res.gap == 0.0)
+    assert estimate(g, cl, res.best.strategy, Workload(seq_len=4096, global_batch=256)).fits
+    assert np.isfinite(res.objective)
