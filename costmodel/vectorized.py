@@ -82,7 +82,8 @@ class GridReport:
         o = self.options[j]
         if o.large:
             raise ValueError("an option with per-operator sharding is not a single layer strategy")
-        return LayerStrategy(sharding=o.sharding, recompute=o.recompute, offload=o.offload)  # type: ignore[arg-type]
+        return LayerStrategy(sharding=o.sharding, recompute=o.recompute,  # type: ignore[arg-type]
+                             offload=o.offload)  # type: ignore[arg-type]
 
 
 def price_grid(graph: LayerGraph, cluster: Cluster, w: Workload, configs: Sequence[MeshLike],
@@ -106,7 +107,8 @@ def price_grid(graph: LayerGraph, cluster: Cluster, w: Workload, configs: Sequen
         return GridReport(list(configs), opts, e, e, e, e, e, e.astype(bool), np.zeros(0), limit)
     g = _Cfg.of(configs)
     net = _Net(dev)
-    ua = [_unit(nodes, dev, net, g, w, opts, set(large_ops(nodes)) if large_ops else set()) for _, nodes in reps]
+    ua = [_unit(nodes, dev, net, g, w, opts, set(large_ops(nodes)) if large_ops else set())
+          for _, nodes in reps]
     blocks = [k for k, (name, _) in zip(index, graph.blocks(), strict=True) if name.startswith("layers.")]
     names = [name for name, _ in graph.blocks()]
     pre = index[0] if names and names[0] == "embedding" else None
@@ -191,7 +193,8 @@ def _combine(sl: np.ndarray, p: int, v: int, blocks: list[int], pre: int | None,
                          [mm * worst + (p - 1) * worst / v, mm * worst + (p - 1) * np.maximum(fill, 0.0)],
                          (mm - 1) * worst + (t_r * mult).sum(axis=2))
     exposed = np.maximum(0.0, per_rank("step_comm") - c.dp_overlap * per_rank("window")).max(axis=2)
-    step = pipe + exposed + per_rank("optim").max(axis=2) + per_rank("offload").max(axis=2) + c.step_overhead_s
+    step = pipe + exposed + per_rank("optim").max(axis=2) + per_rank("offload").max(axis=2)
+    step = step + c.step_overhead_s
     present = counts > 0
     mem = np.zeros_like(step)
     states, acts = per_rank("states"), per_rank("activations")
@@ -205,13 +208,15 @@ def _combine(sl: np.ndarray, p: int, v: int, blocks: list[int], pre: int | None,
             buf = buf + ua[post].activations[sl] / 2
         tot = states[:, :, u] + acts[:, :, u] * _in_flight(g.sched[sl], r, p, m, v)[:, None] + buf
         mem = np.maximum(mem, tot + (c.context_bytes + c.fragmentation * tot))
-    hw = np.einsum("nok,k->no", np.stack([u.hw_flops[sl] for u in ua], axis=2), (counts * mult[:, None]).sum(axis=0))
+    held = (counts * mult[:, None]).sum(axis=0)
+    hw = np.einsum("nok,k->no", np.stack([u.hw_flops[sl] for u in ua], axis=2), held)
     out["step"][sl] = step
     out["mem"][sl] = mem / GIB
     out["hfu"][sl] = hw * mm * (g.dpr[sl] * g.dps[sl] * g.tp[sl] * g.cp[sl])[:, None]
 
 
-def strategies_grid(strategies: Sequence[Strategy]) -> tuple[list[Any], list[LayerStrategy], list[tuple[int, int]]]:
+def strategies_grid(strategies: Sequence[Strategy]
+                    ) -> tuple[list[Any], list[GridOption], list[tuple[int, int]]]:
     """Configurations, options and (i, j) cells of a list of uniform strategies (for testing)."""
     from types import SimpleNamespace
 
@@ -256,7 +261,8 @@ def compute_bound(graph: LayerGraph, cluster: Cluster, w: Workload, configs: Seq
         for n in nodes:
             static = n.tp in TP_SPLIT_ROLES or n.kind in ("activation", "experts", "loss")
             tdiv = np.where(g.tsp | static | g.sp, g.tp, 1.0)
-            calls = np.maximum(1.0, n.dims.get("experts", 1) / g.ep) if n.kind == "experts" else np.ones(len(configs))
+            one = np.ones(len(configs))
+            calls = np.maximum(1.0, n.dims.get("experts", 1) / g.ep) if n.kind == "experts" else one
             f, b = _times(dev, n, g.b / g.cp / tdiv, calls, w.precision)
             total += counts[k] * (f + b)
     m = w.global_batch / (g.dpr * g.dps * g.b)

@@ -48,7 +48,8 @@ def unit_names(graph: LayerGraph) -> list[str]:
 
 
 def unit_classes(graph: LayerGraph) -> tuple[list[tuple[str, list[LayerNode]]], list[int]]:
-    """Distinct units (first of each kind) and the class index of every unit in order (cached on the graph)."""
+    """Distinct units (first of each kind) and the class index of every unit in order (cached on the
+    graph)."""
     cached = graph.__dict__.get("_unit_classes")
     if cached is not None and cached[0] == len(graph.nodes):
         return cached[1], cached[2]
@@ -92,7 +93,8 @@ class _Cfg:
 
         return cls(col("pp"), col("dp_replicate"), col("dp_shard"), col("cp"), col("tp"), col("ep"),
                    col("micro_batch"), col("vpp"), col("schedule", object), col("sequence_parallel", bool),
-                   np.array([c.tp_mode == "tsp" for c in configs]), np.array([c.cp_mode == "ulysses" for c in configs]))
+                   np.array([c.tp_mode == "tsp" for c in configs]),
+                   np.array([c.cp_mode == "ulysses" for c in configs]))
 
 
 class _Net:
@@ -179,8 +181,9 @@ def _each(fn: Any, x: F) -> F:
 
 def _times(dev: DeviceModel, n: LayerNode, scale: F, calls: F, prec: str) -> tuple[F, F]:
     """Forward and backward seconds of ``n`` per distinct (scale, calls), via the device model."""
-    key = np.stack([scale, calls])
-    uniq, inv = np.unique(key, axis=1, return_inverse=True)
+    key = scale + 1j * calls  # one sortable key per (scale, calls)
+    uniq_c, inv = np.unique(key, return_inverse=True)
+    uniq = np.stack([uniq_c.real, uniq_c.imag])
     fwd, bwd = np.empty(uniq.shape[1]), np.empty(uniq.shape[1])
     op = {"norm": "norm", "embedding": "embedding", "loss": "cross_entropy", "activation": "activation"}.get(
         n.kind, "elementwise")
@@ -189,9 +192,11 @@ def _times(dev: DeviceModel, n: LayerNode, scale: F, calls: F, prec: str) -> tup
         if n.kind in GEMM_KINDS:
             if n.kind == "experts":
                 flops *= dev.c.moe_imbalance
-            fwd[i], bwd[i] = dev.gemm_time(flops / cl, prec, cl), dev.gemm_time(flops / cl, prec, cl, backward=True)
+            fwd[i] = dev.gemm_time(flops / cl, prec, cl)
+            bwd[i] = dev.gemm_time(flops / cl, prec, cl, backward=True)
         elif n.kind == "attention":
-            fwd[i], bwd[i] = dev.attention_time(flops, n.causal), dev.attention_time(flops, n.causal, backward=True)
+            fwd[i] = dev.attention_time(flops, n.causal)
+            bwd[i] = dev.attention_time(flops, n.causal, backward=True)
         else:
             nbytes = n.mem_bytes * sc
             fwd[i], bwd[i] = dev.memory_time(nbytes, op), dev.memory_time(nbytes, op, backward=True)
@@ -276,7 +281,8 @@ def _unit(nodes: list[LayerNode], dev: DeviceModel, net: _Net, g: _Cfg, w: Workl
         t = t + passes * net("all_gather", cp_bytes, tp, np.ones(C))
         tsp = np.maximum(0.0, t - c.fsdp_overlap * (fwd + bwd))
         comm += np.where(tp > 1, np.where(g.tsp, tsp, meg), 0.0)
-        ring = np.maximum(0.0, net("all_gather", cp_bytes, cp, tp) * (passes + 1) - c.cp_overlap * attn_time * passes / 2)
+        ring = np.maximum(0.0, net("all_gather", cp_bytes, cp, tp) * (passes + 1)
+                          - c.cp_overlap * attn_time * passes / 2)
         uly = 2 * net("all_to_all", act_msg * 2 / tp, cp, tp) * passes
         comm += np.where((cp > 1) & (cp_bytes > 0), np.where(g.uly, uly, ring), 0.0)
         ep_stride = g.tp
@@ -353,7 +359,7 @@ class _DataParallel:
         on_host = offload in ("optimizer", "params")
         keep = sharding == "zero3_keep"
         sh = np.where(d > 1, {"replicate": 0, "zero1": 1, "zero2": 2}.get(sharding, 3), 0)
-        p_div, g_div, o_div = (np.where(sh >= 3, d, 1.0), np.where(sh >= 2, d, 1.0), np.where(sh >= 1, d, 1.0))
+        p_div, g_div, o_div = (np.where(sh >= k, d, 1.0) for k in (3, 2, 1))
         sp_ = 0.0 if offload == "params" else params * pb / p_div
         local_opt = params / o_div
         if on_host:

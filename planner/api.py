@@ -43,10 +43,19 @@ def _model_name(model: Any, graph: LayerGraph) -> str:
     return model if isinstance(model, str) else graph.model_id
 
 
-def search_plan(model: Any, cluster: str | dict[str, Any] | Cluster, seq_len: int,
-                global_batch: int | Sequence[int], memory_limit_gib: float | None = None, space: str = "full",
-                precision: str = "bf16", profile: str | Path | None = None, time_limit: float | None = None,
-                top_k: int = 5, progress: Progress | None = None) -> Planned:
+def search_plan(
+    model: Any,
+    cluster: str | dict[str, Any] | Cluster,
+    seq_len: int,
+    global_batch: int | Sequence[int],
+    memory_limit_gib: float | None = None,
+    space: str = "full",
+    precision: str = "bf16",
+    profile: str | Path | None = None,
+    time_limit: float | None = None,
+    top_k: int = 5,
+    progress: Progress | None = None,
+) -> Planned:
     """Search and build the plan document; with several global batches the one with the most
     samples per second wins (throughput, not time per step, is compared)."""
     if space not in SPACES:
@@ -95,36 +104,65 @@ def search_plan(model: Any, cluster: str | dict[str, Any] | Cluster, seq_len: in
     if len(by_batch) > 1:
         res.options["samples_per_s_by_global_batch"] = {str(k): v for k, v in sorted(by_batch.items())}
     doc = Plan(
-        inputs=PlanInputs(model=_model_name(model, graph), model_hash=graph.content_hash(),
-                          cluster=ClusterRef(**cl.to_dict()), workload=w, memory_limit_gib=memory_limit_gib,
-                          profile=str(profile) if profile is not None else None),
+        inputs=PlanInputs(
+            model=_model_name(model, graph),
+            model_hash=graph.content_hash(),
+            cluster=ClusterRef(**cl.to_dict()),
+            workload=w,
+            memory_limit_gib=memory_limit_gib,
+            profile=str(profile) if profile is not None else None,
+        ),
         strategy=res.best.strategy,
         predicted=Predicted(**res.best.report.to_dict()),
         solver=SolverInfo(
-            name="ilp" if space == "osdp" else "hybrid", status=res.status,  # type: ignore[arg-type]
-            space=res.space, objective=res.objective, bound=res.bound, gap=res.gap, time_s=0.0,
+            name="ilp" if space == "osdp" else "hybrid",
+            status=res.status,  # type: ignore[arg-type]
+            space=res.space,
+            objective=res.objective,
+            bound=res.bound,
+            gap=res.gap,
+            time_s=0.0,
             candidates=res.candidates,
-            options={**res.options, "settled_by": res.solver, "family": res.best.family,
-                     "alternative_families": [a.family for a in res.alternatives],
-                     "time_limit_s": time_limit, "top_k": top_k}),
-        alternatives=[Alternative(strategy=a.strategy, predicted=Predicted(**a.report.to_dict()))
-                      for a in res.alternatives],
+            options={
+                **res.options,
+                "settled_by": res.solver,
+                "family": res.best.family,
+                "alternative_families": [a.family for a in res.alternatives],
+                "time_limit_s": time_limit,
+                "top_k": top_k,
+            },
+        ),
+        alternatives=[
+            Alternative(strategy=a.strategy, predicted=Predicted(**a.report.to_dict()))
+            for a in res.alternatives
+        ],
     )
     return Planned(doc, res, graph, cl, by_batch)
 
 
-def plan(model: Any, cluster: str | dict[str, Any] | Cluster, seq_len: int, global_batch: int | Sequence[int],
-         memory_limit_gib: float | None = None, space: str = "full", precision: str = "bf16",
-         profile: str | Path | None = None, time_limit: float | None = None, top_k: int = 5) -> Plan:
+def plan(
+    model: Any,
+    cluster: str | dict[str, Any] | Cluster,
+    seq_len: int,
+    global_batch: int | Sequence[int],
+    memory_limit_gib: float | None = None,
+    space: str = "full",
+    precision: str = "bf16",
+    profile: str | Path | None = None,
+    time_limit: float | None = None,
+    top_k: int = 5,
+) -> Plan:
     """The fastest plan of ``space`` for ``model`` on ``cluster`` that fits ``memory_limit_gib`` per
     GPU (the accelerator's memory by default). Raises :class:`ShardplanError` when nothing fits,
     naming the least memory any plan of the space needs and what dominates it."""
-    return search_plan(model, cluster, seq_len, global_batch, memory_limit_gib, space, precision, profile,
-                       time_limit, top_k).plan
+    return search_plan(
+        model, cluster, seq_len, global_batch, memory_limit_gib, space, precision, profile, time_limit, top_k
+    ).plan
 
 
-def _dp_check(graph: LayerGraph, dev: DeviceModel, res: SearchResult, w: Workload,
-              limit: float | None) -> dict[str, Any]:
+def _dp_check(
+    graph: LayerGraph, dev: DeviceModel, res: SearchResult, w: Workload, limit: float | None
+) -> dict[str, Any]:
     """OSDP: solve the winning mesh again with the DP (the second, independent exact solver)."""
     from costmodel.report import GIB
     from solvers.chain import mesh_problem
@@ -134,14 +172,36 @@ def _dp_check(graph: LayerGraph, dev: DeviceModel, res: SearchResult, w: Workloa
 
     s = res.best.strategy
     m = s.mesh
-    cfg = MeshConfig(m.pp, m.dp_replicate, m.dp_shard, m.cp, m.tp, m.ep, s.micro_batch, s.schedule, s.vpp,
-                     s.sequence_parallel, s.tp_mode, s.cp_mode)
+    cfg = MeshConfig(
+        m.pp,
+        m.dp_replicate,
+        m.dp_shard,
+        m.cp,
+        m.tp,
+        m.ep,
+        s.micro_batch,
+        s.schedule,
+        s.vpp,
+        s.sequence_parallel,
+        s.tp_mode,
+        s.cp_mode,
+    )
     lim = limit if limit is not None else dev.cluster.memory_bytes / GIB
     prob = mesh_problem(graph, dev, cfg, w, SPACES["osdp"], lim)
     ilp, dp = solve_ilp(prob), solve_dp(prob)
-    agree = ilp.choice is not None and dp.choice is not None and dp.bound <= ilp.objective * (1 + 1e-9) \
+    agree = (
+        ilp.choice is not None
+        and dp.choice is not None
+        and dp.bound <= ilp.objective * (1 + 1e-9)
         and dp.objective >= ilp.objective * (1 - 1e-9)
-    return {"dp_objective": dp.objective, "dp_bound": dp.bound, "dp_status": dp.status, "dp_gap": dp.gap,
-            "ilp_objective": ilp.objective, "dp_ilp_agree": bool(agree),
-            "dp_memory_grid_bytes": dp.info.get("mem_grid_bytes"),
-            "dp_memory_error_bound_gib": dp.info.get("mem_error_bound", 0.0) / GIB}
+    )
+    return {
+        "dp_objective": dp.objective,
+        "dp_bound": dp.bound,
+        "dp_status": dp.status,
+        "dp_gap": dp.gap,
+        "ilp_objective": ilp.objective,
+        "dp_ilp_agree": bool(agree),
+        "dp_memory_grid_bytes": dp.info.get("mem_grid_bytes"),
+        "dp_memory_error_bound_gib": dp.info.get("mem_error_bound", 0.0) / GIB,
+    }

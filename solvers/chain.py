@@ -70,8 +70,11 @@ class ChainProblem:
 
     def memory(self, choice: Sequence[int]) -> float:
         opts = [self.unit_options(i)[c] for i, c in enumerate(choice)]
-        return sum(o.mem for o in opts) + max((o.g for o in opts), default=0.0) + max(
-            (o.r for o in opts), default=0.0)
+        return (
+            sum(o.mem for o in opts)
+            + max((o.g for o in opts), default=0.0)
+            + max((o.r for o in opts), default=0.0)
+        )
 
     def fits(self, choice: Sequence[int]) -> bool:
         return self.memory(choice) <= self.budget
@@ -116,11 +119,18 @@ def reduced(prob: ChainProblem) -> tuple[ChainProblem, list[list[int]]]:
     if prob.transitions is not None:
         return prob, [list(range(len(o))) for o in prob.options]
     maps = [pareto(opts) for opts in prob.options]
-    return ChainProblem([[o[i] for i in m] for o, m in zip(prob.options, maps, strict=True)], prob.classes,
-                        prob.budget, prob.const, None, prob.names), maps
+    return ChainProblem(
+        [[o[i] for i in m] for o, m in zip(prob.options, maps, strict=True)],
+        prob.classes,
+        prob.budget,
+        prob.const,
+        None,
+        prob.names,
+    ), maps
 
 
 # ---- the cost model's chain: one mesh without pipeline parallelism --------------------------------
+
 
 def large_ops(nodes: list[LayerNode], frac: float = 0.25) -> list[str]:
     """Operators OSDP may split: those with at least ``frac`` of the unit's largest operator's parameters."""
@@ -140,15 +150,19 @@ def option_strategy(name: str, nodes: list[LayerNode], key: tuple) -> list[Layer
     big = LayerStrategy(sharding="zero3" if mixed else sh, offload=off, split=k)  # type: ignore[arg-type]
     if name in ops:
         unit = big.model_copy(update={"unit": name, "recompute": rc})
-        others = [LayerStrategy(unit=n.name, sharding=sh, offload=off)  # type: ignore[arg-type]
-                  for n in nodes if n.name not in ops]
+        others = [
+            LayerStrategy(unit=n.name, sharding=sh, offload=off)  # type: ignore[arg-type]
+            for n in nodes
+            if n.name not in ops
+        ]
         return [unit, *others, *(big.model_copy(update={"unit": op}) for op in ops if op != name)]
     unit = LayerStrategy(unit=name, sharding=sh, recompute=rc, offload=off)  # type: ignore[arg-type]
     return [unit, *(big.model_copy(update={"unit": op}) for op in ops)]
 
 
-def price_option(name: str, nodes: list[LayerNode], key: tuple, cfg: MeshConfig,
-                 dev: DeviceModel, w: Workload) -> UnitCost:
+def price_option(
+    name: str, nodes: list[LayerNode], key: tuple, cfg: MeshConfig, dev: DeviceModel, w: Workload
+) -> UnitCost:
     """The unit's cost under ``key``, exactly as :func:`estimate` prices it inside a plan."""
     s = cfg.strategy(layers=option_strategy(name, nodes, key))
     return unit_cost(name, nodes, dev, s, w, mesh_groups(dev, s))
@@ -162,8 +176,9 @@ def memory_budget(dev: DeviceModel, cfg: MeshConfig, limit_gib: float) -> float:
     return budget * (1 - BUDGET_SAFETY)
 
 
-def mesh_problem(graph: LayerGraph, dev: DeviceModel, cfg: MeshConfig, w: Workload, opts: SpaceOptions,
-                 limit_gib: float) -> ChainProblem:
+def mesh_problem(
+    graph: LayerGraph, dev: DeviceModel, cfg: MeshConfig, w: Workload, opts: SpaceOptions, limit_gib: float
+) -> ChainProblem:
     """The per-unit choice of one pipeline-free mesh configuration as a :class:`ChainProblem`."""
     if cfg.pp != 1:
         raise ValueError("mesh_problem is for meshes without pipeline parallelism")
@@ -187,14 +202,20 @@ def mesh_problem(graph: LayerGraph, dev: DeviceModel, cfg: MeshConfig, w: Worklo
     return ChainProblem(options, index, memory_budget(dev, cfg, limit_gib), c.step_overhead_s, None, names)
 
 
-def unit_option(u: UnitCost, m: float, dp_overlap: float, key: Any, head: bool = False,
-                in_flight: float = 1.0) -> Option:
+def unit_option(
+    u: UnitCost, m: float, dp_overlap: float, key: Any, head: bool = False, in_flight: float = 1.0
+) -> Option:
     mem = u.state_params + u.state_grads + u.state_optim + u.activations * in_flight
     if head:
         mem += u.activations / 2  # logits next to the fp32 softmax (see estimate's stage memory)
-    return Option(a=m * u.time + u.optim_time + u.offload_time,
-                  d=sum(u.step_comm.values()) - dp_overlap * u.step_comm_window,
-                  mem=mem, g=u.gathered, r=u.recompute_peak, key=key)
+    return Option(
+        a=m * u.time + u.optim_time + u.offload_time,
+        d=sum(u.step_comm.values()) - dp_overlap * u.step_comm_window,
+        mem=mem,
+        g=u.gathered,
+        r=u.recompute_peak,
+        key=key,
+    )
 
 
 def chain_strategy(graph: LayerGraph, cfg: MeshConfig, prob: ChainProblem, choice: Sequence[int]) -> Strategy:

@@ -46,13 +46,19 @@ def space_plans(graph: LayerGraph, cluster: Cluster, w: Workload, opts: SpaceOpt
         shardings = opts.shardings if shard_group > 1 else opts.shardings[:1]
         if not opts.per_layer:
             for sh, rc, off in product(shardings, opts.recomputes, opts.offloads):
-                yield cfg.strategy(default=LayerStrategy(sharding=sh, recompute=rc, offload=off))  # type: ignore[arg-type]
+                ls = LayerStrategy(sharding=sh, recompute=rc, offload=off)  # type: ignore[arg-type]
+                yield cfg.strategy(default=ls)
         elif cfg.pp == 1:
             keys = list(unit_options(opts, shard_group))
-            per_unit = [[k for k in keys if (k[3] == 1 and not k[4]) or large_ops(nodes)] for _, nodes in units]
+            per_unit = [
+                [k for k in keys if (k[3] == 1 and not k[4]) or large_ops(nodes)] for _, nodes in units
+            ]
             for choice in product(*per_unit):
-                layers = [e for (name, nodes), key in zip(units, choice, strict=True)
-                          for e in option_strategy(name, nodes, key)]
+                layers = [
+                    e
+                    for (name, nodes), key in zip(units, choice, strict=True)
+                    for e in option_strategy(name, nodes, key)
+                ]
                 yield cfg.strategy(layers=layers)
         else:
             layouts: list[list[int] | None] = [None]
@@ -60,14 +66,23 @@ def space_plans(graph: LayerGraph, cluster: Cluster, w: Workload, opts: SpaceOpt
                 layouts = compositions(graph.num_blocks, cfg.pp)  # type: ignore[assignment]
             for sh, off, layout in product(shardings, opts.offloads, layouts):
                 for rcs in product(opts.recomputes, repeat=len(names)):
-                    layers = [LayerStrategy(unit=n, sharding=sh, recompute=rc, offload=off)  # type: ignore[arg-type]
+                    mk = LayerStrategy
+                    layers = [mk(unit=n, sharding=sh, recompute=rc, offload=off)  # type: ignore[arg-type]
                               for n, rc in zip(names, rcs, strict=True)]
-                    yield cfg.strategy(default=LayerStrategy(sharding=sh, offload=off),  # type: ignore[arg-type]
-                                       layers=layers, stage_layers=layout)
+                    yield cfg.strategy(
+                        default=LayerStrategy(sharding=sh, offload=off),  # type: ignore[arg-type]
+                        layers=layers,
+                        stage_layers=layout,
+                    )
 
 
-def search_space(graph: LayerGraph, cluster: Cluster, w: Workload, opts: SpaceOptions,
-                 memory_limit_gib: float | None = None) -> tuple[float, Strategy | None, int]:
+def search_space(
+    graph: LayerGraph,
+    cluster: Cluster,
+    w: Workload,
+    opts: SpaceOptions,
+    memory_limit_gib: float | None = None,
+) -> tuple[float, Strategy | None, int]:
     """(least step time of a plan that fits, that plan, plans tried) by pricing every plan."""
     dev = DeviceModel(cluster)
     best: tuple[float, Strategy | None] = (np.inf, None)

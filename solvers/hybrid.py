@@ -94,7 +94,8 @@ def _bounds(gr: GridReport, rows: list[MeshConfig], w: Workload, dev: DeviceMode
     weight = sum(counts[k] * u.bwd_weight[:, 0] for k, u in enumerate(gr.units))
     fill = np.maximum(0.0, (t - 2 * weight) / p)
     pipe = np.select([p == 1, sched == "interleaved", sched == "zb"],
-                     [m * t, m * worst + (p - 1) * worst / v, m * worst + (p - 1) * fill], (m - 1) * worst + t)
+                     [m * t, m * worst + (p - 1) * worst / v, m * worst + (p - 1) * fill],
+                     (m - 1) * worst + t)
     return pipe + extra / p + dev.c.step_overhead_s
 
 
@@ -121,7 +122,7 @@ def _max_stage(tb: np.ndarray, te: np.ndarray, th: np.ndarray, hop: np.ndarray, 
         b = tb[rows, None]
         lo = (ext + b).max(axis=1)
         hi = (ext + b * (L - P + 1)).max(axis=1)
-        for _ in range(45):
+        for _ in range(30):  # lo only ever rises to values shown infeasible: a valid bound at any point
             mid = (lo + hi) / 2
             cap = np.floor((mid[:, None] - ext) / b)
             ok = (cap >= 1).all(axis=1) & ((cap * weight).sum(axis=1) >= L)
@@ -131,12 +132,20 @@ def _max_stage(tb: np.ndarray, te: np.ndarray, th: np.ndarray, hop: np.ndarray, 
     return out
 
 
-def _sub_grid(gr: GridReport, rows: np.ndarray) -> GridReport:
-    """The grid's unit arrays of some rows only (what the bounds read)."""
+def _sub_grid(gr: GridReport, rows: np.ndarray, more: GridReport | None = None) -> GridReport:
+    """The grid's unit arrays of some rows only (what the bounds read), with the options of
+    ``more`` (priced for exactly those rows) appended."""
     from dataclasses import replace
 
-    units = [replace(u, **{f: getattr(u, f)[rows] for f in ("time", "optim", "offload", "states", "activations",
-                                                             "bwd_weight")}) for u in gr.units]
+    fields = ("time", "optim", "offload", "states", "activations", "bwd_weight")
+
+    def pick(u: Any, k: int) -> dict[str, np.ndarray]:
+        out = {f: getattr(u, f)[rows] for f in fields}
+        if more is not None:
+            out = {f: np.concatenate([v, getattr(more.units[k], f)], axis=1) for f, v in out.items()}
+        return out
+
+    units = [replace(u, **pick(u, k)) for k, u in enumerate(gr.units)]
     return replace(gr, units=units, p2p_total=None if gr.p2p_total is None else gr.p2p_total[rows])
 
 
@@ -180,15 +189,16 @@ def search(graph: LayerGraph, cluster: Cluster, w: Workload, space: str | SpaceO
             f"no mesh of the '{opts.name}' space is valid for {cluster.world_size} GPUs, global batch "
             f"{w.global_batch} and seq_len {w.seq_len}: the global batch must be divisible by the "
             f"data-parallel degree (and seq_len by 2*cp)")
-    uopts = [GridOption(sh, rc, off) for sh, rc, off in product(opts.shardings, opts.recomputes, opts.offloads)]
-    if opts.per_layer and "zero3" in opts.shardings:  # for the bounds: large operators under ZeRO-3
-        uopts += [GridOption(sh, rc, off, large=True) for sh, rc, off in product(
+    uopts = [GridOption(sh, rc, off)
+             for sh, rc, off in product(opts.shardings, opts.recomputes, opts.offloads)]
+    lopts: list[GridOption] = []  # for the bounds of meshes without a pipeline: large operators under ZeRO-3
+    if opts.per_layer and "zero3" in opts.shardings:
+        lopts = [GridOption(sh, rc, off, large=True) for sh, rc, off in product(
             [x for x in opts.shardings if x in ("replicate", "zero1")], opts.recomputes, opts.offloads)]
-    plain = np.array([not o.large for o in uopts])
     pool = _Pool(max(top_k, 1))
     lb0 = compute_bound(graph, cluster, w, configs, device=dev)
     order = np.argsort(lb0, kind="stable")
-    parts: list[tuple[np.ndarray, GridReport]] = []
+    parts: list[tuple[np.ndarray, GridReport, GridReport | None]] = []
     frontier: list[tuple[float, float, int, int, int]] = []  # (memory, step, part, i, j)
     priced = 0
     timed_out = False
@@ -202,12 +212,16 @@ def search(graph: LayerGraph, cluster: Cluster, w: Workload, space: str | SpaceO
         if not len(live):
             pruned_at = start
             break
-        gr = price_grid(graph, cluster, w, [configs[i] for i in live], uopts, memory_limit_gib=limit, device=dev,
+        gr = price_grid(graph, cluster, w, [configs[i] for i in live], uopts, memory_limit_gib=limit,
+                        device=dev,
                         large_ops=large_ops)
         priced += gr.size
-        step = np.where(gr.fits & plain[None, :], gr.step_time_s, np.inf)
+        step = np.where(gr.fits, gr.step_time_s, np.inf)
         part = len(parts)
-        parts.append((live, gr))
+        flat = [configs[i] for i in live if configs[i].pp == 1]
+        gl = price_grid(graph, cluster, w, flat, lopts, memory_limit_gib=limit, device=dev,
+                        large_ops=large_ops) if (flat and lopts) else None
+        parts.append((live, gr, gl))
         flat = step.ravel()
         for f in np.argsort(flat, kind="stable")[:max(top_k, 1) + 2]:
             if np.isfinite(flat[f]):
@@ -257,7 +271,8 @@ def search(graph: LayerGraph, cluster: Cluster, w: Workload, space: str | SpaceO
         from solvers.infeasible import explain
 
         raise explain(graph, cluster, w, opts, limit, dev, configs)
-    (best, best_solver), alternatives = _materialise(graph, cluster, w, pool, frontier, parts, limit, dev, top_k)
+    (best, best_solver), alternatives = _materialise(graph, cluster, w, pool, frontier, parts, limit, dev,
+                                                     top_k)
     objective = best.step_time_s
     bound = min([objective] + bound_left)
     status = "optimal" if bound >= objective * (1 - 1e-12) else ("time_limit" if timed_out else "feasible")
@@ -282,19 +297,22 @@ def _layout(graph: LayerGraph) -> tuple:
             index[-1] if names[-1] == "head" else None, graph.num_blocks)
 
 
-def _items(graph: LayerGraph, parts: list[tuple[np.ndarray, GridReport]], configs: list[MeshConfig],
+Part = tuple[np.ndarray, GridReport, GridReport | None]  # priced rows, their grid, large-op options
+
+
+def _items(graph: LayerGraph, parts: list[Part], configs: list[MeshConfig],
            opts: SpaceOptions, uopts: list[GridOption], w: Workload, dev: DeviceModel, layout: tuple,
            limit: float, best: float) -> list[tuple]:
     """Per-layer work (bound, key, part, row, sub-problem) that could beat ``best``, by increasing bound."""
     items = []
     names = unit_names(graph)
-    for part, (live, gr) in enumerate(parts):
+    for part, (live, gr, gl) in enumerate(parts):
         rows = [configs[int(ci)] for ci in live]
         flat = np.flatnonzero([c.pp == 1 for c in rows])
         deep = np.flatnonzero([c.pp > 1 for c in rows])
         head = gr.unit_index[-1] if names[-1] == "head" else None
         if len(flat):
-            sub, sub_rows = _sub_grid(gr, flat), [rows[i] for i in flat]
+            sub, sub_rows = _sub_grid(gr, flat, gl), [rows[i] for i in flat]
             lb = np.maximum(_bounds(sub, sub_rows, w, dev, layout),
                             _lagrange(sub, sub_rows, w, dev, limit, head))
             for i in flat[lb < best]:
@@ -304,7 +322,7 @@ def _items(graph: LayerGraph, parts: list[tuple[np.ndarray, GridReport]], config
         sub, sub_rows = _sub_grid(gr, deep), [rows[i] for i in deep]
         grouped = np.array([c.dp_shard * c.cp > 1 for c in sub_rows])
         for s_i, (sh, off) in enumerate(product(opts.shardings, opts.offloads)):
-            mask = np.array([o.sharding == sh and o.offload == off and not o.large for o in uopts])
+            mask = np.array([o.sharding == sh and o.offload == off for o in uopts])
             lb = _bounds(sub, sub_rows, w, dev, layout, mask)
             # without a shard group every sharding prices alike: the first one is enough
             keep = (lb < best) & (grouped | (sh == opts.shardings[0]))
@@ -315,7 +333,8 @@ def _items(graph: LayerGraph, parts: list[tuple[np.ndarray, GridReport]], config
     return items
 
 
-_SIG_FIELDS = ("time", "activations", "remat", "states", "gathered", "step_comm", "window", "optim", "offload",
+_SIG_FIELDS = ("time", "activations", "remat", "states", "gathered", "step_comm", "window", "optim",
+               "offload",
                "bwd_weight")
 
 
@@ -336,8 +355,8 @@ def _signature(gr: GridReport, i: int, cols: list[int], cfg: MeshConfig, w: Work
 
 
 def _view(u: Any, i: int, j: int) -> UnitView:
-    return UnitView(float(u.time[i, j]), float(u.activations[i, j]), float(u.remat[i, j]), float(u.states[i, j]),
-                    float(u.gathered[i, j]), float(u.step_comm[i, j]), float(u.window[i, j]), float(u.optim[i, j]),
+    f = (u.time, u.activations, u.remat, u.states, u.gathered, u.step_comm, u.window, u.optim)
+    return UnitView(*(float(x[i, j]) for x in f),
                     float(u.offload[i, j]), float(u.bwd_weight[i, j]), float(u.out_bytes[i]))
 
 
@@ -345,7 +364,8 @@ def _grid_builder(gr: GridReport, i: int, j: int) -> Callable[[], Strategy]:
     return lambda: gr.strategy(i, j)
 
 
-def _chain_builder(graph: LayerGraph, cfg: MeshConfig, prob: Any, choice: list[int]) -> Callable[[], Strategy]:
+def _chain_builder(graph: LayerGraph, cfg: MeshConfig, prob: Any, choice: list[int]
+                   ) -> Callable[[], Strategy]:
     return lambda: chain_strategy(graph, cfg, prob, choice)
 
 
@@ -378,13 +398,15 @@ def _pareto(points: list[tuple[float, float, int, int, int]]) -> list[tuple[floa
 
 
 def _materialise(graph: LayerGraph, cluster: Cluster, w: Workload, pool: _Pool, frontier: list,
-                 parts: list, limit: float, dev: DeviceModel, top_k: int) -> tuple[tuple[Found, str], list[Found]]:
+                 parts: list, limit: float, dev: DeviceModel, top_k: int
+                 ) -> tuple[tuple[Found, str], list[Found]]:
     """Re-price the best plans with estimate(): the winner, then top-k, the frontier, family bests."""
     seen: set[str] = set()
     ranked: list[tuple[Found, str]] = []
     built = [(obj, key, build(), solver) for obj, key, build, solver in pool.ranked()[:top_k + 12]]
     # equal step times (to 12 digits): the simpler plan first (fewer entries, no offload)
-    built.sort(key=lambda x: (float(f"{x[0]:.12g}"), len(x[2].layers) + (x[2].default.offload != "none"), x[1]))
+    built.sort(key=lambda x: (float(f"{x[0]:.12g}"), len(x[2].layers) + (x[2].default.offload != "none"),
+                              x[1]))
     for _obj, _, s, solver in built:
         sig = s.model_dump_json()
         if sig in seen:
@@ -408,6 +430,7 @@ def _materialise(graph: LayerGraph, cluster: Cluster, w: Workload, pool: _Pool, 
         sig = s.model_dump_json()
         if sig not in seen:
             seen.add(sig)
-            extra.append(Found(s, estimate(graph, cluster, s, w, memory_limit_gib=limit, device=dev), family_of(s)))
+            rep = estimate(graph, cluster, s, w, memory_limit_gib=limit, device=dev)
+            extra.append(Found(s, rep, family_of(s)))
     alts += extra
     return best, alts

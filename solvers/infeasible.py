@@ -15,7 +15,6 @@ activations, spread evenly over the stages) until it passes the best found.
 
 from __future__ import annotations
 
-from collections import Counter
 from itertools import product
 
 import numpy as np
@@ -69,8 +68,11 @@ def _pipeline_min(pp: PipelineProblem, boundaries: bool) -> tuple[float, Pipelin
         for (e, ue), (h, uh), b in product(enumerate(emb), enumerate(head), rc):
             ub = pp.costs[k][b]
             units = [u for u in (ue, uh) if u is not None] + [ub]
-            acts = n * ub.activations * fly + sum(u.activations * fly for u in (ue,) if u) + (
-                uh.activations * (fly + 0.5) if uh else 0.0)
+            acts = (
+                n * ub.activations * fly
+                + sum(u.activations * fly for u in (ue,) if u)
+                + (uh.activations * (fly + 0.5) if uh else 0.0)
+            )
             x = fx.states + fx.gathered + pp.bucket + max(u.recompute_peak for u in units) + acts
             if x < best[0]:
                 best = (x, (e if ue else None, h if uh else None, b))
@@ -133,14 +135,26 @@ def _pipeline_min(pp: PipelineProblem, boundaries: bool) -> tuple[float, Pipelin
     return max(x for x, _ in per), PipelineSolution(0.0, layout, recompute)
 
 
-def min_memory(graph: LayerGraph, cluster: Cluster, w: Workload, opts: SpaceOptions, dev: DeviceModel,
-               configs: list[MeshConfig]) -> tuple[float, Strategy]:
+def min_memory(
+    graph: LayerGraph,
+    cluster: Cluster,
+    w: Workload,
+    opts: SpaceOptions,
+    dev: DeviceModel,
+    configs: list[MeshConfig],
+) -> tuple[float, Strategy]:
     """(GiB, plan): the least per-GPU peak memory of any plan in the space, and a plan that has it."""
     c = dev.c
-    uopts = [GridOption(sh, rc, off) for sh, rc, off in product(opts.shardings, opts.recomputes, opts.offloads)]
+    uopts = [
+        GridOption(sh, rc, off) for sh, rc, off in product(opts.shardings, opts.recomputes, opts.offloads)
+    ]
     if opts.per_layer and "zero3" in opts.shardings:  # per-operator ZeRO-3 may need less: bound it too
-        uopts += [GridOption(sh, rc, off, large=True) for sh, rc, off in product(
-            [x for x in opts.shardings if x in ("replicate", "zero1")], opts.recomputes, opts.offloads)]
+        uopts += [
+            GridOption(sh, rc, off, large=True)
+            for sh, rc, off in product(
+                [x for x in opts.shardings if x in ("replicate", "zero1")], opts.recomputes, opts.offloads
+            )
+        ]
     gr = price_grid(graph, cluster, w, configs, uopts, device=dev, large_ops=large_ops)
     counts = np.bincount(np.array(gr.unit_index), minlength=len(gr.units))
     low = sum(counts[k] * (u.states.min(axis=1) + u.activations.min(axis=1)) for k, u in enumerate(gr.units))
@@ -164,8 +178,14 @@ def min_memory(graph: LayerGraph, cluster: Cluster, w: Workload, opts: SpaceOpti
                 pp = PipelineProblem(graph, dev, cfg, w, sh, off, opts.recomputes, 1e9)
                 res = _pipeline_min(pp, opts.stage_boundaries)
                 if res is not None:
-                    cand.append((res[0], lambda cfg=cfg, sh=sh, off=off, sol=res[1]:
-                                 pipeline_strategy(graph, cfg, sh, off, sol)))
+                    cand.append(
+                        (
+                            res[0],
+                            lambda cfg=cfg, sh=sh, off=off, sol=res[1]: pipeline_strategy(
+                                graph, cfg, sh, off, sol
+                            ),
+                        )
+                    )
         else:
             continue
         for x, build in cand:
@@ -176,34 +196,53 @@ def min_memory(graph: LayerGraph, cluster: Cluster, w: Workload, opts: SpaceOpti
     return best
 
 
-def dominant(graph: LayerGraph, cluster: Cluster, s: Strategy, w: Workload, rep: Report, dev: DeviceModel) -> str:
+def dominant(
+    graph: LayerGraph, cluster: Cluster, s: Strategy, w: Workload, rep: Report, dev: DeviceModel
+) -> str:
     """What dominates the worst stage's memory: ``model states of the embedding on stage 0``."""
     st = max(rep.stages, key=lambda x: x.total)
-    parts = {"model states (parameters, gradients, optimizer)": st.params + st.grads + st.optimizer,
-             "activations": st.activations, "transient buffers (gathered parameters, recomputation, logits)":
-             st.buffers, "CUDA context and allocator slack": st.overhead}
+    parts = {
+        "model states (parameters, gradients, optimizer)": st.params + st.grads + st.optimizer,
+        "activations": st.activations,
+        "transient buffers (gathered parameters, recomputation, logits)": st.buffers,
+        "CUDA context and allocator slack": st.overhead,
+    }
     what = max(parts, key=lambda k: parts[k])
     price = UnitPricer(dev, s, w)
     units = [u for k, vst in enumerate(stage_units(graph, s)) if k % s.mesh.pp == st.stage for u in vst]
     costs = [(price(n, nodes), n) for n, nodes in units]
-    if what.startswith("model states"):
-        u, name = max(costs, key=lambda x: x[0].state_params + x[0].state_grads + x[0].state_optim)
-        share = u.state_params + u.state_grads + u.state_optim
-        blocks = Counter(n for uu, n in costs if n.startswith("layers."))
-        if name.startswith("layers.") and len(blocks) > 1:
-            name, share = f"{len(blocks)} blocks", share * len(blocks)
-        return f"{what} of {'the ' if name in ('embedding', 'head') else ''}{name} on stage {st.stage} " \
-               f"({share / GIB:.2f} of {st.total / GIB:.2f} GiB)"
+    if what.startswith("model states") or what == "activations":
+        # the embedding, the head, or the blocks together: whichever holds the most of it
+        groups: dict[str, float] = {}
+        blocks = [n for _, n in costs if n.startswith("layers.")]
+        for u, name in costs:
+            key = name if not name.startswith("layers.") else (
+                f"{len(blocks)} blocks ({blocks[0]}..{blocks[-1].split('.')[-1]})" if len(blocks) > 1 else name)
+            val = (u.state_params + u.state_grads + u.state_optim) if what != "activations" else u.activations
+            groups[key] = groups.get(key, 0.0) + val
+        name = max(groups, key=lambda k: groups[k])
+        share = groups[name] if what != "activations" else parts[what] * groups[name] / max(sum(groups.values()), 1)
+        the = "the " if name in ("embedding", "head") else ""
+        return f"{what} of {the}{name} on stage {st.stage} ({share / GIB:.2f} of {st.total / GIB:.2f} GiB)"
     return f"{what} on stage {st.stage} ({parts[what] / GIB:.2f} of {st.total / GIB:.2f} GiB)"
 
 
-def explain(graph: LayerGraph, cluster: Cluster, w: Workload, opts: SpaceOptions, limit: float,
-            dev: DeviceModel, configs: list[MeshConfig]) -> ShardplanError:
+def explain(
+    graph: LayerGraph,
+    cluster: Cluster,
+    w: Workload,
+    opts: SpaceOptions,
+    limit: float,
+    dev: DeviceModel,
+    configs: list[MeshConfig],
+) -> ShardplanError:
     gib, s = min_memory(graph, cluster, w, opts, dev, configs)
     rep = estimate(graph, cluster, s, w, device=dev)
+    why = dominant(graph, cluster, s, w, rep, dev)
     return ShardplanError(
-        f"no plan in the '{opts.name}' space fits {limit:.2f} GiB per GPU: the smallest per-GPU memory any plan "
-        f"needs is {gib:.2f} GiB ({_describe(s)}), dominated by {dominant(graph, cluster, s, w, rep, dev)}")
+        f"no plan in the '{opts.name}' space fits {limit:.2f} GiB per GPU: the smallest per-GPU memory any "
+        f"plan needs is {gib:.2f} GiB ({_describe(s)}), dominated by {why}"
+    )
 
 
 def _describe(s: Strategy) -> str:

@@ -43,18 +43,24 @@ class _DP:
     def __init__(self, p: ChainProblem, mem_buckets: int, d_buckets: int):
         self.p = p
         opts = [o for row in p.options for o in row]
-        self.d_mode = "mixed" if any(o.d > 0 for o in opts) and any(o.d < 0 for o in opts) else (
-            "fold" if any(o.d > 0 for o in opts) else "none")
+        self.d_mode = (
+            "mixed"
+            if any(o.d > 0 for o in opts) and any(o.d < 0 for o in opts)
+            else ("fold" if any(o.d > 0 for o in opts) else "none")
+        )
         self.mu = _grid([o.mem for o in opts] + [p.budget], max(p.budget, 0.0), mem_buckets)
         # the two-dimensional run keeps at most 8192 x 128 cells (a coarser grid only loosens it)
         self.mu2 = self.mu if self.mu == 1.0 or mem_buckets <= 8192 else max(p.budget, 0.0) / 8192
         d_buckets = min(d_buckets, 128)
-        span = sum(max(o.d for o in p.unit_options(i)) - min(o.d for o in p.unit_options(i)) for i in range(p.units))
+        span = sum(
+            max(o.d for o in p.unit_options(i)) - min(o.d for o in p.unit_options(i)) for i in range(p.units)
+        )
         self.delta = _grid([o.d for o in opts], span, d_buckets) if self.d_mode == "mixed" else 1.0
         self.exact = self.mu == 1.0 and self.delta == 1.0
 
-    def cap(self, allowed: list[list[int]], budget: float, incumbent: float = INF
-            ) -> tuple[float, list[tuple[float, list[int]]]]:
+    def cap(
+        self, allowed: list[list[int]], budget: float, incumbent: float = INF
+    ) -> tuple[float, list[tuple[float, list[int]]]]:
         """(lower bound, candidate plans with exact objectives) under one cap setting.
 
         With a clipped term of both signs the two one-dimensional runs come first: a plan whose
@@ -131,10 +137,10 @@ class _DP:
                     tot = V + t[:, None, None]
                     pb = np.argmin(tot, axis=0)
                     base = np.take_along_axis(tot, pb[None], 0)[0]
-                    pargs[s, m:, d:] = pb[:B + 1 - m, :D + 1 - d]  # type: ignore[index]
+                    pargs[s, m:, d:] = pb[: B + 1 - m, : D + 1 - d]  # type: ignore[index]
                 else:
                     base = flat if flat is not None else V[0]
-                cand[s, m:, d:] = base[:B + 1 - m, :D + 1 - d] + av
+                cand[s, m:, d:] = base[: B + 1 - m, : D + 1 - d] + av
             if trans is None:
                 arg = np.argmin(cand, axis=0)
                 V = np.take_along_axis(cand, arg[None], 0)
@@ -161,8 +167,14 @@ class _DP:
         return value, choice
 
 
-def solve_dp(prob: ChainProblem, mem_buckets: int = 4096, d_buckets: int = 64,
-             time_limit: float | None = None, refine: int = 3, work: float = 4e7) -> ChainSolution:
+def solve_dp(
+    prob: ChainProblem,
+    mem_buckets: int = 4096,
+    d_buckets: int = 64,
+    time_limit: float | None = None,
+    refine: int = 3,
+    work: float = 4e7,
+) -> ChainSolution:
     """Best choice per unit found by the DP, with a proven lower bound (see the module notes).
 
     While the result is not proven optimal, the grids are refined (8x, up to ``refine`` times, as
@@ -179,9 +191,14 @@ def solve_dp(prob: ChainProblem, mem_buckets: int = 4096, d_buckets: int = 64,
         dp = _DP(red, mem_buckets * 8**round_, d_buckets * 2**round_)
         best, low, timed_out = _grid_run(red, dp, best, t0, time_limit)
         lower = max(lower, low)
-        info = {"mem_grid_bytes": dp.mu, "d_grid": dp.delta, "mem_error_bound": dp.mu * red.units,
-                "d_error_bound": dp.delta * red.units if dp.d_mode == "mixed" else 0.0, "exact_grid": dp.exact,
-                "refinements": round_}
+        info = {
+            "mem_grid_bytes": dp.mu,
+            "d_grid": dp.delta,
+            "mem_error_bound": dp.mu * red.units,
+            "d_error_bound": dp.delta * red.units if dp.d_mode == "mixed" else 0.0,
+            "exact_grid": dp.exact,
+            "refinements": round_,
+        }
         done = best is None or (best[0] - min(lower, best[0])) <= 1e-12 * max(abs(best[0]), 1e-300)
         if done or dp.exact or timed_out or red.units * width * mem_buckets * 8 ** (round_ + 1) > work:
             break
@@ -192,11 +209,14 @@ def solve_dp(prob: ChainProblem, mem_buckets: int = 4096, d_buckets: int = 64,
     bound = min(lower, obj)
     optimal = (obj - bound) <= 1e-12 * max(abs(obj), 1e-300)
     status = "optimal" if optimal else ("time_limit" if timed_out else "feasible")
-    return ChainSolution([maps[red.classes[i]][c] for i, c in enumerate(choice)], obj, bound, status, dt, info)
+    return ChainSolution(
+        [maps[red.classes[i]][c] for i, c in enumerate(choice)], obj, bound, status, dt, info
+    )
 
 
-def _grid_run(red: ChainProblem, dp: _DP, best: tuple[float, list[int]] | None, t0: float,
-              time_limit: float | None) -> tuple[tuple[float, list[int]] | None, float, bool]:
+def _grid_run(
+    red: ChainProblem, dp: _DP, best: tuple[float, list[int]] | None, t0: float, time_limit: float | None
+) -> tuple[tuple[float, list[int]] | None, float, bool]:
     """One DP at one grid, every cap setting: (best plan so far, lower bound, timed out)."""
     opts_all = [o for row in red.options for o in row]
     caps = []
@@ -225,8 +245,10 @@ def _grid_run(red: ChainProblem, dp: _DP, best: tuple[float, list[int]] | None, 
 
 def _relaxed(p: ChainProblem, allowed: list[list[int]], d_mode: str) -> float:
     """Objective ignoring memory (and the best transitions): a lower bound under these caps."""
-    a = sum(min(p.options[k][j].a + (p.options[k][j].d if d_mode == "fold" else 0.0) for j in allowed[k])
-            for k in p.classes)
+    a = sum(
+        min(p.options[k][j].a + (p.options[k][j].d if d_mode == "fold" else 0.0) for j in allowed[k])
+        for k in p.classes
+    )
     d = sum(min(p.options[k][j].d for j in allowed[k]) for k in p.classes) if d_mode == "mixed" else 0.0
     tmin = sum(float(np.min(t)) for t in p.transitions) if p.transitions is not None else 0.0
     return p.const + a + max(0.0, d) + tmin

@@ -38,8 +38,13 @@ def new_highs() -> Any:
             os.dup2(fd, 1)
             os.close(fd)
         _BANNER_DONE = True
-    for k, v in (("output_flag", False), ("threads", 1), ("random_seed", 0), ("mip_rel_gap", 1e-10),
-                 ("mip_abs_gap", 1e-12)):
+    for k, v in (
+        ("output_flag", False),
+        ("threads", 1),
+        ("random_seed", 0),
+        ("mip_rel_gap", 1e-10),
+        ("mip_abs_gap", 1e-12),
+    ):
         h.setOptionValue(k, v)
     return h
 
@@ -64,8 +69,9 @@ class _Model:
     def row(self, coefs: dict[int, float], lo: float = -np.inf, hi: float = np.inf) -> None:
         self.rows.append((coefs, lo, hi))
 
-    def solve(self, offset: float, time_limit: float | None, cutoff: float | None = None
-              ) -> tuple[str, np.ndarray | None, float, float]:
+    def solve(
+        self, offset: float, time_limit: float | None, cutoff: float | None = None
+    ) -> tuple[str, np.ndarray | None, float, float]:
         import highspy
 
         inf = highspy.kHighsInf
@@ -87,8 +93,9 @@ class _Model:
         lp.a_matrix_.start_ = np.array(starts)
         lp.a_matrix_.index_ = np.array(idx, dtype=np.int32)
         lp.a_matrix_.value_ = np.array(vals)
-        lp.integrality_ = [highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous
-                           for i in self.integer]
+        lp.integrality_ = [
+            highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous for i in self.integer
+        ]
         h = new_highs()
         if time_limit is not None:
             h.setOptionValue("time_limit", max(float(time_limit), 1e-3))
@@ -102,8 +109,9 @@ class _Model:
         has = info.primal_solution_status == 2  # kSolutionStatusFeasible
         x = np.array(h.getSolution().col_value) if has else None
         bound = float(info.mip_dual_bound) if any(self.integer) else float(info.objective_function_value)
-        if status == S.kObjectiveBound or (cutoff is not None and status == S.kOptimal
-                                            and float(info.objective_function_value) >= cutoff):
+        if status == S.kObjectiveBound or (
+            cutoff is not None and status == S.kOptimal and float(info.objective_function_value) >= cutoff
+        ):
             return "cutoff", None, np.inf, float(cutoff)  # type: ignore[arg-type]
         if status == S.kOptimal:
             return "optimal", x, float(info.objective_function_value), bound
@@ -114,8 +122,9 @@ class _Model:
         return "feasible" if has else "infeasible", x, np.inf, bound
 
 
-def solve_ilp(prob: ChainProblem, time_limit: float | None = None, aggregate: bool = True,
-              cutoff: float | None = None) -> ChainSolution:
+def solve_ilp(
+    prob: ChainProblem, time_limit: float | None = None, aggregate: bool = True, cutoff: float | None = None
+) -> ChainSolution:
     """Optimal choice per unit (or the best found within ``time_limit`` with its bound).
 
     With ``cutoff``, only plans strictly better than it are sought: status ``cutoff`` (no choice)
@@ -184,8 +193,14 @@ def solve_ilp(prob: ChainProblem, time_limit: float | None = None, aggregate: bo
     if status == "cutoff":
         return ChainSolution(None, np.inf, bound, "cutoff", dt, info)
     if x is None:
-        return ChainSolution(None, np.inf, bound if status == "time_limit" else np.inf,
-                             "infeasible" if status != "time_limit" else "time_limit", dt, info)
+        return ChainSolution(
+            None,
+            np.inf,
+            bound if status == "time_limit" else np.inf,
+            "infeasible" if status != "time_limit" else "time_limit",
+            dt,
+            info,
+        )
     choice = [0] * red.units
     for (units, k), row_cols in zip(groups, cols, strict=True):
         counts_k = [int(round(x[v])) for v in row_cols]
@@ -194,6 +209,8 @@ def solve_ilp(prob: ChainProblem, time_limit: float | None = None, aggregate: bo
             choice[i] = maps[k][c]
     obj = prob.objective(choice)
     if not prob.fits(choice):  # rounding of a near-integral solution: should not happen
-        return ChainSolution(None, np.inf, bound, "infeasible", dt, {**info, "error": "rounded solution does not fit"})
+        return ChainSolution(
+            None, np.inf, bound, "infeasible", dt, {**info, "error": "rounded solution does not fit"}
+        )
     st = status if status in ("optimal", "time_limit") else "feasible"
     return ChainSolution(choice, obj, min(bound, obj), st, dt, info)

@@ -56,12 +56,24 @@ def family_of(s: Strategy) -> str:
     uniform = not s.layers and s.stage_layers is None
     data_only = m.pp == 1 and m.tp == 1 and m.cp == 1 and m.ep == 1
     d = s.default
-    if uniform and data_only and d.sharding in ("zero2", "zero3", "zero3_keep") and d.offload in ("none", "params"):
+    if (
+        uniform
+        and data_only
+        and d.sharding in ("zero2", "zero3", "zero3_keep")
+        and d.offload in ("none", "params")
+    ):
         return "fsdp"
     if data_only:
         return "osdp"
-    if uniform and m.dp_replicate == 1 and d.sharding in ("replicate", "zero1") and d.offload == "none" \
-            and s.tp_mode == "megatron" and s.cp_mode == "ring" and (m.tp == 1 or s.sequence_parallel) \
-            and s.schedule in ("1f1b", "interleaved"):
+    if (
+        uniform
+        and m.dp_replicate == 1
+        and d.sharding in ("replicate", "zero1")
+        and d.offload == "none"
+        and s.tp_mode == "megatron"
+        and s.cp_mode == "ring"
+        and (m.tp == 1 or s.sequence_parallel)
+        and s.schedule in ("1f1b", "interleaved")
+    ):
         return "megatron"
     return "hybrid"

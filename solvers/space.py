@@ -5,7 +5,8 @@ workload it was given: tensor parallelism divides the attention heads and the KV
 heads divide it) and stays inside one node; expert parallelism divides the experts and
 ``dp_shard·cp``; ``pp·vpp`` stays within the layers; context parallelism keeps ``seq_len``
 divisible by ``2·cp``; micro-batch sizes divide the per-replica batch; interleaved schedules get a
-multiple of ``pp`` micro-batches.
+multiple of ``pp`` micro-batches and as many virtual stages as divide the layers evenly (or two,
+split as evenly as possible, as Llama 3 405B and Megatron's weak-scaling runs do).
 
 Named spaces (:data:`SPACES`):
 
@@ -62,14 +63,29 @@ class SpaceOptions:
 
 
 SPACES: dict[str, SpaceOptions] = {
-    "fsdp": SpaceOptions("fsdp", pp=False, tp=False, cp=False, ep=False,
-                         shardings=("zero2", "zero3", "zero3_keep"), offloads=("none", "params")),
-    "osdp": SpaceOptions("osdp", pp=False, tp=False, cp=False, ep=False, offloads=OFFLOADS,
-                         splits=(1, 2, 4), per_layer=True),
+    "fsdp": SpaceOptions(
+        "fsdp",
+        pp=False,
+        tp=False,
+        cp=False,
+        ep=False,
+        shardings=("zero2", "zero3", "zero3_keep"),
+        offloads=("none", "params"),
+    ),
+    "osdp": SpaceOptions(
+        "osdp", pp=False, tp=False, cp=False, ep=False, offloads=OFFLOADS, splits=(1, 2, 4), per_layer=True
+    ),
     "megatron": SpaceOptions("megatron", dp_replicate=False, shardings=("replicate", "zero1")),
-    "hybrid": SpaceOptions("hybrid", offloads=OFFLOADS, splits=(1, 2, 4), per_layer=True,
-                           stage_boundaries=True, schedules=("1f1b", "zb", "interleaved"),
-                           tp_modes=("megatron", "tsp"), cp_modes=("ring", "ulysses")),
+    "hybrid": SpaceOptions(
+        "hybrid",
+        offloads=OFFLOADS,
+        splits=(1, 2, 4),
+        per_layer=True,
+        stage_boundaries=True,
+        schedules=("1f1b", "zb", "interleaved"),
+        tp_modes=("megatron", "tsp"),
+        cp_modes=("ring", "ulysses"),
+    ),
 }
 SPACES["full"] = replace(SPACES["hybrid"], name="full")
 
@@ -99,23 +115,44 @@ class MeshConfig:
 
     @property
     def mesh(self) -> Mesh:
-        return Mesh(pp=self.pp, dp_replicate=self.dp_replicate, dp_shard=self.dp_shard, cp=self.cp,
-                    tp=self.tp, ep=self.ep)
+        return Mesh(
+            pp=self.pp,
+            dp_replicate=self.dp_replicate,
+            dp_shard=self.dp_shard,
+            cp=self.cp,
+            tp=self.tp,
+            ep=self.ep,
+        )
 
     @property
     def dp(self) -> int:
         return self.dp_replicate * self.dp_shard
 
-    def strategy(self, default: LayerStrategy | None = None, layers: list[LayerStrategy] | None = None,
-                 stage_layers: list[int] | None = None) -> Strategy:
-        return Strategy(mesh=self.mesh, micro_batch=self.micro_batch, schedule=self.schedule,  # type: ignore[arg-type]
-                        vpp=self.vpp, sequence_parallel=self.sequence_parallel, tp_mode=self.tp_mode,  # type: ignore[arg-type]
-                        cp_mode=self.cp_mode, default=default or LayerStrategy(),  # type: ignore[arg-type]
-                        layers=layers or [], stage_layers=stage_layers)
+    def strategy(
+        self,
+        default: LayerStrategy | None = None,
+        layers: list[LayerStrategy] | None = None,
+        stage_layers: list[int] | None = None,
+    ) -> Strategy:
+        return Strategy(
+            mesh=self.mesh,
+            micro_batch=self.micro_batch,
+            schedule=self.schedule,  # type: ignore[arg-type]
+            vpp=self.vpp,
+            sequence_parallel=self.sequence_parallel,
+            tp_mode=self.tp_mode,  # type: ignore[arg-type]
+            cp_mode=self.cp_mode,
+            default=default or LayerStrategy(),  # type: ignore[arg-type]
+            layers=layers or [],
+            stage_layers=stage_layers,
+        )
 
     def describe(self) -> str:
-        parts = [f"{k}{getattr(self, k)}" for k in ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep")
-                 if getattr(self, k) > 1]
+        parts = [
+            f"{k}{getattr(self, k)}"
+            for k in ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep")
+            if getattr(self, k) > 1
+        ]
         sched = f"{self.schedule}" + (f"/vpp{self.vpp}" if self.vpp > 1 else "")
         return f"{' '.join(parts) or 'single GPU'} mb{self.micro_batch} {sched}"
 
@@ -161,7 +198,7 @@ def micro_batches(global_batch: int, dp: int, opts: SpaceOptions) -> Iterator[in
     if global_batch % dp:
         return
     sizes = [b for b in divisors(global_batch // dp) if b <= opts.max_micro_batch]
-    yield from sizes[:opts.max_micro_batch_sizes]
+    yield from sizes[: opts.max_micro_batch_sizes]
 
 
 def schedules(pp: int, n_mb: int, blocks: int, opts: SpaceOptions) -> Iterator[tuple[str, int]]:
@@ -173,14 +210,16 @@ def schedules(pp: int, n_mb: int, blocks: int, opts: SpaceOptions) -> Iterator[t
         if s == "interleaved":
             if n_mb % pp:
                 continue
-            for v in range(2, opts.max_vpp + 1):
-                if pp * v <= blocks and blocks % (pp * v) == 0:
+            for v in range(2, opts.max_vpp + 1):  # Megatron's rule (layers divide evenly), and always 2
+                if pp * v <= blocks and (blocks % (pp * v) == 0 or v == 2):
                     yield s, v
         elif s != "gpipe":
             yield s, 1
 
 
-def mesh_configs(graph: LayerGraph, cluster: Cluster, w: Workload, opts: SpaceOptions) -> Iterator[MeshConfig]:
+def mesh_configs(
+    graph: LayerGraph, cluster: Cluster, w: Workload, opts: SpaceOptions
+) -> Iterator[MeshConfig]:
     """Every valid mesh configuration of the space, in a fixed order."""
     world = cluster.world_size
     blocks = graph.num_blocks
@@ -200,8 +239,9 @@ def mesh_configs(graph: LayerGraph, cluster: Cluster, w: Workload, opts: SpaceOp
                                         for cpm in opts.cp_modes if cp > 1 else ("ring",):
                                             if cpm == "ulysses" and heads % (tp * cp):
                                                 continue
-                                            yield MeshConfig(pp, dpr, dps, cp, tp, ep, b, sched, vpp, sp,
-                                                             tpm, cpm)
+                                            yield MeshConfig(
+                                                pp, dpr, dps, cp, tp, ep, b, sched, vpp, sp, tpm, cpm
+                                            )
 
 
 def unit_options(opts: SpaceOptions, shard_group: int) -> Iterator[tuple[str, str, str, int, bool]]:

@@ -55,7 +55,8 @@ class StageCost:
 class _Table:
     """Least stage times of one rank for every block count (one block class), plans made lazily."""
 
-    def __init__(self, pp: PipelineProblem, k: int, emb: bool, head: bool, n_max: int, f: int, rest: list[int]):
+    def __init__(self, pp: PipelineProblem, k: int, emb: bool, head: bool, n_max: int, f: int,
+                 rest: list[int]):
         self.pp, self.k, self.emb, self.head, self.f, self.rest = pp, k, emb, head, f, rest
         self.time = np.full(n_max + 1, INF)
         self.e = np.full(n_max + 1, -1)
@@ -74,7 +75,8 @@ class _Table:
             if len(rest) > 1:
                 counts[rest[1]] = n - nf - na
             e, h = int(self.e[n]), int(self.h[n])
-            sc = StageCost(float(self.time[n]), (None if e < 0 else e, None if h < 0 else h, {self.k: counts}),
+            choice = (None if e < 0 else e, None if h < 0 else h, {self.k: counts})
+            sc = StageCost(float(self.time[n]), choice,
                            self.pp.fixed({self.k: n}, self.emb, self.head))
         self.made[n] = sc
         return sc
@@ -123,12 +125,14 @@ class PipelineProblem:
         self.m = w.global_batch // (cfg.dp * cfg.micro_batch)
         self.p, self.v = cfg.pp, cfg.vpp
         self.costs: dict[int, list[UnitView]] = costs or {
-            k: [UnitView.of(price_option(reps[k][0], reps[k][1], (sharding, rc, offload, 1, False), cfg, dev, w))
+            k: [UnitView.of(price_option(reps[k][0], reps[k][1], (sharding, rc, offload, 1, False), cfg, dev,
+                                         w))
                 for rc in recomputes] for k in set(index)}
         self.budget = memory_budget(dev, cfg, limit_gib) + (DP_BUCKET_BYTES if cfg.dp > 1 else 0.0)
         self.bucket = DP_BUCKET_BYTES if cfg.dp > 1 else 0.0
         s = cfg.strategy()
-        send = dev.collective_time("send_recv", self.costs[self.block_cls[-1]][0].out_bytes, mesh_groups(dev, s).pp)
+        out = self.costs[self.block_cls[-1]][0].out_bytes
+        send = dev.collective_time("send_recv", out, mesh_groups(dev, s).pp)
         self.p2p = 2 * send * (1 - dev.c.pp_overlap)
         self.cache: dict[tuple, Any] = {}
         self.batch: dict[str, Any] | None = None
@@ -136,7 +140,8 @@ class PipelineProblem:
 
     def fixed(self, counts: dict[int, int], emb: bool, head: bool) -> Fixed:
         f = Fixed()
-        held = [(k, n) for k, n in counts.items() if n] + ([(self.emb, 1)] if emb and self.emb is not None else []) + (
+        held = [(k, n) for k, n in counts.items() if n]
+        held += ([(self.emb, 1)] if emb and self.emb is not None else []) + (
             [(self.head, 1)] if head and self.head is not None else [])
         for k, n in held:
             u = self.costs[k][0]
@@ -205,7 +210,7 @@ class PipelineProblem:
 
     def _two(self, tab: _Table, n: np.ndarray, fixed: np.ndarray, r_eh: float, base_t: float, e: int | None,
              h: int | None, fly: float) -> None:
-        """Faster option ``a`` and leaner ``f``: per block count the least number of ``f`` blocks that fits."""
+        """Faster option ``a`` and leaner ``f``: per block count, the fewest ``f`` blocks that fit."""
         opts = self.costs[self.kinds[0]]
         a, f = opts[tab.rest[0]], opts[tab.f]
         ta, ma, tf, mf = a.time, a.activations * fly, f.time, f.activations * fly
@@ -259,7 +264,8 @@ class PipelineProblem:
                     base_l.append(base_b[(r == 0, r == p - 1)] + (ue.activations * fl if ue else 0.0)
                                   + (uh.activations * (fl + 0.5) if uh else 0.0))
                     reh_l.append(max(ue.recompute_peak if ue else 0.0, uh.recompute_peak if uh else 0.0))
-                    bt_l.append((ue.time if ue else 0.0) + (uh.time if uh else 0.0) + (self.p2p if r < p - 1 else 0.0))
+                    bt_l.append((ue.time if ue else 0.0) + (uh.time if uh else 0.0)
+                                + (self.p2p if r < p - 1 else 0.0))
         mid = np.arange(1, p - 1)
         rank_a = np.concatenate([rank, mid])
         order = np.argsort(rank_a, kind="stable")
@@ -287,7 +293,8 @@ class PipelineProblem:
             best[r] = lo + (np.argmin(t[lo:hi], axis=0) if hi - lo > 1 else 0)
         cols = np.arange(L + 1)[None, :]
         eh = np.stack([rows_e, rows_h], axis=1)
-        self.batch = {"time": t[best, cols], "e": eh[best, 0], "h": eh[best, 1], "nf": nf[best, cols].astype(int),
+        self.batch = {"time": t[best, cols], "e": eh[best, 0], "h": eh[best, 1],
+                      "nf": nf[best, cols].astype(int),
                       "na": n - nf[best, cols], "f": f, "rest": rest}
         self.evaluated += p * (L + 1)
 
@@ -299,7 +306,8 @@ class PipelineProblem:
             b = self.batch
             if b is not None:
                 tab = _Table(self, self.kinds[0], key[1], key[2], len(self.block_cls), b["f"], b["rest"])
-                tab.time, tab.e, tab.h, tab.nf, tab.na = b["time"][r], b["e"][r], b["h"][r], b["nf"][r], b["na"][r]
+                tab.time, tab.e, tab.h = b["time"][r], b["e"][r], b["h"][r]
+                tab.nf, tab.na = b["nf"][r], b["na"][r]
             else:
                 tab = self._single(r, key[1], key[2], key[3], len(self.block_cls))
             self.cache[key] = tab
@@ -322,7 +330,8 @@ class PipelineProblem:
         if self.single:
             self.times()
             return self.table(k).get(n)
-        return self.stage(k, dict(Counter(self.block_cls[j:j + n])), k == 0, k == p - 1, 1 if k < p - 1 else 0)
+        held = dict(Counter(self.block_cls[j:j + n]))
+        return self.stage(k, held, k == 0, k == p - 1, 1 if k < p - 1 else 0)
 
     def stage(self, r: int, counts: dict[int, int], emb: bool, head: bool, bounds: int) -> StageCost | None:
         """Least time of pipeline rank ``r`` holding ``counts`` blocks per class (and emb/head)."""
@@ -336,7 +345,8 @@ class PipelineProblem:
             self.cache[key] = [self._general(r, counts, emb, head, bounds)]
         return self.cache[key][0]
 
-    def _general(self, r: int, counts: dict[int, int], emb: bool, head: bool, bounds: int) -> StageCost | None:
+    def _general(self, r: int, counts: dict[int, int], emb: bool, head: bool, bounds: int
+                 ) -> StageCost | None:
         """Several block classes: Pareto frontiers of (time, memory) per class, merged."""
         fly = in_flight(self.cfg.schedule, r, self.p, self.m, self.v)
         fx = self.fixed(counts, emb, head)
@@ -359,11 +369,12 @@ class PipelineProblem:
                     mm = sum(c * self.costs[k][allowed[i]].activations * (fly + (0.5 if is_head else 0.0))
                              for i, c in enumerate(comp))
                     pts.append((t, mm, ((k, tuple((allowed[i], c) for i, c in enumerate(comp) if c)),)))
-                front = _pareto([(a[0] + b[0], a[1] + b[1], a[2] + b[2]) for a in front for b in pts if a[1] + b[1] <= room])
+                front = _pareto([(a[0] + b[0], a[1] + b[1], a[2] + b[2])
+                                 for a in front for b in pts if a[1] + b[1] <= room])
             if front and (best is None or front[0][0] < best.time):
                 choice = {k: Counter(dict(c)) for k, c in _merge(front[0][2])}
-                e = next(iter(choice.pop(self.emb))) if emb and self.emb is not None and self.emb in choice else None
-                h = next(iter(choice.pop(self.head))) if head and self.head is not None and self.head in choice else None
+                e = next(iter(choice.pop(self.emb))) if emb and self.emb in choice else None
+                h = next(iter(choice.pop(self.head))) if head and self.head in choice else None
                 best = StageCost(front[0][0], (e, h, choice), fx)
         return best
 

@@ -52,6 +52,8 @@ class _Label:
 def _objective(pp: PipelineProblem, max_t: float, sum_t: float, fill: float, ex: float, opt: float,
                off: float) -> float:
     c, m, p, v = pp.dev.c, pp.m, pp.p, pp.v
+    if max_t == INF:
+        return INF
     sched = pp.cfg.schedule
     if sched == "interleaved":
         pipe = m * max_t + (p - 1) * max_t / v
@@ -63,14 +65,16 @@ def _objective(pp: PipelineProblem, max_t: float, sum_t: float, fill: float, ex:
 
 
 def _vals(sc: StageCost, alpha: float) -> tuple[float, ...]:
-    return (sc.time, sc.time, sc.time - 2 * sc.fixed.weight, sc.exposed(alpha), sc.fixed.optim, sc.fixed.offload)
+    f = sc.fixed
+    return (sc.time, sc.time, sc.time - 2 * f.weight, sc.exposed(alpha), f.optim, f.offload)
 
 
 def _extend(a: tuple[float, ...], b: tuple[float, ...]) -> tuple[float, ...]:
     return (max(a[0], b[0]), a[1] + b[1], max(a[2], b[2]), max(a[3], b[3]), max(a[4], b[4]), max(a[5], b[5]))
 
 
-def solve_pipeline(pp: PipelineProblem, incumbent: float = INF, nonuniform: bool = True) -> PipelineSolution | None:
+def solve_pipeline(pp: PipelineProblem, incumbent: float = INF, nonuniform: bool = True
+                   ) -> PipelineSolution | None:
     """The fastest plan of this (mesh, sharding, offload) that fits, or None (or nothing better than
     ``incumbent``)."""
     L, p, v = len(pp.block_cls), pp.p, pp.v
@@ -94,7 +98,7 @@ def solve_pipeline(pp: PipelineProblem, incumbent: float = INF, nonuniform: bool
         for sc in costs[1:]:
             vals = _extend(vals, _vals(sc, alpha))
         obj = _objective(pp, *vals)
-        return PipelineSolution(obj, None if v > 1 or not nonuniform else None, _recompute(pp, costs, per_rank))
+        return PipelineSolution(obj, None, _recompute(pp, costs, per_rank))
     sched = pp.cfg.schedule
     dims = (0, 2, 3, 4, 5) if sched == "zb" else (0, 1, 3, 4, 5)
     if pp.single and np.isfinite(incumbent) and _quick_bound(pp) >= incumbent:
@@ -201,7 +205,8 @@ def _rest_bounds(pp: PipelineProblem) -> tuple[np.ndarray, np.ndarray]:
             for j in range(L - (p - k) + 1):
                 hi = L - j if k == p - 1 else L - j - (p - k - 1)
                 lo = hi if k == p - 1 else 1
-                t = np.array([sc.time if (sc := pp.at(k, j, n)) is not None else INF for n in range(lo, hi + 1)])
+                t = np.array([sc.time if (sc := pp.at(k, j, n)) is not None else INF
+                              for n in range(lo, hi + 1)])
                 if len(t):
                     minsum[k][j] = np.min(t + minsum[k + 1][j + lo:j + hi + 1])
                     minmax[k][j] = np.min(np.maximum(t, minmax[k + 1][j + lo:j + hi + 1]))

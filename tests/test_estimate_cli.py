@@ -15,12 +15,40 @@ import planner.commands  # noqa: F401  (registers the commands)
 from planner.cli import app
 
 runner = CliRunner()
-BASE = ["estimate", "--model", "llama3-8b", "--cluster", "64xh100", "--seq-len", "8192", "--global-batch", "256"]
+BASE = [
+    "estimate",
+    "--model",
+    "llama3-8b",
+    "--cluster",
+    "64xh100",
+    "--seq-len",
+    "8192",
+    "--global-batch",
+    "256",
+]
 
 
 def test_estimate_json_keys() -> None:
-    r = runner.invoke(app, [*BASE, "--tp", "4", "--pp", "2", "--zero", "1", "--schedule", "interleaved", "--vpp",
-                            "2", "--sequence-parallel", "--recompute", "selective", "--json"])
+    r = runner.invoke(
+        app,
+        [
+            *BASE,
+            "--tp",
+            "4",
+            "--pp",
+            "2",
+            "--zero",
+            "1",
+            "--schedule",
+            "interleaved",
+            "--vpp",
+            "2",
+            "--sequence-parallel",
+            "--recompute",
+            "selective",
+            "--json",
+        ],
+    )
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
     for key in ("step_time_s", "tokens_per_s_per_gpu", "mfu", "hfu", "memory_peak_gib", "stages", "time"):
@@ -28,37 +56,80 @@ def test_estimate_json_keys() -> None:
     assert len(d["stages"]) == 2 and d["num_microbatches"] == 256 // 8
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--tp", "3"], "tp=3 does not divide the 32 attention heads"),
-    (["--tp", "4", "--pp", "2", "--dp-shard", "3", "--dp-replicate", "3"], "does not match the cluster's 64 GPUs"),
-    (["--pp", "64"], "pp=64 stages for only 32 layers"),
-    (["--schedule", "bogus"], "unknown schedule 'bogus'"),
-    (["--zero", "5"], "--zero must be 0, 1, 2 or 3"),
-    (["--pp", "2", "--vpp", "2"], "vpp=2 needs schedule 'interleaved'"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--tp", "3"], "tp=3 does not divide the 32 attention heads"),
+        (
+            ["--tp", "4", "--pp", "2", "--dp-shard", "3", "--dp-replicate", "3"],
+            "does not match the cluster's 64 GPUs",
+        ),
+        (["--pp", "64"], "pp=64 stages for only 32 layers"),
+        (["--schedule", "bogus"], "unknown schedule 'bogus'"),
+        (["--zero", "5"], "--zero must be 0, 1, 2 or 3"),
+        (["--pp", "2", "--vpp", "2"], "vpp=2 needs schedule 'interleaved'"),
+    ],
+)
 def test_estimate_errors_exit_2(args: list[str], needle: str) -> None:
     r = runner.invoke(app, [*BASE, *args])
     assert r.exit_code == 2 and needle in r.output, r.output
 
 
 def test_ep_must_divide_experts() -> None:
-    r = runner.invoke(app, ["estimate", "--model", "mixtral-8x7b", "--cluster", "64xh100", "--seq-len", "4096",
-                            "--global-batch", "256", "--ep", "3", "--zero", "1"])
+    r = runner.invoke(
+        app,
+        [
+            "estimate",
+            "--model",
+            "mixtral-8x7b",
+            "--cluster",
+            "64xh100",
+            "--seq-len",
+            "4096",
+            "--global-batch",
+            "256",
+            "--ep",
+            "3",
+            "--zero",
+            "1",
+        ],
+    )
     assert r.exit_code == 2 and "ep=3 does not divide the 8 experts" in r.output
 
 
 def test_zero_0_means_replicas_and_dp_fills_the_cluster() -> None:
     r0 = json.loads(runner.invoke(app, [*BASE, "--tp", "2", "--json"]).stdout)
     r3 = json.loads(runner.invoke(app, [*BASE, "--tp", "2", "--zero", "3", "--json"]).stdout)
-    rh = json.loads(runner.invoke(app, [*BASE, "--tp", "2", "--zero", "3", "--dp-replicate", "4", "--json"]).stdout)
+    rh = json.loads(
+        runner.invoke(app, [*BASE, "--tp", "2", "--zero", "3", "--dp-replicate", "4", "--json"]).stdout
+    )
     assert r0["stages"][0]["optim_bytes"] > r3["stages"][0]["optim_bytes"] * 16  # sharded over 32
     assert rh["stages"][0]["optim_bytes"] == pytest.approx(r3["stages"][0]["optim_bytes"] * 4, rel=1e-6)
 
 
 def test_estimate_from_plan(tmp_path: Path) -> None:
     out = tmp_path / "p.json"
-    assert runner.invoke(app, ["plan", "--model", "gpt2", "--cluster", "4xcpu", "--seq-len", "128",
-                               "--global-batch", "8", "-o", str(out), "--top-k", "0"]).exit_code == 0
+    assert (
+        runner.invoke(
+            app,
+            [
+                "plan",
+                "--model",
+                "gpt2",
+                "--cluster",
+                "4xcpu",
+                "--seq-len",
+                "128",
+                "--global-batch",
+                "8",
+                "-o",
+                str(out),
+                "--top-k",
+                "0",
+            ],
+        ).exit_code
+        == 0
+    )
     r = runner.invoke(app, ["estimate", "--plan", str(out), "--json"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["step_time_s"] == json.loads(out.read_text())["predicted"]["step_time_s"]
@@ -69,9 +140,20 @@ def test_batch_mode(tmp_path: Path) -> None:
         {"model": "gpt2", "cluster": "4xcpu", "seq_len": 128, "global_batch": 8, "dp_shard": 4, "zero": 3},
         "not json",
         {"model": "gpt2", "cluster": "4xcpu", "seq_len": 128, "global_batch": 8, "tp": 5},
-        {"model": {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
-                   "intermediate_size": 128, "vocab_size": 128}, "cluster": {"accelerator": "h100", "gpus": 8},
-         "seq_len": 64, "global_batch": 8, "micro_batch": 1},
+        {
+            "model": {
+                "model_type": "llama",
+                "num_hidden_layers": 2,
+                "hidden_size": 64,
+                "num_attention_heads": 4,
+                "intermediate_size": 128,
+                "vocab_size": 128,
+            },
+            "cluster": {"accelerator": "h100", "gpus": 8},
+            "seq_len": 64,
+            "global_batch": 8,
+            "micro_batch": 1,
+        },
         {"model": "gpt2", "cluster": "4xcpu", "seq_len": 128, "global_batch": 8, "bogus_key": 1},
     ]
     f = tmp_path / "in.jsonl"
@@ -81,17 +163,23 @@ def test_batch_mode(tmp_path: Path) -> None:
     out = [json.loads(x) for x in r.stdout.splitlines()]
     assert len(out) == 6
     assert "step_time_s" in out[0] and "step_time_s" in out[3]
-    assert "not valid JSON" in out[1]["error"] and "tp=5 does not divide the 12 attention heads" in out[2]["error"]
+    assert (
+        "not valid JSON" in out[1]["error"]
+        and "tp=5 does not divide the 12 attention heads" in out[2]["error"]
+    )
     assert "unknown key" in out[4]["error"] and "empty line" in out[5]["error"]
 
 
 def test_no_torch_and_fast() -> None:
-    code = ("import sys, runpy; sys.argv = ['shardplan'] + sys.argv[1:]; "
-            "from planner.cli import main\ntry:\n    main()\nexcept SystemExit:\n    pass\n"
-            "assert 'torch' not in sys.modules, 'torch imported'")
+    code = (
+        "import sys, runpy; sys.argv = ['shardplan'] + sys.argv[1:]; "
+        "from planner.cli import main\ntry:\n    main()\nexcept SystemExit:\n    pass\n"
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-c", code, *BASE, "--tp", "8", "--json"], capture_output=True, text=True,
-                       timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-c", code, *BASE, "--tp", "8", "--json"], capture_output=True, text=True, timeout=60
+    )
     wall = time.perf_counter() - t0
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["step_time_s"] > 0

@@ -25,17 +25,34 @@ from solvers.space import SPACES, MeshConfig
 def chains(draw: st.DrawFn, transitions: bool) -> ChainProblem:
     n_units = draw(st.integers(1, 5))
     n_classes = draw(st.integers(1, 3))
-    opt = st.builds(Option, a=st.integers(0, 20).map(float), d=st.integers(-5, 5).map(float),
-                    mem=st.integers(0, 10).map(float), g=st.sampled_from([0.0, 0.0, 3.0, 5.0]),
-                    r=st.sampled_from([0.0, 2.0, 4.0]))
+    opt = st.builds(
+        Option,
+        a=st.integers(0, 20).map(float),
+        d=st.integers(-5, 5).map(float),
+        mem=st.integers(0, 10).map(float),
+        g=st.sampled_from([0.0, 0.0, 3.0, 5.0]),
+        r=st.sampled_from([0.0, 2.0, 4.0]),
+    )
     options = [draw(st.lists(opt, min_size=1, max_size=4)) for _ in range(n_classes)]
     classes = [draw(st.integers(0, n_classes - 1)) for _ in range(n_units)]
     trans = None
     if transitions:
-        trans = [np.array(draw(st.lists(st.lists(st.integers(0, 6).map(float), min_size=len(options[classes[i + 1]]),
-                                                           max_size=len(options[classes[i + 1]])),
-                                                  min_size=len(options[classes[i]]), max_size=len(options[classes[i]]))))
-                 for i in range(n_units - 1)]
+        trans = [
+            np.array(
+                draw(
+                    st.lists(
+                        st.lists(
+                            st.integers(0, 6).map(float),
+                            min_size=len(options[classes[i + 1]]),
+                            max_size=len(options[classes[i + 1]]),
+                        ),
+                        min_size=len(options[classes[i]]),
+                        max_size=len(options[classes[i]]),
+                    )
+                )
+            )
+            for i in range(n_units - 1)
+        ]
     return ChainProblem(options, classes, float(draw(st.integers(0, 40))), const=0.5, transitions=trans)
 
 
@@ -66,9 +83,19 @@ def test_dp_discretisation_is_bounded_and_conservative() -> None:
     rng = random.Random(3)
     for _ in range(25):
         k = rng.randint(1, 3)
-        opts = [[Option(a=rng.random() * 3, d=rng.uniform(-1, 1), mem=rng.random() * 1e9,
-                        g=rng.choice([0.0, rng.random() * 3e8]), r=rng.choice([0.0, rng.random() * 2e8]))
-                 for _ in range(rng.randint(1, 4))] for _ in range(k)]
+        opts = [
+            [
+                Option(
+                    a=rng.random() * 3,
+                    d=rng.uniform(-1, 1),
+                    mem=rng.random() * 1e9,
+                    g=rng.choice([0.0, rng.random() * 3e8]),
+                    r=rng.choice([0.0, rng.random() * 2e8]),
+                )
+                for _ in range(rng.randint(1, 4))
+            ]
+            for _ in range(k)
+        ]
         p = ChainProblem(opts, [rng.randrange(k) for _ in range(rng.randint(1, 5))], rng.random() * 4e9)
         brute, dp, ilp = solve_chain(p), solve_dp(p, mem_buckets=512), solve_ilp(p)
         if brute.choice is None:
@@ -106,5 +133,6 @@ def test_mesh_chain_is_estimate() -> None:
     ilp, dp = solve_ilp(prob), solve_dp(prob)
     assert ilp.status == "optimal"
     assert dp.bound <= ilp.objective * (1 + 1e-9) <= dp.objective * (1 + 2e-9)
-    rep = estimate(g, cl, chain_strategy(g, cfg, prob, ilp.choice), w, memory_limit_gib=12.0)  # type: ignore[arg-type]
+    assert ilp.choice is not None
+    rep = estimate(g, cl, chain_strategy(g, cfg, prob, ilp.choice), w, memory_limit_gib=12.0)
     assert rep.fits and rep.step_time_s == pytest.approx(ilp.objective, rel=1e-12)

@@ -35,12 +35,15 @@ def test_cpu_plan_is_reproducible_and_fits() -> None:
     d = a.predicted.model_dump()
     for key in ("step_time_s", "tokens_per_s_per_gpu", "mfu", "hfu", "memory_peak_gib", "stages", "time"):
         assert key in d
-    assert a.alternatives and all(x.predicted.step_time_s >= a.predicted.step_time_s * (1 - 1e-12)
-                                  for x in a.alternatives[:3])
+    assert a.alternatives and all(
+        x.predicted.step_time_s >= a.predicted.step_time_s * (1 - 1e-12) for x in a.alternatives[:3]
+    )
 
 
 def test_osdp_plan_records_both_solvers() -> None:
-    p = plan("gpt2-medium", "8xh100", seq_len=512, global_batch=32, memory_limit_gib=6.0, space="osdp", top_k=2)
+    p = plan(
+        "gpt2-medium", "8xh100", seq_len=512, global_batch=32, memory_limit_gib=6.0, space="osdp", top_k=2
+    )
     o = p.solver.options
     assert p.solver.name == "ilp" and o["dp_ilp_agree"] is True
     obj = p.solver.objective
@@ -65,27 +68,102 @@ def test_infeasible_raises_and_writes_nothing(tmp_path: Path) -> None:
     with pytest.raises(ShardplanError, match="smallest per-GPU memory any plan needs"):
         plan("llama3-70b", "8xh100", seq_len=4096, global_batch=8, memory_limit_gib=8.0, space="fsdp")
     out = tmp_path / "p.json"
-    r = runner.invoke(app, ["plan", "--model", "llama3-70b", "--cluster", "8xh100", "--seq-len", "4096",
-                            "--global-batch", "8", "--memory-limit", "8", "--space", "fsdp", "-o", str(out)])
+    r = runner.invoke(
+        app,
+        [
+            "plan",
+            "--model",
+            "llama3-70b",
+            "--cluster",
+            "8xh100",
+            "--seq-len",
+            "4096",
+            "--global-batch",
+            "8",
+            "--memory-limit",
+            "8",
+            "--space",
+            "fsdp",
+            "-o",
+            str(out),
+        ],
+    )
     assert r.exit_code == 2 and "dominated by" in r.output and not out.exists()
 
 
 def test_cli_plan_json_and_file(tmp_path: Path) -> None:
     out = tmp_path / "plan.json"
-    r = runner.invoke(app, ["plan", "--model", "gpt2", "--cluster", "4xcpu", "--seq-len", "128", "--global-batch",
-                            "8", "--json", "-o", str(out), "--top-k", "2"])
+    r = runner.invoke(
+        app,
+        [
+            "plan",
+            "--model",
+            "gpt2",
+            "--cluster",
+            "4xcpu",
+            "--seq-len",
+            "128",
+            "--global-batch",
+            "8",
+            "--json",
+            "-o",
+            str(out),
+            "--top-k",
+            "2",
+        ],
+    )
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert doc["solver"]["status"] == "optimal" and out.exists()
     assert parse_plan(out.read_text()).strategy.model_dump() == doc["strategy"]
-    r = runner.invoke(app, ["plan", "--model", "gpt2", "--cluster", "4xcpu", "--seq-len", "128", "--global-batch",
-                            "8", "--space", "nope"])
+    r = runner.invoke(
+        app,
+        [
+            "plan",
+            "--model",
+            "gpt2",
+            "--cluster",
+            "4xcpu",
+            "--seq-len",
+            "128",
+            "--global-batch",
+            "8",
+            "--space",
+            "nope",
+        ],
+    )
     assert r.exit_code == 2 and "unknown search space" in r.output
 
 
 def test_cli_summary_subprocess() -> None:
-    r = subprocess.run([sys.executable, "-m", "planner.cli", "plan", "--model", "gpt2", "--cluster", "4xcpu",
-                        "--seq-len", "128", "--global-batch", "8"], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "planner.cli",
+            "plan",
+            "--model",
+            "gpt2",
+            "--cluster",
+            "4xcpu",
+            "--seq-len",
+            "128",
+            "--global-batch",
+            "8",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
-    for word in ("mesh", "schedule", "micro-batching", "step time", "tokens/s/GPU", "MFU", "peak memory", "solver"):
+    for word in (
+        "mesh",
+        "schedule",
+        "micro-batching",
+        "step time",
+        "tokens/s/GPU",
+        "MFU",
+        "peak memory",
+        "solver",
+    ):
         assert word in r.stdout

@@ -18,8 +18,14 @@ from solvers.osdp_dp import solve_dp
 from solvers.space import SPACES, mesh_configs
 
 SMALL = {"name": "small", "layers": 3, "hidden": 1024, "heads": 8, "vocab": 8192, "max_seq": 1024}
-LIMITED = dict(shardings=("replicate", "zero3"), recomputes=("none", "full"), offloads=("none",),
-               max_micro_batch_sizes=2, tp_modes=("megatron",), cp_modes=("ring",))
+LIMITED = dict(
+    shardings=("replicate", "zero3"),
+    recomputes=("none", "full"),
+    offloads=("none",),
+    max_micro_batch_sizes=2,
+    tp_modes=("megatron",),
+    cp_modes=("ring",),
+)
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +49,7 @@ def test_search_equals_exhaustive(setup: tuple, space: str) -> None:
     if space == "fsdp":
         kw.pop("shardings")
     if space == "hybrid":
-        kw.update(max_micro_batch_sizes=1)
+        kw.update(max_micro_batch_sizes=1, schedules=("1f1b", "zb"))
     opts = SPACES[space].with_(**kw)
     for limit in _limits(g, cl, w, opts):
         best, plan, n = search_space(g, cl, w, opts, limit)
@@ -55,8 +61,10 @@ def test_search_equals_exhaustive(setup: tuple, space: str) -> None:
         assert rep.fits and rep.step_time_s == pytest.approx(res.objective, rel=1e-12)
         if space == "osdp":  # the DP, mesh by mesh, finds the same optimum
             dev = DeviceModel(cl)
-            dps = [solve_dp(mesh_problem(g, dev, c, w, opts, limit if limit else cl.memory_bytes / 2**30))
-                   for c in mesh_configs(g, cl, w, opts)]
+            dps = [
+                solve_dp(mesh_problem(g, dev, c, w, opts, limit if limit else cl.memory_bytes / 2**30))
+                for c in mesh_configs(g, cl, w, opts)
+            ]
             assert min(d.objective for d in dps) == pytest.approx(best, rel=1e-9)
 
 
@@ -82,3 +90,36 @@ def test_time_limit_reports_gap() -> None:
     assert res.bound <= res.objective and (res.status == "optimal") == (res.gap == 0.0)
     assert estimate(g, cl, res.best.strategy, Workload(seq_len=4096, global_batch=256)).fits
     assert np.isfinite(res.objective)
+
+
+def test_pipeline_three_recompute_options_equal_exhaustive() -> None:
+    """Eager attention keeps selective recomputation worth having: three options per block."""
+    g = load_model(
+        dict(
+            SMALL,
+            hidden=512,
+            layers=3,
+            vocab=4096,
+            activation="gelu",
+            norm="layernorm",
+            position="learned",
+            bias=True,
+            attention_impl="eager",
+            dropout=0.1,
+        ),
+        1024,
+    )
+    cl, w = parse_cluster("2xh100"), Workload(seq_len=1024, global_batch=4)
+    opts = SPACES["hybrid"].with_(
+        tp=False,
+        cp=False,
+        shardings=("replicate",),
+        offloads=("none",),
+        max_micro_batch_sizes=1,
+        schedules=("1f1b", "zb"),
+        splits=(1,),
+    )
+    for limit in _limits(g, cl, w, opts):
+        best, _, _ = search_space(g, cl, w, opts, limit)
+        res = search(g, cl, w, opts, memory_limit_gib=limit)
+        assert res.objective == pytest.approx(best, rel=1e-9) and res.status == "optimal"

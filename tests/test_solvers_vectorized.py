@@ -14,8 +14,12 @@ from profiler.hardware import parse_cluster
 from profiler.models import load_model
 from solvers.space import SPACES, mesh_configs
 
-CASES = [("llama3-70b", "64xh100", 4096, 256), ("mixtral-8x7b", "64xh100", 4096, 256),
-         ("gpt2-xl", "8xh100", 1024, 64), ("gpt2", "4xcpu", 128, 8)]
+CASES = [
+    ("llama3-70b", "64xh100", 4096, 256),
+    ("mixtral-8x7b", "64xh100", 4096, 256),
+    ("gpt2-xl", "8xh100", 1024, 64),
+    ("gpt2", "4xcpu", 128, 8),
+]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
@@ -25,9 +29,14 @@ def test_grid_equals_estimate(case: tuple) -> None:
     w = Workload(seq_len=seq, global_batch=gb)
     rng = random.Random(hash(model) % 1000)
     cfgs = list(mesh_configs(g, cl, w, SPACES["hybrid"]))
-    strategies = [rng.choice(cfgs).strategy(default=LayerStrategy(
-        sharding=rng.choice(SHARDINGS), recompute=rng.choice(RECOMPUTES), offload=rng.choice(OFFLOADS)))
-        for _ in range(9)]
+    strategies = [
+        rng.choice(cfgs).strategy(
+            default=LayerStrategy(
+                sharding=rng.choice(SHARDINGS), recompute=rng.choice(RECOMPUTES), offload=rng.choice(OFFLOADS)
+            )
+        )
+        for _ in range(9)
+    ]
     configs, options, cells = strategies_grid(strategies)
     gr = price_grid(g, cl, w, configs, options, memory_limit_gib=40.0)
     lb = compute_bound(g, cl, w, configs)
@@ -47,3 +56,49 @@ def test_empty_grid() -> None:
     g, cl = load_model("gpt2", 128), parse_cluster("4xcpu")
     gr = price_grid(g, cl, Workload(seq_len=128, global_batch=8), [], [LayerStrategy()])
     assert gr.size == 0 and np.asarray(gr.step_time_s).shape == (0, 1)
+
+
+def test_grid_equals_estimate_with_a_profile() -> None:
+    from profiler.profile_schema import (
+        AttnPoint,
+        BwPoint,
+        CommFit,
+        ComputeProfile,
+        DeviceInfo,
+        GemmPoint,
+        Profile,
+    )
+
+    def gemm(flops: float, rate: float) -> GemmPoint:
+        t = 3 * flops / rate
+        return GemmPoint(m=8, n=8, k=8, fwd_s=t / 3, bwd_s=2 * t / 3, flops=flops, flops_per_s=rate)
+
+    def attn(flops: float, rate: float, causal: bool) -> AttnPoint:
+        t = 3 * flops / rate
+        return AttnPoint(batch=1, heads=1, seq=8, head_dim=8, causal=causal, fwd_s=t / 3, bwd_s=2 * t / 3,
+                         flops=flops, flops_per_s=rate)
+
+    def fit(coll: str, world: int) -> CommFit:
+        return CommFit(collective=coll, world=world, backend="gloo", alpha_s=1e-4 * world, beta_s_per_byte=1e-9,
+                       median_rel_error=0.0, points=[(1024.0, 1e-4)])
+
+    compute = ComputeProfile(
+        dtype="bf16", gemm=[gemm(1e6, 1e9), gemm(1e10, 4e9)],
+        attention=[attn(1e6, 1e9, False), attn(1e8, 2e9, True)],
+        bandwidth={"norm": [BwPoint(bytes=1e6, seconds=1e-3, bytes_per_s=1e9, bwd_s=2e-3)]})
+    prof = Profile(device=DeviceInfo(kind="cpu", name="test cpu", torch_version="2.13.0", threads=2, hostname="h",
+                                     created="2026-01-01T00:00:00+00:00"), compute=compute,
+                   comm=[fit(c, n) for c in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+                         for n in (2, 4)])
+    g, cl = load_model("gpt2", 128), parse_cluster("4xcpu")
+    w = Workload(seq_len=128, global_batch=8)
+    rng = random.Random(5)
+    cfgs = list(mesh_configs(g, cl, w, SPACES["hybrid"]))
+    strategies = [rng.choice(cfgs).strategy(default=LayerStrategy(
+        sharding=rng.choice(SHARDINGS), recompute=rng.choice(RECOMPUTES))) for _ in range(8)]
+    configs, options, cells = strategies_grid(strategies)
+    gr = price_grid(g, cl, w, configs, options, profile=prof)
+    for s, (i, j) in zip(strategies, cells, strict=True):
+        r = estimate(g, cl, s, w, profile=prof)
+        assert gr.step_time_s[i, j] == pytest.approx(r.step_time_s, rel=1e-9)
+        assert gr.memory_peak_gib[i, j] == pytest.approx(r.memory_peak_gib, rel=1e-9)

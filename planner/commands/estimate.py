@@ -25,9 +25,32 @@ from planner.cli import app, console, guard, print_json
 from profiler.errors import ShardplanError
 
 GIB = 1024**3
-KEYS = ("model", "cluster", "seq_len", "global_batch", "micro_batch", "tp", "pp", "cp", "ep", "dp", "dp_shard",
-        "dp_replicate", "zero", "recompute", "schedule", "vpp", "precision", "sequence_parallel", "profile",
-        "memory_limit", "memory_limit_gib", "plan", "tp_mode", "cp_mode")
+KEYS = (
+    "model",
+    "cluster",
+    "seq_len",
+    "global_batch",
+    "micro_batch",
+    "tp",
+    "pp",
+    "cp",
+    "ep",
+    "dp",
+    "dp_shard",
+    "dp_replicate",
+    "zero",
+    "recompute",
+    "schedule",
+    "vpp",
+    "precision",
+    "sequence_parallel",
+    "profile",
+    "memory_limit",
+    "memory_limit_gib",
+    "plan",
+    "tp_mode",
+    "cp_mode",
+)
 
 
 def _pydantic_message(e: Exception) -> str:
@@ -46,8 +69,13 @@ def _precheck(cfg: dict[str, Any], a: dict[str, Any], blocks: int) -> None:
     """The constraints a flag can break on its own, named with their values (before any arithmetic)."""
     from costmodel.strategy import RECOMPUTES, SCHEDULES
 
-    for key, known in (("schedule", SCHEDULES), ("recompute", RECOMPUTES), ("precision", ("bf16", "fp8", "fp32")),
-                       ("tp_mode", ("megatron", "tsp")), ("cp_mode", ("ring", "ulysses"))):
+    for key, known in (
+        ("schedule", SCHEDULES),
+        ("recompute", RECOMPUTES),
+        ("precision", ("bf16", "fp8", "fp32")),
+        ("tp_mode", ("megatron", "tsp")),
+        ("cp_mode", ("ring", "ulysses")),
+    ):
         if a.get(key) is not None and a[key] not in known:
             raise ShardplanError(f"unknown {key.replace('_', ' ')} '{a[key]}'; known: {', '.join(known)}")
     tp, ep, pp = (int(a.get(k) or 1) for k in ("tp", "ep", "pp"))
@@ -75,7 +103,9 @@ def _degrees(world: int, a: dict[str, Any]) -> dict[str, int]:
     dps, dpr, dp = a.get("dp_shard"), a.get("dp_replicate"), a.get("dp")
     if dps is None or dpr is None:
         if world % inner and (dp is None or dps is None and dpr is None):
-            raise ShardplanError(f"pp*cp*tp = {pp}*{cp}*{tp} = {inner} does not divide the cluster's {world} GPUs")
+            raise ShardplanError(
+                f"pp*cp*tp = {pp}*{cp}*{tp} = {inner} does not divide the cluster's {world} GPUs"
+            )
         total = int(dp) if dp is not None else world // inner
         if dps is None and dpr is None:
             dps, dpr = (1, total) if zero == 0 else (total, 1)
@@ -129,10 +159,16 @@ def price_args(a: dict[str, Any]) -> dict[str, Any]:
             if zero not in ZERO_TO_SHARDING:
                 raise ShardplanError(f"--zero must be 0, 1, 2 or 3, got {zero}")
             ls = LayerStrategy(sharding=ZERO_TO_SHARDING[zero], recompute=a.get("recompute") or "none")
-            s = Strategy(mesh=Mesh(**_degrees(cluster.world_size, a)), micro_batch=int(a.get("micro_batch") or 1),
-                         schedule=a.get("schedule") or "1f1b", vpp=int(a.get("vpp") or 1),
-                         sequence_parallel=bool(a.get("sequence_parallel")), tp_mode=a.get("tp_mode") or "megatron",
-                         cp_mode=a.get("cp_mode") or "ring", default=ls)
+            s = Strategy(
+                mesh=Mesh(**_degrees(cluster.world_size, a)),
+                micro_batch=int(a.get("micro_batch") or 1),
+                schedule=a.get("schedule") or "1f1b",
+                vpp=int(a.get("vpp") or 1),
+                sequence_parallel=bool(a.get("sequence_parallel")),
+                tp_mode=a.get("tp_mode") or "megatron",
+                cp_mode=a.get("cp_mode") or "ring",
+                default=ls,
+            )
     except ValidationError as e:
         raise ShardplanError(f"invalid plan: {_pydantic_message(e)}") from None
     except (TypeError, ValueError) as e:
@@ -186,24 +222,34 @@ def _table(rep: dict[str, Any]) -> Table:
     t.add_row("peak memory", f"{rep['memory_peak_gib']:.2f} GiB of {rep['memory_limit_gib']:.2f} GiB: {fits}")
     tm = rep["time"]
     comm = ", ".join(f"{k} {v:.3g}" for k, v in sorted(tm["comm_s"].items()) if v)
-    t.add_row("time (s)", f"compute {tm['compute_s']:.3g}, recompute {tm['recompute_s']:.3g}, bubble "
-                          f"{tm['bubble_s']:.3g}, optimizer {tm['optimizer_s']:.3g}" + (f", comm {comm}" if comm else ""))
+    t.add_row(
+        "time (s)",
+        f"compute {tm['compute_s']:.3g}, recompute {tm['recompute_s']:.3g}, bubble "
+        f"{tm['bubble_s']:.3g}, optimizer {tm['optimizer_s']:.3g}" + (f", comm {comm}" if comm else ""),
+    )
     for st in rep["stages"]:
-        t.add_row(f"stage {st['stage']}", f"{st['total_gib']:.2f} GiB: params {st['params_gib']:.2f}, grads "
-                                         f"{st['grads_gib']:.2f}, optimizer {st['optimizer_gib']:.2f}, activations "
-                                         f"{st['activations_gib']:.2f}, buffers {st['buffers_gib']:.2f}")
+        t.add_row(
+            f"stage {st['stage']}",
+            f"{st['total_gib']:.2f} GiB: params {st['params_gib']:.2f}, grads "
+            f"{st['grads_gib']:.2f}, optimizer {st['optimizer_gib']:.2f}, activations "
+            f"{st['activations_gib']:.2f}, buffers {st['buffers_gib']:.2f}",
+        )
     return t
 
 
 @app.command("estimate")
 @guard
 def estimate_cmd(
-    model: str = typer.Option(None, "--model", "-m", help="preset name, config.json path or pkg.module:factory"),
+    model: str = typer.Option(
+        None, "--model", "-m", help="preset name, config.json path or pkg.module:factory"
+    ),
     cluster: str = typer.Option(None, "--cluster", "-c", help="'64xh100' or a cluster YAML/JSON file"),
     seq_len: int = typer.Option(None, "--seq-len", help="tokens per sample"),
     global_batch: int = typer.Option(None, "--global-batch", help="samples per optimizer step"),
     micro_batch: int = typer.Option(1, "--micro-batch", help="samples per micro-batch"),
-    tp: int = typer.Option(1, "--tp"), pp: int = typer.Option(1, "--pp"), cp: int = typer.Option(1, "--cp"),
+    tp: int = typer.Option(1, "--tp"),
+    pp: int = typer.Option(1, "--pp"),
+    cp: int = typer.Option(1, "--cp"),
     ep: int = typer.Option(1, "--ep"),
     dp: int = typer.Option(None, "--dp", help="data-parallel degree (default: GPUs / (pp*cp*tp))"),
     dp_shard: int = typer.Option(None, "--dp-shard", help="ranks ZeRO/FSDP shards over"),
@@ -213,7 +259,9 @@ def estimate_cmd(
     schedule: str = typer.Option("1f1b", "--schedule", help="gpipe | 1f1b | interleaved | zb"),
     vpp: int = typer.Option(1, "--vpp", help="virtual stages per rank (interleaved)"),
     precision: str = typer.Option(None, "--precision", help="bf16 | fp8"),
-    sequence_parallel: bool = typer.Option(False, "--sequence-parallel", help="Megatron sequence parallelism"),
+    sequence_parallel: bool = typer.Option(
+        False, "--sequence-parallel", help="Megatron sequence parallelism"
+    ),
     profile: Path = typer.Option(None, "--profile", help="measured profile to price with"),
     memory_limit: float = typer.Option(None, "--memory-limit", help="per-GPU limit in GiB"),
     plan: Path = typer.Option(None, "--plan", help="price this plan file instead of the degree flags"),
@@ -226,14 +274,32 @@ def estimate_cmd(
             sys.stdout.write(line + "\n")
         return
     args: dict[str, Any] = {
-        "model": model, "cluster": cluster, "seq_len": seq_len, "global_batch": global_batch,
-        "precision": precision, "profile": str(profile) if profile else None, "memory_limit": memory_limit}
+        "model": model,
+        "cluster": cluster,
+        "seq_len": seq_len,
+        "global_batch": global_batch,
+        "precision": precision,
+        "profile": str(profile) if profile else None,
+        "memory_limit": memory_limit,
+    }
     if plan is not None:
         args["plan"] = str(plan)
     else:
-        args.update(micro_batch=micro_batch, tp=tp, pp=pp, cp=cp, ep=ep, dp=dp, dp_shard=dp_shard,
-                    dp_replicate=dp_replicate, zero=zero, recompute=recompute, schedule=schedule, vpp=vpp,
-                    sequence_parallel=sequence_parallel)
+        args.update(
+            micro_batch=micro_batch,
+            tp=tp,
+            pp=pp,
+            cp=cp,
+            ep=ep,
+            dp=dp,
+            dp_shard=dp_shard,
+            dp_replicate=dp_replicate,
+            zero=zero,
+            recompute=recompute,
+            schedule=schedule,
+            vpp=vpp,
+            sequence_parallel=sequence_parallel,
+        )
     rep = price_args(args)
     if as_json:
         print_json(rep)

@@ -23,7 +23,9 @@ def _batches(text: str) -> list[int]:
     try:
         out = [int(x) for x in text.replace(" ", "").split(",") if x]
     except ValueError:
-        raise ShardplanError(f"--global-batch must be an integer or a comma-separated list, got '{text}'") from None
+        raise ShardplanError(
+            f"--global-batch must be an integer or a comma-separated list, got '{text}'"
+        ) from None
     if not out:
         raise ShardplanError("--global-batch is empty")
     return out
@@ -48,8 +50,11 @@ def summary_table(planned: Any, wall_s: float) -> Table:
     s, pred = p.strategy, p.predicted
     w = p.inputs.workload
     n_mb = w.global_batch // (s.mesh.dp * s.micro_batch)
-    t = Table(title=f"plan for {p.inputs.model} on {planned.cluster.name} (seq {w.seq_len}, global batch "
-                    f"{w.global_batch}, {w.precision})", show_header=False)
+    t = Table(
+        title=f"plan for {p.inputs.model} on {planned.cluster.name} (seq {w.seq_len}, global batch "
+        f"{w.global_batch}, {w.precision})",
+        show_header=False,
+    )
     t.add_column("what", style="bold")
     t.add_column("value")
     t.add_row("mesh", _mesh(s))
@@ -61,7 +66,9 @@ def summary_table(planned: Any, wall_s: float) -> Table:
     t.add_row("schedule", sched)
     t.add_row("micro-batching", f"{n_mb} micro-batches of {s.micro_batch}")
     d = s.default
-    layers = f"{d.sharding}, recompute {d.recompute}" + (f", offload {d.offload}" if d.offload != "none" else "")
+    layers = f"{d.sharding}, recompute {d.recompute}" + (
+        f", offload {d.offload}" if d.offload != "none" else ""
+    )
     if s.layers:
         layers += f" (+{len(s.layers)} per-unit/operator entries)"
     t.add_row("layers", layers)
@@ -71,31 +78,48 @@ def summary_table(planned: Any, wall_s: float) -> Table:
     stages = pred.model_dump().get("stages", [])
     per = ", ".join(f"{st['total_gib']:.1f}" for st in stages)
     limit = pred.model_dump().get("memory_limit_gib")
-    t.add_row("peak memory", f"{pred.memory_peak_gib:.2f} GiB of {limit:.2f} GiB" + (
-        f" (stages: {per})" if len(stages) > 1 else ""))
+    t.add_row(
+        "peak memory",
+        f"{pred.memory_peak_gib:.2f} GiB of {limit:.2f} GiB"
+        + (f" (stages: {per})" if len(stages) > 1 else ""),
+    )
     sol = p.solver
     gap = f", gap {sol.gap:.2%}" if sol.gap else ""
-    t.add_row("solver", f"{sol.name} ({sol.options.get('settled_by')}) on '{sol.space}': {sol.status}{gap}, "
-                        f"{sol.candidates:,} candidates, {wall_s:.2f} s")
+    t.add_row(
+        "solver",
+        f"{sol.name} ({sol.options.get('settled_by')}) on '{sol.space}': {sol.status}{gap}, "
+        f"{sol.candidates:,} candidates, {wall_s:.2f} s",
+    )
     if res.alternatives:
         r = res.alternatives[0]
-        t.add_row("runner-up", f"{_mesh(r.strategy)}: {r.step_time_s:.4g} s, {r.memory_gib:.1f} GiB ({r.family})")
+        t.add_row(
+            "runner-up", f"{_mesh(r.strategy)}: {r.step_time_s:.4g} s, {r.memory_gib:.1f} GiB ({r.family})"
+        )
     return t
 
 
 @app.command("plan")
 @guard
 def plan_cmd(
-    model: str = typer.Option(..., "--model", "-m", help="preset name, config.json path or pkg.module:factory"),
+    model: str = typer.Option(
+        ..., "--model", "-m", help="preset name, config.json path or pkg.module:factory"
+    ),
     cluster: str = typer.Option(..., "--cluster", "-c", help="'64xh100' or a cluster YAML/JSON file"),
     seq_len: int = typer.Option(..., "--seq-len", help="tokens per sample"),
-    global_batch: str = typer.Option(..., "--global-batch",
-                                     help="samples per step; a comma list compares throughput (samples/s)"),
-    memory_limit: float = typer.Option(None, "--memory-limit", help="per-GPU memory limit in GiB (default: all)"),
+    global_batch: str = typer.Option(
+        ..., "--global-batch", help="samples per step; a comma list compares throughput (samples/s)"
+    ),
+    memory_limit: float = typer.Option(
+        None, "--memory-limit", help="per-GPU memory limit in GiB (default: all)"
+    ),
     space: str = typer.Option("full", "--space", help="fsdp | osdp | megatron | hybrid | full"),
     precision: str = typer.Option("bf16", "--precision", help="bf16 | fp8"),
-    profile: Path = typer.Option(None, "--profile", help="measured profile (shardplan profile) to price with"),
-    time_limit: float = typer.Option(None, "--time-limit", help="seconds; the best plan so far, with its gap"),
+    profile: Path = typer.Option(
+        None, "--profile", help="measured profile (shardplan profile) to price with"
+    ),
+    time_limit: float = typer.Option(
+        None, "--time-limit", help="seconds; the best plan so far, with its gap"
+    ),
     top_k: int = typer.Option(5, "--top-k", help="runners-up to keep"),
     output: Path = typer.Option(None, "--output", "-o", help="write the plan JSON here"),
     as_json: bool = typer.Option(False, "--json", help="print the plan JSON instead of the summary"),
@@ -109,15 +133,32 @@ def plan_cmd(
     if output is not None and output.suffix.lower() != ".json":
         raise ShardplanError(f"-o must name a .json file, got '{output}'")
     t0 = time.perf_counter()
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=err_console, transient=True) as bar:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+    ) as bar:
         task = bar.add_task("enumerating meshes", total=None)
 
         def progress(what: str, done: int, total: int) -> None:
             bar.update(task, description=what, completed=done, total=total)
 
-        planned = search_plan(model, cluster, seq_len, batches[0] if len(batches) == 1 else batches, memory_limit,
-                              space, precision, profile, time_limit, top_k, progress)
+        planned = search_plan(
+            model,
+            cluster,
+            seq_len,
+            batches[0] if len(batches) == 1 else batches,
+            memory_limit,
+            space,
+            precision,
+            profile,
+            time_limit,
+            top_k,
+            progress,
+        )
     wall = time.perf_counter() - t0
     if output is not None:
         planned.plan.save(output)
@@ -126,7 +167,10 @@ def plan_cmd(
         return
     console.print(summary_table(planned, wall))
     if len(planned.by_batch) > 1:
-        console.print("samples/s by global batch: " + ", ".join(
-            f"{b}: {v:,.1f}" for b, v in sorted(planned.by_batch.items())), highlight=False)
+        console.print(
+            "samples/s by global batch: "
+            + ", ".join(f"{b}: {v:,.1f}" for b, v in sorted(planned.by_batch.items())),
+            highlight=False,
+        )
     if output is not None:
         console.print(f"wrote {output}", highlight=False)
