@@ -12,15 +12,20 @@ Named spaces (:data:`SPACES`):
 
 * ``fsdp`` — FSDP/HSDP: data parallelism only (``dp_replicate × dp_shard``), uniform sharding
   ``zero2``/``zero3``/``zero3_keep``, uniform recomputation, optional parameter offload.
-* ``osdp`` — OSDP: data parallelism only, every unit (and the large operators of a unit, by
-  splitting) chooses its own sharding, recomputation and offload.
+* ``osdp`` — OSDP: data parallelism only; every unit chooses its sharding (replicate, ZeRO-1/2/3,
+  ZeRO-3 kept gathered), recomputation and offload, and its large operators (at least a quarter
+  of the unit's largest) may instead run under ZeRO-3 split into 2 or 4 slices, or under ZeRO-3
+  while the rest of the unit is replicated / ZeRO-1 (:func:`unit_options`).
 * ``megatron`` — TP/PP/DP/SP/CP (and EP) with uniform layers, DDP or the distributed optimizer
   (``zero1``), 1F1B or interleaved, an even stage split.
-* ``hybrid`` — every mesh axis and schedule; per mesh the units choose their own strategy and the
-  pipeline stages their own boundaries (see :mod:`solvers.hybrid` for what varies per layer).
+* ``hybrid`` — every mesh axis, TP/CP mode and schedule. Without a pipeline the units choose as in
+  ``osdp``; with one, the mesh takes one sharding and offload for all units (both enumerated),
+  every unit its own recomputation, and — with one virtual stage per rank — the stages their own
+  boundaries (at least one block each); interleaved stages split evenly.
 * ``full`` — all of the above at once (it is the union, so it searches like ``hybrid``).
 
-GPipe is never yielded: it has 1F1B's step time and keeps more micro-batches alive.
+GPipe is never yielded: it has 1F1B's step time and keeps more micro-batches alive. Sequence
+parallelism is always on with Megatron TP (it never costs more in the cost model).
 """
 
 from __future__ import annotations
