@@ -31,20 +31,7 @@ def in_space(graph, cluster, w, s) -> bool:  # type: ignore[no-untyped-def]
     """Whether the published strategy is one of the full space's plans (see solvers.hybrid)."""
     opts = SPACES["full"]
     m = s.mesh
-    cfg = MeshConfig(
-        m.pp,
-        m.dp_replicate,
-        m.dp_shard,
-        m.cp,
-        m.tp,
-        m.ep,
-        s.micro_batch,
-        s.schedule,
-        s.vpp,
-        s.sequence_parallel,
-        s.tp_mode,
-        s.cp_mode,
-    )
+    cfg = MeshConfig.of(s)
     if cfg not in set(mesh_configs(graph, cluster, w, opts)):
         return False
     units = [name for name, _ in graph.blocks()]

@@ -171,21 +171,7 @@ def _dp_check(
     from solvers.space import MeshConfig
 
     s = res.best.strategy
-    m = s.mesh
-    cfg = MeshConfig(
-        m.pp,
-        m.dp_replicate,
-        m.dp_shard,
-        m.cp,
-        m.tp,
-        m.ep,
-        s.micro_batch,
-        s.schedule,
-        s.vpp,
-        s.sequence_parallel,
-        s.tp_mode,
-        s.cp_mode,
-    )
+    cfg = MeshConfig.of(s)
     lim = limit if limit is not None else dev.cluster.memory_bytes / GIB
     prob = mesh_problem(graph, dev, cfg, w, SPACES["osdp"], lim)
     ilp, dp = solve_ilp(prob), solve_dp(prob)

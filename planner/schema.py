@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from costmodel.strategy import Strategy, Workload
-from profiler.errors import ShardplanError
+from profiler.errors import ShardplanError, describe_validation_error
 
 SCHEMA_VERSION = "1.0"
 SCHEMA_PATH = Path(__file__).parent / "plan.schema.json"
@@ -138,15 +138,6 @@ def write_atomic(path: Path, text: str) -> None:
         raise
 
 
-def _describe(err: ValidationError) -> str:
-    parts = []
-    for e in err.errors()[:5]:
-        loc = ".".join(str(x) for x in e["loc"]) or "(document)"
-        parts.append(f"{loc}: {e['msg']}")
-    more = f" (and {err.error_count() - 5} more)" if err.error_count() > 5 else ""
-    return "; ".join(parts) + more
-
-
 def parse_plan(data: dict[str, Any] | str, origin: str = "plan") -> Plan:
     """Validate a plan from a dict or JSON text; errors name the field and the reason."""
     if isinstance(data, str):
@@ -162,7 +153,7 @@ def parse_plan(data: dict[str, Any] | str, origin: str = "plan") -> Plan:
     try:
         return Plan.model_validate(data)
     except ValidationError as e:
-        raise PlanError(f"{origin} is not a valid plan: {_describe(e)}") from None
+        raise PlanError(f"{origin} is not a valid plan: {describe_validation_error(e)}") from None
 
 
 def load_plan(path: str | Path) -> Plan:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
+from typing import Any
 
 
 class ShardplanError(ValueError):
@@ -20,3 +21,13 @@ class UnknownNameError(ShardplanError):
         super().__init__(f"unknown {what} '{name}'.{hint} Known: {', '.join(known)}")
         self.name = name
         self.close = close
+
+
+def describe_validation_error(err: Any, limit: int = 5) -> str:
+    """A pydantic ``ValidationError`` as ``field.path: reason; ...`` (first ``limit`` errors)."""
+    parts = []
+    for e in err.errors()[:limit]:
+        loc = ".".join(str(x) for x in e["loc"]) or "(document)"
+        parts.append(f"{loc}: {e['msg']}")
+    more = f" (and {err.error_count() - limit} more)" if err.error_count() > limit else ""
+    return "; ".join(parts) + more

@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from profiler.errors import ShardplanError
+from profiler.errors import ShardplanError, describe_validation_error
 
 SCHEMA_VERSION = "1.0"
 SCHEMA_PATH = Path(__file__).parent / "profile.schema.json"
@@ -311,15 +311,6 @@ def _large_bw(pts: list[BwPoint]) -> float:
 
 # ---- reading ---------------------------------------------------------------------------------
 
-def _describe(err: ValidationError) -> str:
-    parts = []
-    for e in err.errors()[:5]:
-        loc = ".".join(str(x) for x in e["loc"]) or "(document)"
-        parts.append(f"{loc}: {e['msg']}")
-    more = f" (and {err.error_count() - 5} more)" if err.error_count() > 5 else ""
-    return "; ".join(parts) + more
-
-
 def _unclosed(text: str) -> bool:
     """Whether JSON text ends inside a string, an object or an array (a cut-off file)."""
     depth, in_str, esc = 0, False, False
@@ -365,7 +356,7 @@ def parse_profile(data: dict[str, Any] | str, origin: str = "profile") -> Profil
     try:
         return Profile.model_validate(data)
     except ValidationError as e:
-        raise ProfileError(f"{origin} is not a valid profile: {_describe(e)}") from None
+        raise ProfileError(f"{origin} is not a valid profile: {describe_validation_error(e)}") from None
 
 
 def load_profile(path: str | Path) -> Profile:

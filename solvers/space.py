@@ -118,6 +118,13 @@ class MeshConfig:
     tp_mode: str = "megatron"
     cp_mode: str = "ring"
 
+    @classmethod
+    def of(cls, s: Strategy) -> MeshConfig:
+        """The mesh configuration a strategy uses."""
+        m = s.mesh
+        return cls(m.pp, m.dp_replicate, m.dp_shard, m.cp, m.tp, m.ep, s.micro_batch, s.schedule, s.vpp,
+                   s.sequence_parallel, s.tp_mode, s.cp_mode)
+
     @property
     def mesh(self) -> Mesh:
         return Mesh(
