@@ -204,6 +204,8 @@ def parse_cluster(spec: str | dict[str, Any] | Cluster, gpus_per_node: int | Non
     m = _SHORTHAND.match(spec)
     if m:
         total, acc = int(m.group(1)), accelerator(m.group(2))
+        if total <= 0 or (gpus_per_node is not None and gpus_per_node <= 0):
+            raise ShardplanError(f"cluster '{spec}': the GPU count and GPUs per node must be positive")
         per = gpus_per_node or min(acc.gpus_per_node, total)
         if total % per:
             raise ShardplanError(f"cluster '{spec}': {total} GPUs is not a multiple of {per} GPUs per node")

@@ -148,6 +148,8 @@ def test_cluster_shorthand_and_files(tmp_path: Path) -> None:
     assert c2.world_size == 32 and c2.accelerator.scale_out.gbps == 100
     with pytest.raises(ShardplanError, match="not a multiple"):
         parse_cluster("12xh100")
+    with pytest.raises(ShardplanError, match="must be positive"):
+        parse_cluster("0xh100")
     bad = tmp_path / "bad.json"
     bad.write_text("{")
     with pytest.raises(ShardplanError, match="not valid JSON"):
