@@ -42,14 +42,16 @@ TINY_GRID = {
 }
 
 
-def get_profile(path: Path | None, tiny: bool) -> Profile:
+def get_profile(path: Path | None, tiny: bool, dtype: str) -> Profile:
     if path is not None and path.exists():
         prof = load_profile(path)
         prof.check_kind("cpu", "this benchmark")
+        if prof.compute is None or prof.compute.dtype != dtype:
+            raise ShardplanError(f"{path} is not a {dtype} compute profile")
         return prof
     t0 = time.perf_counter()
     kw = dict(TINY_GRID, timing=Timing(warmup=1, min_reps=3, max_reps=8, target_s=0.1)) if tiny else {}
-    info, comp = profile_compute("cpu", "bf16", quick=True, progress=sys.stderr.isatty(), **kw)
+    info, comp = profile_compute("cpu", dtype, quick=True, progress=sys.stderr.isatty(), **kw)
     prof = Profile(device=info, compute=comp)
     print(f"compute profile: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     if path is not None:
@@ -70,13 +72,13 @@ def rel_errors(rows: list[LayerMeasurement]) -> dict[str, dict[str, float | None
 
 
 def run_model(cfg: TransformerConfig, prof: Profile, layers: int, seq_len: int, micro_batch: int,
-              repeats: int) -> dict:
+              repeats: int, dtype: str) -> dict:
     dev = torch.device("cpu")
-    before = measure_layers(cfg, dev, layers=layers, micro_batch=micro_batch, seq_len=seq_len, dtype="bf16",
+    before = measure_layers(cfg, dev, layers=layers, micro_batch=micro_batch, seq_len=seq_len, dtype=dtype,
                             repeats=repeats)
     graph = build_graph(cut_config(cfg, layers), seq_len)
     after = with_predictions(before, graph, dev, profile=prof)
-    return {"model": cfg.name, "layers": layers, "seq_len": seq_len, "micro_batch": micro_batch,
+    return {"model": cfg.name, "dtype": dtype, "layers": layers, "seq_len": seq_len, "micro_batch": micro_batch,
             "error_before": rel_errors(before), "error_after": rel_errors(after),
             "rows": [{**b.model_dump(), "calibrated_fwd_s": a.predicted_fwd_s, "calibrated_bwd_s": a.predicted_bwd_s}
                      for b, a in zip(before, after, strict=True)]}
@@ -86,7 +88,7 @@ def show(res: dict) -> None:
     def ms(x: float | None) -> str:
         return "     -" if x is None else f"{x * 1e3:8.3f}"
 
-    print(f"\n{res['model']}: {res['layers']} layer(s), seq {res['seq_len']}, micro-batch {res['micro_batch']} "
+    print(f"\n{res['model']} ({res['dtype']}): {res['layers']} layer(s), seq {res['seq_len']}, micro-batch {res['micro_batch']} "
           "(ms; spec = cpu.yaml, cal = with the profile)")
     print(f"{'layer':<28}{'fwd':>9}{'spec':>9}{'cal':>9}{'bwd':>9}{'spec':>9}{'cal':>9}{'saved KiB':>10}{'graph':>8}")
     for r in res["rows"]:
@@ -111,10 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--micro-batch", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
+                    help="fp32 by default: CPUs without AVX512-BF16/AMX run bf16 GEMMs on slow fallback kernels")
     a = ap.parse_args(argv)
     try:
-        prof = get_profile(a.profile, a.tiny)
-        results = [run_model(cfg, prof, a.layers, a.seq_len, a.micro_batch, a.repeats)
+        prof = get_profile(a.profile, a.tiny, a.dtype)
+        results = [run_model(cfg, prof, a.layers, a.seq_len, a.micro_batch, a.repeats, a.dtype)
                    for cfg in (preset("gpt2"), LLAMA_SMALL)]
     except ShardplanError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -27,8 +27,10 @@ class CostConstants:
             GEMMs less efficient than the spec-sheet GEMM efficiency.
         gemm_scale: achieved fraction of the accelerator's measured best GEMM throughput in
             real training (shapes, fused epilogues, interference with communication kernels).
-        attention_efficiency: flash-attention throughput relative to the achieved GEMM
-            throughput (forward); backward costs ``attention_bwd_ratio`` × forward.
+        attention_efficiency: achieved fraction, in training (causal masks, head dims, sequence
+            lengths of real runs), of the attention kernel's best published throughput (the
+            accelerator file's ``attention_efficiency`` per kernel); backward costs
+            ``attention_bwd_ratio`` × forward.
         attention_bwd_ratio: flash-attention backward time over forward time (it recomputes
             the scores: 2.5 is the FLOP ratio).
         memory_efficiency: achieved fraction of peak HBM bandwidth for bandwidth-bound ops.

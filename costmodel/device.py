@@ -74,7 +74,11 @@ class DeviceModel:
             return calls * flops * (2 if backward else 1) / self.profile.gemm_flops_per_s(flops, phase)
         return calls * (flops / self.gemm_rate(precision) + self.c.gemm_overhead_s) * (2 if backward else 1)
 
-    def attention_time(self, flops: float, causal: bool, backward: bool = False) -> float:
+    def attention_rate(self, kernel: str = "auto") -> float:
+        """Achieved forward FLOP/s of the flash-attention ``kernel`` in training."""
+        return self.acc.peak_flops("bf16") * self.acc.attention_fraction(kernel) * self.c.attention_efficiency
+
+    def attention_time(self, flops: float, causal: bool, backward: bool = False, kernel: str = "auto") -> float:
         """Flash-attention seconds for ``flops`` model FLOPs (full count, halved if causal)."""
         if flops <= 0:
             return 0.0
@@ -83,7 +87,7 @@ class DeviceModel:
             if backward:  # the measured backward rate counts 2x the forward FLOPs
                 return 2 * work / self.profile.attention_flops_per_s(flops, phase="bwd")
             return work / self.profile.attention_flops_per_s(flops, phase="fwd")
-        t = work / (self.gemm_rate("bf16") * self.c.attention_efficiency) + self.c.gemm_overhead_s
+        t = work / self.attention_rate(kernel) + self.c.gemm_overhead_s
         return t * (self.c.attention_bwd_ratio if backward else 1.0)
 
     def memory_time(self, nbytes: float, op: str = "elementwise", backward: bool = False) -> float:

@@ -128,6 +128,21 @@ def levenberg_marquardt(resid, x0: dict[str, float], bounds: dict[str, tuple[flo
     return xs(z), cost
 
 
+def _multi_start(resid, x0: dict[str, float], bounds: dict[str, tuple[float, float]],
+                 ) -> tuple[dict[str, float], float]:
+    """Levenberg–Marquardt from ``x0`` and from the quarter and three-quarter points of every bound
+    box (the overlaps and overheads trade against the efficiencies: one start can stall on a
+    bound); the lowest loss wins, ties to the earlier start, so the fit is deterministic."""
+    starts = [x0] + [{n: lo + q * (hi - lo) for n, (lo, hi) in ((n, bounds[n]) for n in x0)} for q in (0.25, 0.75)]
+    best: tuple[dict[str, float], float] | None = None
+    for x in starts:
+        got = levenberg_marquardt(resid, x, bounds)
+        if best is None or got[1] < best[1] - 1e-12:
+            best = got
+    assert best is not None
+    return best
+
+
 # ---- fitting -----------------------------------------------------------------------------------
 
 def _runs(rows: Sequence[PublishedRow]) -> dict[tuple, list[PublishedRow]]:
@@ -173,7 +188,7 @@ def fit_time(rows: Sequence[PublishedRow], base: CostConstants | None = None,
     resid, n_runs, n_src = _time_residuals(rows, base, {})
     if not n_runs:
         raise ShardplanError("no time-like rows of reliability A or B to fit on")
-    best, _ = levenberg_marquardt(resid, x0, TIME_BOUNDS)
+    best, _ = _multi_start(resid, x0, TIME_BOUNDS)
     result = FitResult(default=best, support={"default": _support(rows)})
     if not per_accelerator:
         return result

@@ -51,17 +51,18 @@ class SourceRules:
     schedule: str = "1f1b"  # pipeline schedule when pp > 1 and not stated
     vpp: int = 1  # virtual stages per rank when interleaved and not stated
     microbatches_per_stage: bool = False  # micro-batches default to the pp degree (torchtitan)
+    attention_kernel: str = "auto"  # flash2 for PyTorch stacks (flash_attn 2, SDPA's flash backend)
 
 
 SOURCE_RULES = (  # first match wins
     # README: MFU = (6·NumParams + 12·L·h·s)·tokens/s / peak; NumParams counts the embeddings.
-    SourceRules("mosaicml/llm-foundry", flops="6n_total"),
+    SourceRules("mosaicml/llm-foundry", flops="6n_total", attention_kernel="flash2"),
     # "MFU per nanoGPT/PaLM method": 6·N (all parameters) + 12·L·h·s.
-    SourceRules("PyTorch blog 'Maximizing training throughput", flops="6n_total"),
+    SourceRules("PyTorch blog 'Maximizing training throughput", flops="6n_total", attention_kernel="flash2"),
     # torchtitan before 2024-10 counted every parameter (checked: 8B at 2904 tok/s -> MFU 0.568).
-    SourceRules("torchtitan docs/performance.md @04133643", flops="6n_total"),
+    SourceRules("torchtitan docs/performance.md @04133643", flops="6n_total", attention_kernel="flash2"),
     # torchtitan with PP: micro-batches default to the pp degree; interleaving splits each rank in 2.
-    SourceRules("pytorch/torchtitan", microbatches_per_stage=True, vpp=2),
+    SourceRules("pytorch/torchtitan", microbatches_per_stage=True, vpp=2, attention_kernel="flash2"),
     # Megatron formula (checked: LLAMA2-7B 780 TFLOP/s at 16934 tok/s); mcore distributed optimizer.
     SourceRules("NVIDIA/NeMo", sharding="zero1"),
     # Megatron formula (checked: 1.7B 408.8 TFLOP/s = MFU 0.41 of 989); distributed optimizer implied,
@@ -190,7 +191,9 @@ def map_row(line: int, r: dict[str, str]) -> PublishedRow | Skipped:
     if ctx.op_sac and metric in MEMORY_METRICS:
         return skip("op-level selective checkpointing has no matching recompute mode: memory not comparable")
     prec = "fp8" if "fp8" in r["precision"].lower() else "bf16"
-    workload = Workload(seq_len=seq, global_batch=global_batch, precision=prec)
+    workload = Workload(seq_len=seq, global_batch=global_batch, precision=prec, attention_kernel=rules.attention_kernel)
+    if rules.attention_kernel != "auto":
+        ctx.assumptions.append(f"attention kernel {rules.attention_kernel} (the source's stack)")
     try:
         from costmodel.estimate import check
 

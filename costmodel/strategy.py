@@ -91,6 +91,10 @@ class Workload(_Strict):
     precision: Literal["bf16", "fp8", "fp32"] = Field(
         "bf16", description="bf16/fp8 mixed precision (fp32 master weights and Adam), or fp32 throughout"
     )
+    attention_kernel: Literal["auto", "flash2", "flash3"] = Field(
+        "auto", description="flash2: FlashAttention-2 / PyTorch SDPA; flash3: Hopper-native (FlashAttention-3, "
+        "cuDNN / Transformer Engine); auto: the newest the accelerator runs"
+    )
 
 
 class Strategy(_Strict):

@@ -136,7 +136,8 @@ def node_times(n: LayerNode, dev: DeviceModel, s: Strategy, w: Workload, split: 
             calls = max(1.0, n.dims.get("experts", 1) / s.mesh.ep) * split
         return dev.gemm_time(flops / calls, prec, calls), dev.gemm_time(flops / calls, prec, calls, backward=True)
     if n.kind == "attention":
-        return dev.attention_time(flops, n.causal), dev.attention_time(flops, n.causal, backward=True)
+        k = w.attention_kernel
+        return dev.attention_time(flops, n.causal, kernel=k), dev.attention_time(flops, n.causal, True, k)
     op = {"norm": "norm", "embedding": "embedding", "loss": "cross_entropy", "activation": "activation"}.get(
         n.kind, "elementwise")
     nbytes = n.mem_bytes * scale

@@ -179,7 +179,7 @@ def _each(fn: Any, x: F) -> F:
     return np.array([fn(float(v)) for v in uniq])[inv.reshape(-1)] if len(uniq) else np.zeros_like(x)
 
 
-def _times(dev: DeviceModel, n: LayerNode, scale: F, calls: F, prec: str) -> tuple[F, F]:
+def _times(dev: DeviceModel, n: LayerNode, scale: F, calls: F, prec: str, kernel: str = "auto") -> tuple[F, F]:
     """Forward and backward seconds of ``n`` per distinct (scale, calls), via the device model."""
     key = scale + 1j * calls  # one sortable key per (scale, calls)
     uniq_c, inv = np.unique(key, return_inverse=True)
@@ -195,8 +195,8 @@ def _times(dev: DeviceModel, n: LayerNode, scale: F, calls: F, prec: str) -> tup
             fwd[i] = dev.gemm_time(flops / cl, prec, cl)
             bwd[i] = dev.gemm_time(flops / cl, prec, cl, backward=True)
         elif n.kind == "attention":
-            fwd[i] = dev.attention_time(flops, n.causal)
-            bwd[i] = dev.attention_time(flops, n.causal, backward=True)
+            fwd[i] = dev.attention_time(flops, n.causal, kernel=kernel)
+            bwd[i] = dev.attention_time(flops, n.causal, True, kernel)
         else:
             nbytes = n.mem_bytes * sc
             fwd[i], bwd[i] = dev.memory_time(nbytes, op), dev.memory_time(nbytes, op, backward=True)
@@ -239,7 +239,7 @@ def _unit(nodes: list[LayerNode], dev: DeviceModel, net: _Net, g: _Cfg, w: Workl
         tdiv = np.where(g.tsp | static | g.sp, tp, 1.0)
         adiv = np.where(g.tsp | g.sp | n.act_tp_sharded, tp, 1.0)
         calls = np.maximum(1.0, n.dims.get("experts", 1) / ep) if n.kind == "experts" else np.ones(C)
-        f, bw = _times(dev, n, b / cp / tdiv, calls, w.precision)
+        f, bw = _times(dev, n, b / cp / tdiv, calls, w.precision, w.attention_kernel)
         fwd += f
         bwd += bw
         if n.kind in GEMM_KINDS:

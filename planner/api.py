@@ -28,6 +28,7 @@ from solvers.result import SearchResult
 from solvers.space import SPACES
 
 PRECISIONS = ("bf16", "fp8", "fp32")
+ATTENTION_CHOICES = ("auto", "flash2", "flash3")
 
 
 @dataclass
@@ -55,6 +56,7 @@ def search_plan(
     time_limit: float | None = None,
     top_k: int = 5,
     progress: Progress | None = None,
+    attention_kernel: str = "auto",
 ) -> Planned:
     """Search and build the plan document; with several global batches the one with the most
     samples per second wins (throughput, not time per step, is compared)."""
@@ -62,6 +64,8 @@ def search_plan(
         raise ShardplanError(f"unknown search space '{space}'; known: {', '.join(SPACES)}")
     if precision not in PRECISIONS:
         raise ShardplanError(f"unknown precision '{precision}'; known: {', '.join(PRECISIONS)}")
+    if attention_kernel not in ATTENTION_CHOICES:
+        raise ShardplanError(f"unknown attention kernel '{attention_kernel}'; known: {', '.join(ATTENTION_CHOICES)}")
     if seq_len <= 0:
         raise ShardplanError(f"seq_len must be positive, got {seq_len}")
     batches = [global_batch] if isinstance(global_batch, int) else list(global_batch)
@@ -85,7 +89,8 @@ def search_plan(
     by_batch: dict[int, float] = {}
     errors = []
     for b in sorted({int(x) for x in batches}):
-        w = Workload(seq_len=seq_len, global_batch=b, precision=precision)  # type: ignore[arg-type]
+        w = Workload(seq_len=seq_len, global_batch=b, precision=precision,  # type: ignore[arg-type]
+                     attention_kernel=attention_kernel)  # type: ignore[arg-type]
         try:
             res = search(graph, cl, w, space, memory_limit_gib, dev, time_limit, top_k, progress)
         except ShardplanError as e:
@@ -151,12 +156,14 @@ def plan(
     profile: str | Path | None = None,
     time_limit: float | None = None,
     top_k: int = 5,
+    attention_kernel: str = "auto",
 ) -> Plan:
     """The fastest plan of ``space`` for ``model`` on ``cluster`` that fits ``memory_limit_gib`` per
     GPU (the accelerator's memory by default). Raises :class:`ShardplanError` when nothing fits,
     naming the least memory any plan of the space needs and what dominates it."""
     return search_plan(
-        model, cluster, seq_len, global_batch, memory_limit_gib, space, precision, profile, time_limit, top_k
+        model, cluster, seq_len, global_batch, memory_limit_gib, space, precision, profile, time_limit, top_k,
+        attention_kernel=attention_kernel,
     ).plan
 
 

@@ -22,6 +22,7 @@ from profiler.errors import ShardplanError, UnknownNameError
 
 ACCELERATOR_DIR = Path(__file__).parent / "data" / "accelerators"
 DTYPES = ("fp32", "tf32", "bf16", "fp8")
+ATTENTION_KERNELS = ("flash2", "flash3")  # oldest first; ``auto`` picks the newest a file lists
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,10 @@ class Accelerator:
         host_link_gbps: device-host bandwidth per direction (PCIe, NVLink-C2C), for offload.
         gemm_efficiency: measured best bf16 GEMM throughput over peak.
         busbw_efficiency: measured large-message ring bus bandwidth over the scale-up spec.
+        attention_efficiency: best published forward throughput of each flash-attention kernel
+            over the bf16 peak (``flash2``: FlashAttention-2 / PyTorch SDPA's flash backend;
+            ``flash3``: Hopper-native kernels, FlashAttention-3 or cuDNN/Transformer Engine fused
+            attention). Empty: attention kernels are assumed to reach ``gemm_efficiency``.
         sources: where each group of numbers comes from.
     """
 
@@ -74,6 +79,7 @@ class Accelerator:
     host_link_gbps: float
     gemm_efficiency: float
     busbw_efficiency: float
+    attention_efficiency: dict[str, float] = field(default_factory=dict)
     vendor: str = ""
     aliases: tuple[str, ...] = ()
     sources: dict[str, str] = field(default_factory=dict)
@@ -89,6 +95,24 @@ class Accelerator:
         for f in ("gemm_efficiency", "busbw_efficiency"):
             if not 0 < getattr(self, f) <= 1:
                 raise ShardplanError(f"accelerator '{self.name}': {f} must be in (0, 1]")
+        for k, v in self.attention_efficiency.items():
+            if k not in ATTENTION_KERNELS or not 0 < v <= 1:
+                raise ShardplanError(f"accelerator '{self.name}': attention_efficiency needs kernels from "
+                                     f"{list(ATTENTION_KERNELS)} with values in (0, 1], got {k}: {v}")
+
+    def attention_kernel(self, kernel: str) -> str:
+        """The kernel ``auto`` means here (the newest one the file lists), or ``kernel`` if available."""
+        effs = self.attention_efficiency
+        if kernel == "auto":
+            return next((k for k in reversed(ATTENTION_KERNELS) if k in effs), "flash2")
+        if effs and kernel not in effs:
+            raise ShardplanError(f"attention kernel '{kernel}' is not available on '{self.name}' "
+                                 f"(it has: {', '.join(sorted(effs))})")
+        return kernel
+
+    def attention_fraction(self, kernel: str) -> float:
+        """Best forward throughput of the attention kernel over the bf16 peak."""
+        return self.attention_efficiency.get(self.attention_kernel(kernel), self.gemm_efficiency)
 
     @property
     def memory_bytes(self) -> float:
@@ -107,6 +131,7 @@ class Accelerator:
             d["scale_out"] = NetworkTier(**d["scale_out"])
             d["aliases"] = tuple(d.get("aliases", ()))
             d["peak_tflops"] = {k: float(v) for k, v in d["peak_tflops"].items()}
+            d["attention_efficiency"] = {k: float(v) for k, v in (d.get("attention_efficiency") or {}).items()}
             return cls(**d)
         except (KeyError, TypeError) as e:
             raise ShardplanError(f"accelerator '{d.get('name', '?')}': bad or missing field: {e}") from None
@@ -177,6 +202,20 @@ class Cluster:
     def scale_up_domain(self) -> int:
         dom = self.accelerator.scale_up.domain or self.gpus_per_node
         return max(self.gpus_per_node, min(dom, self.world_size))
+
+    def attention_kernel(self, kernel: str) -> str:
+        """The kernel ``auto`` means here (the newest one the file lists), or ``kernel`` if available."""
+        effs = self.attention_efficiency
+        if kernel == "auto":
+            return next((k for k in reversed(ATTENTION_KERNELS) if k in effs), "flash2")
+        if effs and kernel not in effs:
+            raise ShardplanError(f"attention kernel '{kernel}' is not available on '{self.name}' "
+                                 f"(it has: {', '.join(sorted(effs))})")
+        return kernel
+
+    def attention_fraction(self, kernel: str) -> float:
+        """Best forward throughput of the attention kernel over the bf16 peak."""
+        return self.attention_efficiency.get(self.attention_kernel(kernel), self.gemm_efficiency)
 
     @property
     def memory_bytes(self) -> float:

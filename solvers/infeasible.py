@@ -241,11 +241,30 @@ def explain(
     why = dominant(graph, cluster, s, w, rep, dev)
     return ShardplanError(
         f"no plan in the '{opts.name}' space fits {limit:.2f} GiB per GPU: the smallest per-GPU memory any "
-        f"plan needs is {gib:.2f} GiB ({_describe(s)}), dominated by {why}"
+        f"plan needs is {gib:.2f} GiB ({_describe(s, graph)}), dominated by {why}"
     )
 
 
-def _describe(s: Strategy) -> str:
+def _choices(values: list[str], what: str) -> str:
+    """``zero3`` when every unit agrees, else ``zero3 on 70 units, zero1 on 2``."""
+    counts: dict[str, int] = {}
+    for v in values:
+        counts[v] = counts.get(v, 0) + 1
+    if len(counts) == 1:
+        return f"{what}{values[0]}"
+    return ", ".join(f"{what}{v} on {n} units" for v, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def _describe(s: Strategy, graph: LayerGraph) -> str:
+    """Mesh, micro-batch, and every choice of the plan (sharding, offload, recompute, splits)."""
     m = s.mesh
     axes = " ".join(f"{k}={v}" for k, v in m.axes().items() if v > 1) or "1 GPU"
-    return f"{axes}, micro-batch {s.micro_batch}, {s.default.sharding}, recompute {s.default.recompute}"
+    units = [name for name, _ in graph.blocks()]
+    per = [s.for_unit(u) for u in units]
+    parts = [axes, *([s.schedule] if m.pp > 1 else []), f"micro-batch {s.micro_batch}",
+             _choices([p.sharding for p in per], ""), _choices([p.offload for p in per], "offload "),
+             _choices([p.recompute for p in per], "recompute ")]
+    splits = [p.split for p in per if p.split > 1]
+    if splits:
+        parts.append(f"operator splits on {len(splits)} units")
+    return ", ".join(x for x in parts if x != "offload none")

@@ -7,6 +7,7 @@ import pytest
 from costmodel.device import AxisGroup, DeviceModel
 from costmodel.estimate import estimate, even_split, stage_units
 from costmodel.strategy import LayerStrategy, Mesh, Strategy, Workload
+from profiler.errors import ShardplanError
 from profiler.hardware import parse_cluster
 from profiler.models import load_model
 
@@ -85,3 +86,25 @@ def test_same_inputs_same_report() -> None:
     a = _est(mesh=Mesh(pp=2, dp_shard=4, tp=2), schedule="1f1b").to_dict()
     b = _est(mesh=Mesh(pp=2, dp_shard=4, tp=2), schedule="1f1b").to_dict()
     assert a == b
+
+
+def test_attention_kernel_prices_flash_attention_by_generation() -> None:
+    """FlashAttention-2 on a Hopper GPU runs at the file's fraction of the peak, the Hopper-native
+    kernel faster; an A100 has no Hopper-native kernel: auto means flash2 there, flash3 is an error."""
+    dev = DeviceModel(C)
+    h100 = dev.acc.attention_efficiency
+    assert dev.acc.attention_kernel("auto") == "flash3"
+    t2 = dev.attention_time(1e18, causal=True, kernel="flash2")
+    t3 = dev.attention_time(1e18, causal=True, kernel="flash3")
+    assert t2 / t3 == pytest.approx(h100["flash3"] / h100["flash2"], rel=1e-6)
+    assert dev.attention_time(1e18, causal=True) == t3
+    assert dev.attention_time(1e18, causal=False, kernel="flash2") == pytest.approx(2 * t2, rel=1e-6)
+    w2 = Workload(seq_len=4096, global_batch=32, attention_kernel="flash2")
+    s = Strategy(mesh=Mesh(dp_shard=16))
+    r2, r3 = estimate(G, C, s, w2), estimate(G, C, s, W)
+    assert r2.step_time_s > r3.step_time_s and r2.memory_peak_gib == r3.memory_peak_gib
+    a100 = parse_cluster("8xa100-80gb")
+    assert a100.accelerator.attention_kernel("auto") == "flash2"
+    with pytest.raises(ShardplanError, match="'flash3' is not available on 'a100-80gb'"):
+        estimate(G, a100, Strategy(mesh=Mesh(dp_shard=8)), Workload(seq_len=4096, global_batch=8,
+                                                                      attention_kernel="flash3"))

@@ -123,3 +123,18 @@ def test_pipeline_three_recompute_options_equal_exhaustive() -> None:
         best, _, _ = search_space(g, cl, w, opts, limit)
         res = search(g, cl, w, opts, memory_limit_gib=limit)
         assert res.objective == pytest.approx(best, rel=1e-9) and res.status == "optimal"
+
+
+def test_infeasible_description_names_every_choice() -> None:
+    from costmodel.strategy import LayerStrategy, Mesh, Strategy
+    from solvers.infeasible import _describe
+
+    g = load_model("llama3-8b", 4096)
+    s = Strategy(mesh=Mesh(pp=2, dp_shard=4), micro_batch=2, schedule="1f1b",
+                 default=LayerStrategy(sharding="zero2", offload="params", recompute="full"),
+                 layers=[LayerStrategy(unit="layers.0", sharding="zero3", offload="params", recompute="full", split=2)])
+    text = _describe(s, g)
+    assert text == ("pp=2 dp_shard=4, 1f1b, micro-batch 2, zero2 on 33 units, zero3 on 1 units, offload params, "
+                    "recompute full, operator splits on 1 units")
+    plain = Strategy(mesh=Mesh(dp_shard=8), default=LayerStrategy(sharding="zero3"))
+    assert _describe(plain, g) == "dp_shard=8, micro-batch 1, zero3, recompute none"

@@ -15,18 +15,18 @@ from profiler.models import load_model
 from solvers.space import SPACES, mesh_configs
 
 CASES = [
-    ("llama3-70b", "64xh100", 4096, 256),
-    ("mixtral-8x7b", "64xh100", 4096, 256),
-    ("gpt2-xl", "8xh100", 1024, 64),
-    ("gpt2", "4xcpu", 128, 8),
+    ("llama3-70b", "64xh100", 4096, 256, "auto"),
+    ("mixtral-8x7b", "64xh100", 4096, 256, "flash2"),
+    ("gpt2-xl", "8xh100", 1024, 64, "flash3"),
+    ("gpt2", "4xcpu", 128, 8, "auto"),
 ]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_grid_equals_estimate(case: tuple) -> None:
-    model, cluster, seq, gb = case
+    model, cluster, seq, gb, kernel = case
     g, cl = load_model(model, seq), parse_cluster(cluster)
-    w = Workload(seq_len=seq, global_batch=gb)
+    w = Workload(seq_len=seq, global_batch=gb, attention_kernel=kernel)
     rng = random.Random(hash(model) % 1000)
     cfgs = list(mesh_configs(g, cl, w, SPACES["hybrid"]))
     strategies = [

@@ -13,7 +13,7 @@ import planner.commands  # noqa: F401  (registers the subcommands)
 from costmodel.constants import CostConstants
 from costmodel.device import DeviceModel
 from costmodel.estimate import estimate
-from costmodel.fit import fit_memory, fit_time, levenberg_marquardt
+from costmodel.fit import _multi_start, fit_memory, fit_time, levenberg_marquardt
 from costmodel.published import COLUMNS, PublishedRow, Skipped, load_published
 from costmodel.validate import estimate_row, graph_of, predict, spearman, summarize, validate
 from planner.cli import app
@@ -164,6 +164,20 @@ def test_fit_ignores_unreliable_rows(tmp_path: Path) -> None:
     with pytest.raises(ShardplanError, match="reliability A or B"):
         fit_time(rows, base=CostConstants(), names=["gemm_scale"], per_accelerator=False)
     assert fit_memory(rows, lambda acc: CostConstants())[1]["memory_rows"] == 0
+
+
+def test_multi_start_escapes_a_local_minimum() -> None:
+    """cost (x-.1)^2 (x-.9)^2 + .01 (x-.9)^2 on [0, 1]: a local minimum near 0.113, the global one at 0.9."""
+    import numpy as np
+
+    def resid(x: dict) -> np.ndarray:
+        return np.array([(x["x"] - 0.1) * (x["x"] - 0.9), 0.1 * (x["x"] - 0.9)])
+
+    bounds = {"x": (0.0, 1.0)}
+    local, _ = levenberg_marquardt(resid, {"x": 0.05}, bounds)
+    assert local["x"] == pytest.approx(0.113, abs=0.01)
+    best, cost = _multi_start(resid, {"x": 0.05}, bounds)
+    assert best["x"] == pytest.approx(0.9, abs=1e-3) and cost < 1e-6
 
 
 def test_levenberg_marquardt_on_a_bounded_quadratic() -> None:

@@ -43,6 +43,7 @@ KEYS = (
     "schedule",
     "vpp",
     "precision",
+    "attention_kernel",
     "sequence_parallel",
     "profile",
     "memory_limit",
@@ -73,6 +74,7 @@ def _precheck(cfg: dict[str, Any], a: dict[str, Any], blocks: int) -> None:
         ("schedule", SCHEDULES),
         ("recompute", RECOMPUTES),
         ("precision", ("bf16", "fp8", "fp32")),
+        ("attention_kernel", ("auto", "flash2", "flash3")),
         ("tp_mode", ("megatron", "tsp")),
         ("cp_mode", ("ring", "ulysses")),
     ):
@@ -148,9 +150,12 @@ def price_args(a: dict[str, Any]) -> dict[str, Any]:
     if not seq or not gb:
         raise ShardplanError("give --seq-len and --global-batch (or --plan)")
     precision = a.get("precision") or (wl.precision if wl else "bf16")
+    kernel = a.get("attention_kernel") or (wl.attention_kernel if wl else "auto")
+    if kernel not in ("auto", "flash2", "flash3"):
+        raise ShardplanError(f"unknown attention kernel '{kernel}'; known: auto, flash2, flash3")
     graph = load_model(model, int(seq))
     try:
-        w = Workload(seq_len=int(seq), global_batch=int(gb), precision=precision)
+        w = Workload(seq_len=int(seq), global_batch=int(gb), precision=precision, attention_kernel=kernel)
         if plan is not None:
             s = plan.strategy
         else:
@@ -259,6 +264,9 @@ def estimate_cmd(
     schedule: str = typer.Option("1f1b", "--schedule", help="gpipe | 1f1b | interleaved | zb"),
     vpp: int = typer.Option(1, "--vpp", help="virtual stages per rank (interleaved)"),
     precision: str = typer.Option(None, "--precision", help="bf16 | fp8"),
+    attention_kernel: str = typer.Option(
+        None, "--attention-kernel", help="auto | flash2 (FlashAttention-2, SDPA) | flash3 (Hopper-native)"
+    ),
     sequence_parallel: bool = typer.Option(
         False, "--sequence-parallel", help="Megatron sequence parallelism"
     ),
@@ -279,6 +287,7 @@ def estimate_cmd(
         "seq_len": seq_len,
         "global_batch": global_batch,
         "precision": precision,
+        "attention_kernel": attention_kernel,
         "profile": str(profile) if profile else None,
         "memory_limit": memory_limit,
     }

@@ -114,6 +114,9 @@ def plan_cmd(
     ),
     space: str = typer.Option("full", "--space", help="fsdp | osdp | megatron | hybrid | full"),
     precision: str = typer.Option("bf16", "--precision", help="bf16 | fp8"),
+    attention_kernel: str = typer.Option(
+        "auto", "--attention-kernel", help="auto | flash2 (FlashAttention-2, SDPA) | flash3 (Hopper-native)"
+    ),
     profile: Path = typer.Option(
         None, "--profile", help="measured profile (shardplan profile) to price with"
     ),
@@ -158,6 +161,7 @@ def plan_cmd(
             time_limit,
             top_k,
             progress,
+            attention_kernel,
         )
     wall = time.perf_counter() - t0
     if output is not None:
