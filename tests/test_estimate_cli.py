@@ -168,6 +168,10 @@ def test_batch_mode(tmp_path: Path) -> None:
         and "tp=5 does not divide the 12 attention heads" in out[2]["error"]
     )
     assert "unknown key" in out[4]["error"] and "empty line" in out[5]["error"]
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    r = runner.invoke(app, ["estimate", "--batch", str(empty)])
+    assert r.exit_code == 2 and "holds no plans" in r.output and r.stdout.count("\n") <= 1
 
 
 def test_no_torch_and_fast() -> None:

@@ -114,3 +114,20 @@ def test_free_port_is_bindable() -> None:
     port = free_port()
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))
+
+
+def test_a_plan_made_for_this_machine_trains(tmp_path: Path) -> None:
+    """The issue's round trip: ``shardplan plan --model gpt2 --cluster 4xcpu ...`` then ``train --nproc 4``."""
+    p = tmp_path / "gpt2.json"
+    r = runner.invoke(app, ["plan", "--model", "gpt2", "--cluster", "4xcpu", "--seq-len", "128",
+                            "--global-batch", "8", "-o", str(p)])
+    assert r.exit_code == 0, r.output
+    plan = json.loads(p.read_text())
+    code, out = _train("--model", "gpt2", "--plan", str(p), "--nproc", "4", "--steps", "1", "--json")
+    assert code == 0, out
+    rep = json.loads(out)
+    assert len(rep["steps"]) == 1 and [x["rank"] for x in rep["steps"][0]["ranks"]] == [0, 1, 2, 3]
+    assert rep["steps"][0]["loss"] == pytest.approx(11.0, abs=0.5)  # ln(50257) = 10.8 at initialisation
+    mesh = plan["strategy"]["mesh"]
+    assert mesh["pp"] * mesh["dp_replicate"] * mesh["dp_shard"] * mesh["cp"] * mesh["tp"] == 4
+    assert _workers() == []

@@ -198,6 +198,8 @@ def run_batch(path: Path) -> list[str]:
         lines = path.read_text().splitlines()
     except OSError as e:
         raise ShardplanError(f"cannot read batch file '{path}': {e.strerror}") from None
+    if not any(line.strip() for line in lines):
+        raise ShardplanError(f"batch file '{path}' holds no plans (one JSON object per line)")
     out = []
     for i, line in enumerate(lines, 1):
         try:
