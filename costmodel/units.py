@@ -124,6 +124,16 @@ def _act_div(n: LayerNode, s: Strategy) -> int:
     return tp if (s.tp_mode == "tsp" or s.sequence_parallel or n.act_tp_sharded) else 1
 
 
+def attention_times(n: LayerNode, dev: DeviceModel, flops: float, nbytes: float, prec: str, kernel: str
+                    ) -> tuple[float, float]:
+    """Flash attention at the kernel's rate; eager attention as two batched GEMMs over the whole
+    score matrix (nothing skipped when causal) plus the bandwidth-bound passes over the scores."""
+    if n.dims.get("eager"):
+        return (dev.gemm_time(flops, prec) + dev.memory_time(nbytes, "softmax"),
+                dev.gemm_time(flops, prec, backward=True) + dev.memory_time(nbytes, "softmax", backward=True))
+    return dev.attention_time(flops, n.causal, kernel=kernel), dev.attention_time(flops, n.causal, True, kernel)
+
+
 def node_times(n: LayerNode, dev: DeviceModel, s: Strategy, w: Workload, split: int = 1) -> tuple[float, float]:
     """Forward and backward seconds of one node for one micro-batch on one rank."""
     scale = s.micro_batch / s.mesh.cp / _tp_div(n, s)
@@ -136,8 +146,7 @@ def node_times(n: LayerNode, dev: DeviceModel, s: Strategy, w: Workload, split: 
             calls = max(1.0, n.dims.get("experts", 1) / s.mesh.ep) * split
         return dev.gemm_time(flops / calls, prec, calls), dev.gemm_time(flops / calls, prec, calls, backward=True)
     if n.kind == "attention":
-        k = w.attention_kernel
-        return dev.attention_time(flops, n.causal, kernel=k), dev.attention_time(flops, n.causal, True, k)
+        return attention_times(n, dev, flops, n.mem_bytes * scale, prec, w.attention_kernel)
     op = {"norm": "norm", "embedding": "embedding", "loss": "cross_entropy", "activation": "activation"}.get(
         n.kind, "elementwise")
     nbytes = n.mem_bytes * scale

@@ -16,7 +16,14 @@ import numpy as np
 
 from costmodel.device import COLLECTIVE_FACTORS, DeviceModel
 from costmodel.strategy import LayerStrategy, Workload
-from costmodel.units import GATHER_BYTES, GEMM_KINDS, GRAD_REDUCE_BYTES, STATE_BYTES, TP_SPLIT_ROLES
+from costmodel.units import (
+    GATHER_BYTES,
+    GEMM_KINDS,
+    GRAD_REDUCE_BYTES,
+    STATE_BYTES,
+    TP_SPLIT_ROLES,
+    attention_times,
+)
 from profiler.graph import LayerGraph, LayerNode
 
 F = np.ndarray
@@ -195,8 +202,7 @@ def _times(dev: DeviceModel, n: LayerNode, scale: F, calls: F, prec: str, kernel
             fwd[i] = dev.gemm_time(flops / cl, prec, cl)
             bwd[i] = dev.gemm_time(flops / cl, prec, cl, backward=True)
         elif n.kind == "attention":
-            fwd[i] = dev.attention_time(flops, n.causal, kernel=kernel)
-            bwd[i] = dev.attention_time(flops, n.causal, True, kernel)
+            fwd[i], bwd[i] = attention_times(n, dev, flops, n.mem_bytes * sc, prec, kernel)
         else:
             nbytes = n.mem_bytes * sc
             fwd[i], bwd[i] = dev.memory_time(nbytes, op), dev.memory_time(nbytes, op, backward=True)

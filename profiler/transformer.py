@@ -57,12 +57,18 @@ def _attention_core(cfg: TransformerConfig, i: int, btype: str, s: int) -> Layer
     q_bytes = ACT_BYTES * s * a * d
     kv_bytes = ACT_BYTES * s * kv * d
     fwd = 4.0 * s * s * a * d  # QK^T and AV, counted in full (model-FLOPs convention)
+    dims = {"heads": a, "kv_heads": kv, "head_dim": d, "seq": s}
+    mem = q_bytes * 2 + 2 * kv_bytes
     if cfg.attention_impl == "eager":
         # Q, K (for QK^T), softmax output, its dropout mask and output (for AV), V.
         scores = ACT_BYTES * a * s * s
         score_mem = scores + (scores + MASK_BYTES * a * s * s if cfg.dropout else 0.0)
         saved = q_bytes + 2 * kv_bytes + score_mem
         selective = score_mem
+        # Two batched GEMMs over the whole s x s (no causal skipping) and, between them, passes
+        # over the scores that each read and write them: scale, mask, softmax (and dropout).
+        dims["eager"] = 1
+        mem = 2 * scores * (4 if cfg.dropout else 3)
     else:
         # Flash attention keeps Q, K, V and a float32 log-sum-exp per head and row; its output
         # is the input of the output projection and is counted there.
@@ -72,8 +78,7 @@ def _attention_core(cfg: TransformerConfig, i: int, btype: str, s: int) -> Layer
         name=f"layers.{i}.attn.core", kind="attention", block=i, block_type=btype,
         fwd_flops=fwd, bwd_flops=2 * fwd,
         act_saved_bytes=saved, act_tp_sharded=True, act_selective_bytes=selective,
-        out_bytes=q_bytes, mem_bytes=q_bytes * 2 + 2 * kv_bytes,
-        causal=cfg.causal, tp="heads", dims={"heads": a, "kv_heads": kv, "head_dim": d, "seq": s},
+        out_bytes=q_bytes, mem_bytes=mem, causal=cfg.causal, tp="heads", dims=dims,
     )
 
 

@@ -108,3 +108,27 @@ def test_attention_kernel_prices_flash_attention_by_generation() -> None:
     with pytest.raises(ShardplanError, match="'flash3' is not available on 'a100-80gb'"):
         estimate(G, a100, Strategy(mesh=Mesh(dp_shard=8)), Workload(seq_len=4096, global_batch=8,
                                                                       attention_kernel="flash3"))
+
+
+def test_eager_attention_is_two_gemms_and_passes_over_the_scores() -> None:
+    """gpt2's eager attention computes the whole s x s (causal or not) and reads and writes the scores
+    four times (scale, mask, softmax, dropout); flash attention skips the masked half at its own rate."""
+    from dataclasses import replace
+
+    from costmodel.units import node_times
+    from profiler.models import resolve_config
+    from profiler.transformer import build_graph
+
+    cfg = resolve_config("gpt2")
+    assert cfg.attention_impl == "eager" and cfg.dropout
+    eager = next(n for n in build_graph(cfg, 1024).nodes if n.kind == "attention")
+    flash = next(n for n in build_graph(replace(cfg, attention_impl="flash", dropout=0.0), 1024).nodes
+                 if n.kind == "attention")
+    dev, s, w = DeviceModel(parse_cluster("8xh100")), Strategy(), Workload(seq_len=1024, global_batch=8)
+    scores = 2 * 12 * 1024 * 1024
+    assert eager.mem_bytes == 8 * scores and eager.fwd_flops == flash.fwd_flops
+    fwd, bwd = node_times(eager, dev, s, w)
+    assert fwd == pytest.approx(dev.gemm_time(eager.fwd_flops) + dev.memory_time(8 * scores, "softmax"))
+    assert bwd == pytest.approx(dev.gemm_time(eager.fwd_flops, backward=True)
+                                + dev.memory_time(8 * scores, "softmax", backward=True))
+    assert fwd > node_times(flash, dev, s, w)[0]
