@@ -18,6 +18,14 @@ TP_SPLIT_ROLES = ("column", "row", "heads", "vocab")
 # Bytes per parameter by precision: (compute copy, gradient, optimizer incl. fp32 master).
 STATE_BYTES = {"bf16": (2, 2, 12), "fp8": (2, 2, 12), "fp32": (4, 4, 8)}
 GRAD_REDUCE_BYTES = 4  # gradients are reduced in fp32 (FSDP2 reduce_dtype, Megatron main_grad)
+
+
+def act_width(n: LayerNode | None, precision: str) -> float:
+    """The graph counts activations as 2-byte (bf16) tensors: fp32 training doubles them, except the
+    loss (its softmax is fp32 already) and dropout masks (one byte either way)."""
+    if precision != "fp32" or (n is not None and n.kind in ("loss", "dropout")):
+        return 1.0
+    return 2.0
 GATHER_BYTES = 2  # parameters are gathered in bf16
 
 
@@ -146,10 +154,11 @@ def node_times(n: LayerNode, dev: DeviceModel, s: Strategy, w: Workload, split: 
             calls = max(1.0, n.dims.get("experts", 1) / s.mesh.ep) * split
         return dev.gemm_time(flops / calls, prec, calls), dev.gemm_time(flops / calls, prec, calls, backward=True)
     if n.kind == "attention":
-        return attention_times(n, dev, flops, n.mem_bytes * scale, prec, w.attention_kernel)
-    op = {"norm": "norm", "embedding": "embedding", "loss": "cross_entropy", "activation": "activation"}.get(
+        return attention_times(n, dev, flops, n.mem_bytes * scale * act_width(n, prec), prec, w.attention_kernel)
+    op = {"norm": "norm", "embedding": "embedding", "loss": "cross_entropy", "activation": "activation",
+          "dropout": "dropout"}.get(
         n.kind, "elementwise")
-    nbytes = n.mem_bytes * scale
+    nbytes = n.mem_bytes * scale * act_width(n if n.kind == "loss" else None, prec)
     return dev.memory_time(nbytes, op), dev.memory_time(nbytes, op, backward=True)
 
 
@@ -182,16 +191,17 @@ def unit_cost(
             u.bwd_weight += bw / 2
         fwd_flops += n.fwd_flops * scale / _tp_div(n, s)
         u.hw_flops += (n.fwd_flops + n.bwd_flops) * scale / _tp_div(n, s)
-        acts = n.act_saved_bytes * scale / _act_div(n, s)
+        aw = act_width(n, w.precision)
+        acts = n.act_saved_bytes * scale / _act_div(n, s) * aw
         full_acts += acts
         if ls.recompute == "selective":
-            acts -= n.act_selective_bytes * scale / _act_div(n, s)
+            acts -= n.act_selective_bytes * scale / _act_div(n, s) * aw
         u.activations += acts
         if n.kind == "attention":
             attn_fwd += f
             attn_time += f + bw
             kv = n.dims.get("kv_heads", 1) * n.dims.get("head_dim", 1)
-            cp_bytes += 2 * 2 * b * n.dims.get("seq", w.seq_len) * kv / tp  # K and V, all of the sequence
+            cp_bytes += 2 * 2 * b * n.dims.get("seq", w.seq_len) * kv / tp * aw  # K and V, all of the sequence
         local = _local_params(n, s)
         grp = states.setdefault((nls.sharding, nls.offload, n.kind == "experts"), StateGroup())
         grp.add(local, split)
@@ -201,18 +211,19 @@ def unit_cost(
         if n.tp == "row" or (n.tp == "vocab" and n.kind in ("embedding", "linear")):
             tp_msgs += 1
     u.params = sum(g.params for g in states.values())
-    u.out_bytes = nodes[-1].out_bytes * b / cp / (tp if (s.sequence_parallel or s.tp_mode == "tsp") else 1)
+    ew = act_width(None, w.precision)
+    u.out_bytes = nodes[-1].out_bytes * b / cp / (tp if (s.sequence_parallel or s.tp_mode == "tsp") else 1) * ew
     # ---- recomputation -----------------------------------------------------------------
     if ls.recompute == "full":
         first = nodes[0]
-        u.activations = first.act_saved_bytes * scale / _act_div(first, s) if first.kind == "norm" else 0.0
+        u.activations = first.act_saved_bytes * scale / _act_div(first, s) * ew if first.kind == "norm" else 0.0
         u.recompute = u.fwd
         u.recompute_peak = full_acts
         u.hw_flops += fwd_flops
     elif ls.recompute == "selective":
         u.recompute = attn_fwd
     # ---- tensor / sequence / context / expert parallel communication ----------------------
-    act_msg = 2.0 * b * w.seq_len / cp * _hidden(nodes)
+    act_msg = 2.0 * b * w.seq_len / cp * _hidden(nodes) * ew
     passes = 3 if ls.recompute == "full" else 2  # forward, backward, and forward again
     if tp > 1 and s.tp_mode == "megatron":
         t = dev.collective_time("all_reduce", act_msg, groups.tp)

@@ -22,6 +22,7 @@ from costmodel.units import (
     GRAD_REDUCE_BYTES,
     STATE_BYTES,
     TP_SPLIT_ROLES,
+    act_width,
     attention_times,
 )
 from profiler.graph import LayerGraph, LayerNode
@@ -192,7 +193,8 @@ def _times(dev: DeviceModel, n: LayerNode, scale: F, calls: F, prec: str, kernel
     uniq_c, inv = np.unique(key, return_inverse=True)
     uniq = np.stack([uniq_c.real, uniq_c.imag])
     fwd, bwd = np.empty(uniq.shape[1]), np.empty(uniq.shape[1])
-    op = {"norm": "norm", "embedding": "embedding", "loss": "cross_entropy", "activation": "activation"}.get(
+    op = {"norm": "norm", "embedding": "embedding", "loss": "cross_entropy", "activation": "activation",
+          "dropout": "dropout"}.get(
         n.kind, "elementwise")
     for i, (sc, cl) in enumerate(uniq.T):
         flops = n.fwd_flops * sc
@@ -202,9 +204,9 @@ def _times(dev: DeviceModel, n: LayerNode, scale: F, calls: F, prec: str, kernel
             fwd[i] = dev.gemm_time(flops / cl, prec, cl)
             bwd[i] = dev.gemm_time(flops / cl, prec, cl, backward=True)
         elif n.kind == "attention":
-            fwd[i], bwd[i] = attention_times(n, dev, flops, n.mem_bytes * sc, prec, kernel)
+            fwd[i], bwd[i] = attention_times(n, dev, flops, n.mem_bytes * sc * act_width(n, prec), prec, kernel)
         else:
-            nbytes = n.mem_bytes * sc
+            nbytes = n.mem_bytes * sc * act_width(n if n.kind == "loss" else None, prec)
             fwd[i], bwd[i] = dev.memory_time(nbytes, op), dev.memory_time(nbytes, op, backward=True)
     inv = inv.reshape(-1)
     return fwd[inv], bwd[inv]
@@ -252,16 +254,17 @@ def _unit(nodes: list[LayerNode], dev: DeviceModel, net: _Net, g: _Cfg, w: Workl
             bwd_w += bw / 2
         fwd_flops += n.fwd_flops * scale / tdiv
         hw += (n.fwd_flops + n.bwd_flops) * scale / tdiv
-        a = n.act_saved_bytes * scale / adiv
+        aw = act_width(n, w.precision)
+        a = n.act_saved_bytes * scale / adiv * aw
         acts += a
-        acts_sel += a - n.act_selective_bytes * scale / adiv
+        acts_sel += a - n.act_selective_bytes * scale / adiv * aw
         if i == 0:
             first_acts = a if n.kind == "norm" else z
         if n.kind == "attention":
             attn_fwd += f
             attn_time += f + bw
             kv = n.dims.get("kv_heads", 1) * n.dims.get("head_dim", 1)
-            cp_bytes += 2 * 2 * b * n.dims.get("seq", w.seq_len) * kv / tp
+            cp_bytes += 2 * 2 * b * n.dims.get("seq", w.seq_len) * kv / tp * aw
         key = (n.name in large, n.kind == "experts")
         groups[key] = groups.get(key, np.zeros(C, dtype=np.int64)) + _local(n, g)
         if n.kind == "experts":
@@ -270,10 +273,11 @@ def _unit(nodes: list[LayerNode], dev: DeviceModel, net: _Net, g: _Cfg, w: Workl
         if n.tp == "row" or (n.tp == "vocab" and n.kind in ("embedding", "linear")):
             tp_msgs += 1
     params = sum(groups.values(), np.zeros(C, dtype=np.int64))
-    out_bytes = nodes[-1].out_bytes * b / cp / np.where(g.sp | g.tsp, tp, 1.0)
+    ew = act_width(None, w.precision)
+    out_bytes = nodes[-1].out_bytes * b / cp / np.where(g.sp | g.tsp, tp, 1.0) * ew
     hidden = next((int(n.dims["hidden"]) if "hidden" in n.dims else int(n.dims["in"])
                    for n in nodes if "hidden" in n.dims or "in" in n.dims), 0)
-    act_msg = 2.0 * b * w.seq_len / cp * hidden
+    act_msg = 2.0 * b * w.seq_len / cp * hidden * ew
     # ---- per recompute mode: activations, recompute, TP/CP/EP communication ----------------
     rc_cols: dict[str, tuple[F, ...]] = {}
     for rc in {o.recompute for o in opts}:

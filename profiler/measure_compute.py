@@ -261,6 +261,7 @@ def bw_grid(quick: bool, kind: str) -> list[BwCase]:
         cases += [("norm", "layernorm", (t, h)), ("norm", "rmsnorm", (t, h)),
                   ("softmax", "softmax", (t, 2048)), ("activation", "gelu", (t, 2 * h)),
                   ("activation", "swiglu", (t, 2 * h)), ("elementwise", "add", (t, h)),
+                  ("elementwise", "dropout", (t, h)),
                   ("embedding", "lookup", (t, 32000 if quick else 128256, h))]
     for v in vocab:
         for t in ce_tokens:
@@ -322,6 +323,8 @@ def _bw_case(op: str, variant: str, shape: tuple[int, ...], dtype: torch.dtype,
     if op == "elementwise":
         t, h = shape
         a, b = _leaf((t, h), dtype, device), _leaf((t, h), dtype, device)
+        if variant == "dropout":  # random numbers, a mask (1 byte), the scaled output
+            return (lambda: F.dropout(a, 0.1, training=True)), [a], 2.0 * t * h * es + t * h
         return (lambda: a + b), [a, b], 3.0 * t * h * es
     if op == "embedding":
         t, v, h = shape

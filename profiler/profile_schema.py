@@ -205,6 +205,7 @@ class Profile(_Doc):
         if not per_op:
             raise ProfileError("profile has no bandwidth measurements")
         key = _BW_ALIASES.get(op, op)
+        variant = variant or (op if op != key else None)  # ``dropout`` is the elementwise variant
         if key in per_op:
             sel = [p for p in bw[key] if p.variant == variant] if variant else []
             return _large_bw(sel) if sel else per_op[key]
@@ -213,7 +214,10 @@ class Profile(_Doc):
     def bwd_fwd_ratio(self, op: str) -> float:
         """Backward over forward time of a bandwidth-bound op at large sizes (2.0 if unmeasured)."""
         bw = self._compute("bandwidth").bandwidth
-        pts = bw.get(_BW_ALIASES.get(op, op)) or [p for v in bw.values() for p in v]
+        key = _BW_ALIASES.get(op, op)
+        pts = bw.get(key) or [p for v in bw.values() for p in v]
+        if op != key:
+            pts = [p for p in pts if p.variant == op] or pts
         ratios = [p.bwd_s / p.seconds for p in _upper_half(pts) if p.bwd_s]
         return statistics.median(ratios) if ratios else 2.0
 

@@ -47,7 +47,7 @@ def _dropout(name: str, block: int | None, btype: str, s: int, width: int, tp_sh
     return LayerNode(
         name=name, kind="dropout", block=block, block_type=btype,
         act_saved_bytes=MASK_BYTES * s * width, act_tp_sharded=tp_sharded,
-        out_bytes=ACT_BYTES * s * width, mem_bytes=2 * ACT_BYTES * s * width,
+        out_bytes=ACT_BYTES * s * width, mem_bytes=(2 * ACT_BYTES + MASK_BYTES) * s * width,
         tp="none", dims={"hidden": width},
     )
 

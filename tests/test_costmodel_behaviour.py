@@ -132,3 +132,17 @@ def test_eager_attention_is_two_gemms_and_passes_over_the_scores() -> None:
     assert bwd == pytest.approx(dev.gemm_time(eager.fwd_flops, backward=True)
                                 + dev.memory_time(8 * scores, "softmax", backward=True))
     assert fwd > node_times(flash, dev, s, w)[0]
+
+
+def test_fp32_training_doubles_activation_bytes_but_not_the_loss() -> None:
+    from costmodel.units import mesh_groups, unit_cost
+
+    g = load_model("llama3-8b", 1024)
+    units = dict(g.blocks())
+    dev, s = DeviceModel(parse_cluster("8xcpu")), Strategy()
+    half, full = (Workload(seq_len=1024, global_batch=8, precision=p) for p in ("bf16", "fp32"))
+    for name in ("layers.0", "head"):
+        a = unit_cost(name, units[name], dev, s, half, mesh_groups(dev, s))
+        b = unit_cost(name, units[name], dev, s, full, mesh_groups(dev, s))
+        loss = sum(n.act_saved_bytes for n in units[name] if n.kind == "loss")
+        assert b.activations - 2 * a.activations == pytest.approx(-loss)

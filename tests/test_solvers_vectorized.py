@@ -19,6 +19,7 @@ CASES = [
     ("mixtral-8x7b", "64xh100", 4096, 256, "flash2"),
     ("gpt2-xl", "8xh100", 1024, 64, "flash3"),
     ("gpt2", "4xcpu", 128, 8, "auto"),
+    ("gpt2-medium", "4xcpu", 128, 8, "fp32"),
 ]
 
 
@@ -26,7 +27,8 @@ CASES = [
 def test_grid_equals_estimate(case: tuple) -> None:
     model, cluster, seq, gb, kernel = case
     g, cl = load_model(model, seq), parse_cluster(cluster)
-    w = Workload(seq_len=seq, global_batch=gb, attention_kernel=kernel)
+    w = (Workload(seq_len=seq, global_batch=gb, precision="fp32") if kernel == "fp32"
+         else Workload(seq_len=seq, global_batch=gb, attention_kernel=kernel))
     rng = random.Random(hash(model) % 1000)
     cfgs = list(mesh_configs(g, cl, w, SPACES["hybrid"]))
     strategies = [
