@@ -65,13 +65,16 @@ class DeviceModel:
             rate = self.acc.peak_flops("fp32") * self.acc.gemm_efficiency * self.c.gemm_scale
         return rate
 
-    def gemm_time(self, flops: float, precision: str = "bf16", calls: float = 1.0, backward: bool = False) -> float:
-        """Seconds for ``calls`` GEMMs of ``flops`` forward FLOPs each (backward: their two GEMMs)."""
+    def gemm_time(self, flops: float, precision: str = "bf16", calls: float = 1.0, backward: bool = False,
+                  shape: tuple[float, float, float] | None = None) -> float:
+        """Seconds for ``calls`` GEMMs of ``flops`` forward FLOPs each (backward: their two GEMMs).
+
+        ``shape`` (m, n, k) of one call, when known, lets a measured profile price it by shape."""
         if flops <= 0:
             return 0.0
         if self.profile is not None and self.profile.compute is not None and self.profile.compute.gemm:
             phase = "bwd" if backward else "fwd"
-            return calls * flops * (2 if backward else 1) / self.profile.gemm_flops_per_s(flops, phase)
+            return calls * flops * (2 if backward else 1) / self.profile.gemm_flops_per_s(flops, phase, shape)
         return calls * (flops / self.gemm_rate(precision) + self.c.gemm_overhead_s) * (2 if backward else 1)
 
     def attention_rate(self, kernel: str = "auto") -> float:

@@ -142,6 +142,24 @@ def attention_times(n: LayerNode, dev: DeviceModel, flops: float, nbytes: float,
     return dev.attention_time(flops, n.causal, kernel=kernel), dev.attention_time(flops, n.causal, True, kernel)
 
 
+def gemm_shape(n: LayerNode, per_sample: float, tdiv: float, calls: float) -> tuple[float, float, float] | None:
+    """(m, n, k) of one call of a linear node priced at ``per_sample`` samples per rank (micro-batch
+    over cp) with TP dividing it ``tdiv`` ways: column-parallel GEMMs lose n, row-parallel ones k,
+    sequence-split ones m; OSDP's ``calls`` slices split n."""
+    if n.kind != "linear" or not n.dims.get("in") or not n.dims.get("out"):
+        return None
+    d_in, d_out = float(n.dims["in"]), float(n.dims["out"])
+    m, nn, k = n.fwd_flops / (2 * d_in * d_out) * per_sample, d_out, d_in
+    if tdiv > 1:
+        if n.tp in ("column", "heads", "vocab"):
+            nn /= tdiv
+        elif n.tp == "row":
+            k /= tdiv
+        else:
+            m /= tdiv
+    return m, nn / calls, k
+
+
 def node_times(n: LayerNode, dev: DeviceModel, s: Strategy, w: Workload, split: int = 1) -> tuple[float, float]:
     """Forward and backward seconds of one node for one micro-batch on one rank."""
     scale = s.micro_batch / s.mesh.cp / _tp_div(n, s)
@@ -152,7 +170,9 @@ def node_times(n: LayerNode, dev: DeviceModel, s: Strategy, w: Workload, split: 
         if n.kind == "experts":
             flops *= dev.c.moe_imbalance
             calls = max(1.0, n.dims.get("experts", 1) / s.mesh.ep) * split
-        return dev.gemm_time(flops / calls, prec, calls), dev.gemm_time(flops / calls, prec, calls, backward=True)
+        shape = gemm_shape(n, s.micro_batch / s.mesh.cp, _tp_div(n, s), calls)
+        return (dev.gemm_time(flops / calls, prec, calls, shape=shape),
+                dev.gemm_time(flops / calls, prec, calls, backward=True, shape=shape))
     if n.kind == "attention":
         return attention_times(n, dev, flops, n.mem_bytes * scale * act_width(n, prec), prec, w.attention_kernel)
     op = {"norm": "norm", "embedding": "embedding", "loss": "cross_entropy", "activation": "activation",

@@ -24,6 +24,7 @@ from costmodel.units import (
     TP_SPLIT_ROLES,
     act_width,
     attention_times,
+    gemm_shape,
 )
 from profiler.graph import LayerGraph, LayerNode
 
@@ -187,22 +188,23 @@ def _each(fn: Any, x: F) -> F:
     return np.array([fn(float(v)) for v in uniq])[inv.reshape(-1)] if len(uniq) else np.zeros_like(x)
 
 
-def _times(dev: DeviceModel, n: LayerNode, scale: F, calls: F, prec: str, kernel: str = "auto") -> tuple[F, F]:
-    """Forward and backward seconds of ``n`` per distinct (scale, calls), via the device model."""
-    key = scale + 1j * calls  # one sortable key per (scale, calls)
-    uniq_c, inv = np.unique(key, return_inverse=True)
-    uniq = np.stack([uniq_c.real, uniq_c.imag])
+def _times(dev: DeviceModel, n: LayerNode, scale: F, calls: F, prec: str, kernel: str = "auto",
+           tdiv: F | None = None) -> tuple[F, F]:
+    """Forward and backward seconds of ``n`` per distinct (scale, calls, TP division), via the device model."""
+    tdiv = np.ones_like(scale) if tdiv is None else np.broadcast_to(tdiv, scale.shape)
+    uniq, inv = np.unique(np.stack([scale, calls, tdiv]), axis=1, return_inverse=True)
     fwd, bwd = np.empty(uniq.shape[1]), np.empty(uniq.shape[1])
     op = {"norm": "norm", "embedding": "embedding", "loss": "cross_entropy", "activation": "activation",
           "dropout": "dropout"}.get(
         n.kind, "elementwise")
-    for i, (sc, cl) in enumerate(uniq.T):
+    for i, (sc, cl, td) in enumerate(uniq.T):
         flops = n.fwd_flops * sc
         if n.kind in GEMM_KINDS:
             if n.kind == "experts":
                 flops *= dev.c.moe_imbalance
-            fwd[i] = dev.gemm_time(flops / cl, prec, cl)
-            bwd[i] = dev.gemm_time(flops / cl, prec, cl, backward=True)
+            shape = gemm_shape(n, sc * td, td, cl)
+            fwd[i] = dev.gemm_time(flops / cl, prec, cl, shape=shape)
+            bwd[i] = dev.gemm_time(flops / cl, prec, cl, backward=True, shape=shape)
         elif n.kind == "attention":
             fwd[i], bwd[i] = attention_times(n, dev, flops, n.mem_bytes * sc * act_width(n, prec), prec, kernel)
         else:
@@ -247,7 +249,7 @@ def _unit(nodes: list[LayerNode], dev: DeviceModel, net: _Net, g: _Cfg, w: Workl
         tdiv = np.where(g.tsp | static | g.sp, tp, 1.0)
         adiv = np.where(g.tsp | g.sp | n.act_tp_sharded, tp, 1.0)
         calls = np.maximum(1.0, n.dims.get("experts", 1) / ep) if n.kind == "experts" else np.ones(C)
-        f, bw = _times(dev, n, b / cp / tdiv, calls, w.precision, w.attention_kernel)
+        f, bw = _times(dev, n, b / cp / tdiv, calls, w.precision, w.attention_kernel, tdiv)
         fwd += f
         bwd += bw
         if n.kind in GEMM_KINDS:

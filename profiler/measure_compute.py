@@ -225,7 +225,8 @@ def gemm_grid(quick: bool, kind: str) -> list[GemmShape]:
             [(m, h) for m in (1024, 4096, 16384) for h in (1024, 2048, 4096, 8192, 12288)]
     else:
         squares = [128, 256, 512, 1024, 2048] if quick else [64, 128, 256, 512, 1024, 2048, 3072, 4096]
-        blocks = [(512, 1024), (1024, 2048)] if quick else [(m, h) for m in (512, 2048) for h in (1024, 2048, 4096)]
+        blocks = [(128, 1024), (512, 1024), (1024, 2048)] if quick else \
+            [(m, h) for m in (128, 512, 2048) for h in (1024, 2048, 4096)]
     out: dict[tuple[int, int, int], str] = {}
     for s in squares:
         out.setdefault((s, s, s), "square")

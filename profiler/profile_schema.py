@@ -169,17 +169,24 @@ class Profile(_Doc):
     model: list[LayerMeasurement] = Field(default_factory=list)
 
     # ---- what the cost model asks ------------------------------------------------------------
-    def gemm_flops_per_s(self, flops: float, phase: Literal["both", "fwd", "bwd"] = "both") -> float:
+    def gemm_flops_per_s(self, flops: float, phase: Literal["both", "fwd", "bwd"] = "both",
+                         shape: tuple[float, float, float] | None = None) -> float:
         """Achieved GEMM throughput for a GEMM of ``flops`` forward FLOPs (2·m·n·k).
 
-        Median throughput of the points of each size, piecewise linear in log(flops), clamped at
-        the ends. ``phase`` picks forward (``flops/fwd_s``), backward (``2·flops/bwd_s``) or the
-        training throughput of both (default, ``flops_per_s``).
+        Without ``shape``: median throughput of the points of each size, piecewise linear in
+        log(flops), clamped at the ends. With ``shape`` (m, n, k): the measured shapes nearest in
+        (log m, log n, log k) — a thin GEMM (few tokens, a TP-shrunk n or k) is slower than a
+        square one of equal FLOPs — their log throughputs weighted by inverse squared distance.
+        ``phase`` picks forward (``flops/fwd_s``), backward (``2·flops/bwd_s``) or the training
+        throughput of both (default, ``flops_per_s``).
         """
         pts = self._compute("gemm").gemm
         if not pts:
             raise ProfileError("profile has no GEMM measurements")
-        return _interp_log(_rates(pts, phase), flops)
+        rates = _rates(pts, phase)
+        if shape is None or min(shape) <= 0:
+            return _interp_log(rates, flops)
+        return _nearest_shapes([(p.m, p.n, p.k) for p in pts], [r for _, r in rates], shape)
 
     def attention_flops_per_s(self, flops: float, causal: bool = False,
                               phase: Literal["both", "fwd", "bwd"] = "both") -> float:
@@ -282,6 +289,20 @@ def _rates(pts: list[Any], phase: str) -> list[tuple[float, float]]:
     if phase != "both":
         raise ProfileError(f"phase must be both, fwd or bwd, got '{phase}'")
     return [(p.flops, p.flops_per_s) for p in pts]
+
+
+def _nearest_shapes(shapes: list[tuple[int, int, int]], rates: list[float], shape: tuple[float, float, float],
+                    k: int = 4) -> float:
+    """Inverse-squared-distance mean of log rate over the ``k`` shapes nearest in log space."""
+    q = [math.log(x) for x in shape]
+    dist = sorted((sum((math.log(a) - b) ** 2 for a, b in zip(sh, q, strict=True)), i)
+                  for i, sh in enumerate(shapes))
+    if dist[0][0] < 1e-12:
+        same = [rates[i] for d, i in dist if d < 1e-12]
+        return statistics.median(same)
+    near = dist[:k]
+    wsum = sum(1 / d for d, _ in near)
+    return math.exp(sum(math.log(rates[i]) / d for d, i in near) / wsum)
 
 
 def _interp_log(points: list[tuple[float, float]], x: float) -> float:

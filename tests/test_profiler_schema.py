@@ -165,3 +165,20 @@ def test_a_profile_cut_anywhere_reads_as_truncated(prof: Profile, tmp_path: Path
     path.write_text(text[: int(len(text) * frac)])
     with pytest.raises(ShardplanError, match="is truncated"):
         load_profile(path)
+
+
+def test_gemm_rate_by_shape_prefers_the_nearest_measured_shapes() -> None:
+    """Equal FLOPs, different shapes: a thin GEMM is priced from the thin measurements."""
+    from profiler.profile_schema import GemmPoint
+
+    def pt(m: int, n: int, k: int, rate: float) -> GemmPoint:
+        f = 2.0 * m * n * k
+        return GemmPoint(m=m, n=n, k=k, fwd_s=f / rate, bwd_s=2 * f / rate, flops=f, flops_per_s=rate)
+
+    comp = ComputeProfile(dtype="fp32", gemm=[pt(128, 4096, 1024, 5e10), pt(1024, 512, 1024, 1e11)])
+    prof = Profile(device=DEV, compute=comp)
+    assert prof.gemm_flops_per_s(1.07e9, "fwd", (128, 4096, 1024)) == pytest.approx(5e10)
+    assert prof.gemm_flops_per_s(1.07e9, "fwd", (1024, 512, 1024)) == pytest.approx(1e11)
+    near_thin = prof.gemm_flops_per_s(1.07e9, "fwd", (128, 3000, 1024))
+    assert 5e10 < near_thin < 7.07e10  # nearer the thin point than the geometric mean of the two
+    assert prof.gemm_flops_per_s(1.07e9, "fwd") == pytest.approx(7.5e10)  # without a shape: by FLOPs

@@ -71,9 +71,10 @@ def test_grid_equals_estimate_with_a_profile() -> None:
         Profile,
     )
 
-    def gemm(flops: float, rate: float) -> GemmPoint:
+    def gemm(m: int, n: int, k: int, rate: float) -> GemmPoint:  # distinct shapes: priced by shape
+        flops = 2.0 * m * n * k
         t = 3 * flops / rate
-        return GemmPoint(m=8, n=8, k=8, fwd_s=t / 3, bwd_s=2 * t / 3, flops=flops, flops_per_s=rate)
+        return GemmPoint(m=m, n=n, k=k, fwd_s=t / 3, bwd_s=2 * t / 3, flops=flops, flops_per_s=rate)
 
     def attn(flops: float, rate: float, causal: bool) -> AttnPoint:
         t = 3 * flops / rate
@@ -85,7 +86,7 @@ def test_grid_equals_estimate_with_a_profile() -> None:
                        median_rel_error=0.0, points=[(1024.0, 1e-4)])
 
     compute = ComputeProfile(
-        dtype="bf16", gemm=[gemm(1e6, 1e9), gemm(1e10, 4e9)],
+        dtype="bf16", gemm=[gemm(128, 768, 768, 1e9), gemm(128, 2304, 768, 2e9), gemm(512, 3072, 768, 4e9)],
         attention=[attn(1e6, 1e9, False), attn(1e8, 2e9, True)],
         bandwidth={"norm": [BwPoint(bytes=1e6, seconds=1e-3, bytes_per_s=1e9, bwd_s=2e-3)]})
     prof = Profile(device=DeviceInfo(kind="cpu", name="test cpu", torch_version="2.13.0", threads=2, hostname="h",
