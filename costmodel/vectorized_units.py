@@ -191,8 +191,13 @@ def _each(fn: Any, x: F) -> F:
 def _times(dev: DeviceModel, n: LayerNode, scale: F, calls: F, prec: str, kernel: str = "auto",
            tdiv: F | None = None) -> tuple[F, F]:
     """Forward and backward seconds of ``n`` per distinct (scale, calls, TP division), via the device model."""
-    tdiv = np.ones_like(scale) if tdiv is None else np.broadcast_to(tdiv, scale.shape)
-    uniq, inv = np.unique(np.stack([scale, calls, tdiv]), axis=1, return_inverse=True)
+    by_shape = dev.profile is not None and dev.profile.compute is not None and bool(dev.profile.compute.gemm)
+    if by_shape and tdiv is not None and n.kind in GEMM_KINDS:  # a profile prices GEMMs by shape
+        uniq, inv = np.unique(np.stack([scale, calls, np.broadcast_to(tdiv, scale.shape)]), axis=1,
+                              return_inverse=True)
+    else:  # one sortable complex key per (scale, calls): much faster than unique rows
+        uniq_c, inv = np.unique(scale + 1j * calls, return_inverse=True)
+        uniq = np.stack([uniq_c.real, uniq_c.imag, np.ones(len(uniq_c))])
     fwd, bwd = np.empty(uniq.shape[1]), np.empty(uniq.shape[1])
     op = {"norm": "norm", "embedding": "embedding", "loss": "cross_entropy", "activation": "activation",
           "dropout": "dropout"}.get(
