@@ -203,20 +203,6 @@ class Cluster:
         dom = self.accelerator.scale_up.domain or self.gpus_per_node
         return max(self.gpus_per_node, min(dom, self.world_size))
 
-    def attention_kernel(self, kernel: str) -> str:
-        """The kernel ``auto`` means here (the newest one the file lists), or ``kernel`` if available."""
-        effs = self.attention_efficiency
-        if kernel == "auto":
-            return next((k for k in reversed(ATTENTION_KERNELS) if k in effs), "flash2")
-        if effs and kernel not in effs:
-            raise ShardplanError(f"attention kernel '{kernel}' is not available on '{self.name}' "
-                                 f"(it has: {', '.join(sorted(effs))})")
-        return kernel
-
-    def attention_fraction(self, kernel: str) -> float:
-        """Best forward throughput of the attention kernel over the bf16 peak."""
-        return self.attention_efficiency.get(self.attention_kernel(kernel), self.gemm_efficiency)
-
     @property
     def memory_bytes(self) -> float:
         return (self.memory_gb or self.accelerator.hbm_gb) * 1e9
