@@ -18,6 +18,7 @@ TP_SPLIT_ROLES = ("column", "row", "heads", "vocab")
 # Bytes per parameter by precision: (compute copy, gradient, optimizer incl. fp32 master).
 STATE_BYTES = {"bf16": (2, 2, 12), "fp8": (2, 2, 12), "fp32": (4, 4, 8)}
 GRAD_REDUCE_BYTES = 4  # gradients are reduced in fp32 (FSDP2 reduce_dtype, Megatron main_grad)
+GATHER_BYTES = 2  # parameters are gathered in bf16
 
 
 def act_width(n: LayerNode | None, precision: str) -> float:
@@ -26,7 +27,6 @@ def act_width(n: LayerNode | None, precision: str) -> float:
     if precision != "fp32" or (n is not None and n.kind in ("loss", "dropout")):
         return 1.0
     return 2.0
-GATHER_BYTES = 2  # parameters are gathered in bf16
 
 
 @dataclass
