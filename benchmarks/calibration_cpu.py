@@ -3,7 +3,9 @@
     python benchmarks/calibration_cpu.py [--profile P.json] [--out calibration.json] [--tiny] [--threads 1]
 
 1. A compute profile of this CPU: read from ``--profile`` if the file exists, else measured now
-   (``--quick`` grid, about a minute; ``--tiny`` a much smaller one) and written there.
+   (``--quick`` grid, about a minute; ``--tiny`` a much smaller one) and written there. A profile
+   measured now is measured again after the models and the two are averaged (the host's speed
+   drifts; bracketing cancels a linear drift); each of ``--runs`` runs does it all again.
 2. Two small models, a GPT-2 (the preset: LayerNorm, GELU, eager attention with dropout) and a
    Llama-like one (RMSNorm, SwiGLU, GQA, SDPA), ``--layers`` blocks each, are run for real
    (:func:`profiler.measure_model.measure_layers`): forward/backward time and saved bytes per node.
@@ -71,17 +73,49 @@ def rel_errors(rows: list[LayerMeasurement]) -> dict[str, dict[str, float | None
     return out
 
 
-def run_model(cfg: TransformerConfig, prof: Profile, layers: int, seq_len: int, micro_batch: int,
-              repeats: int, dtype: str) -> dict:
-    dev = torch.device("cpu")
-    before = measure_layers(cfg, dev, layers=layers, micro_batch=micro_batch, seq_len=seq_len, dtype=dtype,
-                            repeats=repeats)
+def measure_model(cfg: TransformerConfig, layers: int, seq_len: int, micro_batch: int, repeats: int,
+                  dtype: str) -> list[LayerMeasurement]:
+    """Measured per-node and per-block times, with the spec-sheet predictions (*before*)."""
+    return measure_layers(cfg, torch.device("cpu"), layers=layers, micro_batch=micro_batch, seq_len=seq_len,
+                          dtype=dtype, repeats=repeats)
+
+
+def calibrated(cfg: TransformerConfig, before: list[LayerMeasurement], prof: Profile, layers: int, seq_len: int,
+               micro_batch: int, dtype: str) -> dict:
+    """The measurements next to the predictions from ``prof`` (*after*)."""
     graph = build_graph(cut_config(cfg, layers), seq_len)
-    after = with_predictions(before, graph, dev, profile=prof)
+    after = with_predictions(before, graph, torch.device("cpu"), profile=prof)
     return {"model": cfg.name, "dtype": dtype, "layers": layers, "seq_len": seq_len, "micro_batch": micro_batch,
             "error_before": rel_errors(before), "error_after": rel_errors(after),
             "rows": [{**b.model_dump(), "calibrated_fwd_s": a.predicted_fwd_s, "calibrated_bwd_s": a.predicted_bwd_s}
                      for b, a in zip(before, after, strict=True)]}
+
+
+def bracket(p1: Profile, p2: Profile) -> Profile:
+    """The geometric mean of two profiles of the same grid, taken before and after the model runs:
+    a host whose speed drifts linearly in between is then measured at the models' midpoint."""
+    c1, c2 = p1.compute, p2.compute
+    assert c1 is not None and c2 is not None
+
+    def mean(a: float | None, b: float | None) -> float | None:
+        return None if a is None or b is None else (a * b) ** 0.5
+
+    def timed(pts1: list, pts2: list, work: str, rate: str, t_fwd: str) -> list:
+        out = []
+        for x, y in zip(pts1, pts2, strict=True):
+            f, b = mean(getattr(x, t_fwd), getattr(y, t_fwd)), mean(x.bwd_s, y.bwd_s)
+            upd = {t_fwd: f, "bwd_s": b}
+            upd[rate] = (3 * getattr(x, work) / (f + b) if b is not None and t_fwd == "fwd_s"
+                         else getattr(x, work) / f)
+            out.append(x.model_copy(update=upd))
+        return out
+
+    comp = c1.model_copy(update={
+        "gemm": timed(c1.gemm, c2.gemm, "flops", "flops_per_s", "fwd_s"),
+        "attention": timed(c1.attention, c2.attention, "flops", "flops_per_s", "fwd_s"),
+        "bandwidth": {k: timed(v, c2.bandwidth[k], "bytes", "bytes_per_s", "seconds") for k, v in c1.bandwidth.items()},
+    })
+    return p1.model_copy(update={"compute": comp})
 
 
 def block_summary(results: list[dict]) -> dict[str, dict[str, float]]:
@@ -128,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--micro-batch", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--runs", type=int, default=3, help="profile + measure this many times; errors pooled")
+    ap.add_argument("--no-bracket", dest="bracket", action="store_false",
+                    help="profile only before the models, not before and after (drift not cancelled)")
     ap.add_argument("--threads", type=int, default=1,
                     help="intra-op threads (1: as each rank of `shardplan train` runs; steadier on a shared host)")
     ap.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
@@ -138,10 +174,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for k in range(a.runs):  # a shared host's speed drifts: each run re-profiles, errors are pooled
             path = a.profile if k == 0 or (a.profile is not None and a.profile.exists() and a.runs == 1) else None
-            prof = get_profile(path, a.tiny, a.dtype)
+            measured_now = path is None or not path.exists()
+            first = get_profile(path, a.tiny, a.dtype)
+            models = (preset("gpt2"), LLAMA_SMALL)
+            measured = [measure_model(cfg, a.layers, a.seq_len, a.micro_batch, a.repeats, a.dtype) for cfg in models]
+            prof = first
+            if a.bracket and measured_now:  # profile again after the models; use the mean of both
+                prof = bracket(first, get_profile(None, a.tiny, a.dtype))
             runs.append({"device": prof.device.model_dump(), "models": [
-                run_model(cfg, prof, a.layers, a.seq_len, a.micro_batch, a.repeats, a.dtype)
-                for cfg in (preset("gpt2"), LLAMA_SMALL)]})
+                calibrated(cfg, rows, prof, a.layers, a.seq_len, a.micro_batch, a.dtype)
+                for cfg, rows in zip(models, measured, strict=True)]})
     except ShardplanError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
