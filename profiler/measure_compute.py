@@ -59,9 +59,18 @@ def resolve_device(spec: str) -> torch.device:
     raise ShardplanError(f"device '{spec}': expected cpu, cuda or cuda:N")
 
 
+def cpu_has_fast_bf16() -> bool:
+    """Whether this CPU has bf16 matrix instructions (AVX512-BF16 or AMX); without them PyTorch runs
+    bf16 GEMMs on fallback kernels several times slower than fp32 (measured here: 5x forward)."""
+    checks = [getattr(torch.cpu, n, None) for n in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+    return any(bool(f()) for f in checks if callable(f))
+
+
 def resolve_dtype(name: str | None, device: torch.device) -> str:
+    """``auto``: bf16 on GPUs and on CPUs with bf16 matrix instructions, else fp32 (what training on
+    such a CPU would use)."""
     if name is None or name == "auto":
-        return "bf16"
+        return "bf16" if device.type == "cuda" or cpu_has_fast_bf16() else "fp32"
     if name not in DTYPES:
         raise ShardplanError(f"dtype '{name}' is not one of {', '.join(DTYPES)}")
     return name

@@ -90,3 +90,18 @@ def test_past_the_deadline_only_unmeasured_ops_run() -> None:
                               bw_cases=cases, timing=Timing(deadline_s=0.0), progress=False)
     assert len(comp.gemm) == 1 and {k: len(v) for k, v in comp.bandwidth.items()} == {"norm": 1, "softmax": 1}
     assert comp.skipped == 2
+
+
+def test_auto_dtype_is_fp32_on_a_cpu_without_bf16_matrix_units(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    import profiler.measure_compute as mc
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(mc, "cpu_has_fast_bf16", lambda: False)
+    assert mc.resolve_dtype(None, cpu) == "fp32" and mc.resolve_dtype("auto", cpu) == "fp32"
+    monkeypatch.setattr(mc, "cpu_has_fast_bf16", lambda: True)
+    assert mc.resolve_dtype("auto", cpu) == "bf16"
+    assert mc.resolve_dtype("fp32", cpu) == "fp32" and mc.resolve_dtype("auto", torch.device("cuda", 0)) == "bf16"
+    with pytest.raises(ShardplanError, match="not one of"):
+        mc.resolve_dtype("int4", cpu)

@@ -79,7 +79,9 @@ def _g(x: float) -> str:
 @guard
 def compute(
     device: str = typer.Option("cpu", "--device", help="cpu, cuda or cuda:N"),
-    dtype: str = typer.Option("bf16", "--dtype", help="bf16, fp16 or fp32"),
+    dtype: str = typer.Option(
+        "auto", "--dtype", help="auto (bf16 on GPUs and on CPUs with bf16 matrix units, else fp32), bf16, fp16, fp32"
+    ),
     quick: bool = QUICK,
     output: Path = OUTPUT,
     merge: bool = MERGE,
@@ -91,7 +93,7 @@ def compute(
     from profiler.profile_schema import Profile
 
     dev = resolve_device(device)  # a missing device fails here, before anything is measured
-    resolve_dtype(dtype, dev)
+    dtype = resolve_dtype(dtype, dev)
     base = _base(output, merge, "gpu" if dev.type == "cuda" else "cpu")
     _warn_if_busy(dev.type == "cpu")
     info, comp = profile_compute(dev, dtype, quick, progress=not no_progress)
@@ -180,7 +182,9 @@ def model(
     micro_batch: int = typer.Option(1, "--micro-batch", help="samples per step"),
     seq_len: int = typer.Option(128, "--seq-len", help="tokens per sample"),
     layers: int = typer.Option(2, "--layers", help="blocks of the stack to build and run"),
-    dtype: str = typer.Option("bf16", "--dtype", help="bf16, fp16 or fp32"),
+    dtype: str = typer.Option(
+        "auto", "--dtype", help="auto (bf16 on GPUs and on CPUs with bf16 matrix units, else fp32), bf16, fp16, fp32"
+    ),
     repeats: int = typer.Option(5, "--repeats", help="timed steps (after 2 warm-up steps)"),
     profile: Path | None = typer.Option(None, "--profile", help="a compute profile the predictions use"),
     accelerator: str | None = typer.Option(None, "--accelerator", help="accelerator file for the predictions"),
@@ -197,7 +201,7 @@ def model(
     if ":" in model_name and not Path(model_name).exists():
         raise ShardplanError(f"profile model needs a preset name or a config.json, not a factory ('{model_name}')")
     dev = resolve_device(device)
-    resolve_dtype(dtype, dev)
+    dtype = resolve_dtype(dtype, dev)
     cfg = resolve_config(model_name)
     calib = load_profile(profile) if profile else None
     if calib is not None:
