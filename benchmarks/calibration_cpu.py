@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[dict] = []
     try:
         for k in range(a.runs):  # a shared host's speed drifts: each run re-profiles, errors are pooled
-            path = a.profile if k == 0 or (a.profile is not None and a.profile.exists() and a.runs == 1) else None
+            path = a.profile if k == 0 else None  # later runs measure a fresh profile
             measured_now = path is None or not path.exists()
             first = get_profile(path, a.tiny, a.dtype)
             models = (preset("gpt2"), LLAMA_SMALL)

@@ -20,6 +20,7 @@ SHARDINGS = ("replicate", "zero1", "zero2", "zero3", "zero3_keep")
 RECOMPUTES = ("none", "selective", "full")
 OFFLOADS = ("none", "optimizer", "params")
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb")
+ATTENTION_KERNEL_CHOICES = ("auto", "flash2", "flash3")
 MESH_AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 ZERO_TO_SHARDING = {0: "replicate", 1: "zero1", 2: "zero2", 3: "zero3"}
 
@@ -27,6 +28,7 @@ Sharding = Literal["replicate", "zero1", "zero2", "zero3", "zero3_keep"]
 Recompute = Literal["none", "selective", "full"]
 Offload = Literal["none", "optimizer", "params"]
 Schedule = Literal["gpipe", "1f1b", "interleaved", "zb"]
+AttentionKernel = Literal["auto", "flash2", "flash3"]
 
 
 class _Strict(BaseModel):
@@ -91,7 +93,7 @@ class Workload(_Strict):
     precision: Literal["bf16", "fp8", "fp32"] = Field(
         "bf16", description="bf16/fp8 mixed precision (fp32 master weights and Adam), or fp32 throughout"
     )
-    attention_kernel: Literal["auto", "flash2", "flash3"] = Field(
+    attention_kernel: AttentionKernel = Field(
         "auto", description="flash2: FlashAttention-2 / PyTorch SDPA; flash3: Hopper-native (FlashAttention-3, "
         "cuDNN / Transformer Engine); auto: the newest the accelerator runs"
     )

@@ -29,6 +29,11 @@ def act_width(n: LayerNode | None, precision: str) -> float:
     return 2.0
 
 
+def traffic_width(n: LayerNode, precision: str) -> float:
+    """Bytes moved by a bandwidth-bound op scale like its activations; the loss is fp32 already."""
+    return act_width(n if n.kind == "loss" else None, precision)
+
+
 @dataclass
 class Groups:
     """The communication groups of a mesh (sizes and strides in global rank order)."""
@@ -178,7 +183,7 @@ def node_times(n: LayerNode, dev: DeviceModel, s: Strategy, w: Workload, split: 
     op = {"norm": "norm", "embedding": "embedding", "loss": "cross_entropy", "activation": "activation",
           "dropout": "dropout"}.get(
         n.kind, "elementwise")
-    nbytes = n.mem_bytes * scale * act_width(n if n.kind == "loss" else None, prec)
+    nbytes = n.mem_bytes * scale * traffic_width(n, prec)
     return dev.memory_time(nbytes, op), dev.memory_time(nbytes, op, backward=True)
 
 

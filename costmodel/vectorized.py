@@ -263,7 +263,7 @@ def compute_bound(graph: LayerGraph, cluster: Cluster, w: Workload, configs: Seq
             tdiv = np.where(g.tsp | static | g.sp, g.tp, 1.0)
             one = np.ones(len(configs))
             calls = np.maximum(1.0, n.dims.get("experts", 1) / g.ep) if n.kind == "experts" else one
-            f, b = _times(dev, n, g.b / g.cp / tdiv, calls, w.precision)
+            f, b = _times(dev, n, g.b / g.cp / tdiv, calls, tdiv, w.precision, w.attention_kernel)
             total += counts[k] * (f + b)
     m = w.global_batch / (g.dpr * g.dps * g.b)
     p, v = g.pp, g.vpp

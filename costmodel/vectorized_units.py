@@ -25,6 +25,7 @@ from costmodel.units import (
     act_width,
     attention_times,
     gemm_shape,
+    traffic_width,
 )
 from profiler.graph import LayerGraph, LayerNode
 
@@ -188,11 +189,11 @@ def _each(fn: Any, x: F) -> F:
     return np.array([fn(float(v)) for v in uniq])[inv.reshape(-1)] if len(uniq) else np.zeros_like(x)
 
 
-def _times(dev: DeviceModel, n: LayerNode, scale: F, calls: F, prec: str, kernel: str = "auto",
-           tdiv: F | None = None) -> tuple[F, F]:
+def _times(dev: DeviceModel, n: LayerNode, scale: F, calls: F, tdiv: F, prec: str, kernel: str
+           ) -> tuple[F, F]:
     """Forward and backward seconds of ``n`` per distinct (scale, calls, TP division), via the device model."""
     by_shape = dev.profile is not None and dev.profile.compute is not None and bool(dev.profile.compute.gemm)
-    if by_shape and tdiv is not None and n.kind in GEMM_KINDS:  # a profile prices GEMMs by shape
+    if by_shape and n.kind in GEMM_KINDS:  # a profile prices GEMMs by shape
         uniq, inv = np.unique(np.stack([scale, calls, np.broadcast_to(tdiv, scale.shape)]), axis=1,
                               return_inverse=True)
     else:  # one sortable complex key per (scale, calls): much faster than unique rows
@@ -213,7 +214,7 @@ def _times(dev: DeviceModel, n: LayerNode, scale: F, calls: F, prec: str, kernel
         elif n.kind == "attention":
             fwd[i], bwd[i] = attention_times(n, dev, flops, n.mem_bytes * sc * act_width(n, prec), prec, kernel)
         else:
-            nbytes = n.mem_bytes * sc * act_width(n if n.kind == "loss" else None, prec)
+            nbytes = n.mem_bytes * sc * traffic_width(n, prec)
             fwd[i], bwd[i] = dev.memory_time(nbytes, op), dev.memory_time(nbytes, op, backward=True)
     inv = inv.reshape(-1)
     return fwd[inv], bwd[inv]
@@ -254,7 +255,7 @@ def _unit(nodes: list[LayerNode], dev: DeviceModel, net: _Net, g: _Cfg, w: Workl
         tdiv = np.where(g.tsp | static | g.sp, tp, 1.0)
         adiv = np.where(g.tsp | g.sp | n.act_tp_sharded, tp, 1.0)
         calls = np.maximum(1.0, n.dims.get("experts", 1) / ep) if n.kind == "experts" else np.ones(C)
-        f, bw = _times(dev, n, b / cp / tdiv, calls, w.precision, w.attention_kernel, tdiv)
+        f, bw = _times(dev, n, b / cp / tdiv, calls, tdiv, w.precision, w.attention_kernel)
         fwd += f
         bwd += bw
         if n.kind in GEMM_KINDS:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from costmodel.device import DeviceModel
-from costmodel.strategy import Workload
+from costmodel.strategy import ATTENTION_KERNEL_CHOICES, Workload
 from planner.schema import Alternative, ClusterRef, Plan, PlanInputs, Predicted, SolverInfo
 from profiler.errors import ShardplanError
 from profiler.graph import LayerGraph
@@ -28,7 +28,6 @@ from solvers.result import SearchResult
 from solvers.space import SPACES
 
 PRECISIONS = ("bf16", "fp8", "fp32")
-ATTENTION_CHOICES = ("auto", "flash2", "flash3")
 
 
 @dataclass
@@ -64,8 +63,8 @@ def search_plan(
         raise ShardplanError(f"unknown search space '{space}'; known: {', '.join(SPACES)}")
     if precision not in PRECISIONS:
         raise ShardplanError(f"unknown precision '{precision}'; known: {', '.join(PRECISIONS)}")
-    if attention_kernel not in ATTENTION_CHOICES:
-        raise ShardplanError(f"unknown attention kernel '{attention_kernel}'; known: {', '.join(ATTENTION_CHOICES)}")
+    if attention_kernel not in ATTENTION_KERNEL_CHOICES:
+        raise ShardplanError(f"unknown attention kernel '{attention_kernel}'; known: {', '.join(ATTENTION_KERNEL_CHOICES)}")
     if seq_len <= 0:
         raise ShardplanError(f"seq_len must be positive, got {seq_len}")
     batches = [global_batch] if isinstance(global_batch, int) else list(global_batch)

@@ -101,7 +101,9 @@ def test_grid_equals_estimate_with_a_profile() -> None:
         sharding=rng.choice(SHARDINGS), recompute=rng.choice(RECOMPUTES))) for _ in range(8)]
     configs, options, cells = strategies_grid(strategies)
     gr = price_grid(g, cl, w, configs, options, profile=prof)
+    lb = compute_bound(g, cl, w, configs, profile=prof)  # GEMMs priced by the same shapes
     for s, (i, j) in zip(strategies, cells, strict=True):
         r = estimate(g, cl, s, w, profile=prof)
         assert gr.step_time_s[i, j] == pytest.approx(r.step_time_s, rel=1e-9)
         assert gr.memory_peak_gib[i, j] == pytest.approx(r.memory_peak_gib, rel=1e-9)
+        assert lb[i] <= r.step_time_s * (1 + 1e-12)

@@ -74,7 +74,6 @@ def _precheck(cfg: dict[str, Any], a: dict[str, Any], blocks: int) -> None:
         ("schedule", SCHEDULES),
         ("recompute", RECOMPUTES),
         ("precision", ("bf16", "fp8", "fp32")),
-        ("attention_kernel", ("auto", "flash2", "flash3")),
         ("tp_mode", ("megatron", "tsp")),
         ("cp_mode", ("ring", "ulysses")),
     ):
@@ -127,7 +126,14 @@ def price_args(a: dict[str, Any]) -> dict[str, Any]:
     from pydantic import ValidationError
 
     from costmodel.estimate import estimate
-    from costmodel.strategy import ZERO_TO_SHARDING, LayerStrategy, Mesh, Strategy, Workload
+    from costmodel.strategy import (
+        ATTENTION_KERNEL_CHOICES,
+        ZERO_TO_SHARDING,
+        LayerStrategy,
+        Mesh,
+        Strategy,
+        Workload,
+    )
     from profiler.hardware import parse_cluster
     from profiler.models import load_model
 
@@ -151,8 +157,8 @@ def price_args(a: dict[str, Any]) -> dict[str, Any]:
         raise ShardplanError("give --seq-len and --global-batch (or --plan)")
     precision = a.get("precision") or (wl.precision if wl else "bf16")
     kernel = a.get("attention_kernel") or (wl.attention_kernel if wl else "auto")
-    if kernel not in ("auto", "flash2", "flash3"):
-        raise ShardplanError(f"unknown attention kernel '{kernel}'; known: auto, flash2, flash3")
+    if kernel not in ATTENTION_KERNEL_CHOICES:
+        raise ShardplanError(f"unknown attention kernel '{kernel}'; known: {', '.join(ATTENTION_KERNEL_CHOICES)}")
     graph = load_model(model, int(seq))
     try:
         w = Workload(seq_len=int(seq), global_batch=int(gb), precision=precision, attention_kernel=kernel)
