@@ -72,7 +72,7 @@ def resolve_dtype(name: str | None, device: torch.device) -> str:
     if name is None or name == "auto":
         return "bf16" if device.type == "cuda" or cpu_has_fast_bf16() else "fp32"
     if name not in DTYPES:
-        raise ShardplanError(f"dtype '{name}' is not one of {', '.join(DTYPES)}")
+        raise ShardplanError(f"dtype '{name}' is not one of auto, {', '.join(DTYPES)}")
     return name
 
 
