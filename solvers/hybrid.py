@@ -25,13 +25,14 @@ from typing import Any
 import numpy as np
 
 from costmodel.device import DeviceModel
-from costmodel.estimate import estimate, even_split
+from costmodel.estimate import estimate
 from costmodel.report import GIB
 from costmodel.strategy import Strategy, Workload
-from costmodel.vectorized import GridOption, GridReport, compute_bound, price_grid, unit_names
+from costmodel.vectorized import GridOption, GridReport, compute_bound, price_grid, unit_classes, unit_names
 from profiler.errors import ShardplanError
 from profiler.graph import LayerGraph
 from profiler.hardware import Cluster
+from solvers.bounds import MeshRows, flat_lagrange, grid_bounds, interleaved_lagrange, sub_grid
 from solvers.chain import chain_strategy, large_ops, mesh_problem
 from solvers.osdp_ilp import solve_ilp
 from solvers.result import Found, SearchResult, family_of
@@ -60,116 +61,6 @@ class _Pool:
 
     def ranked(self) -> list[tuple[float, tuple, Callable[[], Strategy], str]]:
         return sorted(self.items, key=lambda x: (x[0], x[1]))
-
-
-def _bounds(gr: GridReport, rows: list[MeshConfig], w: Workload, dev: DeviceModel, layout: tuple,
-            mask: np.ndarray | None = None) -> np.ndarray:
-    """Per row: no per-layer plan of the configuration is faster than this.
-
-    Every unit at its fastest of the options in ``mask`` (times only grow with operator
-    splitting), memory ignored; with a pipeline the slowest stage is at least the least possible
-    maximum over stage boundaries of those times (each stage holds a block), and at least 1/p of
-    the total. ``layout``: (embedding class, the block class if there is one, head class, blocks).
-    """
-    emb, block, head, L = layout
-    counts = np.bincount(np.array(gr.unit_index), minlength=len(gr.units))
-    sel = slice(None) if mask is None else mask
-    fast = [u.time[:, sel].min(axis=1) for u in gr.units]
-    t = sum(counts[k] * fast[k] for k in range(len(gr.units)))
-    extra = sum(counts[k] * (u.optim[:, sel].min(axis=1) + u.offload[:, sel].min(axis=1))
-                for k, u in enumerate(gr.units))
-    if gr.p2p_total is not None and block is not None:  # every stage boundary sends one block's output
-        t = t + gr.p2p_total
-    m = np.array([w.global_batch / (c.dp * c.micro_batch) for c in rows])
-    p = np.array([c.pp for c in rows], dtype=float)
-    v = np.array([c.vpp for c in rows], dtype=float)
-    sched = np.array([c.schedule for c in rows], dtype=object)
-    worst = t / p
-    if block is not None and gr.p2p_total is not None and (p > 1).any():
-        zero = np.zeros(len(rows))
-        hop = np.where(p > 1, gr.p2p_total / np.maximum(p * v - 1, 1), 0.0)
-        worst = np.maximum(worst, _max_stage(fast[block], zero if emb is None else fast[emb],
-                                             zero if head is None else fast[head], hop, p, v, sched, L))
-    # zero-bubble: the largest fill (T - 2W) is at least the mean over the stages
-    weight = sum(counts[k] * u.bwd_weight[:, 0] for k, u in enumerate(gr.units))
-    fill = np.maximum(0.0, (t - 2 * weight) / p)
-    pipe = np.select([p == 1, sched == "interleaved", sched == "zb"],
-                     [m * t, m * worst + (p - 1) * worst / v, m * worst + (p - 1) * fill],
-                     (m - 1) * worst + t)
-    return pipe + extra / p + dev.c.step_overhead_s
-
-
-def _max_stage(tb: np.ndarray, te: np.ndarray, th: np.ndarray, hop: np.ndarray, p: np.ndarray, v: np.ndarray,
-               sched: np.ndarray, L: int) -> np.ndarray:
-    """Least possible slowest stage (embedding on the first, head on the last, >= 1 block each)."""
-    out = np.zeros(len(tb))
-    for pv in {(int(a), int(b)) for a, b in zip(p, v, strict=True) if a > 1}:
-        rows = np.flatnonzero((p == pv[0]) & (v == pv[1]))
-        P, V = pv
-        if V > 1:  # interleaved: the even split
-            n_r, b_r = np.zeros(P), np.zeros(P)
-            for k, n in enumerate(even_split(L, P * V)):
-                n_r[k % P] += n
-                b_r[k % P] += k < P * V - 1
-            stage = tb[rows, None] * n_r + hop[rows, None] * b_r
-            stage[:, 0] += te[rows]
-            stage[:, -1] += th[rows]
-            out[rows] = stage.max(axis=1)
-            continue
-        # first, middle (P-2 alike) and last stage: extra time besides the blocks
-        ext = np.stack([te[rows] + hop[rows], hop[rows], th[rows]], axis=1)
-        weight = np.array([1.0, P - 2.0, 1.0]) if P > 2 else np.array([1.0, 0.0, 1.0])
-        b = tb[rows, None]
-        lo = (ext + b).max(axis=1)
-        hi = (ext + b * (L - P + 1)).max(axis=1)
-        for _ in range(30):  # lo only ever rises to values shown infeasible: a valid bound at any point
-            mid = (lo + hi) / 2
-            cap = np.floor((mid[:, None] - ext) / b)
-            ok = (cap >= 1).all(axis=1) & ((cap * weight).sum(axis=1) >= L)
-            hi = np.where(ok, mid, hi)
-            lo = np.where(ok, lo, mid)
-        out[rows] = lo
-    return out
-
-
-def _sub_grid(gr: GridReport, rows: np.ndarray, more: GridReport | None = None) -> GridReport:
-    """The grid's unit arrays of some rows only (what the bounds read), with the options of
-    ``more`` (priced for exactly those rows) appended."""
-    from dataclasses import replace
-
-    fields = ("time", "optim", "offload", "states", "activations", "bwd_weight")
-
-    def pick(u: Any, k: int) -> dict[str, np.ndarray]:
-        out = {f: getattr(u, f)[rows] for f in fields}
-        if more is not None:
-            out = {f: np.concatenate([v, getattr(more.units[k], f)], axis=1) for f, v in out.items()}
-        return out
-
-    units = [replace(u, **pick(u, k)) for k, u in enumerate(gr.units)]
-    return replace(gr, units=units, p2p_total=None if gr.p2p_total is None else gr.p2p_total[rows])
-
-
-def _lagrange(gr: GridReport, rows: list[MeshConfig], w: Workload, dev: DeviceModel, limit: float,
-              head: int | None) -> np.ndarray:
-    """Per row without a pipeline: max over λ >= 0 of Σ_units min_option (a + λ·mem) - λ·budget.
-
-    The memory constraint priced by λ (transients dropped, they only add memory); splitting
-    operators changes only the transients and adds time, so the grid's options bound it too."""
-    from solvers.chain import memory_budget
-
-    counts = np.bincount(np.array(gr.unit_index), minlength=len(gr.units))
-    m = np.array([w.global_batch / (c.dp * c.micro_batch) for c in rows])[:, None]
-    budget = np.array([memory_budget(dev, c, limit) for c in rows])
-    lams = np.concatenate([[0.0], np.logspace(-16, -6, 31)])  # seconds per byte
-    best = np.full(len(rows), -np.inf)
-    for lam in lams:
-        val = dev.c.step_overhead_s - lam * budget
-        for k, u in enumerate(gr.units):
-            a = m * u.time + u.optim + u.offload
-            mem = u.states + u.activations * (1.5 if k == head else 1.0)
-            val = val + counts[k] * (a + lam * mem).min(axis=1)
-        best = np.maximum(best, val)
-    return best
 
 
 def search(graph: LayerGraph, cluster: Cluster, w: Workload, space: str | SpaceOptions = "full",
@@ -288,7 +179,6 @@ def search(graph: LayerGraph, cluster: Cluster, w: Workload, space: str | SpaceO
 
 def _layout(graph: LayerGraph) -> tuple:
     """(embedding class, the block class when all blocks are alike, head class, blocks)."""
-    from costmodel.vectorized import unit_classes
 
     _, index = unit_classes(graph)
     names = [n for n, _ in graph.blocks()]
@@ -306,24 +196,26 @@ def _items(graph: LayerGraph, parts: list[Part], configs: list[MeshConfig],
     """Per-layer work (bound, key, part, row, sub-problem) that could beat ``best``, by increasing bound."""
     items = []
     names = unit_names(graph)
+    _, index = unit_classes(graph)
+    block_cls = [k for k, n in zip(index, names, strict=True) if n.startswith("layers.")]
     for part, (live, gr, gl) in enumerate(parts):
         rows = [configs[int(ci)] for ci in live]
         flat = np.flatnonzero([c.pp == 1 for c in rows])
         deep = np.flatnonzero([c.pp > 1 for c in rows])
         head = gr.unit_index[-1] if names[-1] == "head" else None
         if len(flat):
-            sub, sub_rows = _sub_grid(gr, flat, gl), [rows[i] for i in flat]
-            lb = np.maximum(_bounds(sub, sub_rows, w, dev, layout),
-                            _lagrange(sub, sub_rows, w, dev, limit, head))
+            sub, sub_rows = sub_grid(gr, flat, gl), MeshRows.of([rows[i] for i in flat], w, dev, limit)
+            lb = np.maximum(grid_bounds(sub, sub_rows, dev, layout, best=best), flat_lagrange(sub, sub_rows, dev, head))
             for i in flat[lb < best]:
                 items.append((float(lb[np.searchsorted(flat, i)]), (int(live[i]), 0), part, int(i), None))
         if not len(deep):
             continue
-        sub, sub_rows = _sub_grid(gr, deep), [rows[i] for i in deep]
-        grouped = np.array([c.dp_shard * c.cp > 1 for c in sub_rows])
+        sub, sub_rows = sub_grid(gr, deep), MeshRows.of([rows[i] for i in deep], w, dev, limit)
+        grouped = np.array([c.dp_shard * c.cp > 1 for c in sub_rows.cfgs])
         for s_i, (sh, off) in enumerate(product(opts.shardings, opts.offloads)):
             mask = np.array([o.sharding == sh and o.offload == off for o in uopts])
-            lb = _bounds(sub, sub_rows, w, dev, layout, mask)
+            lb = grid_bounds(sub, sub_rows, dev, layout, mask, best)
+            lb = np.maximum(lb, interleaved_lagrange(sub, sub_rows, dev, layout, block_cls, mask, lb < best))
             # without a shard group every sharding prices alike: the first one is enough
             keep = (lb < best) & (grouped | (sh == opts.shardings[0]))
             for r in np.flatnonzero(keep):

@@ -138,3 +138,46 @@ def test_infeasible_description_names_every_choice() -> None:
                     "recompute full, operator splits on 1 units")
     plain = Strategy(mesh=Mesh(dp_shard=8), default=LayerStrategy(sharding="zero3"))
     assert _describe(plain, g) == "dp_shard=8, micro-batch 1, zero3, recompute none"
+
+
+def test_interleaved_bound_never_exceeds_the_exact_stage_optimum() -> None:
+    """The memory-priced bound of interleaved meshes is below (or at) what the stage solver finds,
+    infinite only where the solver finds nothing, and tighter than the memory-free bound somewhere."""
+    from itertools import product
+
+    from costmodel.vectorized import GridOption, price_grid, unit_classes, unit_names
+    from solvers.bounds import MeshRows, grid_bounds, interleaved_lagrange
+    from solvers.hybrid import _layout, _view
+    from solvers.stages import PipelineProblem, solve_pipeline
+
+    g = load_model(dict(SMALL, layers=8), 1024)
+    cl, w = parse_cluster("8xh100"), Workload(seq_len=1024, global_batch=16)
+    opts = SPACES["hybrid"].with_(schedules=("interleaved",), max_micro_batch_sizes=2, offloads=("none",),
+                                  recomputes=("none", "selective", "full"), tp_modes=("megatron",),
+                                  cp_modes=("ring",), splits=(1,))
+    rows = [c for c in mesh_configs(g, cl, w, opts) if c.pp > 1 and c.vpp > 1]
+    assert len(rows) >= 6
+    dev = DeviceModel(cl)
+    uopts = [GridOption(sh, rc, off) for sh, rc, off in product(opts.shardings, opts.recomputes, opts.offloads)]
+    gr = price_grid(g, cl, w, rows, uopts, device=dev)
+    layout = _layout(g)
+    names, (_, index) = unit_names(g), unit_classes(g)
+    block_cls = [k for k, n in zip(index, names, strict=True) if n.startswith("layers.")]
+    mems = np.sort(gr.memory_peak_gib.ravel())
+    tighter = finite = 0
+    for limit in (mems[len(mems) // 8], mems[len(mems) // 3], mems[-1]):
+        for sh in opts.shardings:
+            mask = np.array([o.sharding == sh for o in uopts])
+            cols = [j for j, o in enumerate(uopts) if o.sharding == sh]
+            mr = MeshRows.of(rows, w, dev, limit)
+            lb = interleaved_lagrange(gr, mr, dev, layout, block_cls, mask, np.ones(len(rows), bool))
+            free = grid_bounds(gr, mr, dev, layout, mask)
+            for i, cfg in enumerate(rows):
+                views = {k: [_view(u, i, j) for j in cols] for k, u in enumerate(gr.units)}
+                pp = PipelineProblem(g, dev, cfg, w, sh, "none", opts.recomputes, limit, views)
+                sol = solve_pipeline(pp)
+                exact = sol.objective if sol is not None else np.inf
+                assert lb[i] <= exact * (1 + 1e-9)
+                finite += bool(np.isfinite(exact))
+                tighter += bool(lb[i] > free[i] * (1 + 1e-6))
+    assert finite > 10 and tighter > 10

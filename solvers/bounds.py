@@ -1,0 +1,227 @@
+"""Lower bounds on the step time of every per-layer plan of a mesh, from its price grid.
+
+The search (:mod:`solvers.hybrid`) solves a mesh's per-layer problem only while such a bound is
+below the best plan found, so each bound must never exceed the true optimum of its space:
+
+* :func:`grid_bounds` — every unit at its fastest option, memory ignored, stages as balanced as
+  the pipeline allows;
+* :func:`flat_lagrange` — without a pipeline, the memory limit priced by a multiplier;
+* :func:`interleaved_lagrange` — with interleaved stages (the split is the even one), the memory
+  limit of each rank priced by a multiplier, the slowest rank's bound taken.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from costmodel.device import DeviceModel
+from costmodel.estimate import even_split
+from costmodel.pipeline import in_flight
+from costmodel.strategy import Workload
+from costmodel.vectorized import GridReport
+from solvers.chain import memory_budget
+from solvers.space import MeshConfig
+
+#: multipliers (seconds per byte) tried by the Lagrangian bounds; 0 is the memory-free bound
+LAMBDAS = np.concatenate([[0.0], np.logspace(-16, -6, 31)])
+
+
+@dataclass(frozen=True)
+class MeshRows:
+    """Mesh configurations (a grid's rows) and what the bounds read of them, gathered once."""
+
+    cfgs: list[MeshConfig]
+    m: np.ndarray  # micro-batches per step
+    p: np.ndarray  # pipeline ranks
+    v: np.ndarray  # virtual stages per rank
+    sched: np.ndarray  # schedule names
+    budget: np.ndarray  # bytes of states, activations and transients a rank may hold
+
+    @classmethod
+    def of(cls, cfgs: list[MeshConfig], w: Workload, dev: DeviceModel, limit_gib: float) -> MeshRows:
+        return cls(cfgs, np.array([w.global_batch / (c.dp * c.micro_batch) for c in cfgs]),
+                   np.array([c.pp for c in cfgs], dtype=float), np.array([c.vpp for c in cfgs], dtype=float),
+                   np.array([c.schedule for c in cfgs], dtype=object),
+                   np.array([memory_budget(dev, c, limit_gib) for c in cfgs]))
+
+    def __len__(self) -> int:
+        return len(self.cfgs)
+
+
+def grid_bounds(gr: GridReport, rows: MeshRows, dev: DeviceModel, layout: tuple, mask: np.ndarray | None = None, best: float = np.inf) -> np.ndarray:
+    """Per row: no per-layer plan of the configuration is faster than this.
+
+    Every unit at its fastest of the options in ``mask`` (times only grow with operator
+    splitting), memory ignored; with a pipeline the slowest stage is at least the least possible
+    maximum over stage boundaries of those times (each stage holds a block), and at least 1/p of
+    the total. ``layout``: (embedding class, the block class if there is one, head class, blocks).
+    The stage balance is only worked out for rows whose 1/p bound is below ``best``.
+    """
+    emb, block, head, L = layout
+    counts = np.bincount(np.array(gr.unit_index), minlength=len(gr.units))
+    sel = slice(None) if mask is None else mask
+    fast = [u.time[:, sel].min(axis=1) for u in gr.units]
+    t = sum(counts[k] * fast[k] for k in range(len(gr.units)))
+    extra = sum(counts[k] * (u.optim[:, sel].min(axis=1) + u.offload[:, sel].min(axis=1))
+                for k, u in enumerate(gr.units))
+    if gr.p2p_total is not None and block is not None:  # every stage boundary sends one block's output
+        t = t + gr.p2p_total
+    m, p, v, sched = rows.m, rows.p, rows.v, rows.sched
+    # zero-bubble: the largest fill (T - 2W) is at least the mean over the stages
+    weight = sum(counts[k] * u.bwd_weight[:, 0] for k, u in enumerate(gr.units))
+    fill = np.maximum(0.0, (t - 2 * weight) / p)
+
+    def bound(worst: np.ndarray) -> np.ndarray:  # grows with the slowest stage
+        pipe = np.select([p == 1, sched == "interleaved", sched == "zb"],
+                         [m * t, m * worst + (p - 1) * worst / v, m * worst + (p - 1) * fill],
+                         (m - 1) * worst + t)
+        return pipe + extra / p + dev.c.step_overhead_s
+
+    worst = t / p
+    if block is None or gr.p2p_total is None:
+        return bound(worst)
+    alive = (p > 1) & (bound(worst) < best)
+    if alive.any():
+        zero = np.zeros(len(rows))
+        hop = np.where(p > 1, gr.p2p_total / np.maximum(p * v - 1, 1), 0.0)
+        worst = np.maximum(worst, max_stage(fast[block], zero if emb is None else fast[emb],
+                                            zero if head is None else fast[head], hop, p, v, sched, L, alive))
+    return bound(worst)
+
+
+def max_stage(tb: np.ndarray, te: np.ndarray, th: np.ndarray, hop: np.ndarray, p: np.ndarray, v: np.ndarray,
+              sched: np.ndarray, L: int, alive: np.ndarray) -> np.ndarray:
+    """Least possible slowest stage (embedding on the first, head on the last, >= 1 block each),
+    for the ``alive`` rows (0 elsewhere)."""
+    out = np.zeros(len(tb))
+    for pv in {(int(a), int(b)) for a, b in zip(p[alive], v[alive], strict=True) if a > 1}:
+        rows = np.flatnonzero((p == pv[0]) & (v == pv[1]) & alive)
+        P, V = pv
+        if V > 1:  # interleaved: the even split
+            n_r, b_r = np.zeros(P), np.zeros(P)
+            for k, n in enumerate(even_split(L, P * V)):
+                n_r[k % P] += n
+                b_r[k % P] += k < P * V - 1
+            stage = tb[rows, None] * n_r + hop[rows, None] * b_r
+            stage[:, 0] += te[rows]
+            stage[:, -1] += th[rows]
+            out[rows] = stage.max(axis=1)
+            continue
+        # first, middle (P-2 alike) and last stage: extra time besides the blocks
+        ext = np.stack([te[rows] + hop[rows], hop[rows], th[rows]], axis=1)
+        weight = np.array([1.0, P - 2.0, 1.0]) if P > 2 else np.array([1.0, 0.0, 1.0])
+        b = tb[rows, None]
+        lo = (ext + b).max(axis=1)
+        hi = (ext + b * (L - P + 1)).max(axis=1)
+        for _ in range(30):  # lo only ever rises to values shown infeasible: a valid bound at any point
+            mid = (lo + hi) / 2
+            cap = np.floor((mid[:, None] - ext) / b)
+            ok = (cap >= 1).all(axis=1) & ((cap * weight).sum(axis=1) >= L)
+            hi = np.where(ok, mid, hi)
+            lo = np.where(ok, lo, mid)
+        out[rows] = lo
+    return out
+
+
+def sub_grid(gr: GridReport, rows: np.ndarray, more: GridReport | None = None) -> GridReport:
+    """The grid's unit arrays of some rows only (what the bounds read), with the options of
+    ``more`` (priced for exactly those rows) appended."""
+    fields = ("time", "optim", "offload", "states", "activations", "bwd_weight")
+
+    def pick(u: Any, k: int) -> dict[str, np.ndarray]:
+        out = {f: getattr(u, f)[rows] for f in fields}
+        if more is not None:
+            out = {f: np.concatenate([v, getattr(more.units[k], f)], axis=1) for f, v in out.items()}
+        return out
+
+    units = [replace(u, **pick(u, k)) for k, u in enumerate(gr.units)]
+    return replace(gr, units=units, p2p_total=None if gr.p2p_total is None else gr.p2p_total[rows])
+
+
+def flat_lagrange(gr: GridReport, rows: MeshRows, dev: DeviceModel, head: int | None) -> np.ndarray:
+    """Per row without a pipeline: max over λ >= 0 of Σ_units min_option (a + λ·mem) - λ·budget.
+
+    The memory constraint priced by λ (transients dropped, they only add memory); splitting
+    operators changes only the transients and adds time, so the grid's options bound it too."""
+    counts = np.bincount(np.array(gr.unit_index), minlength=len(gr.units))
+    m, budget = rows.m[:, None], rows.budget
+    best = np.full(len(rows), -np.inf)
+    for lam in LAMBDAS:
+        val = dev.c.step_overhead_s - lam * budget
+        for k, u in enumerate(gr.units):
+            a = m * u.time + u.optim + u.offload
+            mem = u.states + u.activations * (1.5 if k == head else 1.0)
+            val = val + counts[k] * (a + lam * mem).min(axis=1)
+        best = np.maximum(best, val)
+    return best
+
+
+def interleaved_lagrange(gr: GridReport, rows: MeshRows, dev: DeviceModel, layout: tuple, block_cls: list[int], mask: np.ndarray, alive: np.ndarray) -> np.ndarray:
+    """Per row with interleaved stages: a bound that prices each rank's memory limit (0 elsewhere,
+    and for rows not ``alive``).
+
+    The even split fixes the units of every rank; a rank's least time under its limit is at least
+    ``max over λ >= 0 of Σ_units min_option (time + λ·in-flight·activations) - λ·(budget - states)``
+    (transients dropped: they only add memory). That dual is concave and piecewise linear in λ, so
+    its maximum lies at 0 or where some unit switches between two options: those λ are tried. The
+    step is ``(m + (p-1)/v)`` times the slowest rank plus the per-step terms, which are at least
+    their mean over the ranks. A rank whose states and leanest activations exceed its budget makes
+    the row infeasible (inf).
+    """
+    emb, _, head, L = layout
+    out = np.zeros(len(rows))
+    cols = np.flatnonzero(mask)
+    if gr.p2p_total is None or not len(cols):
+        return out
+    pp, vpp = rows.p, rows.v
+    inter = alive & (pp > 1) & (vpp > 1) & (rows.sched == "interleaved")
+    if not inter.any():
+        return out
+    time = np.stack([u.time[:, cols] for u in gr.units], axis=1)  # (rows, classes, options)
+    acts = np.stack([u.activations[:, cols] for u in gr.units], axis=1)
+    states = np.stack([u.states[:, cols].min(axis=1) for u in gr.units], axis=1)
+    counts = np.bincount(np.array(gr.unit_index), minlength=len(gr.units))
+    extra = sum(counts[k] * (u.optim[:, cols] + u.offload[:, cols]).min(axis=1) for k, u in enumerate(gr.units))
+    for P, V in sorted({(int(a), int(b)) for a, b in zip(pp[inter], vpp[inter], strict=True)}):
+        idx = np.flatnonzero(inter & (pp == P) & (vpp == V))
+        held = _held(block_cls, emb, head, L, P, V, len(gr.units))
+        m = rows.m[idx]
+        flies = {mi: [in_flight("interleaved", r, P, int(mi), V) for r in range(P)] for mi in set(m.tolist())}
+        mult = np.repeat(np.array([flies[mi] for mi in m.tolist()])[:, :, None], len(gr.units), axis=2)
+        if head is not None:
+            mult[:, P - 1, head] += 0.5  # the logits' buffer beside the kept softmax
+        hops = np.array([len(range(r, P * V - 1, P)) for r in range(P)])
+        base = hops[None, :] * (gr.p2p_total[idx] / (P * V - 1))[:, None]
+        room = rows.budget[idx, None] - states[idx] @ held.T  # (rows, ranks)
+        t, a = time[idx][:, None], mult[..., None] * acts[idx][:, None]  # (rows, ranks, classes, options)
+        leanest = (held[None] * a.min(axis=3)).sum(axis=2)
+        # where unit options i and j cost alike: λ = (t_j - t_i) / (a_i - a_j), kept when positive
+        dt = t[..., None, :] - t[..., :, None]
+        da = a[..., :, None] - a[..., None, :]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            lam = np.where(da > 0, dt / da, 0.0)
+        lam = np.concatenate([np.zeros(lam.shape[:2] + (1,)), lam.reshape(lam.shape[:2] + (-1,))], axis=2)
+        lam = np.maximum(lam, 0.0)  # (rows, ranks, candidates)
+        cost = (t[:, :, None] + lam[..., None, None] * a[:, :, None]).min(axis=4)  # (rows, ranks, cand, classes)
+        dual = base[..., None] + (held[None, :, None] * cost).sum(axis=3) - lam * room[..., None]
+        best = np.where(leanest > room, np.inf, dual.max(axis=2))
+        out[idx] = (m + (P - 1) / V) * best.max(axis=1) + extra[idx] / P + dev.c.step_overhead_s
+    return out
+
+
+def _held(block_cls: list[int], emb: int | None, head: int | None, L: int, P: int, V: int, K: int) -> np.ndarray:
+    """(ranks, unit classes): how many units of each class each rank holds under the even split."""
+    held = np.zeros((P, K))
+    start = 0
+    for k, n in enumerate(even_split(L, P * V)):
+        for b in block_cls[start:start + n]:
+            held[k % P, b] += 1
+        start += n
+    if emb is not None:
+        held[0, emb] += 1
+    if head is not None:
+        held[P - 1, head] += 1
+    return held
