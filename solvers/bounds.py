@@ -6,8 +6,11 @@ below the best plan found, so each bound must never exceed the true optimum of i
 * :func:`grid_bounds` — every unit at its fastest option, memory ignored, stages as balanced as
   the pipeline allows;
 * :func:`flat_lagrange` — without a pipeline, the memory limit priced by a multiplier;
+* :func:`pipeline_lagrange` — with a 1F1B or zero-bubble pipeline, the stages' memory limits
+  priced together by one multiplier;
 * :func:`interleaved_lagrange` — with interleaved stages (the split is the even one), the memory
-  limit of each rank priced by a multiplier, the slowest rank's bound taken.
+  limit of each rank priced by a multiplier under each (sharding, offload) it may take, the
+  slowest rank's least bound taken.
 """
 
 from __future__ import annotations
@@ -159,32 +162,65 @@ def flat_lagrange(gr: GridReport, rows: MeshRows, dev: DeviceModel, head: int | 
     return best
 
 
-def interleaved_lagrange(gr: GridReport, rows: MeshRows, dev: DeviceModel, layout: tuple, block_cls: list[int], mask: np.ndarray, alive: np.ndarray) -> np.ndarray:
+def pipeline_lagrange(gr: GridReport, rows: MeshRows, dev: DeviceModel, head: int | None, mask: np.ndarray,
+                      alive: np.ndarray) -> np.ndarray:
+    """Per ``alive`` row with a 1F1B or zero-bubble pipeline (0 elsewhere): the memory limits of all
+    stages priced together by one multiplier.
+
+    The step is at least ``c·Σ T`` (1F1B: ``(m-1)·max T + Σ T`` with ``max T >= Σ T / p``; ZB-H1:
+    ``m·max T``) plus the per-step maxima, at least their means; every stage keeps at least one
+    micro-batch in flight, so the stages' memories sum to at least the units' states and
+    activations, and to at most ``p`` budgets. Each unit choosing its option alone relaxes the
+    stages' (sharding, offload) and their boundaries."""
+    out = np.zeros(len(rows))
+    use = alive & (rows.p > 1) & ((rows.sched == "1f1b") | (rows.sched == "zb"))
+    if not use.any() or gr.p2p_total is None:
+        return out
+    idx = np.flatnonzero(use)
+    p, m = rows.p[idx, None], rows.m[idx, None]
+    coef = np.where(rows.sched[idx, None] == "zb", m / p, (m - 1) / p + 1)
+    counts = np.bincount(np.array(gr.unit_index), minlength=len(gr.units))
+    parts = []
+    for k, u in enumerate(gr.units):
+        time = coef * u.time[idx][:, mask] + (u.optim[idx][:, mask] + u.offload[idx][:, mask]) / p
+        mem = u.states[idx][:, mask] + u.activations[idx][:, mask] * (1.5 if k == head else 1.0)
+        parts.append((counts[k], time, mem))
+    room = rows.p[idx] * rows.budget[idx]
+    best = np.full(len(idx), -np.inf)
+    for lam in LAMBDAS:
+        val = -lam * room
+        for n, time, mem in parts:
+            val = val + n * (time + lam * mem).min(axis=1)
+        best = np.maximum(best, val)
+    leanest = sum(n * mem.min(axis=1) for n, _, mem in parts)
+    best = np.where(leanest > room, np.inf, best)
+    out[idx] = best + coef[:, 0] * gr.p2p_total[idx] + dev.c.step_overhead_s
+    return out
+
+
+def interleaved_lagrange(gr: GridReport, rows: MeshRows, dev: DeviceModel, layout: tuple, block_cls: list[int],
+                         masks: list[np.ndarray], alive: np.ndarray) -> np.ndarray:
     """Per row with interleaved stages: a bound that prices each rank's memory limit (0 elsewhere,
     and for rows not ``alive``).
 
-    The even split fixes the units of every rank; a rank's least time under its limit is at least
-    ``max over λ >= 0 of Σ_units min_option (time + λ·in-flight·activations) - λ·(budget - states)``
-    (transients dropped: they only add memory). That dual is concave and piecewise linear in λ, so
-    its maximum lies at 0 or where some unit switches between two options: those λ are tried. The
-    step is ``(m + (p-1)/v)`` times the slowest rank plus the per-step terms, which are at least
-    their mean over the ranks. A rank whose states and leanest activations exceed its budget makes
-    the row infeasible (inf).
+    ``masks``: the options of each (sharding, offload) a rank may take (one for all its units). The
+    even split fixes the units of every rank; under one of them a rank's least time within its
+    limit is at least ``max over λ >= 0 of Σ_units min_option (time + λ·in-flight·activations) -
+    λ·(budget - states)`` (transients dropped: they only add memory). That dual is concave and
+    piecewise linear in λ, so its maximum lies at 0 or where some unit switches between two
+    options: those λ are tried. A rank takes the least of its masks' bounds; the step is
+    ``(m + (p-1)/v)`` times the slowest rank plus the per-step terms, which are at least their
+    mean over the ranks. A rank that fits under no mask makes the row infeasible (inf).
     """
     emb, _, head, L = layout
     out = np.zeros(len(rows))
-    cols = np.flatnonzero(mask)
-    if gr.p2p_total is None or not len(cols):
-        return out
+    union = np.logical_or.reduce(masks)
     pp, vpp = rows.p, rows.v
     inter = alive & (pp > 1) & (vpp > 1) & (rows.sched == "interleaved")
-    if not inter.any():
+    if gr.p2p_total is None or not union.any() or not inter.any():
         return out
-    time = np.stack([u.time[:, cols] for u in gr.units], axis=1)  # (rows, classes, options)
-    acts = np.stack([u.activations[:, cols] for u in gr.units], axis=1)
-    states = np.stack([u.states[:, cols].min(axis=1) for u in gr.units], axis=1)
     counts = np.bincount(np.array(gr.unit_index), minlength=len(gr.units))
-    extra = sum(counts[k] * (u.optim[:, cols] + u.offload[:, cols]).min(axis=1) for k, u in enumerate(gr.units))
+    extra = sum(counts[k] * (u.optim[:, union] + u.offload[:, union]).min(axis=1) for k, u in enumerate(gr.units))
     for P, V in sorted({(int(a), int(b)) for a, b in zip(pp[inter], vpp[inter], strict=True)}):
         idx = np.flatnonzero(inter & (pp == P) & (vpp == V))
         held = _held(block_cls, emb, head, L, P, V, len(gr.units))
@@ -195,21 +231,36 @@ def interleaved_lagrange(gr: GridReport, rows: MeshRows, dev: DeviceModel, layou
             mult[:, P - 1, head] += 0.5  # the logits' buffer beside the kept softmax
         hops = np.array([len(range(r, P * V - 1, P)) for r in range(P)])
         base = hops[None, :] * (gr.p2p_total[idx] / (P * V - 1))[:, None]
-        room = rows.budget[idx, None] - states[idx] @ held.T  # (rows, ranks)
-        t, a = time[idx][:, None], mult[..., None] * acts[idx][:, None]  # (rows, ranks, classes, options)
-        leanest = (held[None] * a.min(axis=3)).sum(axis=2)
-        # where unit options i and j cost alike: λ = (t_j - t_i) / (a_i - a_j), kept when positive
-        dt = t[..., None, :] - t[..., :, None]
-        da = a[..., :, None] - a[..., None, :]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            lam = np.where(da > 0, dt / da, 0.0)
-        lam = np.concatenate([np.zeros(lam.shape[:2] + (1,)), lam.reshape(lam.shape[:2] + (-1,))], axis=2)
-        lam = np.maximum(lam, 0.0)  # (rows, ranks, candidates)
-        cost = (t[:, :, None] + lam[..., None, None] * a[:, :, None]).min(axis=4)  # (rows, ranks, cand, classes)
-        dual = base[..., None] + (held[None, :, None] * cost).sum(axis=3) - lam * room[..., None]
-        best = np.where(leanest > room, np.inf, dual.max(axis=2))
-        out[idx] = (m + (P - 1) / V) * best.max(axis=1) + extra[idx] / P + dev.c.step_overhead_s
+        ranks = np.full((len(idx), P), np.inf)
+        for mask in masks:
+            cols = np.flatnonzero(mask)
+            time = np.stack([u.time[np.ix_(idx, cols)] for u in gr.units], axis=1)  # (rows, classes, options)
+            acts = np.stack([u.activations[np.ix_(idx, cols)] for u in gr.units], axis=1)
+            states = np.stack([u.states[idx][:, cols].min(axis=1) for u in gr.units], axis=1)
+            room = rows.budget[idx, None] - states @ held.T  # (rows, ranks)
+            ranks = np.minimum(ranks, _rank_duals(time, acts, held, mult, base, room))
+        out[idx] = (m + (P - 1) / V) * ranks.max(axis=1) + extra[idx] / P + dev.c.step_overhead_s
     return out
+
+
+def _rank_duals(time: np.ndarray, acts: np.ndarray, held: np.ndarray, mult: np.ndarray, base: np.ndarray,
+                room: np.ndarray) -> np.ndarray:
+    """(rows, ranks): the best Lagrangian bound on each rank's time (inf where nothing fits).
+
+    ``time``, ``acts``: (rows, classes, options); ``held``: (ranks, classes); ``mult``: (rows, ranks,
+    classes) micro-batches in flight; ``base``: (rows, ranks) fixed time; ``room``: (rows, ranks)."""
+    t, a = time[:, None], mult[..., None] * acts[:, None]  # (rows, ranks, classes, options)
+    leanest = (held[None] * a.min(axis=3)).sum(axis=2)
+    # where unit options i and j cost alike: λ = (t_j - t_i) / (a_i - a_j), kept when positive
+    dt = t[..., None, :] - t[..., :, None]
+    da = a[..., :, None] - a[..., None, :]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lam = np.where(da > 0, dt / da, 0.0)
+    lam = np.concatenate([np.zeros(lam.shape[:2] + (1,)), lam.reshape(lam.shape[:2] + (-1,))], axis=2)
+    lam = np.maximum(lam, 0.0)  # (rows, ranks, candidates)
+    cost = (t[:, :, None] + lam[..., None, None] * a[:, :, None]).min(axis=4)  # (rows, ranks, cand, classes)
+    dual = base[..., None] + (held[None, :, None] * cost).sum(axis=3) - lam * room[..., None]
+    return np.where(leanest > room, np.inf, dual.max(axis=2))
 
 
 def _held(block_cls: list[int], emb: int | None, head: int | None, L: int, P: int, V: int, K: int) -> np.ndarray:

@@ -8,12 +8,12 @@ from itertools import product
 import numpy as np
 
 from costmodel.device import DeviceModel
-from costmodel.estimate import estimate
+from costmodel.estimate import estimate, even_split
 from costmodel.strategy import LayerStrategy, Strategy, Workload
 from profiler.graph import LayerGraph
 from profiler.hardware import Cluster
 from solvers.chain import ChainProblem, ChainSolution, large_ops, option_strategy
-from solvers.space import SpaceOptions, mesh_configs, unit_options
+from solvers.space import SpaceOptions, mesh_configs, pipeline_combos, unit_options
 
 
 def solve_chain(prob: ChainProblem) -> ChainSolution:
@@ -64,16 +64,30 @@ def space_plans(graph: LayerGraph, cluster: Cluster, w: Workload, opts: SpaceOpt
             layouts: list[list[int] | None] = [None]
             if opts.stage_boundaries and cfg.vpp == 1:
                 layouts = compositions(graph.num_blocks, cfg.pp)  # type: ignore[assignment]
-            for sh, off, layout in product(shardings, opts.offloads, layouts):
-                for rcs in product(opts.recomputes, repeat=len(names)):
-                    mk = LayerStrategy
-                    layers = [mk(unit=n, sharding=sh, recompute=rc, offload=off)  # type: ignore[arg-type]
-                              for n, rc in zip(names, rcs, strict=True)]
-                    yield cfg.strategy(
-                        default=LayerStrategy(sharding=sh, offload=off),  # type: ignore[arg-type]
-                        layers=layers,
-                        stage_layers=layout,
-                    )
+            for pairs, layout in product(list(pipeline_combos(graph, cfg, opts)), layouts):
+                rank = _unit_ranks(names, cfg.pp, cfg.vpp, layout)
+                for per_rank in product(pairs, repeat=cfg.pp):
+                    for rcs in product(opts.recomputes, repeat=len(names)):
+                        layers = [LayerStrategy(unit=n, sharding=per_rank[r][0], recompute=rc,  # type: ignore[arg-type]
+                                                offload=per_rank[r][1])  # type: ignore[arg-type]
+                                  for n, rc, r in zip(names, rcs, rank, strict=True)]
+                        yield cfg.strategy(default=LayerStrategy(), layers=layers, stage_layers=layout)
+
+
+def _unit_ranks(names: list[str], p: int, v: int, layout: list[int] | None) -> list[int]:
+    """The pipeline rank of every unit: the embedding on the first, the head on the last, the
+    blocks by ``layout`` (blocks per rank) or the even split into ``p·v`` virtual stages."""
+    blocks = sum(n.startswith("layers.") for n in names)
+    sizes = layout if layout is not None else even_split(blocks, p * v)
+    per_block = [k % p for k, n in enumerate(sizes) for _ in range(n)]
+    out, b = [], 0
+    for n in names:
+        if n.startswith("layers."):
+            out.append(per_block[b])
+            b += 1
+        else:
+            out.append(0 if n == "embedding" else p - 1)
+    return out
 
 
 def search_space(

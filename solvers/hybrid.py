@@ -32,11 +32,18 @@ from costmodel.vectorized import GridOption, GridReport, compute_bound, price_gr
 from profiler.errors import ShardplanError
 from profiler.graph import LayerGraph
 from profiler.hardware import Cluster
-from solvers.bounds import MeshRows, flat_lagrange, grid_bounds, interleaved_lagrange, sub_grid
+from solvers.bounds import (
+    MeshRows,
+    flat_lagrange,
+    grid_bounds,
+    interleaved_lagrange,
+    pipeline_lagrange,
+    sub_grid,
+)
 from solvers.chain import chain_strategy, large_ops, mesh_problem
 from solvers.osdp_ilp import solve_ilp
 from solvers.result import Found, SearchResult, family_of
-from solvers.space import MeshConfig, SpaceOptions, mesh_configs, space_options
+from solvers.space import MeshConfig, SpaceOptions, mesh_configs, pipeline_combos, space_options
 from solvers.stages import PipelineProblem, UnitView, pipeline_strategy, solve_pipeline
 
 Progress = Callable[[str, int, int], None]
@@ -123,6 +130,7 @@ def search(graph: LayerGraph, cluster: Cluster, w: Workload, space: str | SpaceO
             progress("pricing uniform plans", min(start + CHUNK, len(order)), len(order))
     bound_left = [float(lb0[order[pruned_at]])] if pruned_at < len(order) else []
     memo: dict[tuple, Any] = {}
+    col = {o: j for j, o in enumerate(uopts)}
     if opts.per_layer:
         items = _items(graph, parts, configs, opts, uopts, w, dev, _layout(graph), limit, pool.best)
         for n, (lb, key, part, i, sub) in enumerate(items):
@@ -143,19 +151,21 @@ def search(graph: LayerGraph, cluster: Cluster, w: Workload, space: str | SpaceO
                 if sol.choice is not None:
                     pool.add(sol.objective, (1,) + key, _chain_builder(graph, cfg, prob, sol.choice), "ilp")
             else:
-                sh, off = sub
                 gr = parts[part][1]
-                cols = [uopts.index(GridOption(sh, rc, off)) for rc in opts.recomputes]
-                sig = _signature(gr, i, cols, cfg, w, dev, limit)
+                cols = [col[GridOption(sh, rc, off)] for sh, off in sub for rc in opts.recomputes]
+                sig = (sub,) + _signature(gr, i, cols, cfg, w, dev, limit)
                 if sig in memo:  # an identical problem (another mesh with the same costs) was solved
                     psol = memo[sig]
                 else:
-                    views = {k: [_view(u, i, j) for j in cols] for k, u in enumerate(gr.units)}
-                    pp = PipelineProblem(graph, dev, cfg, w, sh, off, opts.recomputes, limit, views)
-                    psol = memo[sig] = solve_pipeline(pp, pool.best, opts.stage_boundaries)
-                    priced += pp.evaluated
+                    qs = []
+                    for sh, off in sub:
+                        js = [col[GridOption(sh, rc, off)] for rc in opts.recomputes]
+                        views = {k: [_view(u, i, j) for j in js] for k, u in enumerate(gr.units)}
+                        qs.append(PipelineProblem(graph, dev, cfg, w, sh, off, opts.recomputes, limit, views))
+                    psol = memo[sig] = solve_pipeline(qs, pool.best, opts.stage_boundaries)
+                    priced += sum(q.evaluated for q in qs)
                 if psol is not None:
-                    pool.add(psol.objective, (1,) + key, _pipe_builder(graph, cfg, sh, off, psol), "stages")
+                    pool.add(psol.objective, (1,) + key, _pipe_builder(graph, cfg, psol), "stages")
             if progress and n % 8 == 0:
                 progress("solving per-layer plans", n + 1, len(items))
     if not np.isfinite(pool.best):
@@ -211,16 +221,19 @@ def _items(graph: LayerGraph, parts: list[Part], configs: list[MeshConfig],
         if not len(deep):
             continue
         sub, sub_rows = sub_grid(gr, deep), MeshRows.of([rows[i] for i in deep], w, dev, limit)
-        grouped = np.array([c.dp_shard * c.cp > 1 for c in sub_rows.cfgs])
-        for s_i, (sh, off) in enumerate(product(opts.shardings, opts.offloads)):
-            mask = np.array([o.sharding == sh and o.offload == off for o in uopts])
-            lb = grid_bounds(sub, sub_rows, dev, layout, mask, best)
-            lb = np.maximum(lb, interleaved_lagrange(sub, sub_rows, dev, layout, block_cls, mask, lb < best))
-            # without a shard group every sharding prices alike: the first one is enough
-            keep = (lb < best) & (grouped | (sh == opts.shardings[0]))
-            for r in np.flatnonzero(keep):
-                i = int(deep[r])
-                items.append((float(lb[r]), (int(live[i]), s_i + 1), part, i, (sh, off)))
+        problems: dict[tuple, list[int]] = {}  # (sharding, offload) pairs the stages choose from -> rows
+        for r, cfg in enumerate(sub_rows.cfgs):
+            for pairs in pipeline_combos(graph, cfg, opts):
+                problems.setdefault(tuple(pairs), []).append(r)
+        for s_i, (pairs, rs) in enumerate(sorted(problems.items())):
+            masks = [np.array([(o.sharding, o.offload) == pair for o in uopts]) for pair in pairs]
+            lb = grid_bounds(sub, sub_rows, dev, layout, np.logical_or.reduce(masks), best)
+            lb = np.maximum(lb, interleaved_lagrange(sub, sub_rows, dev, layout, block_cls, masks, lb < best))
+            lb = np.maximum(lb, pipeline_lagrange(sub, sub_rows, dev, head, np.logical_or.reduce(masks), lb < best))
+            for r in rs:
+                if lb[r] < best:
+                    i = int(deep[r])
+                    items.append((float(lb[r]), (int(live[i]), s_i + 1), part, i, pairs))
     items.sort(key=lambda x: (x[0], x[1]))
     return items
 
@@ -261,8 +274,8 @@ def _chain_builder(graph: LayerGraph, cfg: MeshConfig, prob: Any, choice: list[i
     return lambda: chain_strategy(graph, cfg, prob, choice)
 
 
-def _pipe_builder(graph: LayerGraph, cfg: MeshConfig, sh: str, off: str, sol: Any) -> Callable[[], Strategy]:
-    return lambda: pipeline_strategy(graph, cfg, sh, off, sol)
+def _pipe_builder(graph: LayerGraph, cfg: MeshConfig, sol: Any) -> Callable[[], Strategy]:
+    return lambda: pipeline_strategy(graph, cfg, sol)
 
 
 def _chunk_frontier(mem: np.ndarray, step: np.ndarray, part: int) -> list[tuple[float, float, int, int, int]]:

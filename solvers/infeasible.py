@@ -28,7 +28,7 @@ from profiler.errors import ShardplanError
 from profiler.graph import LayerGraph
 from profiler.hardware import Cluster
 from solvers.chain import ChainProblem, chain_strategy, large_ops, mesh_problem
-from solvers.space import MeshConfig, SpaceOptions
+from solvers.space import MeshConfig, SpaceOptions, pipeline_combos
 from solvers.stages import PipelineProblem, PipelineSolution, pipeline_strategy
 
 
@@ -49,17 +49,23 @@ def chain_min_memory(prob: ChainProblem) -> tuple[float, list[int]]:
     return best
 
 
-def _pipeline_min(pp: PipelineProblem, boundaries: bool) -> tuple[float, PipelineSolution] | None:
-    """Least largest-stage memory (bytes before context and slack) and the plan that has it."""
+def _pipeline_min(qs: list[PipelineProblem], boundaries: bool) -> tuple[float, PipelineSolution] | None:
+    """Least largest-stage memory (bytes before context and slack) and the plan that has it; each
+    stage takes the (sharding, offload) of ``qs`` that needs the least."""
+    pp = qs[0]
     L, p = len(pp.block_cls), pp.p
     if not pp.single:
         return None
-    k = pp.kinds[0]
-    rc = range(len(pp.recomputes))
 
     def stage(r: int, n: int) -> tuple[float, tuple]:
+        best = min((_stage_min(q, r, n) + (s,) for s, q in enumerate(qs)), key=lambda x: x[0])
+        return best[0], best[1] + (best[2],)
+
+    def _stage_min(pp: PipelineProblem, r: int, n: int) -> tuple[float, tuple]:
         from costmodel.pipeline import in_flight
 
+        k = pp.kinds[0]
+        rc = range(len(pp.recomputes))
         fly = in_flight(pp.cfg.schedule, r, p, pp.m, pp.v)
         fx = pp.fixed({k: n}, r == 0, r == p - 1)
         best = (np.inf, ())
@@ -126,13 +132,19 @@ def _pipeline_min(pp: PipelineProblem, boundaries: bool) -> tuple[float, Pipelin
             ranks[r] = list(range(start, start + n))
             start += n
     blocks = [""] * L
+    combos: list[tuple[str, str]] = [("", "")] * L
     for r, idx in enumerate(ranks):
+        q = qs[per[r][1][3]]
         for i in idx:
             blocks[i] = pp.recomputes[per[r][1][2]]
+            combos[i] = (q.sharding, q.offload)
     recompute += blocks
     if pp.head is not None:
         recompute.append(pp.recomputes[per[-1][1][1]])
-    return max(x for x, _ in per), PipelineSolution(0.0, layout, recompute)
+    first, last = qs[per[0][1][3]], qs[per[-1][1][3]]
+    combos = ([(first.sharding, first.offload)] if pp.emb is not None else []) + combos + (
+        [(last.sharding, last.offload)] if pp.head is not None else [])
+    return max(x for x, _ in per), PipelineSolution(0.0, layout, recompute, combos=combos)
 
 
 def min_memory(
@@ -173,19 +185,11 @@ def min_memory(
             cand = [(x, lambda cfg=cfg, prob=prob, choice=choice: chain_strategy(graph, cfg, prob, choice))]
         elif cfg.pp > 1 and opts.per_layer:
             cand = []
-            shards = opts.shardings if cfg.dp_shard * cfg.cp > 1 else opts.shardings[:1]
-            for sh, off in product(shards, opts.offloads):
-                pp = PipelineProblem(graph, dev, cfg, w, sh, off, opts.recomputes, 1e9)
-                res = _pipeline_min(pp, opts.stage_boundaries)
+            for combos in pipeline_combos(graph, cfg, opts):
+                qs = [PipelineProblem(graph, dev, cfg, w, sh, off, opts.recomputes, 1e9) for sh, off in combos]
+                res = _pipeline_min(qs, opts.stage_boundaries)
                 if res is not None:
-                    cand.append(
-                        (
-                            res[0],
-                            lambda cfg=cfg, sh=sh, off=off, sol=res[1]: pipeline_strategy(
-                                graph, cfg, sh, off, sol
-                            ),
-                        )
-                    )
+                    cand.append((res[0], lambda cfg=cfg, sol=res[1]: pipeline_strategy(graph, cfg, sol)))
         else:
             continue
         for x, build in cand:

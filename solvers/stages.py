@@ -21,6 +21,7 @@ independent (``m·max T + (p-1)·max T / v`` only grows with each ``T``).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,12 +41,16 @@ class PipelineSolution:
     recompute: list[str]  # per unit, in order
     status: str = "optimal"
     labels: int = 0
+    combos: list[tuple[str, str]] | None = None  # per unit, in order: (sharding, offload)
+
+
+Cand = tuple[int, StageCost]  # (which problem: its sharding and offload, the stage's cost)
 
 
 class _Label:
     __slots__ = ("vals", "parent", "n", "cost")
 
-    def __init__(self, vals: tuple[float, ...], parent: _Label | None, n: int, cost: StageCost | None):
+    def __init__(self, vals: tuple[float, ...], parent: _Label | None, n: int, cost: Cand | None):
         self.vals, self.parent, self.n, self.cost = vals, parent, n, cost
 
 
@@ -73,12 +78,19 @@ def _extend(a: tuple[float, ...], b: tuple[float, ...]) -> tuple[float, ...]:
     return (max(a[0], b[0]), a[1] + b[1], max(a[2], b[2]), max(a[3], b[3]), max(a[4], b[4]), max(a[5], b[5]))
 
 
-def solve_pipeline(pp: PipelineProblem, incumbent: float = INF, nonuniform: bool = True
-                   ) -> PipelineSolution | None:
-    """The fastest plan of this (mesh, sharding, offload) that fits, or None (or nothing better than
-    ``incumbent``)."""
+def solve_pipeline(problems: PipelineProblem | Sequence[PipelineProblem], incumbent: float = INF,
+                   nonuniform: bool = True) -> PipelineSolution | None:
+    """The fastest plan that fits, or None (or nothing better than ``incumbent``).
+
+    ``problems``: one per (sharding, offload) of the same mesh; each stage (each rank, with
+    interleaving) takes the one that serves the pipeline best — one problem, one uniform choice."""
+    qs = [problems] if isinstance(problems, PipelineProblem) else list(problems)
+    pp = qs[0]
     L, p, v = len(pp.block_cls), pp.p, pp.v
     alpha = pp.dev.c.dp_overlap
+    sched = pp.cfg.schedule
+    # what the objective reads besides max T: Σ T (1F1B), the largest fill (ZB-H1), nothing (interleaved)
+    dims = (0, 2, 3, 4, 5) if sched == "zb" else (0, 3, 4, 5) if sched == "interleaved" else (0, 1, 3, 4, 5)
     if v > 1 or not nonuniform:
         sizes = even_split(L, p * v)
         per_rank: list[list[int]] = [[] for _ in range(p)]
@@ -86,25 +98,25 @@ def solve_pipeline(pp: PipelineProblem, incumbent: float = INF, nonuniform: bool
         for k, n in enumerate(sizes):
             per_rank[k % p].extend(range(start, start + n))
             start += n
-        costs = []
+        labels = [_Label((0.0, 0.0, -INF, 0.0, 0.0, 0.0), None, 0, None)]
         for r in range(p):
-            counts = Counter(pp.block_cls[i] for i in per_rank[r])
+            counts = dict(Counter(pp.block_cls[i] for i in per_rank[r]))
             bounds = sum(1 for k in range(r, p * v - 1, p))
-            sc = pp.stage(r, dict(counts), r == 0, r == p - 1, bounds)
-            if sc is None:
+            cands = _undominated([(s, sc) for s, q in enumerate(qs)
+                                  if (sc := q.stage(r, counts, r == 0, r == p - 1, bounds)) is not None], alpha, dims)
+            if not cands:
                 return None
-            costs.append(sc)
-        vals = _vals(costs[0], alpha)
-        for sc in costs[1:]:
-            vals = _extend(vals, _vals(sc, alpha))
-        obj = _objective(pp, *vals)
-        return PipelineSolution(obj, None, _recompute(pp, costs, per_rank))
-    sched = pp.cfg.schedule
-    dims = (0, 2, 3, 4, 5) if sched == "zb" else (0, 1, 3, 4, 5)
-    if pp.single and np.isfinite(incumbent) and _quick_bound(pp) >= incumbent:
+            nxt: list[_Label] = []
+            for lab in labels:
+                for cand, sv in cands:
+                    _insert(nxt, _Label(_extend(lab.vals, sv) if r else sv, lab, len(per_rank[r]), cand), dims)
+            labels = nxt
+        best = min(labels, key=lambda lab: _objective(pp, *lab.vals))
+        return _solution(qs, best, None, per_rank, len(labels))
+    if pp.single and np.isfinite(incumbent) and _quick_bound(qs) >= incumbent:
         return None
-    minsum, minmax = _rest_bounds(pp)
-    _, fill0, _, opt0, off0 = _totals(pp)
+    minsum, minmax = _rest_bounds(qs)
+    _, fill0, _, opt0, off0 = _totals(qs)
     if _objective(pp, minmax[0][0], minsum[0][0], fill0, 0.0, opt0, off0) >= incumbent:
         return None
 
@@ -115,52 +127,83 @@ def solve_pipeline(pp: PipelineProblem, incumbent: float = INF, nonuniform: bool
         return _objective(pp, max(vals[0], minmax[k][j]), vals[1] + minsum[k][j], fill, vals[3], opt, off)
 
     layer: dict[int, list[_Label]] = {0: [_Label((0.0, 0.0, -INF, 0.0, 0.0, 0.0), None, 0, None)]}
-    labels = 0
+    count = 0
     for k in range(p):
         nxt: dict[int, list[_Label]] = {}
         for j in sorted(layer):
             hi = L - j if k == p - 1 else L - j - (p - k - 1)
             lo = hi if k == p - 1 else 1
             for n in range(lo, hi + 1):
-                sc = pp.at(k, j, n)
-                if sc is None:
+                cands = _undominated([(s, sc) for s, q in enumerate(qs) if (sc := q.at(k, j, n)) is not None],
+                                     alpha, dims)
+                if not cands:  # more blocks only need more memory
                     break
-                sv = _vals(sc, alpha)
                 grew = False
-                for lab in layer[j]:
-                    vals = _extend(lab.vals, sv) if lab.cost is not None else sv
-                    if bound(vals, k + 1, j + n) >= incumbent:
-                        continue
-                    grew = True
-                    _insert(nxt.setdefault(j + n, []), _Label(vals, lab, n, sc), dims)
-                    labels += 1
-                if not grew and sched != "zb" and (pp.m - 1) * sc.time >= incumbent:
+                for cand, sv in cands:
+                    for lab in layer[j]:
+                        vals = _extend(lab.vals, sv) if lab.cost is not None else sv
+                        if bound(vals, k + 1, j + n) >= incumbent:
+                            continue
+                        grew = True
+                        _insert(nxt.setdefault(j + n, []), _Label(vals, lab, n, cand), dims)
+                        count += 1
+                if not grew and sched != "zb" and (pp.m - 1) * min(sv[0] for _, sv in cands) >= incumbent:
                     break
         layer = nxt
     final = layer.get(L, [])
     if not final:
         return None
     best = min(final, key=lambda lab: _objective(pp, *lab.vals))
-    obj = _objective(pp, *best.vals)
-    sizes, costs = [], []
+    sizes = []
     lab: _Label | None = best
     while lab is not None and lab.cost is not None:
         sizes.append(lab.n)
-        costs.append(lab.cost)
         lab = lab.parent
     sizes.reverse()
-    costs.reverse()
     ranks, start = [], 0
     for n in sizes:
         ranks.append(list(range(start, start + n)))
         start += n
-    return PipelineSolution(obj, sizes, _recompute(pp, costs, ranks), labels=labels)
+    return _solution(qs, best, sizes, ranks, count)
 
 
-def _quick_bound(pp: PipelineProblem) -> float:
+def _undominated(cands: list[Cand], alpha: float, dims: tuple[int, ...]) -> list[tuple[Cand, tuple[float, ...]]]:
+    """The candidates of one stage (with their label values) that no other beats in every ``dims``."""
+    vals = [(c, _vals(c[1], alpha)) for c in cands]
+    if len(vals) < 2:
+        return vals
+    keep: list[_Label] = []
+    for c, sv in vals:
+        _insert(keep, _Label(sv, None, 0, c), dims)
+    return [(lab.cost, lab.vals) for lab in keep]  # type: ignore[misc]
+
+
+def _solution(qs: list[PipelineProblem], best: _Label, sizes: list[int] | None, ranks: list[list[int]],
+              labels: int) -> PipelineSolution:
+    """The plan of the label ``best``: per unit its recomputation, sharding and offload."""
+    pp = qs[0]
+    cands: list[Cand] = []
+    lab: _Label | None = best
+    while lab is not None and lab.cost is not None:
+        cands.append(lab.cost)
+        lab = lab.parent
+    cands.reverse()
+    per_block: list[tuple[str, str]] = [("", "")] * len(pp.block_cls)
+    for (s, _), idx in zip(cands, ranks, strict=True):
+        for i in idx:
+            per_block[i] = (qs[s].sharding, qs[s].offload)
+    first, last = cands[0][0], cands[-1][0]
+    combos = ([(qs[first].sharding, qs[first].offload)] if pp.emb is not None else []) + per_block + (
+        [(qs[last].sharding, qs[last].offload)] if pp.head is not None else [])
+    obj = _objective(pp, *best.vals)
+    return PipelineSolution(obj, sizes, _recompute(pp, [sc for _, sc in cands], ranks), labels=labels,
+                            combos=combos)
+
+
+def _quick_bound(qs: list[PipelineProblem]) -> float:
     """Step time no partition beats: the least slowest stage (exact, from the stage tables) and
     the least total (every unit at its fastest, memory ignored)."""
-    t = pp.times()
+    t = _min_times(qs)
     L = t.shape[1] - 1
     vals = np.unique(t[np.isfinite(t)])
     if not len(vals):
@@ -175,27 +218,38 @@ def _quick_bound(pp: PipelineProblem) -> float:
             hi = mid
         else:
             lo = mid + 1
-    return _objective(pp, float(vals[lo]), *_totals(pp))
+    return _objective(qs[0], float(vals[lo]), *_totals(qs))
 
 
-def _totals(pp: PipelineProblem) -> tuple[float, float, float, float, float]:
+def _min_times(qs: list[PipelineProblem]) -> np.ndarray:
+    """(ranks × block counts) least stage times over the problems (one block class)."""
+    t = qs[0].times()
+    for q in qs[1:]:
+        t = np.minimum(t, q.times())
+    return t
+
+
+def _totals(qs: list[PipelineProblem]) -> tuple[float, float, float, float, float]:
     """Bounds on (Σ T, max fill, max exposed sync, max optimizer, max offload) of any partition:
     every unit at its fastest, and each maximum at least the mean over the ranks."""
-    if pp.__dict__.get("_totals") is not None:
+    pp = qs[0]
+    if pp.__dict__.get("_totals") is not None and len(qs) == 1:
         return pp.__dict__["_totals"]
     p = pp.p
-    units = [(k, 1) for k in pp.block_cls] + [(k, 1) for k in (pp.emb, pp.head) if k is not None]
-    total = sum(min(u.time for u in pp.costs[k]) for k, _ in units) + (p - 1) * pp.p2p
-    weight = sum(pp.costs[k][0].weight for k, _ in units)
-    optim = sum(pp.costs[k][0].optim for k, _ in units)
-    offload = sum(pp.costs[k][0].offload for k, _ in units)
+    units = pp.block_cls + [k for k in (pp.emb, pp.head) if k is not None]
+    total = sum(min(u.time for q in qs for u in q.costs[k]) for k in units) + (p - 1) * pp.p2p
+    weight = sum(max(q.costs[k][0].weight for q in qs) for k in units)
+    optim = sum(min(q.costs[k][0].optim for q in qs) for k in units)
+    offload = sum(min(q.costs[k][0].offload for q in qs) for k in units)
     out = (total, (total - 2 * weight) / p, 0.0, optim / p, offload / p)
-    pp.__dict__["_totals"] = out
+    if len(qs) == 1:
+        pp.__dict__["_totals"] = out
     return out
 
 
-def _rest_bounds(pp: PipelineProblem) -> tuple[np.ndarray, np.ndarray]:
+def _rest_bounds(qs: list[PipelineProblem]) -> tuple[np.ndarray, np.ndarray]:
     """Least Σ T and least max T of the stages k.. holding blocks j.. (each minimised alone)."""
+    pp = qs[0]
     L, p = len(pp.block_cls), pp.p
     minsum = np.full((p + 1, L + 1), INF)
     minmax = np.full((p + 1, L + 1), INF)
@@ -205,13 +259,13 @@ def _rest_bounds(pp: PipelineProblem) -> tuple[np.ndarray, np.ndarray]:
             for j in range(L - (p - k) + 1):
                 hi = L - j if k == p - 1 else L - j - (p - k - 1)
                 lo = hi if k == p - 1 else 1
-                t = np.array([sc.time if (sc := pp.at(k, j, n)) is not None else INF
+                t = np.array([min((sc.time for q in qs if (sc := q.at(k, j, n)) is not None), default=INF)
                               for n in range(lo, hi + 1)])
                 if len(t):
                     minsum[k][j] = np.min(t + minsum[k + 1][j + lo:j + hi + 1])
                     minmax[k][j] = np.min(np.maximum(t, minmax[k + 1][j + lo:j + hi + 1]))
         return minsum, minmax
-    times = pp.times()
+    times = _min_times(qs)
     jj = np.arange(L + 1)[:, None]
     for k in range(p - 1, -1, -1):
         t = times[k]
@@ -255,12 +309,15 @@ def _recompute(pp: PipelineProblem, costs: list[StageCost], blocks: list[list[in
     return out + per_block + ([head] if pp.head is not None else [])
 
 
-def pipeline_strategy(graph: LayerGraph, cfg: MeshConfig, sharding: str, offload: str,
-                      sol: PipelineSolution) -> Strategy:
+def pipeline_strategy(graph: LayerGraph, cfg: MeshConfig, sol: PipelineSolution) -> Strategy:
+    """The plan of a pipeline solution: the commonest (sharding, recompute, offload) as the default,
+    every other unit listed."""
     names = [n for n, _ in graph.blocks()]
-    top = Counter(sol.recompute).most_common(1)[0][0]
+    combos = sol.combos or [("replicate", "none")] * len(names)
+    triples = [(sh, rc, off) for (sh, off), rc in zip(combos, sol.recompute, strict=True)]
+    top = Counter(triples).most_common(1)[0][0]
     mk = LayerStrategy
-    default = mk(sharding=sharding, recompute=top, offload=offload)  # type: ignore[arg-type]
-    layers = [mk(unit=n, sharding=sharding, recompute=rc, offload=offload)  # type: ignore[arg-type]
-              for n, rc in zip(names, sol.recompute, strict=True) if rc != top]
+    default = mk(sharding=top[0], recompute=top[1], offload=top[2])  # type: ignore[arg-type]
+    layers = [mk(unit=n, sharding=t[0], recompute=t[1], offload=t[2])  # type: ignore[arg-type]
+              for n, t in zip(names, triples, strict=True) if t != top]
     return cfg.strategy(default=default, layers=layers, stage_layers=sol.stage_layers)

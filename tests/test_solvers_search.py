@@ -170,7 +170,7 @@ def test_interleaved_bound_never_exceeds_the_exact_stage_optimum() -> None:
             mask = np.array([o.sharding == sh for o in uopts])
             cols = [j for j, o in enumerate(uopts) if o.sharding == sh]
             mr = MeshRows.of(rows, w, dev, limit)
-            lb = interleaved_lagrange(gr, mr, dev, layout, block_cls, mask, np.ones(len(rows), bool))
+            lb = interleaved_lagrange(gr, mr, dev, layout, block_cls, [mask], np.ones(len(rows), bool))
             free = grid_bounds(gr, mr, dev, layout, mask)
             for i, cfg in enumerate(rows):
                 views = {k: [_view(u, i, j) for j in cols] for k, u in enumerate(gr.units)}
@@ -181,3 +181,73 @@ def test_interleaved_bound_never_exceeds_the_exact_stage_optimum() -> None:
                 finite += bool(np.isfinite(exact))
                 tighter += bool(lb[i] > free[i] * (1 + 1e-6))
     assert finite > 10 and tighter > 10
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "interleaved"])
+def test_pipeline_stages_mix_shardings_exactly(schedule: str) -> None:
+    """Each stage (each rank, interleaved) takes its own sharding: the stage solver finds exactly
+    brute force's optimum over every per-stage choice, and under a tight limit that optimum mixes."""
+    from solvers.stages import PipelineProblem, pipeline_strategy, solve_pipeline
+
+    g = load_model(dict(SMALL, hidden=4096, heads=16, layers=4, vocab=32000, max_seq=512), 512)
+    cl, w = parse_cluster("4xh100"), Workload(seq_len=512, global_batch=32)
+    opts = SPACES["hybrid"].with_(tp=False, cp=False, dp_replicate=False, shardings=("zero1", "zero3"),
+                                  recomputes=("none", "full"), offloads=("none",), max_micro_batch_sizes=1,
+                                  schedules=(schedule,), splits=(1,), mix_stages=True)
+    cfg = next(c for c in mesh_configs(g, cl, w, opts) if c.pp == 2 and c.schedule == schedule)
+    plans = [s for s in space_plans(g, cl, w, opts) if s.mesh.pp == 2 and s.schedule == schedule]
+    dev = DeviceModel(cl)
+    reps = [estimate(g, cl, s, w, device=dev) for s in plans]
+    uniform = [len({(ls.sharding, ls.offload) for ls in s.layers}) == 1 for s in plans]
+
+    def best_fit(limit: float, only_uniform: bool = False) -> float:
+        return min((r.step_time_s for r, u in zip(reps, uniform, strict=True)
+                    if r.memory_peak_gib <= limit and (u or not only_uniform)), default=np.inf)
+
+    limits = sorted({r.memory_peak_gib * (1 + 1e-6) for r in reps})  # just above each plan's peak
+    wins = [x for x in limits if best_fit(x) < best_fit(x, only_uniform=True) * (1 - 1e-9)]
+    assert wins  # somewhere a mix of shardings beats every uniform plan
+    for limit in wins[:3] + limits[::max(1, len(limits) // 8)]:
+        qs = [PipelineProblem(g, dev, cfg, w, sh, "none", opts.recomputes, limit) for sh in opts.shardings]
+        sol = solve_pipeline(qs)
+        assert sol is not None and sol.objective == pytest.approx(best_fit(limit), rel=1e-9)
+        rep = estimate(g, cl, pipeline_strategy(g, cfg, sol), w, memory_limit_gib=limit, device=dev)
+        assert rep.fits and rep.step_time_s == pytest.approx(sol.objective, rel=1e-12)
+        if limit in wins:
+            assert len({sh for sh, _ in sol.combos or []}) > 1
+
+
+def test_pipeline_bound_never_exceeds_the_exact_stage_optimum() -> None:
+    """The 1F1B / zero-bubble memory-priced bound stays below the stage solver's optimum."""
+    from itertools import product
+
+    from costmodel.vectorized import GridOption, price_grid
+    from solvers.bounds import MeshRows, pipeline_lagrange
+    from solvers.hybrid import _view
+    from solvers.stages import PipelineProblem, solve_pipeline
+
+    g = load_model(dict(SMALL, layers=6), 1024)
+    cl, w = parse_cluster("8xh100"), Workload(seq_len=1024, global_batch=16)
+    opts = SPACES["hybrid"].with_(schedules=("1f1b", "zb"), max_micro_batch_sizes=2, offloads=("none", "optimizer"),
+                                  tp_modes=("megatron",), cp_modes=("ring",), splits=(1,))
+    rows = [c for c in mesh_configs(g, cl, w, opts) if c.pp > 1]
+    dev = DeviceModel(cl)
+    uopts = [GridOption(sh, rc, off) for sh, rc, off in product(opts.shardings, opts.recomputes, opts.offloads)]
+    gr = price_grid(g, cl, w, rows, uopts, device=dev)
+    head = gr.unit_index[-1]
+    mems = np.sort(gr.memory_peak_gib.ravel())
+    finite = bites = 0
+    for limit in (mems[len(mems) // 8], mems[len(mems) // 2]):
+        mr = MeshRows.of(rows, w, dev, limit)
+        for sh, off in product(opts.shardings, opts.offloads):
+            cols = [j for j, o in enumerate(uopts) if (o.sharding, o.offload) == (sh, off)]
+            mask = np.isin(np.arange(len(uopts)), cols)
+            lb = pipeline_lagrange(gr, mr, dev, head, mask, np.ones(len(rows), bool))
+            for i, cfg in enumerate(rows):
+                views = {k: [_view(u, i, j) for j in cols] for k, u in enumerate(gr.units)}
+                sol = solve_pipeline(PipelineProblem(g, dev, cfg, w, sh, off, opts.recomputes, limit, views))
+                exact = sol.objective if sol is not None else np.inf
+                assert lb[i] <= exact * (1 + 1e-9)
+                finite += bool(np.isfinite(exact))
+                bites += bool(np.isinf(lb[i]))
+    assert finite > 10 and bites > 0
