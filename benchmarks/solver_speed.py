@@ -2,6 +2,7 @@
 
     python benchmarks/solver_speed.py              # everything
     python benchmarks/solver_speed.py --cases 70b  # one case
+    python benchmarks/solver_speed.py --space staged  # each pipeline stage its own sharding
 
 Targets (full space, default memory): Llama-3 70B on 1,024 H100 <= 5 s; Llama-3.1 405B on 16,384
 H100 <= 30 s; GPT-3 175B on 1,024 A100-80GB <= 5 s; Mixtral 8x22B on 256 H100 (with EP) <= 10 s;
@@ -54,12 +55,12 @@ def vectorized_throughput(n_configs: int = 4000) -> float:
     return rate
 
 
-def run_case(name: str) -> float:
+def run_case(name: str, space: str = "full") -> float:
     model, cluster, seq, gb, target = CASES[name]
     g, cl = load_model(model, seq), parse_cluster(cluster)
     w = Workload(seq_len=seq, global_batch=gb)
     t0 = time.perf_counter()
-    r = search(g, cl, w, "full", top_k=5)
+    r = search(g, cl, w, space, top_k=5)
     wall = time.perf_counter() - t0
     s = r.best.strategy
     mesh = " ".join(f"{k}={v}" for k, v in s.mesh.axes().items() if v > 1) + (
@@ -67,7 +68,7 @@ def run_case(name: str) -> float:
     )
     met = "met" if wall <= target else "MISSED"
     print(
-        f"{name:8s} {model} on {cluster}: {wall:6.2f} s (target {target:g} s: {met})"
+        f"{name:8s} {model} on {cluster} [{space}]: {wall:6.2f} s (target {target:g} s: {met})"
         f" | {r.status}, step {r.objective:.3f} s, MFU {r.best.report.mfu:.1%}, "
         f"{r.options['configurations']:,} meshes, {r.options['configurations_priced']:,} priced, "
         f"{r.candidates:,} candidates | {mesh} "
@@ -81,11 +82,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES))
     ap.add_argument("--no-vectorized", action="store_true")
+    ap.add_argument("--space", default="full", choices=list(SPACES), help="search space (targets are for full)")
     a = ap.parse_args()
     if not a.no_vectorized:
         vectorized_throughput()
     for name in a.cases:
-        run_case(name)
+        run_case(name, a.space)
 
 
 if __name__ == "__main__":
