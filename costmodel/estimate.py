@@ -177,7 +177,7 @@ def combine(
         recompute=sum(u.recompute for u in ranks[worst]) * n_mb,
         comm=comm, bubble=bubble, optimizer=optim + c.step_overhead_s, offload=offload,
     )
-    stages = [_stage_memory(r, ranks[r], costs, s, n_mb, c) for r in range(p)]
+    stages = [_stage_memory(r, ranks[r], costs, s, w, n_mb, c) for r in range(p)]
     tokens = w.global_batch * graph.seq_len
     model_flops = graph.train_flops * w.global_batch
     hw_flops = sum(u.hw_flops for st in costs for u in st) * n_mb * s.mesh.dp_replicate * s.mesh.dp_shard
@@ -193,8 +193,8 @@ def combine(
     )
 
 
-def _stage_memory(r: int, units: list[UnitCost], costs: list[list[UnitCost]], s: Strategy, n_mb: int,
-                  c) -> StageMemory:
+def _stage_memory(r: int, units: list[UnitCost], costs: list[list[UnitCost]], s: Strategy, w: Workload,
+                  n_mb: int, c) -> StageMemory:
     p, v = s.mesh.pp, s.vpp
     blocks = [u.block for u in units if u.block is not None]
     acts = sum(u.activations for u in units) * in_flight(s.schedule, r, p, n_mb, v)
@@ -202,9 +202,8 @@ def _stage_memory(r: int, units: list[UnitCost], costs: list[list[UnitCost]], s:
     gathered = max((u.gathered for u in units), default=0.0)
     remat = max((u.recompute_peak for u in units), default=0.0)
     buffers = gathered + remat + (DP_BUCKET_BYTES if s.mesh.dp > 1 else 0.0)
-    if units and units[-1].name == "head":  # logits in bf16 next to the fp32 softmax kept for backward
-        loss_acts = units[-1].activations
-        buffers += loss_acts / 2
+    if units and units[-1].name == "head":  # the loss's transients beside the fp32 softmax it keeps
+        buffers += units[-1].activations * w.loss_buffer
     st = StageMemory(
         stage=r, first_block=min(blocks) if blocks else -1, last_block=max(blocks) if blocks else -1,
         units=[u.name for u in units],

@@ -52,6 +52,7 @@ class SourceRules:
     vpp: int = 1  # virtual stages per rank when interleaved and not stated
     microbatches_per_stage: bool = False  # micro-batches default to the pp degree (torchtitan)
     attention_kernel: str = "auto"  # flash2 for PyTorch stacks (flash_attn 2, SDPA's flash backend)
+    cross_entropy: str = "eager"  # fused for Megatron-based stacks (vocab-parallel cross-entropy)
 
 
 SOURCE_RULES = (  # first match wins
@@ -64,12 +65,12 @@ SOURCE_RULES = (  # first match wins
     # torchtitan with PP: micro-batches default to the pp degree; interleaving splits each rank in 2.
     SourceRules("pytorch/torchtitan", microbatches_per_stage=True, vpp=2, attention_kernel="flash2"),
     # Megatron formula (checked: LLAMA2-7B 780 TFLOP/s at 16934 tok/s); mcore distributed optimizer.
-    SourceRules("NVIDIA/NeMo", sharding="zero1"),
+    SourceRules("NVIDIA/NeMo", sharding="zero1", cross_entropy="fused"),
     # Megatron formula (checked: 1.7B 408.8 TFLOP/s = MFU 0.41 of 989); distributed optimizer implied,
     # interleaved pipeline (PP overlap is enabled, which Megatron implements for interleaving).
-    SourceRules("NVIDIA/Megatron-LM", sharding="zero1", schedule="interleaved", vpp=2),
+    SourceRules("NVIDIA/Megatron-LM", sharding="zero1", schedule="interleaved", vpp=2, cross_entropy="fused"),
     # Table 4: BF16 MFU, formula not stated (Megatron's assumed); interleaved schedule per §3.3.2.
-    SourceRules("Llama Team 'The Llama 3 Herd", schedule="interleaved", vpp=2),
+    SourceRules("Llama Team 'The Llama 3 Herd", schedule="interleaved", vpp=2, cross_entropy="fused"),
 )
 DEFAULT_RULES = SourceRules("")
 TDP_W = {"h100-sxm": 700.0, "h200": 700.0, "a100-80gb": 400.0, "a100-40gb": 400.0}  # NVIDIA datasheets
@@ -191,7 +192,11 @@ def map_row(line: int, r: dict[str, str]) -> PublishedRow | Skipped:
     if ctx.op_sac and metric in MEMORY_METRICS:
         return skip("op-level selective checkpointing has no matching recompute mode: memory not comparable")
     prec = "fp8" if "fp8" in r["precision"].lower() else "bf16"
-    workload = Workload(seq_len=seq, global_batch=global_batch, precision=prec, attention_kernel=rules.attention_kernel)
+    workload = Workload(seq_len=seq, global_batch=global_batch, precision=prec, attention_kernel=rules.attention_kernel,
+                        cross_entropy=rules.cross_entropy,  # type: ignore[arg-type]
+                        grad_dtype="bf16" if analytic else "fp32")  # the ZeRO formula: 16-bit gradients
+    if analytic:
+        ctx.assumptions.append("16-bit gradients (the ZeRO paper's 2 + 2 + K bytes per parameter)")
     if rules.attention_kernel != "auto":
         ctx.assumptions.append(f"attention kernel {rules.attention_kernel} (the source's stack)")
     try:

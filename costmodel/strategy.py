@@ -29,6 +29,12 @@ Recompute = Literal["none", "selective", "full"]
 Offload = Literal["none", "optimizer", "params"]
 Schedule = Literal["gpipe", "1f1b", "interleaved", "zb"]
 AttentionKernel = Literal["auto", "flash2", "flash3"]
+CROSS_ENTROPY_CHOICES = ("eager", "fused")
+#: Transient memory of the loss beside the fp32 softmax it keeps, as a multiple of that softmax:
+#: PyTorch eager ``F.cross_entropy(logits.float())`` holds, in its backward, the incoming gradient
+#: of the log-softmax and the outgoing one (2x); a fused kernel (Megatron's vocab-parallel
+#: cross-entropy, Liger, a compiled loss) writes the gradient in place and holds the bf16 logits (1/2).
+LOSS_BUFFER = {"eager": 2.0, "fused": 0.5}
 
 
 class _Strict(BaseModel):
@@ -97,6 +103,20 @@ class Workload(_Strict):
         "auto", description="flash2: FlashAttention-2 / PyTorch SDPA; flash3: Hopper-native (FlashAttention-3, "
         "cuDNN / Transformer Engine); auto: the newest the accelerator runs"
     )
+    cross_entropy: Literal["eager", "fused"] = Field(
+        "eager", description="eager: PyTorch F.cross_entropy on fp32 logits (this runtime, torchtitan, HF); "
+        "fused: a fused vocab-parallel kernel (Megatron-LM, NeMo)"
+    )
+
+    grad_dtype: Literal["fp32", "bf16"] = Field(
+        "fp32", description="gradient buffers under bf16/fp8: fp32 (Megatron's main_grad, FSDP2 with an fp32 "
+        "reduce dtype, DeepSpeed's bf16 optimizer) or 16-bit (the ZeRO paper's 2 bytes per parameter)"
+    )
+
+    @property
+    def loss_buffer(self) -> float:
+        """The loss's transient memory as a multiple of the fp32 softmax it keeps."""
+        return LOSS_BUFFER[self.cross_entropy]
 
 
 class Strategy(_Strict):

@@ -205,7 +205,7 @@ def _combine(sl: np.ndarray, p: int, v: int, blocks: list[int], pre: int | None,
         remat = np.max(np.stack([ua[k].remat[sl] for k in ks]), axis=0)
         buf = gath + remat + np.where(dp > 1, DP_BUCKET_BYTES, 0.0)[:, None]
         if post is not None and counts[u, post] > 0:  # the head ends the last rank
-            buf = buf + ua[post].activations[sl] / 2
+            buf = buf + ua[post].activations[sl] * w.loss_buffer
         tot = states[:, :, u] + acts[:, :, u] * _in_flight(g.sched[sl], r, p, m, v)[:, None] + buf
         mem = np.maximum(mem, tot + (c.context_bytes + c.fragmentation * tot))
     held = (counts * mult[:, None]).sum(axis=0)

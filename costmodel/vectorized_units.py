@@ -25,6 +25,7 @@ from costmodel.units import (
     act_width,
     attention_times,
     gemm_shape,
+    state_bytes,
     traffic_width,
 )
 from profiler.graph import LayerGraph, LayerNode
@@ -370,7 +371,7 @@ class _DataParallel:
         if ck in self.parts:
             return self.parts[ck]
         c, dev, fwd, bwd = self.dev.c, self.dev, self.fwd, self.bwd
-        pb, gb, ob = STATE_BYTES[self.w.precision]
+        pb, gb, ob = state_bytes(self.w)
         grp = self._coll(keys, expert)
         params, d, full, has = grp["params"], grp["d"], grp["full"], grp["has"]
         z = np.zeros(len(fwd))

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from costmodel.device import DeviceModel
-from costmodel.strategy import ATTENTION_KERNEL_CHOICES, Workload
+from costmodel.strategy import ATTENTION_KERNEL_CHOICES, CROSS_ENTROPY_CHOICES, Workload
 from planner.schema import Alternative, ClusterRef, Plan, PlanInputs, Predicted, SolverInfo
 from profiler.errors import ShardplanError
 from profiler.graph import LayerGraph
@@ -56,6 +56,7 @@ def search_plan(
     top_k: int = 5,
     progress: Progress | None = None,
     attention_kernel: str = "auto",
+    cross_entropy: str = "eager",
 ) -> Planned:
     """Search and build the plan document; with several global batches the one with the most
     samples per second wins (throughput, not time per step, is compared)."""
@@ -65,6 +66,8 @@ def search_plan(
         raise ShardplanError(f"unknown precision '{precision}'; known: {', '.join(PRECISIONS)}")
     if attention_kernel not in ATTENTION_KERNEL_CHOICES:
         raise ShardplanError(f"unknown attention kernel '{attention_kernel}'; known: {', '.join(ATTENTION_KERNEL_CHOICES)}")
+    if cross_entropy not in CROSS_ENTROPY_CHOICES:
+        raise ShardplanError(f"unknown cross-entropy '{cross_entropy}'; known: {', '.join(CROSS_ENTROPY_CHOICES)}")
     if seq_len <= 0:
         raise ShardplanError(f"seq_len must be positive, got {seq_len}")
     batches = [global_batch] if isinstance(global_batch, int) else list(global_batch)
@@ -89,7 +92,7 @@ def search_plan(
     errors = []
     for b in sorted({int(x) for x in batches}):
         w = Workload(seq_len=seq_len, global_batch=b, precision=precision,  # type: ignore[arg-type]
-                     attention_kernel=attention_kernel)  # type: ignore[arg-type]
+                     attention_kernel=attention_kernel, cross_entropy=cross_entropy)  # type: ignore[arg-type]
         try:
             res = search(graph, cl, w, space, memory_limit_gib, dev, time_limit, top_k, progress)
         except ShardplanError as e:
@@ -156,13 +159,14 @@ def plan(
     time_limit: float | None = None,
     top_k: int = 5,
     attention_kernel: str = "auto",
+    cross_entropy: str = "eager",
 ) -> Plan:
     """The fastest plan of ``space`` for ``model`` on ``cluster`` that fits ``memory_limit_gib`` per
     GPU (the accelerator's memory by default). Raises :class:`ShardplanError` when nothing fits,
     naming the least memory any plan of the space needs and what dominates it."""
     return search_plan(
         model, cluster, seq_len, global_batch, memory_limit_gib, space, precision, profile, time_limit, top_k,
-        attention_kernel=attention_kernel,
+        attention_kernel=attention_kernel, cross_entropy=cross_entropy,
     ).plan
 
 

@@ -42,13 +42,14 @@ class MeshRows:
     v: np.ndarray  # virtual stages per rank
     sched: np.ndarray  # schedule names
     budget: np.ndarray  # bytes of states, activations and transients a rank may hold
+    loss_buffer: float  # the loss's transients as a multiple of the head's activations
 
     @classmethod
     def of(cls, cfgs: list[MeshConfig], w: Workload, dev: DeviceModel, limit_gib: float) -> MeshRows:
         return cls(cfgs, np.array([w.global_batch / (c.dp * c.micro_batch) for c in cfgs]),
                    np.array([c.pp for c in cfgs], dtype=float), np.array([c.vpp for c in cfgs], dtype=float),
                    np.array([c.schedule for c in cfgs], dtype=object),
-                   np.array([memory_budget(dev, c, limit_gib) for c in cfgs]))
+                   np.array([memory_budget(dev, c, limit_gib) for c in cfgs]), w.loss_buffer)
 
     def __len__(self) -> int:
         return len(self.cfgs)
@@ -156,7 +157,7 @@ def flat_lagrange(gr: GridReport, rows: MeshRows, dev: DeviceModel, head: int | 
         val = dev.c.step_overhead_s - lam * budget
         for k, u in enumerate(gr.units):
             a = m * u.time + u.optim + u.offload
-            mem = u.states + u.activations * (1.5 if k == head else 1.0)
+            mem = u.states + u.activations * (1 + rows.loss_buffer if k == head else 1.0)
             val = val + counts[k] * (a + lam * mem).min(axis=1)
         best = np.maximum(best, val)
     return best
@@ -183,7 +184,7 @@ def pipeline_lagrange(gr: GridReport, rows: MeshRows, dev: DeviceModel, head: in
     parts = []
     for k, u in enumerate(gr.units):
         time = coef * u.time[idx][:, mask] + (u.optim[idx][:, mask] + u.offload[idx][:, mask]) / p
-        mem = u.states[idx][:, mask] + u.activations[idx][:, mask] * (1.5 if k == head else 1.0)
+        mem = u.states[idx][:, mask] + u.activations[idx][:, mask] * (1 + rows.loss_buffer if k == head else 1.0)
         parts.append((counts[k], time, mem))
     room = rows.p[idx] * rows.budget[idx]
     best = np.full(len(idx), -np.inf)
@@ -228,7 +229,7 @@ def interleaved_lagrange(gr: GridReport, rows: MeshRows, dev: DeviceModel, layou
         flies = {mi: [in_flight("interleaved", r, P, int(mi), V) for r in range(P)] for mi in set(m.tolist())}
         mult = np.repeat(np.array([flies[mi] for mi in m.tolist()])[:, :, None], len(gr.units), axis=2)
         if head is not None:
-            mult[:, P - 1, head] += 0.5  # the logits' buffer beside the kept softmax
+            mult[:, P - 1, head] += rows.loss_buffer  # the loss's transients beside the kept softmax
         hops = np.array([len(range(r, P * V - 1, P)) for r in range(P)])
         base = hops[None, :] * (gr.p2p_total[idx] / (P * V - 1))[:, None]
         ranks = np.full((len(idx), P), np.inf)

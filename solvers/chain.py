@@ -197,17 +197,16 @@ def mesh_problem(
             if (key[3] > 1 or key[4]) and not splittable:
                 continue
             u = price_option(name, nodes, key, cfg, dev, w)
-            row.append(unit_option(u, m, c.dp_overlap, key, head=is_head))
+            row.append(unit_option(u, m, c.dp_overlap, key, head=w.loss_buffer if is_head else 0.0))
         options.append(row)
     return ChainProblem(options, index, memory_budget(dev, cfg, limit_gib), c.step_overhead_s, None, names)
 
 
 def unit_option(
-    u: UnitCost, m: float, dp_overlap: float, key: Any, head: bool = False, in_flight: float = 1.0
+    u: UnitCost, m: float, dp_overlap: float, key: Any, head: float = 0.0, in_flight: float = 1.0
 ) -> Option:
-    mem = u.state_params + u.state_grads + u.state_optim + u.activations * in_flight
-    if head:
-        mem += u.activations / 2  # logits next to the fp32 softmax (see estimate's stage memory)
+    """``head``: the loss's transient memory as a multiple of the unit's activations (the head only)."""
+    mem = u.state_params + u.state_grads + u.state_optim + u.activations * (in_flight + head)
     return Option(
         a=m * u.time + u.optim_time + u.offload_time,
         d=sum(u.step_comm.values()) - dp_overlap * u.step_comm_window,

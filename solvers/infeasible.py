@@ -77,7 +77,7 @@ def _pipeline_min(qs: list[PipelineProblem], boundaries: bool) -> tuple[float, P
             acts = (
                 n * ub.activations * fly
                 + sum(u.activations * fly for u in (ue,) if u)
-                + (uh.activations * (fly + 0.5) if uh else 0.0)
+                + (uh.activations * (fly + pp.w.loss_buffer) if uh else 0.0)
             )
             x = fx.states + fx.gathered + pp.bucket + max(u.recompute_peak for u in units) + acts
             if x < best[0]:

@@ -178,7 +178,7 @@ class PipelineProblem:
                 ue = self.costs[self.emb][e] if e is not None else None  # type: ignore[index]
                 uh = self.costs[self.head][h] if h is not None else None  # type: ignore[index]
                 base_t = (ue.time if ue else 0.0) + (uh.time if uh else 0.0) + bounds * self.p2p
-                base_m = (ue.activations * fly if ue else 0.0) + (uh.activations * (fly + 0.5) if uh else 0.0)
+                base_m = (ue.activations * fly if ue else 0.0) + (uh.activations * (fly + self.w.loss_buffer) if uh else 0.0)
                 r_eh = max(ue.recompute_peak if ue else 0.0, uh.recompute_peak if uh else 0.0)
                 remat = np.where(nf > 0, max(r_eh, rf), r_eh)
                 if len(rest) == 1 and ta <= tf and ma > mf:  # two options: the fewest slow blocks that fit
@@ -262,7 +262,7 @@ class PipelineProblem:
                     hs.append(-1 if h is None else h)
                     fly_l.append(fl)
                     base_l.append(base_b[(r == 0, r == p - 1)] + (ue.activations * fl if ue else 0.0)
-                                  + (uh.activations * (fl + 0.5) if uh else 0.0))
+                                  + (uh.activations * (fl + self.w.loss_buffer) if uh else 0.0))
                     reh_l.append(max(ue.recompute_peak if ue else 0.0, uh.recompute_peak if uh else 0.0))
                     bt_l.append((ue.time if ue else 0.0) + (uh.time if uh else 0.0)
                                 + (self.p2p if r < p - 1 else 0.0))
@@ -366,7 +366,7 @@ class PipelineProblem:
                 pts = []
                 for comp in _compositions(n, len(allowed)):
                     t = sum(c * self.costs[k][allowed[i]].time for i, c in enumerate(comp))
-                    mm = sum(c * self.costs[k][allowed[i]].activations * (fly + (0.5 if is_head else 0.0))
+                    mm = sum(c * self.costs[k][allowed[i]].activations * (fly + (self.w.loss_buffer if is_head else 0.0))
                              for i, c in enumerate(comp))
                     pts.append((t, mm, ((k, tuple((allowed[i], c) for i, c in enumerate(comp) if c)),)))
                 front = _pareto([(a[0] + b[0], a[1] + b[1], a[2] + b[2])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from costmodel.device import AxisGroup, DeviceModel
-from costmodel.estimate import estimate, even_split, stage_units
+from costmodel.estimate import UnitPricer, estimate, even_split, stage_units
 from costmodel.strategy import LayerStrategy, Mesh, Strategy, Workload
 from profiler.errors import ShardplanError
 from profiler.hardware import parse_cluster
@@ -146,3 +146,22 @@ def test_fp32_training_doubles_activation_bytes_but_not_the_loss() -> None:
         b = unit_cost(name, units[name], dev, s, full, mesh_groups(dev, s))
         loss = sum(n.act_saved_bytes for n in units[name] if n.kind == "loss")
         assert b.activations - 2 * a.activations == pytest.approx(-loss)
+
+
+def test_loss_and_gradient_buffers_follow_the_framework() -> None:
+    """Eager cross-entropy holds two fp32 logit-sized gradients beside the kept softmax (2x its
+    activations) where a fused kernel holds the bf16 logits (1/2x); fp32 gradient buffers hold
+    4 bytes per parameter where 16-bit ones hold 2."""
+    g, cl = load_model("llama3-8b", 4096), parse_cluster("8xh100")
+    s = Strategy(mesh=Mesh(dp_shard=8), default=LayerStrategy(sharding="zero1"))
+
+    def stage(**kw: str):  # type: ignore[no-untyped-def]
+        return estimate(g, cl, s, Workload(seq_len=4096, global_batch=8, **kw)).stages[0]  # type: ignore[arg-type]
+
+    eager, fused = stage(), stage(cross_entropy="fused")
+    price = UnitPricer(DeviceModel(cl), s, Workload(seq_len=4096, global_batch=8))
+    head = price("head", dict(g.blocks())["head"]).activations
+    assert eager.buffers - fused.buffers == pytest.approx(1.5 * head, rel=1e-12)
+    assert head == pytest.approx(4 * 4096 * g.config["vocab"], rel=0.05)  # mostly the fp32 softmax
+    half = stage(grad_dtype="bf16")
+    assert eager.grad_bytes == 2 * half.grad_bytes and eager.param_bytes == half.param_bytes

@@ -23,13 +23,17 @@ def _one_layer_graph(params: int) -> LayerGraph:
 
 @pytest.mark.parametrize("sharding,gb", [("replicate", 120.0), ("zero1", 31.4), ("zero2", 16.6), ("zero3", 1.88)])
 def test_zero_paper_model_state_grid(sharding: str, gb: float) -> None:
-    """Rajbhandari et al. 2020, Figure 1: Psi = 7.5B, N_d = 64, K = 12 (mixed-precision Adam)."""
+    """Rajbhandari et al. 2020, Figure 1: Psi = 7.5B, N_d = 64, K = 12 (mixed-precision Adam, 16-bit
+    gradients); with fp32 gradient buffers (the default) each unsharded gradient byte pair doubles."""
     g = _one_layer_graph(7_500_000_000)
     s = Strategy(mesh=Mesh(dp_shard=64), default=LayerStrategy(sharding=sharding))
-    r = estimate(g, parse_cluster("64xa100-80gb"), s, Workload(seq_len=1, global_batch=64))
+    cl = parse_cluster("64xa100-80gb")
+    r = estimate(g, cl, s, Workload(seq_len=1, global_batch=64, grad_dtype="bf16"))
     st = r.stages[0]
     states = st.param_bytes + st.grad_bytes + st.optim_bytes
     assert round(states / 1e9, 2 if gb < 10 else 1) == gb
+    fp32 = estimate(g, cl, s, Workload(seq_len=1, global_batch=64)).stages[0]
+    assert fp32.grad_bytes == 2 * st.grad_bytes and fp32.param_bytes == st.param_bytes
 
 
 def _gpt_block_acts(tp: int, sp: bool, recompute: str, seq: int = 2048, b: int = 4) -> tuple[float, dict]:

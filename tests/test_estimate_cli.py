@@ -68,6 +68,8 @@ def test_estimate_json_keys() -> None:
         (["--schedule", "bogus"], "unknown schedule 'bogus'"),
         (["--zero", "5"], "--zero must be 0, 1, 2 or 3"),
         (["--pp", "2", "--vpp", "2"], "vpp=2 needs schedule 'interleaved'"),
+        (["--cross-entropy", "bogus"], "unknown cross-entropy 'bogus'; known: eager, fused"),
+        (["--grad-dtype", "fp8"], "unknown gradient dtype 'fp8'"),
     ],
 )
 def test_estimate_errors_exit_2(args: list[str], needle: str) -> None:

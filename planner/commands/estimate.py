@@ -44,6 +44,8 @@ KEYS = (
     "vpp",
     "precision",
     "attention_kernel",
+    "cross_entropy",
+    "grad_dtype",
     "sequence_parallel",
     "profile",
     "memory_limit",
@@ -128,6 +130,7 @@ def price_args(a: dict[str, Any]) -> dict[str, Any]:
     from costmodel.estimate import estimate
     from costmodel.strategy import (
         ATTENTION_KERNEL_CHOICES,
+        CROSS_ENTROPY_CHOICES,
         ZERO_TO_SHARDING,
         LayerStrategy,
         Mesh,
@@ -159,9 +162,16 @@ def price_args(a: dict[str, Any]) -> dict[str, Any]:
     kernel = a.get("attention_kernel") or (wl.attention_kernel if wl else "auto")
     if kernel not in ATTENTION_KERNEL_CHOICES:
         raise ShardplanError(f"unknown attention kernel '{kernel}'; known: {', '.join(ATTENTION_KERNEL_CHOICES)}")
+    ce = a.get("cross_entropy") or (wl.cross_entropy if wl else "eager")
+    if ce not in CROSS_ENTROPY_CHOICES:
+        raise ShardplanError(f"unknown cross-entropy '{ce}'; known: {', '.join(CROSS_ENTROPY_CHOICES)}")
+    grad = a.get("grad_dtype") or (wl.grad_dtype if wl else "fp32")
+    if grad not in ("fp32", "bf16"):
+        raise ShardplanError(f"unknown gradient dtype '{grad}'; known: fp32, bf16")
     graph = load_model(model, int(seq))
     try:
-        w = Workload(seq_len=int(seq), global_batch=int(gb), precision=precision, attention_kernel=kernel)
+        w = Workload(seq_len=int(seq), global_batch=int(gb), precision=precision, attention_kernel=kernel,
+                     cross_entropy=ce, grad_dtype=grad)
         if plan is not None:
             s = plan.strategy
         else:
@@ -275,6 +285,10 @@ def estimate_cmd(
     attention_kernel: str = typer.Option(
         None, "--attention-kernel", help="auto | flash2 (FlashAttention-2, SDPA) | flash3 (Hopper-native)"
     ),
+    cross_entropy: str = typer.Option(
+        None, "--cross-entropy", help="eager (PyTorch F.cross_entropy, the default) | fused (Megatron)"
+    ),
+    grad_dtype: str = typer.Option(None, "--grad-dtype", help="gradient buffers: fp32 (default) | bf16"),
     sequence_parallel: bool = typer.Option(
         False, "--sequence-parallel", help="Megatron sequence parallelism"
     ),
@@ -296,6 +310,8 @@ def estimate_cmd(
         "global_batch": global_batch,
         "precision": precision,
         "attention_kernel": attention_kernel,
+        "cross_entropy": cross_entropy,
+        "grad_dtype": grad_dtype,
         "profile": str(profile) if profile else None,
         "memory_limit": memory_limit,
     }

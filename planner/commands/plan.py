@@ -117,6 +117,9 @@ def plan_cmd(
     attention_kernel: str = typer.Option(
         "auto", "--attention-kernel", help="auto | flash2 (FlashAttention-2, SDPA) | flash3 (Hopper-native)"
     ),
+    cross_entropy: str = typer.Option(
+        "eager", "--cross-entropy", help="eager (PyTorch F.cross_entropy) | fused (Megatron's kernel)"
+    ),
     profile: Path = typer.Option(
         None, "--profile", help="measured profile (shardplan profile) to price with"
     ),
@@ -162,6 +165,7 @@ def plan_cmd(
             top_k,
             progress,
             attention_kernel,
+            cross_entropy,
         )
     wall = time.perf_counter() - t0
     if output is not None:
