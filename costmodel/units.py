@@ -345,7 +345,8 @@ def _data_parallel(
     u.grad_bytes += int(params * gb // g_div)
     u.optim_bytes += int(params * ob // o_div)
     u.state_params += 0.0 if offload == "params" else params * pb / p_div
-    u.state_grads += params * gb / g_div
+    # ZeRO-Offload / FSDP2's CPU offload: reduced gradient shards stream to the host optimizer
+    u.state_grads += 0.0 if on_host_optim and g_div > 1 else params * gb / g_div
     u.state_optim += 0.0 if on_host_optim else params * ob / o_div
     local_opt = params / o_div
     # Adam reads and writes master, moments and gradient, and writes the compute copy.

@@ -393,7 +393,8 @@ class _DataParallel:
         repl = np.where(sh > 0, grp["repl_sharded"], grp["repl_full"])
         u_step = u_step + np.where(grp["repl_n"] > 1, repl, 0.0)
         u_gath = np.where((sh == 3) & (not keep), 2 * full, 0.0)
-        u_states = sp_ + params * gb / g_div + (0.0 if on_host else params * ob / o_div) + np.where(
+        grads_on_gpu = np.where(on_host & (g_div > 1), 0.0, params * gb / g_div)  # sharded ones stream to host
+        u_states = sp_ + grads_on_gpu + (0.0 if on_host else params * ob / o_div) + np.where(
             (sh == 3) & keep, full - params * pb / p_div, 0.0)
         out = tuple(np.where(has, v, 0.0) for v in (u_states, u_comm, u_step, opt_t, off_t, u_gath))
         self.parts[ck] = out
