@@ -5,9 +5,12 @@
    configurations are priced with every uniform layer strategy at once
    (:func:`costmodel.vectorized.price_grid`) until the bound reaches the best plan so far.
 2. Spaces with per-layer choices then solve each configuration exactly, in increasing order of a
-   tighter bound (every unit at its fastest option, memory ignored, stages balanced), until that
+   tighter bound (every unit at its fastest option, stages balanced, the memory limit priced by a
+   Lagrange multiplier), until that
    bound reaches the incumbent: without a pipeline the OSDP chain (:mod:`solvers.osdp_ilp`), with
-   one the stage DP of each uniform (sharding, offload) (:mod:`solvers.stages`).
+   one the stage DP of each uniform (sharding, offload), or of all of them at once when the stages
+   choose their own (the ``staged`` space; :mod:`solvers.stages`). The bounds are in
+   :mod:`solvers.bounds`.
 3. The best plans are re-priced by :func:`costmodel.estimate.estimate` and returned with the
    runners-up and a throughput/memory Pareto frontier.
 
