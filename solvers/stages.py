@@ -16,6 +16,10 @@ each; the embedding rides on the first stage, the head on the last). Everything 
 
 With interleaved stages (``vpp > 1``) the split is the even one and each rank's choice is
 independent (``m·max T + (p-1)·max T / v`` only grows with each ``T``).
+
+Given several problems of one mesh (one per sharding and offload), each stage takes the one that
+serves the pipeline best: the DP's candidates for a stage are the problems' stage costs, less the
+ones another beats in everything the objective reads.
 """
 
 from __future__ import annotations
