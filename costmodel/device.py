@@ -46,7 +46,8 @@ class DeviceModel:
         self.cluster = cluster
         self.acc = cluster.accelerator
         self.profile = profile
-        self.c = constants or constants_for(self.acc.name)
+        self.c = constants or constants_for(self.acc.name).with_overrides(self.acc.cost_constants)
+        self.share = self._compute_share()
         if profile is not None:
             kind = profile.device.kind
             if kind != self.acc.kind:
@@ -54,6 +55,15 @@ class DeviceModel:
                     f"profile was measured on a {kind} device ({profile.device.name}) but the cluster's "
                     f"accelerator '{self.acc.name}' is a {self.acc.kind}: profile and cluster must match"
                 )
+
+    def _compute_share(self) -> float:
+        """The fraction of its measured speed a rank gets when a node's ranks share fewer cores
+        than their profiled threads (CPU hosts); 1 otherwise."""
+        cores = self.acc.cores_per_node
+        if not cores or self.profile is None or self.profile.compute is None:
+            return 1.0
+        ranks = min(self.cluster.world_size, self.cluster.gpus_per_node)
+        return min(1.0, cores / (ranks * self.profile.device.threads))
 
     # ---- compute ---------------------------------------------------------------------------
     def gemm_rate(self, precision: str) -> float:
@@ -74,7 +84,8 @@ class DeviceModel:
             return 0.0
         if self.profile is not None and self.profile.compute is not None and self.profile.compute.gemm:
             phase = "bwd" if backward else "fwd"
-            return calls * flops * (2 if backward else 1) / self.profile.gemm_flops_per_s(flops, phase, shape)
+            rate = self.profile.gemm_flops_per_s(flops, phase, shape) * self.share
+            return calls * flops * (2 if backward else 1) / rate
         return calls * (flops / self.gemm_rate(precision) + self.c.gemm_overhead_s) * (2 if backward else 1)
 
     def attention_rate(self, kernel: str = "auto") -> float:
@@ -88,8 +99,8 @@ class DeviceModel:
         work = flops * (0.5 if causal else 1.0)
         if self.profile is not None and self.profile.compute is not None and self.profile.compute.attention:
             if backward:  # the measured backward rate counts 2x the forward FLOPs
-                return 2 * work / self.profile.attention_flops_per_s(flops, phase="bwd")
-            return work / self.profile.attention_flops_per_s(flops, phase="fwd")
+                return 2 * work / (self.profile.attention_flops_per_s(flops, phase="bwd") * self.share)
+            return work / (self.profile.attention_flops_per_s(flops, phase="fwd") * self.share)
         t = work / self.attention_rate(kernel) + self.c.gemm_overhead_s
         return t * (self.c.attention_bwd_ratio if backward else 1.0)
 
@@ -98,7 +109,7 @@ class DeviceModel:
         if nbytes <= 0:
             return 0.0
         if self.profile is not None and self.profile.compute is not None and self.profile.compute.bandwidth:
-            t = nbytes / self.profile.bytes_per_s(op)
+            t = nbytes / (self.profile.bytes_per_s(op) * self.share)
             return t * self.profile.bwd_fwd_ratio(op) if backward else t
         t = nbytes / (self.acc.hbm_tbps * 1e12 * self.c.memory_efficiency)
         return 2 * t if backward else t

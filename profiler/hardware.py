@@ -65,6 +65,11 @@ class Accelerator:
             over the bf16 peak (``flash2``: FlashAttention-2 / PyTorch SDPA's flash backend;
             ``flash3``: Hopper-native kernels, FlashAttention-3 or cuDNN/Transformer Engine fused
             attention). Empty: attention kernels are assumed to reach ``gemm_efficiency``.
+        cores_per_node: physical cores a node's ranks share (CPU hosts; 0 = each rank has its own
+            device). A profile measured with ``t`` threads per rank then runs at
+            ``min(1, cores / (ranks per node · t))`` of its measured speed.
+        cost_constants: physics of this device that overrides fitted cost constants (e.g. no
+            communication/computation overlap on a CPU, where gloo runs on the compute cores).
         sources: where each group of numbers comes from.
     """
 
@@ -80,6 +85,8 @@ class Accelerator:
     gemm_efficiency: float
     busbw_efficiency: float
     attention_efficiency: dict[str, float] = field(default_factory=dict)
+    cores_per_node: int = 0
+    cost_constants: dict[str, float] = field(default_factory=dict)
     vendor: str = ""
     aliases: tuple[str, ...] = ()
     sources: dict[str, str] = field(default_factory=dict)
@@ -132,6 +139,7 @@ class Accelerator:
             d["aliases"] = tuple(d.get("aliases", ()))
             d["peak_tflops"] = {k: float(v) for k, v in d["peak_tflops"].items()}
             d["attention_efficiency"] = {k: float(v) for k, v in (d.get("attention_efficiency") or {}).items()}
+            d["cost_constants"] = {k: float(v) for k, v in (d.get("cost_constants") or {}).items()}
             return cls(**d)
         except (KeyError, TypeError) as e:
             raise ShardplanError(f"accelerator '{d.get('name', '?')}': bad or missing field: {e}") from None

@@ -182,3 +182,18 @@ def test_gemm_rate_by_shape_prefers_the_nearest_measured_shapes() -> None:
     near_thin = prof.gemm_flops_per_s(1.07e9, "fwd", (128, 3000, 1024))
     assert 5e10 < near_thin < 7.07e10  # nearer the thin point than the geometric mean of the two
     assert prof.gemm_flops_per_s(1.07e9, "fwd") == pytest.approx(7.5e10)  # without a shape: by FLOPs
+
+
+def test_ranks_sharing_cores_run_at_their_share_and_gloo_hides_nothing(prof: Profile) -> None:
+    """On a CPU host (cpu.yaml: 2 cores) four ranks profiled with 2 threads each get a quarter of
+    the measured speed; the accelerator file's physics sets every overlap to 0."""
+    from costmodel.device import DeviceModel
+    from profiler.hardware import parse_cluster
+
+    one, four = DeviceModel(parse_cluster("1xcpu"), prof), DeviceModel(parse_cluster("4xcpu"), prof)
+    assert (one.share, four.share) == (1.0, 0.25)
+    assert four.gemm_time(1e8) == pytest.approx(4 * one.gemm_time(1e8), rel=1e-12)
+    assert four.memory_time(1e6, "softmax") == pytest.approx(4 * one.memory_time(1e6, "softmax"), rel=1e-12)
+    assert DeviceModel(parse_cluster("4xcpu")).share == 1.0  # spec sheet: the host's peak as given
+    assert four.c.fsdp_overlap == four.c.dp_overlap == four.c.tp_overlap == four.c.pp_overlap == 0.0
+    assert DeviceModel(parse_cluster("8xh100")).c.fsdp_overlap > 0
