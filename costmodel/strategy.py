@@ -107,7 +107,6 @@ class Workload(_Strict):
         "eager", description="eager: PyTorch F.cross_entropy on fp32 logits (this runtime, torchtitan, HF); "
         "fused: a fused vocab-parallel kernel (Megatron-LM, NeMo)"
     )
-
     grad_dtype: Literal["fp32", "bf16"] = Field(
         "fp32", description="gradient buffers under bf16/fp8: fp32 (Megatron's main_grad, FSDP2 with an fp32 "
         "reduce dtype, DeepSpeed's bf16 optimizer) or 16-bit (the ZeRO paper's 2 bytes per parameter)"

@@ -18,14 +18,14 @@ TP_SPLIT_ROLES = ("column", "row", "heads", "vocab")
 # Bytes per parameter by precision: (compute copy, gradient, optimizer incl. fp32 master), with the
 # ZeRO paper's 16-bit gradients; ``state_bytes`` applies the workload's gradient dtype.
 STATE_BYTES = {"bf16": (2, 2, 12), "fp8": (2, 2, 12), "fp32": (4, 4, 8)}
+GRAD_REDUCE_BYTES = 4  # gradients are reduced in fp32 (FSDP2 reduce_dtype, Megatron main_grad)
+GATHER_BYTES = 2  # parameters are gathered in bf16
 
 
 def state_bytes(w: Workload) -> tuple[int, int, int]:
     """(compute copy, gradient, optimizer) bytes per parameter of ``w``."""
     pb, gb, ob = STATE_BYTES[w.precision]
     return pb, 4 if w.grad_dtype == "fp32" else gb, ob
-GRAD_REDUCE_BYTES = 4  # gradients are reduced in fp32 (FSDP2 reduce_dtype, Megatron main_grad)
-GATHER_BYTES = 2  # parameters are gathered in bf16
 
 
 def act_width(n: LayerNode | None, precision: str) -> float:
