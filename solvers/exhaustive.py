@@ -13,7 +13,7 @@ from costmodel.strategy import LayerStrategy, Strategy, Workload
 from profiler.graph import LayerGraph
 from profiler.hardware import Cluster
 from solvers.chain import ChainProblem, ChainSolution, large_ops, option_strategy
-from solvers.space import SpaceOptions, mesh_configs, pipeline_combos, unit_options
+from solvers.space import SpaceOptions, mesh_configs, pipeline_combos, sharding_offloads, unit_options
 
 
 def solve_chain(prob: ChainProblem) -> ChainSolution:
@@ -43,9 +43,8 @@ def space_plans(graph: LayerGraph, cluster: Cluster, w: Workload, opts: SpaceOpt
     units = list(graph.blocks())
     for cfg in mesh_configs(graph, cluster, w, opts):
         shard_group = cfg.dp_shard * cfg.cp
-        shardings = opts.shardings if shard_group > 1 else opts.shardings[:1]
         if not opts.per_layer:
-            for sh, rc, off in product(shardings, opts.recomputes, opts.offloads):
+            for (sh, off), rc in product(sharding_offloads(opts, shard_group), opts.recomputes):
                 ls = LayerStrategy(sharding=sh, recompute=rc, offload=off)  # type: ignore[arg-type]
                 yield cfg.strategy(default=ls)
         elif cfg.pp == 1:

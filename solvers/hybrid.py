@@ -46,7 +46,7 @@ from solvers.bounds import (
 from solvers.chain import chain_strategy, large_ops, mesh_problem
 from solvers.osdp_ilp import solve_ilp
 from solvers.result import Found, SearchResult, family_of
-from solvers.space import MeshConfig, SpaceOptions, mesh_configs, pipeline_combos, space_options
+from solvers.space import MeshConfig, SpaceOptions, mesh_configs, offload_fits, pipeline_combos, space_options
 from solvers.stages import PipelineProblem, UnitView, pipeline_strategy, solve_pipeline
 
 Progress = Callable[[str, int, int], None]
@@ -91,11 +91,12 @@ def search(graph: LayerGraph, cluster: Cluster, w: Workload, space: str | SpaceO
             f"{w.global_batch} and seq_len {w.seq_len}: the global batch must be divisible by the "
             f"data-parallel degree (and seq_len by 2*cp)")
     uopts = [GridOption(sh, rc, off)
-             for sh, rc, off in product(opts.shardings, opts.recomputes, opts.offloads)]
+             for sh, rc, off in product(opts.shardings, opts.recomputes, opts.offloads) if offload_fits(sh, off)]
     lopts: list[GridOption] = []  # for the bounds of meshes without a pipeline: large operators under ZeRO-3
     if opts.per_layer and "zero3" in opts.shardings:
         lopts = [GridOption(sh, rc, off, large=True) for sh, rc, off in product(
-            [x for x in opts.shardings if x in ("replicate", "zero1")], opts.recomputes, opts.offloads)]
+            [x for x in opts.shardings if x in ("replicate", "zero1")], opts.recomputes, opts.offloads)
+            if off != "params"]
     pool = _Pool(max(top_k, 1))
     lb0 = compute_bound(graph, cluster, w, configs, device=dev)
     order = np.argsort(lb0, kind="stable")
@@ -225,9 +226,13 @@ def _items(graph: LayerGraph, parts: list[Part], configs: list[MeshConfig],
             continue
         sub, sub_rows = sub_grid(gr, deep), MeshRows.of([rows[i] for i in deep], w, dev, limit)
         problems: dict[tuple, list[int]] = {}  # (sharding, offload) pairs the stages choose from -> rows
+        combos: dict[bool, list[tuple]] = {}  # they depend on the mesh only through its shard group
         for r, cfg in enumerate(sub_rows.cfgs):
-            for pairs in pipeline_combos(graph, cfg, opts):
-                problems.setdefault(tuple(pairs), []).append(r)
+            grouped = cfg.dp_shard * cfg.cp > 1
+            if grouped not in combos:
+                combos[grouped] = [tuple(pairs) for pairs in pipeline_combos(graph, cfg, opts)]
+            for pairs in combos[grouped]:
+                problems.setdefault(pairs, []).append(r)
         for s_i, (pairs, rs) in enumerate(sorted(problems.items())):
             masks = [np.array([(o.sharding, o.offload) == pair for o in uopts]) for pair in pairs]
             lb = grid_bounds(sub, sub_rows, dev, layout, np.logical_or.reduce(masks), best)

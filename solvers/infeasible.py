@@ -28,7 +28,7 @@ from profiler.errors import ShardplanError
 from profiler.graph import LayerGraph
 from profiler.hardware import Cluster
 from solvers.chain import ChainProblem, chain_strategy, large_ops, mesh_problem
-from solvers.space import MeshConfig, SpaceOptions, pipeline_combos
+from solvers.space import MeshConfig, SpaceOptions, offload_fits, pipeline_combos
 from solvers.stages import PipelineProblem, PipelineSolution, pipeline_strategy
 
 
@@ -159,6 +159,7 @@ def min_memory(
     c = dev.c
     uopts = [
         GridOption(sh, rc, off) for sh, rc, off in product(opts.shardings, opts.recomputes, opts.offloads)
+        if offload_fits(sh, off)
     ]
     if opts.per_layer and "zero3" in opts.shardings:  # per-operator ZeRO-3 may need less: bound it too
         uopts += [
@@ -166,6 +167,7 @@ def min_memory(
             for sh, rc, off in product(
                 [x for x in opts.shardings if x in ("replicate", "zero1")], opts.recomputes, opts.offloads
             )
+            if off != "params"
         ]
     gr = price_grid(graph, cluster, w, configs, uopts, device=dev, large_ops=large_ops)
     counts = np.bincount(np.array(gr.unit_index), minlength=len(gr.units))

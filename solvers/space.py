@@ -11,7 +11,8 @@ split as evenly as possible, as Llama 3 405B and Megatron's weak-scaling runs do
 Named spaces (:data:`SPACES`):
 
 * ``fsdp`` — FSDP/HSDP: data parallelism only (``dp_replicate × dp_shard``), uniform sharding
-  ``zero2``/``zero3``/``zero3_keep``, uniform recomputation, optional parameter offload.
+  ``zero2``/``zero3``/``zero3_keep``, uniform recomputation, optional parameter offload (under ZeRO-3
+  only, as DeepSpeed and FSDP2 do it; :func:`offload_fits`).
 * ``osdp`` — OSDP: data parallelism only; every unit chooses its sharding (replicate, ZeRO-1/2/3,
   ZeRO-3 kept gathered), recomputation and offload, and its large operators (at least a quarter
   of the unit's largest) may instead run under ZeRO-3 split into 2 or 4 slices, or under ZeRO-3
@@ -261,24 +262,42 @@ def mesh_configs(
                                             )
 
 
+def offload_fits(sharding: str, offload: str) -> bool:
+    """Parameters are offloaded only where ZeRO-3 shards them (DeepSpeed's ``offload_param`` and
+    FSDP2's CPU offload alike); optimizer offload goes with any sharding (ZeRO-Offload)."""
+    return offload != "params" or sharding in ("zero3", "zero3_keep")
+
+
+def sharding_offloads(opts: SpaceOptions, shard_group: int) -> list[tuple[str, str]]:
+    """The (sharding, offload) pairs a mesh may take, sharding-major. Without a shard group every
+    sharding prices as replication: per offload, the first sharding that allows it stands for all."""
+    pairs = [(sh, off) for sh in opts.shardings for off in opts.offloads if offload_fits(sh, off)]
+    if shard_group > 1:
+        return pairs
+    seen: set[str] = set()
+    return [p for p in pairs if not (p[1] in seen or seen.add(p[1]))]  # type: ignore[func-returns-value]
+
+
 def unit_options(opts: SpaceOptions, shard_group: int) -> Iterator[tuple[str, str, str, int, bool]]:
     """(sharding, recompute, offload, split, mixed) a unit may take.
 
     ``split > 1`` splits the unit's large operators into slices under ZeRO-3 (splitting changes
     nothing else); ``mixed`` shards the large operators with ZeRO-3 while the rest of the unit is
-    replicated or ZeRO-1 (OSDP's per-operator choice). Without a shard group (``dp_shard·cp == 1``)
-    every sharding prices as ``replicate`` and neither applies.
+    replicated or ZeRO-1 (OSDP's per-operator choice; never with parameter offload, which needs the
+    whole unit under ZeRO-3). Without a shard group (``dp_shard·cp == 1``) every sharding prices as
+    ``replicate`` (named so, or ``zero3`` where parameters are offloaded) and neither applies.
     """
     group = shard_group > 1
-    shardings = opts.shardings if group else ("replicate",)
+    pairs = sharding_offloads(opts, shard_group) if group else [
+        ("replicate" if off != "params" else sh, off) for sh, off in sharding_offloads(opts, shard_group)]
     z3 = group and opts.per_layer and "zero3" in opts.shardings
-    for sh in shardings:
+    for sh in dict.fromkeys(sh for sh, _ in pairs):
         for rc in opts.recomputes:
-            for off in opts.offloads:
+            for off in [o for s2, o in pairs if s2 == sh]:
                 for k in opts.splits:
                     if k == 1 or (z3 and sh == "zero3"):
                         yield sh, rc, off, k, False
-                    if z3 and sh in ("replicate", "zero1"):
+                    if z3 and sh in ("replicate", "zero1") and off != "params":
                         yield sh, rc, off, k, True
 
 
@@ -288,9 +307,8 @@ def pipeline_combos(graph: LayerGraph, cfg: MeshConfig, opts: SpaceOptions) -> I
     With ``mix_stages`` each stage (each rank, with interleaving) takes its own pair, except in a
     model whose head is tied to the embedding (the runtime sums the two copies' gradients, which
     needs them sharded alike); otherwise one pair serves the whole pipeline. Without a shard group
-    every sharding prices as replication: the first one stands for all."""
-    shardings = opts.shardings if cfg.dp_shard * cfg.cp > 1 else opts.shardings[:1]
-    pairs = [(sh, off) for sh in shardings for off in opts.offloads]
+    every sharding prices as replication: one stands for all (:func:`sharding_offloads`)."""
+    pairs = sharding_offloads(opts, cfg.dp_shard * cfg.cp)
     if not opts.mix_stages or graph.config.get("tied_embeddings"):
         yield from ([pair] for pair in pairs)
     else:

@@ -253,3 +253,19 @@ def test_pipeline_bound_never_exceeds_the_exact_stage_optimum() -> None:
                 finite += bool(np.isfinite(exact))
                 bites += bool(np.isinf(lb[i]))
     assert finite > 10 and bites > 0
+
+
+def test_parameters_are_offloaded_only_under_zero3() -> None:
+    """DeepSpeed and FSDP2 offload parameters only where ZeRO-3 shards them: no space yields it
+    with another sharding; without a shard group a ZeRO-3 label stands for the replicated unit."""
+    from solvers.space import sharding_offloads, unit_options
+
+    for name in ("fsdp", "osdp", "full"):
+        for group in (1, 8):
+            opts = SPACES[name]
+            for sh, off in sharding_offloads(opts, group):
+                assert off != "params" or sh in ("zero3", "zero3_keep")
+            for sh, _, off, _, mixed in unit_options(opts, group):
+                assert off != "params" or (sh in ("zero3", "zero3_keep") and not mixed)
+            assert ("params" in opts.offloads) == any(off == "params" for _, off in sharding_offloads(opts, group))
+    assert sharding_offloads(SPACES["fsdp"], 1) == [("zero2", "none"), ("zero3", "params")]
