@@ -55,14 +55,16 @@ class MeshRows:
         return len(self.cfgs)
 
 
-def grid_bounds(gr: GridReport, rows: MeshRows, dev: DeviceModel, layout: tuple, mask: np.ndarray | None = None, best: float = np.inf) -> np.ndarray:
+def grid_bounds(gr: GridReport, rows: MeshRows, dev: DeviceModel, layout: tuple, mask: np.ndarray | None = None,
+                best: float = np.inf, serves: np.ndarray | None = None) -> np.ndarray:
     """Per row: no per-layer plan of the configuration is faster than this.
 
     Every unit at its fastest of the options in ``mask`` (times only grow with operator
     splitting), memory ignored; with a pipeline the slowest stage is at least the least possible
     maximum over stage boundaries of those times (each stage holds a block), and at least 1/p of
     the total. ``layout``: (embedding class, the block class if there is one, head class, blocks).
-    The stage balance is only worked out for rows whose 1/p bound is below ``best``.
+    The stage balance is only worked out for rows whose 1/p bound is below ``best`` (and that
+    ``serves`` selects, when given).
     """
     emb, block, head, L = layout
     counts = np.bincount(np.array(gr.unit_index), minlength=len(gr.units))
@@ -87,7 +89,7 @@ def grid_bounds(gr: GridReport, rows: MeshRows, dev: DeviceModel, layout: tuple,
     worst = t / p
     if block is None or gr.p2p_total is None:
         return bound(worst)
-    alive = (p > 1) & (bound(worst) < best)
+    alive = (p > 1) & (bound(worst) < best) & (True if serves is None else serves)
     if alive.any():
         zero = np.zeros(len(rows))
         hop = np.where(p > 1, gr.p2p_total / np.maximum(p * v - 1, 1), 0.0)

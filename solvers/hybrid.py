@@ -225,23 +225,25 @@ def _items(graph: LayerGraph, parts: list[Part], configs: list[MeshConfig],
         if not len(deep):
             continue
         sub, sub_rows = sub_grid(gr, deep), MeshRows.of([rows[i] for i in deep], w, dev, limit)
-        problems: dict[tuple, list[int]] = {}  # (sharding, offload) pairs the stages choose from -> rows
-        combos: dict[bool, list[tuple]] = {}  # they depend on the mesh only through its shard group
-        for r, cfg in enumerate(sub_rows.cfgs):
-            grouped = cfg.dp_shard * cfg.cp > 1
-            if grouped not in combos:
-                combos[grouped] = [tuple(pairs) for pairs in pipeline_combos(graph, cfg, opts)]
-            for pairs in combos[grouped]:
-                problems.setdefault(pairs, []).append(r)
-        for s_i, (pairs, rs) in enumerate(sorted(problems.items())):
+        # the (sharding, offload) pairs the stages choose from depend on the mesh only through
+        # whether it has a shard group: pairs -> the rows they serve
+        grouped = np.array([c.dp_shard * c.cp > 1 for c in sub_rows.cfgs])
+        problems: dict[tuple, np.ndarray] = {}
+        for g in (True, False):
+            if (grouped == g).any():
+                cfg = sub_rows.cfgs[int(np.flatnonzero(grouped == g)[0])]
+                for pairs in pipeline_combos(graph, cfg, opts):
+                    problems[tuple(pairs)] = problems.get(tuple(pairs), np.zeros(len(grouped), bool)) | (grouped == g)
+        for s_i, pairs in enumerate(sorted(problems)):
+            serves = problems[pairs]
             masks = [np.array([(o.sharding, o.offload) == pair for o in uopts]) for pair in pairs]
-            lb = grid_bounds(sub, sub_rows, dev, layout, np.logical_or.reduce(masks), best)
-            lb = np.maximum(lb, interleaved_lagrange(sub, sub_rows, dev, layout, block_cls, masks, lb < best))
-            lb = np.maximum(lb, pipeline_lagrange(sub, sub_rows, dev, head, np.logical_or.reduce(masks), lb < best))
-            for r in rs:
-                if lb[r] < best:
-                    i = int(deep[r])
-                    items.append((float(lb[r]), (int(live[i]), s_i + 1), part, i, pairs))
+            both = np.logical_or.reduce(masks)
+            lb = grid_bounds(sub, sub_rows, dev, layout, both, best, serves)
+            lb = np.maximum(lb, interleaved_lagrange(sub, sub_rows, dev, layout, block_cls, masks, serves & (lb < best)))
+            lb = np.maximum(lb, pipeline_lagrange(sub, sub_rows, dev, head, both, serves & (lb < best)))
+            for r in np.flatnonzero(serves & (lb < best)):
+                i = int(deep[r])
+                items.append((float(lb[r]), (int(live[i]), s_i + 1), part, i, pairs))
     items.sort(key=lambda x: (x[0], x[1]))
     return items
 
