@@ -274,8 +274,10 @@ def sharding_offloads(opts: SpaceOptions, shard_group: int) -> list[tuple[str, s
     pairs = [(sh, off) for sh in opts.shardings for off in opts.offloads if offload_fits(sh, off)]
     if shard_group > 1:
         return pairs
-    seen: set[str] = set()
-    return [p for p in pairs if not (p[1] in seen or seen.add(p[1]))]  # type: ignore[func-returns-value]
+    first: dict[str, str] = {}
+    for sh, off in pairs:
+        first.setdefault(off, sh)
+    return [(sh, off) for sh, off in pairs if first[off] == sh]
 
 
 def unit_options(opts: SpaceOptions, shard_group: int) -> Iterator[tuple[str, str, str, int, bool]]:
