@@ -75,6 +75,23 @@ def even_split(blocks: int, stages: int) -> list[int]:
     return [base + (1 if i in bonus else 0) for i in range(stages)]
 
 
+def rank_blocks(blocks: int, p: int, v: int = 1, layout: list[int] | None = None) -> list[list[int]]:
+    """Block indices each pipeline rank holds: virtual stage ``k`` (blocks per stage from ``layout``,
+    or the even split into ``p·v``) lives on rank ``k mod p``, as :func:`stage_units` lays them out."""
+    out: list[list[int]] = [[] for _ in range(p)]
+    start = 0
+    for k, n in enumerate(layout if layout is not None else even_split(blocks, p * v)):
+        out[k % p].extend(range(start, start + n))
+        start += n
+    return out
+
+
+def rank_sends(p: int, v: int = 1) -> list[int]:
+    """Stage boundaries each pipeline rank sends across per micro-batch (virtual stage ``k`` sends
+    to ``k + 1``; the last one sends nothing)."""
+    return [len(range(r, p * v - 1, p)) for r in range(p)]
+
+
 def stage_units(graph: LayerGraph, s: Strategy) -> list[list[tuple[str, list[LayerNode]]]]:
     """Units of each *virtual* stage; embedding on the first, head on the last."""
     units = list(graph.blocks())

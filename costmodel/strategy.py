@@ -16,6 +16,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from profiler.errors import ShardplanError
+
 SHARDINGS = ("replicate", "zero1", "zero2", "zero3", "zero3_keep")
 RECOMPUTES = ("none", "selective", "full")
 OFFLOADS = ("none", "optimizer", "params")
@@ -30,11 +32,24 @@ Offload = Literal["none", "optimizer", "params"]
 Schedule = Literal["gpipe", "1f1b", "interleaved", "zb"]
 AttentionKernel = Literal["auto", "flash2", "flash3"]
 CROSS_ENTROPY_CHOICES = ("eager", "fused")
+GRAD_DTYPE_CHOICES = ("fp32", "bf16")
+#: the workload's kernel and buffer choices: field -> (what a message calls it, accepted values)
+WORKLOAD_CHOICES = {"attention_kernel": ("attention kernel", ATTENTION_KERNEL_CHOICES),
+                    "cross_entropy": ("cross-entropy", CROSS_ENTROPY_CHOICES),
+                    "grad_dtype": ("gradient dtype", GRAD_DTYPE_CHOICES)}
 #: Transient memory of the loss beside the fp32 softmax it keeps, as a multiple of that softmax:
 #: PyTorch eager ``F.cross_entropy(logits.float())`` holds, in its backward, the incoming gradient
 #: of the log-softmax and the outgoing one (2x); a fused kernel (Megatron's vocab-parallel
 #: cross-entropy, Liger, a compiled loss) writes the gradient in place and holds the bf16 logits (1/2).
 LOSS_BUFFER = {"eager": 2.0, "fused": 0.5}
+
+
+def check_workload_choices(**values: str) -> None:
+    """One clear message for a value of a :data:`WORKLOAD_CHOICES` field that is not accepted."""
+    for name, value in values.items():
+        what, known = WORKLOAD_CHOICES[name]
+        if value not in known:
+            raise ShardplanError(f"unknown {what} '{value}'; known: {', '.join(known)}")
 
 
 class _Strict(BaseModel):

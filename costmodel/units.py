@@ -28,6 +28,11 @@ def state_bytes(w: Workload) -> tuple[int, int, int]:
     return pb, 4 if w.grad_dtype == "fp32" else gb, ob
 
 
+#: the profile's bandwidth case each bandwidth-bound node kind is priced by (else ``elementwise``)
+MEMORY_OPS = {"norm": "norm", "embedding": "embedding", "loss": "cross_entropy", "activation": "activation",
+              "dropout": "dropout"}
+
+
 def act_width(n: LayerNode | None, precision: str) -> float:
     """The graph counts activations as 2-byte (bf16) tensors: fp32 training doubles them, except the
     loss (its softmax is fp32 already) and dropout masks (one byte either way)."""
@@ -187,9 +192,7 @@ def node_times(n: LayerNode, dev: DeviceModel, s: Strategy, w: Workload, split: 
                 dev.gemm_time(flops / calls, prec, calls, backward=True, shape=shape))
     if n.kind == "attention":
         return attention_times(n, dev, flops, n.mem_bytes * scale * act_width(n, prec), prec, w.attention_kernel)
-    op = {"norm": "norm", "embedding": "embedding", "loss": "cross_entropy", "activation": "activation",
-          "dropout": "dropout"}.get(
-        n.kind, "elementwise")
+    op = MEMORY_OPS.get(n.kind, "elementwise")
     nbytes = n.mem_bytes * scale * traffic_width(n, prec)
     return dev.memory_time(nbytes, op), dev.memory_time(nbytes, op, backward=True)
 

@@ -35,6 +35,7 @@ from costmodel.vectorized_units import (
     _Net,
     _times,
     _unit,
+    block_classes,
     unit_classes,
     unit_names,
 )
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
     from profiler.profile_schema import Profile
 
 F = np.ndarray
-__all__ = ["GridOption", "GridReport", "MeshLike", "UnitArrays", "compute_bound", "price_grid",
+__all__ = ["GridOption", "GridReport", "MeshLike", "UnitArrays", "block_classes", "compute_bound", "price_grid",
            "strategies_grid", "unit_classes", "unit_names"]
 
 

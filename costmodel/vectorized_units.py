@@ -20,7 +20,7 @@ from costmodel.units import (
     GATHER_BYTES,
     GEMM_KINDS,
     GRAD_REDUCE_BYTES,
-    STATE_BYTES,
+    MEMORY_OPS,
     TP_SPLIT_ROLES,
     act_width,
     attention_times,
@@ -78,6 +78,12 @@ def unit_classes(graph: LayerGraph) -> tuple[list[tuple[str, list[LayerNode]]], 
         index.append(keys[key])
     graph.__dict__["_unit_classes"] = (len(graph.nodes), reps, index)
     return reps, index
+
+
+def block_classes(graph: LayerGraph) -> list[int]:
+    """The class (:func:`unit_classes`) of every transformer block, in order."""
+    _, index = unit_classes(graph)
+    return [k for k, n in zip(index, unit_names(graph), strict=True) if n.startswith("layers.")]
 
 
 @dataclass
@@ -201,9 +207,7 @@ def _times(dev: DeviceModel, n: LayerNode, scale: F, calls: F, tdiv: F, prec: st
         uniq_c, inv = np.unique(scale + 1j * calls, return_inverse=True)
         uniq = np.stack([uniq_c.real, uniq_c.imag, np.ones(len(uniq_c))])
     fwd, bwd = np.empty(uniq.shape[1]), np.empty(uniq.shape[1])
-    op = {"norm": "norm", "embedding": "embedding", "loss": "cross_entropy", "activation": "activation",
-          "dropout": "dropout"}.get(
-        n.kind, "elementwise")
+    op = MEMORY_OPS.get(n.kind, "elementwise")
     for i, (sc, cl, td) in enumerate(uniq.T):
         flops = n.fwd_flops * sc
         if n.kind in GEMM_KINDS:
@@ -352,7 +356,7 @@ class _DataParallel:
     def _coll(self, keys: tuple, expert: bool) -> dict[str, Any]:
         if keys not in self.colls:
             g, net = self.g, self.net
-            pb = STATE_BYTES[self.w.precision][0]
+            pb = state_bytes(self.w)[0]
             params_i = sum((self.groups[k] for k in keys), np.zeros(len(self.fwd), dtype=np.int64))
             d, stride = (g.dps * g.cp // g.ep, g.tp * g.ep) if expert else (g.dps * g.cp, g.tp)
             repl_n, repl_s = g.dpr, g.tp * g.cp * g.dps

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from costmodel.device import DeviceModel
-from costmodel.strategy import ATTENTION_KERNEL_CHOICES, CROSS_ENTROPY_CHOICES, Workload
+from costmodel.strategy import Workload, check_workload_choices
 from planner.schema import Alternative, ClusterRef, Plan, PlanInputs, Predicted, SolverInfo
 from profiler.errors import ShardplanError
 from profiler.graph import LayerGraph
@@ -64,10 +64,7 @@ def search_plan(
         raise ShardplanError(f"unknown search space '{space}'; known: {', '.join(SPACES)}")
     if precision not in PRECISIONS:
         raise ShardplanError(f"unknown precision '{precision}'; known: {', '.join(PRECISIONS)}")
-    if attention_kernel not in ATTENTION_KERNEL_CHOICES:
-        raise ShardplanError(f"unknown attention kernel '{attention_kernel}'; known: {', '.join(ATTENTION_KERNEL_CHOICES)}")
-    if cross_entropy not in CROSS_ENTROPY_CHOICES:
-        raise ShardplanError(f"unknown cross-entropy '{cross_entropy}'; known: {', '.join(CROSS_ENTROPY_CHOICES)}")
+    check_workload_choices(attention_kernel=attention_kernel, cross_entropy=cross_entropy)
     if seq_len <= 0:
         raise ShardplanError(f"seq_len must be positive, got {seq_len}")
     batches = [global_batch] if isinstance(global_batch, int) else list(global_batch)

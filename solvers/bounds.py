@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from costmodel.device import DeviceModel
-from costmodel.estimate import even_split
+from costmodel.estimate import rank_blocks, rank_sends
 from costmodel.pipeline import in_flight
 from costmodel.strategy import Workload
 from costmodel.vectorized import GridReport
@@ -107,10 +107,8 @@ def max_stage(tb: np.ndarray, te: np.ndarray, th: np.ndarray, hop: np.ndarray, p
         rows = np.flatnonzero((p == pv[0]) & (v == pv[1]) & alive)
         P, V = pv
         if V > 1:  # interleaved: the even split
-            n_r, b_r = np.zeros(P), np.zeros(P)
-            for k, n in enumerate(even_split(L, P * V)):
-                n_r[k % P] += n
-                b_r[k % P] += k < P * V - 1
+            n_r = np.array([len(held) for held in rank_blocks(L, P, V)], dtype=float)
+            b_r = np.array(rank_sends(P, V), dtype=float)
             stage = tb[rows, None] * n_r + hop[rows, None] * b_r
             stage[:, 0] += te[rows]
             stage[:, -1] += th[rows]
@@ -232,7 +230,7 @@ def interleaved_lagrange(gr: GridReport, rows: MeshRows, dev: DeviceModel, layou
         mult = np.repeat(np.array([flies[mi] for mi in m.tolist()])[:, :, None], len(gr.units), axis=2)
         if head is not None:
             mult[:, P - 1, head] += rows.loss_buffer  # the loss's transients beside the kept softmax
-        hops = np.array([len(range(r, P * V - 1, P)) for r in range(P)])
+        hops = np.array(rank_sends(P, V))
         base = hops[None, :] * (gr.p2p_total[idx] / (P * V - 1))[:, None]
         ranks = np.full((len(idx), P), np.inf)
         for mask in masks:
@@ -269,11 +267,9 @@ def _rank_duals(time: np.ndarray, acts: np.ndarray, held: np.ndarray, mult: np.n
 def _held(block_cls: list[int], emb: int | None, head: int | None, L: int, P: int, V: int, K: int) -> np.ndarray:
     """(ranks, unit classes): how many units of each class each rank holds under the even split."""
     held = np.zeros((P, K))
-    start = 0
-    for k, n in enumerate(even_split(L, P * V)):
-        for b in block_cls[start:start + n]:
-            held[k % P, b] += 1
-        start += n
+    for r, blocks in enumerate(rank_blocks(L, P, V)):
+        for b in blocks:
+            held[r, block_cls[b]] += 1
     if emb is not None:
         held[0, emb] += 1
     if head is not None:

@@ -8,7 +8,7 @@ from itertools import product
 import numpy as np
 
 from costmodel.device import DeviceModel
-from costmodel.estimate import estimate, even_split
+from costmodel.estimate import estimate, rank_blocks
 from costmodel.strategy import LayerStrategy, Strategy, Workload
 from profiler.graph import LayerGraph
 from profiler.hardware import Cluster
@@ -76,9 +76,8 @@ def space_plans(graph: LayerGraph, cluster: Cluster, w: Workload, opts: SpaceOpt
 def _unit_ranks(names: list[str], p: int, v: int, layout: list[int] | None) -> list[int]:
     """The pipeline rank of every unit: the embedding on the first, the head on the last, the
     blocks by ``layout`` (blocks per rank) or the even split into ``p·v`` virtual stages."""
-    blocks = sum(n.startswith("layers.") for n in names)
-    sizes = layout if layout is not None else even_split(blocks, p * v)
-    per_block = [k % p for k, n in enumerate(sizes) for _ in range(n)]
+    per_block = {b: r for r, held in enumerate(rank_blocks(sum(n.startswith("layers.") for n in names), p, v, layout))
+                 for b in held}
     out, b = [], 0
     for n in names:
         if n.startswith("layers."):

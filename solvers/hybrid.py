@@ -31,7 +31,15 @@ from costmodel.device import DeviceModel
 from costmodel.estimate import estimate
 from costmodel.report import GIB
 from costmodel.strategy import Strategy, Workload
-from costmodel.vectorized import GridOption, GridReport, compute_bound, price_grid, unit_classes, unit_names
+from costmodel.vectorized import (
+    GridOption,
+    GridReport,
+    block_classes,
+    compute_bound,
+    price_grid,
+    unit_classes,
+    unit_names,
+)
 from profiler.errors import ShardplanError
 from profiler.graph import LayerGraph
 from profiler.hardware import Cluster
@@ -193,10 +201,9 @@ def search(graph: LayerGraph, cluster: Cluster, w: Workload, space: str | SpaceO
 
 def _layout(graph: LayerGraph) -> tuple:
     """(embedding class, the block class when all blocks are alike, head class, blocks)."""
-
     _, index = unit_classes(graph)
-    names = [n for n, _ in graph.blocks()]
-    blocks = {k for k, n in zip(index, names, strict=True) if n.startswith("layers.")}
+    names = unit_names(graph)
+    blocks = set(block_classes(graph))
     return (index[0] if names[0] == "embedding" else None, next(iter(blocks)) if len(blocks) == 1 else None,
             index[-1] if names[-1] == "head" else None, graph.num_blocks)
 
@@ -210,8 +217,7 @@ def _items(graph: LayerGraph, parts: list[Part], configs: list[MeshConfig],
     """Per-layer work (bound, key, part, row, sub-problem) that could beat ``best``, by increasing bound."""
     items = []
     names = unit_names(graph)
-    _, index = unit_classes(graph)
-    block_cls = [k for k, n in zip(index, names, strict=True) if n.startswith("layers.")]
+    block_cls = block_classes(graph)
     for part, (live, gr, gl) in enumerate(parts):
         rows = [configs[int(ci)] for ci in live]
         flat = np.flatnonzero([c.pp == 1 for c in rows])

@@ -20,7 +20,7 @@ from itertools import product
 import numpy as np
 
 from costmodel.device import DeviceModel
-from costmodel.estimate import UnitPricer, estimate, stage_units
+from costmodel.estimate import UnitPricer, estimate, rank_blocks, stage_units
 from costmodel.report import GIB, Report
 from costmodel.strategy import Strategy, Workload
 from costmodel.vectorized import GridOption, price_grid
@@ -85,13 +85,8 @@ def _pipeline_min(qs: list[PipelineProblem], boundaries: bool) -> tuple[float, P
         return best
 
     if pp.v > 1 or not boundaries or p == 1:
-        sizes = [0] * p
-        from costmodel.estimate import even_split
-
-        for i, n in enumerate(even_split(L, p * pp.v)):
-            sizes[i % p] += n
-        per = [stage(r, sizes[r]) for r in range(p)]
         layout = None
+        per = [stage(r, len(held)) for r, held in enumerate(rank_blocks(L, p, pp.v))]
     else:
         table = [[stage(r, n) if 1 <= n <= L else (np.inf, ()) for n in range(L + 1)] for r in range(p)]
         best = np.full(L + 1, np.inf)
@@ -111,26 +106,13 @@ def _pipeline_min(qs: list[PipelineProblem], boundaries: bool) -> tuple[float, P
             layout.append(int(choice[r][j]))
             j -= layout[-1]
         layout.reverse()
-        sizes = layout
-        per = [table[r][sizes[r]] for r in range(p)]
+        per = [table[r][layout[r]] for r in range(p)]
     if not all(np.isfinite(x) for x, _ in per):
         return None
     recompute: list[str] = []
     if pp.emb is not None:
         recompute.append(pp.recomputes[per[0][1][0]])
-    ranks = [[] for _ in range(p)]
-    if pp.v > 1 or layout is None:
-        from costmodel.estimate import even_split
-
-        start = 0
-        for i, n in enumerate(even_split(L, p * pp.v)):
-            ranks[i % p] += list(range(start, start + n))
-            start += n
-    else:
-        start = 0
-        for r, n in enumerate(sizes):
-            ranks[r] = list(range(start, start + n))
-            start += n
+    ranks = rank_blocks(L, p, pp.v, layout)
     blocks = [""] * L
     combos: list[tuple[str, str]] = [("", "")] * L
     for r, idx in enumerate(ranks):

@@ -21,7 +21,7 @@ from costmodel.estimate import DP_BUCKET_BYTES
 from costmodel.pipeline import in_flight
 from costmodel.strategy import Workload
 from costmodel.units import UnitCost, mesh_groups
-from costmodel.vectorized import unit_classes, unit_names
+from costmodel.vectorized import block_classes, unit_classes, unit_names
 from profiler.graph import LayerGraph
 from solvers.chain import memory_budget, price_option
 from solvers.space import MeshConfig
@@ -119,7 +119,7 @@ class PipelineProblem:
         names = unit_names(graph)
         self.emb = index[0] if names[0] == "embedding" else None
         self.head = index[-1] if names[-1] == "head" else None
-        self.block_cls = [k for k, n in zip(index, names, strict=True) if n.startswith("layers.")]
+        self.block_cls = block_classes(graph)
         self.kinds = sorted(set(self.block_cls))
         self.single = len(self.kinds) == 1
         self.m = w.global_batch // (cfg.dp * cfg.micro_batch)

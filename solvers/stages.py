@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from costmodel.estimate import even_split
+from costmodel.estimate import rank_blocks, rank_sends
 from costmodel.strategy import LayerStrategy, Strategy
 from profiler.graph import LayerGraph
 from solvers.space import MeshConfig
@@ -96,16 +96,11 @@ def solve_pipeline(problems: PipelineProblem | Sequence[PipelineProblem], incumb
     # what the objective reads besides max T: Σ T (1F1B), the largest fill (ZB-H1), nothing (interleaved)
     dims = (0, 2, 3, 4, 5) if sched == "zb" else (0, 3, 4, 5) if sched == "interleaved" else (0, 1, 3, 4, 5)
     if v > 1 or not nonuniform:
-        sizes = even_split(L, p * v)
-        per_rank: list[list[int]] = [[] for _ in range(p)]
-        start = 0
-        for k, n in enumerate(sizes):
-            per_rank[k % p].extend(range(start, start + n))
-            start += n
+        per_rank = rank_blocks(L, p, v)
         labels = [_Label((0.0, 0.0, -INF, 0.0, 0.0, 0.0), None, 0, None)]
         for r in range(p):
             counts = dict(Counter(pp.block_cls[i] for i in per_rank[r]))
-            bounds = sum(1 for k in range(r, p * v - 1, p))
+            bounds = rank_sends(p, v)[r]
             cands = _undominated([(s, sc) for s, q in enumerate(qs)
                                   if (sc := q.stage(r, counts, r == 0, r == p - 1, bounds)) is not None], alpha, dims)
             if not cands:

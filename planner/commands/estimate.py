@@ -129,13 +129,12 @@ def price_args(a: dict[str, Any]) -> dict[str, Any]:
 
     from costmodel.estimate import estimate
     from costmodel.strategy import (
-        ATTENTION_KERNEL_CHOICES,
-        CROSS_ENTROPY_CHOICES,
         ZERO_TO_SHARDING,
         LayerStrategy,
         Mesh,
         Strategy,
         Workload,
+        check_workload_choices,
     )
     from profiler.hardware import parse_cluster
     from profiler.models import load_model
@@ -160,14 +159,9 @@ def price_args(a: dict[str, Any]) -> dict[str, Any]:
         raise ShardplanError("give --seq-len and --global-batch (or --plan)")
     precision = a.get("precision") or (wl.precision if wl else "bf16")
     kernel = a.get("attention_kernel") or (wl.attention_kernel if wl else "auto")
-    if kernel not in ATTENTION_KERNEL_CHOICES:
-        raise ShardplanError(f"unknown attention kernel '{kernel}'; known: {', '.join(ATTENTION_KERNEL_CHOICES)}")
     ce = a.get("cross_entropy") or (wl.cross_entropy if wl else "eager")
-    if ce not in CROSS_ENTROPY_CHOICES:
-        raise ShardplanError(f"unknown cross-entropy '{ce}'; known: {', '.join(CROSS_ENTROPY_CHOICES)}")
     grad = a.get("grad_dtype") or (wl.grad_dtype if wl else "fp32")
-    if grad not in ("fp32", "bf16"):
-        raise ShardplanError(f"unknown gradient dtype '{grad}'; known: fp32, bf16")
+    check_workload_choices(attention_kernel=kernel, cross_entropy=ce, grad_dtype=grad)
     graph = load_model(model, int(seq))
     try:
         w = Workload(seq_len=int(seq), global_batch=int(gb), precision=precision, attention_kernel=kernel,
