@@ -151,16 +151,10 @@ def flat_lagrange(gr: GridReport, rows: MeshRows, dev: DeviceModel, head: int | 
     The memory constraint priced by λ (transients dropped, they only add memory); splitting
     operators changes only the transients and adds time, so the grid's options bound it too."""
     counts = np.bincount(np.array(gr.unit_index), minlength=len(gr.units))
-    m, budget = rows.m[:, None], rows.budget
-    best = np.full(len(rows), -np.inf)
-    for lam in LAMBDAS:
-        val = dev.c.step_overhead_s - lam * budget
-        for k, u in enumerate(gr.units):
-            a = m * u.time + u.optim + u.offload
-            mem = u.states + u.activations * (1 + rows.loss_buffer if k == head else 1.0)
-            val = val + counts[k] * (a + lam * mem).min(axis=1)
-        best = np.maximum(best, val)
-    return best
+    m = rows.m[:, None]
+    parts = [(counts[k], m * u.time + u.optim + u.offload,
+              u.states + u.activations * (1 + rows.loss_buffer if k == head else 1.0)) for k, u in enumerate(gr.units)]
+    return _dual(parts, rows.budget, dev.c.step_overhead_s)
 
 
 def pipeline_lagrange(gr: GridReport, rows: MeshRows, dev: DeviceModel, head: int | None, mask: np.ndarray,
@@ -187,16 +181,23 @@ def pipeline_lagrange(gr: GridReport, rows: MeshRows, dev: DeviceModel, head: in
         mem = u.states[idx][:, mask] + u.activations[idx][:, mask] * (1 + rows.loss_buffer if k == head else 1.0)
         parts.append((counts[k], time, mem))
     room = rows.p[idx] * rows.budget[idx]
-    best = np.full(len(idx), -np.inf)
-    for lam in LAMBDAS:
-        val = -lam * room
-        for n, time, mem in parts:
-            val = val + n * (time + lam * mem).min(axis=1)
-        best = np.maximum(best, val)
+    best = _dual(parts, room)
     leanest = sum(n * mem.min(axis=1) for n, _, mem in parts)
     best = np.where(leanest > room, np.inf, best)
     out[idx] = best + coef[:, 0] * gr.p2p_total[idx] + dev.c.step_overhead_s
     return out
+
+
+def _dual(parts: list[tuple[int, np.ndarray, np.ndarray]], room: np.ndarray, base: float = 0.0) -> np.ndarray:
+    """Per row: the best over :data:`LAMBDAS` of ``base - λ·room + Σ_parts n·min_option (time + λ·mem)``;
+    ``parts`` holds (units of a class, time, memory), each (rows, options)."""
+    best = np.full(len(room), -np.inf)
+    for lam in LAMBDAS:
+        val = base - lam * room
+        for n, time, mem in parts:
+            val = val + n * (time + lam * mem).min(axis=1)
+        best = np.maximum(best, val)
+    return best
 
 
 def interleaved_lagrange(gr: GridReport, rows: MeshRows, dev: DeviceModel, layout: tuple, block_cls: list[int],
