@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from itertools import product
 from typing import Any
 
 import numpy as np
@@ -54,7 +53,7 @@ from solvers.bounds import (
 from solvers.chain import chain_strategy, large_ops, mesh_problem
 from solvers.osdp_ilp import solve_ilp
 from solvers.result import Found, SearchResult, family_of
-from solvers.space import MeshConfig, SpaceOptions, mesh_configs, offload_fits, pipeline_combos, space_options
+from solvers.space import MeshConfig, SpaceOptions, grid_options, mesh_configs, pipeline_combos, space_options
 from solvers.stages import PipelineProblem, UnitView, pipeline_strategy, solve_pipeline
 
 Progress = Callable[[str, int, int], None]
@@ -98,13 +97,7 @@ def search(graph: LayerGraph, cluster: Cluster, w: Workload, space: str | SpaceO
             f"no mesh of the '{opts.name}' space is valid for {cluster.world_size} GPUs, global batch "
             f"{w.global_batch} and seq_len {w.seq_len}: the global batch must be divisible by the "
             f"data-parallel degree (and seq_len by 2*cp)")
-    uopts = [GridOption(sh, rc, off)
-             for sh, rc, off in product(opts.shardings, opts.recomputes, opts.offloads) if offload_fits(sh, off)]
-    lopts: list[GridOption] = []  # for the bounds of meshes without a pipeline: large operators under ZeRO-3
-    if opts.per_layer and "zero3" in opts.shardings:
-        lopts = [GridOption(sh, rc, off, large=True) for sh, rc, off in product(
-            [x for x in opts.shardings if x in ("replicate", "zero1")], opts.recomputes, opts.offloads)
-            if off != "params"]
+    uopts, lopts = grid_options(opts)  # lopts: for the bounds of meshes without a pipeline
     pool = _Pool(max(top_k, 1))
     lb0 = compute_bound(graph, cluster, w, configs, device=dev)
     order = np.argsort(lb0, kind="stable")
@@ -164,15 +157,14 @@ def search(graph: LayerGraph, cluster: Cluster, w: Workload, space: str | SpaceO
                     pool.add(sol.objective, (1,) + key, _chain_builder(graph, cfg, prob, sol.choice), "ilp")
             else:
                 gr = parts[part][1]
-                cols = [col[GridOption(sh, rc, off)] for sh, off in sub for rc in opts.recomputes]
-                sig = (sub,) + _signature(gr, i, cols, cfg, w, dev, limit)
+                js = [[col[GridOption(sh, rc, off)] for rc in opts.recomputes] for sh, off in sub]
+                sig = (sub,) + _signature(gr, i, [j for pair in js for j in pair], cfg, w, dev, limit)
                 if sig in memo:  # an identical problem (another mesh with the same costs) was solved
                     psol = memo[sig]
                 else:
                     qs = []
-                    for sh, off in sub:
-                        js = [col[GridOption(sh, rc, off)] for rc in opts.recomputes]
-                        views = {k: [_view(u, i, j) for j in js] for k, u in enumerate(gr.units)}
+                    for (sh, off), pair in zip(sub, js, strict=True):
+                        views = {k: [_view(u, i, j) for j in pair] for k, u in enumerate(gr.units)}
                         qs.append(PipelineProblem(graph, dev, cfg, w, sh, off, opts.recomputes, limit, views))
                     psol = memo[sig] = solve_pipeline(qs, pool.best, opts.stage_boundaries)
                     priced += sum(q.evaluated for q in qs)

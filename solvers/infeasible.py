@@ -23,12 +23,12 @@ from costmodel.device import DeviceModel
 from costmodel.estimate import UnitPricer, estimate, rank_blocks, stage_units
 from costmodel.report import GIB, Report
 from costmodel.strategy import Strategy, Workload
-from costmodel.vectorized import GridOption, price_grid
+from costmodel.vectorized import price_grid
 from profiler.errors import ShardplanError
 from profiler.graph import LayerGraph
 from profiler.hardware import Cluster
 from solvers.chain import ChainProblem, chain_strategy, large_ops, mesh_problem
-from solvers.space import MeshConfig, SpaceOptions, offload_fits, pipeline_combos
+from solvers.space import MeshConfig, SpaceOptions, grid_options, pipeline_combos
 from solvers.stages import PipelineProblem, PipelineSolution, pipeline_strategy
 
 
@@ -139,18 +139,8 @@ def min_memory(
 ) -> tuple[float, Strategy]:
     """(GiB, plan): the least per-GPU peak memory of any plan in the space, and a plan that has it."""
     c = dev.c
-    uopts = [
-        GridOption(sh, rc, off) for sh, rc, off in product(opts.shardings, opts.recomputes, opts.offloads)
-        if offload_fits(sh, off)
-    ]
-    if opts.per_layer and "zero3" in opts.shardings:  # per-operator ZeRO-3 may need less: bound it too
-        uopts += [
-            GridOption(sh, rc, off, large=True)
-            for sh, rc, off in product(
-                [x for x in opts.shardings if x in ("replicate", "zero1")], opts.recomputes, opts.offloads
-            )
-            if off != "params"
-        ]
+    uniform, large = grid_options(opts)
+    uopts = uniform + large  # per-operator ZeRO-3 may need less: bound it too
     gr = price_grid(graph, cluster, w, configs, uopts, device=dev, large_ops=large_ops)
     counts = np.bincount(np.array(gr.unit_index), minlength=len(gr.units))
     low = sum(counts[k] * (u.states.min(axis=1) + u.activations.min(axis=1)) for k, u in enumerate(gr.units))

@@ -36,8 +36,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from itertools import product
 
 from costmodel.strategy import OFFLOADS, RECOMPUTES, SHARDINGS, LayerStrategy, Mesh, Strategy, Workload
+from costmodel.vectorized import GridOption
 from profiler.errors import ShardplanError
 from profiler.graph import LayerGraph
 from profiler.hardware import Cluster
@@ -278,6 +280,20 @@ def sharding_offloads(opts: SpaceOptions, shard_group: int) -> list[tuple[str, s
     for sh, off in pairs:
         first.setdefault(off, sh)
     return [(sh, off) for sh, off in pairs if first[off] == sh]
+
+
+def grid_options(opts: SpaceOptions) -> tuple[list[GridOption], list[GridOption]]:
+    """What :func:`costmodel.vectorized.price_grid` prices for a space: every uniform (sharding,
+    recompute, offload), and — per-layer spaces with ZeRO-3 — the large-operator options (large
+    operators under ZeRO-3, the rest replicated or ZeRO-1) that bound OSDP's per-operator choice."""
+    uniform = [GridOption(sh, rc, off) for sh, rc, off in product(opts.shardings, opts.recomputes, opts.offloads)
+               if offload_fits(sh, off)]
+    large: list[GridOption] = []
+    if opts.per_layer and "zero3" in opts.shardings:
+        large = [GridOption(sh, rc, off, large=True) for sh, rc, off in product(
+            [x for x in opts.shardings if x in ("replicate", "zero1")], opts.recomputes, opts.offloads)
+            if off != "params"]
+    return uniform, large
 
 
 def unit_options(opts: SpaceOptions, shard_group: int) -> Iterator[tuple[str, str, str, int, bool]]:
