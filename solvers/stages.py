@@ -96,13 +96,12 @@ def solve_pipeline(problems: PipelineProblem | Sequence[PipelineProblem], incumb
     # what the objective reads besides max T: Σ T (1F1B), the largest fill (ZB-H1), nothing (interleaved)
     dims = (0, 2, 3, 4, 5) if sched == "zb" else (0, 3, 4, 5) if sched == "interleaved" else (0, 1, 3, 4, 5)
     if v > 1 or not nonuniform:
-        per_rank = rank_blocks(L, p, v)
+        per_rank, sends = rank_blocks(L, p, v), rank_sends(p, v)
         labels = [_Label((0.0, 0.0, -INF, 0.0, 0.0, 0.0), None, 0, None)]
         for r in range(p):
             counts = dict(Counter(pp.block_cls[i] for i in per_rank[r]))
-            bounds = rank_sends(p, v)[r]
             cands = _undominated([(s, sc) for s, q in enumerate(qs)
-                                  if (sc := q.stage(r, counts, r == 0, r == p - 1, bounds)) is not None], alpha, dims)
+                                  if (sc := q.stage(r, counts, r == 0, r == p - 1, sends[r])) is not None], alpha, dims)
             if not cands:
                 return None
             nxt: list[_Label] = []
@@ -153,17 +152,18 @@ def solve_pipeline(problems: PipelineProblem | Sequence[PipelineProblem], incumb
     if not final:
         return None
     best = min(final, key=lambda lab: _objective(pp, *lab.vals))
-    sizes = []
-    lab: _Label | None = best
+    sizes = [lab.n for lab in _chain(best)]
+    return _solution(qs, best, sizes, rank_blocks(L, p, 1, sizes), count)
+
+
+def _chain(last: _Label) -> list[_Label]:
+    """The stages' labels that led to ``last``, first stage first."""
+    out = []
+    lab: _Label | None = last
     while lab is not None and lab.cost is not None:
-        sizes.append(lab.n)
+        out.append(lab)
         lab = lab.parent
-    sizes.reverse()
-    ranks, start = [], 0
-    for n in sizes:
-        ranks.append(list(range(start, start + n)))
-        start += n
-    return _solution(qs, best, sizes, ranks, count)
+    return out[::-1]
 
 
 def _undominated(cands: list[Cand], alpha: float, dims: tuple[int, ...]) -> list[tuple[Cand, tuple[float, ...]]]:
@@ -181,12 +181,7 @@ def _solution(qs: list[PipelineProblem], best: _Label, sizes: list[int] | None, 
               labels: int) -> PipelineSolution:
     """The plan of the label ``best``: per unit its recomputation, sharding and offload."""
     pp = qs[0]
-    cands: list[Cand] = []
-    lab: _Label | None = best
-    while lab is not None and lab.cost is not None:
-        cands.append(lab.cost)
-        lab = lab.parent
-    cands.reverse()
+    cands: list[Cand] = [lab.cost for lab in _chain(best)]  # type: ignore[misc]
     per_block: list[tuple[str, str]] = [("", "")] * len(pp.block_cls)
     for (s, _), idx in zip(cands, ranks, strict=True):
         for i in idx:
