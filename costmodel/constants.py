@@ -11,6 +11,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 from profiler.errors import ShardplanError
@@ -42,6 +43,11 @@ class CostConstants:
         cp_overlap: fraction of ring-attention K/V exchange hidden under attention compute.
         ep_overlap: fraction of MoE all-to-all hidden.
         pp_overlap: fraction of pipeline send/recv hidden.
+        comm_interference: fraction of the hidden communication time that still costs compute
+            time: NCCL kernels occupy SMs and HBM bandwidth while GEMMs run beside them, so
+            overlapped traffic slows the compute it hides under (0 = free overlap). Applies to
+            every overlapped collective (FSDP, DP, TP, CP, EP, PP); host offload copies run on
+            copy engines and are exempt.
         moe_imbalance: slowest expert rank's tokens over the mean.
         context_bytes: per-GPU memory that is not tensors (CUDA context, NCCL buffers).
         fragmentation: allocator slack as a fraction of the peak tensor memory.
@@ -60,6 +66,7 @@ class CostConstants:
     cp_overlap: float = 0.80
     ep_overlap: float = 0.0
     pp_overlap: float = 0.9
+    comm_interference: float = 0.0
     moe_imbalance: float = 1.15
     context_bytes: float = 2.5 * 1024**3
     fragmentation: float = 0.08
@@ -70,9 +77,20 @@ class CostConstants:
             v = getattr(self, f.name)
             if v < 0:
                 raise ShardplanError(f"cost constant {f.name} must be >= 0, got {v}")
-        for f in ("fsdp_overlap", "dp_overlap", "tp_overlap", "cp_overlap", "ep_overlap", "pp_overlap"):
+        for f in ("fsdp_overlap", "dp_overlap", "tp_overlap", "cp_overlap", "ep_overlap", "pp_overlap",
+                  "comm_interference"):
             if getattr(self, f) > 1:
                 raise ShardplanError(f"cost constant {f} is a fraction, got {getattr(self, f)}")
+
+    def exposed(self, comm: Any, window: Any) -> Any:
+        """Exposed seconds of ``comm`` seconds of communication overlapped with ``window`` seconds
+        of compute (scalars or numpy arrays): what does not fit under the window, plus
+        ``comm_interference`` of what does."""
+        if isinstance(comm, np.ndarray) or isinstance(window, np.ndarray):
+            hidden = np.minimum(comm, window)
+        else:
+            hidden = min(comm, window)
+        return comm - (1.0 - self.comm_interference) * hidden
 
     def with_overrides(self, overrides: dict[str, Any]) -> CostConstants:
         known = {f.name for f in fields(self)}

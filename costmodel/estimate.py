@@ -166,7 +166,8 @@ def combine(
     p2p = []
     for st in costs[:-1]:
         nbytes = st[-1].out_bytes if st else 0.0
-        p2p.append(2 * dev.collective_time("send_recv", nbytes, groups.pp) * (1 - c.pp_overlap) if p > 1 else 0.0)
+        t = 2 * dev.collective_time("send_recv", nbytes, groups.pp) if p > 1 else 0.0
+        p2p.append(c.exposed(t, t * c.pp_overlap))
     rank_fb = []
     for r in range(p):
         t = sum(u.time for u in ranks[r]) + sum(p2p[k] for k in range(r, len(p2p), p))
@@ -177,7 +178,7 @@ def combine(
     # Per-step gradient synchronisation, hidden under the last micro-batch's backward.
     step_comm = [sum(sum(u.step_comm.values()) for u in ranks[r]) for r in range(p)]
     window = [sum(u.step_comm_window for u in ranks[r]) for r in range(p)]
-    dp_exposed = max(max(0.0, sc - c.dp_overlap * wd) for sc, wd in zip(step_comm, window, strict=True))
+    dp_exposed = max(c.exposed(sc, c.dp_overlap * wd) for sc, wd in zip(step_comm, window, strict=True))
     optim = max(sum(u.optim_time for u in ranks[r]) for r in range(p))
     offload = max(sum(u.offload_time for u in ranks[r]) for r in range(p))
     step = pipe + dp_exposed + optim + offload + c.step_overhead_s

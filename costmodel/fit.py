@@ -37,6 +37,7 @@ TIME_BOUNDS: dict[str, tuple[float, float]] = {
     "fp8_gemm_speedup": (1.0, 2.0),
     "tp_overlap": (0.0, 0.95),
     "step_overhead_s": (0.0, 2.0),
+    "comm_interference": (0.0, 0.9),
 }
 #: Fitted per accelerator when enough runs measured it. Attention and memory efficiencies are already
 #: relative to the accelerator's GEMM rate and HBM bandwidth; fitting them per accelerator as well
@@ -70,7 +71,9 @@ class FitResult:
     def to_yaml(self) -> dict[str, Any]:
         def section(name: str, consts: dict[str, float]) -> dict[str, Any]:
             sup = self.support.get(name, {})
-            return {"constants": {k: float(f"{v:.6g}") for k, v in sorted(consts.items())}, **sup}
+            # a constant the optimiser pushed onto its zero bound is written as 0, not as 1e-18
+            return {"constants": {k: 0.0 if abs(v) < 1e-12 else float(f"{v:.6g}") for k, v in sorted(consts.items())},
+                    **sup}
 
         return {
             "default": section("default", self.default),

@@ -262,23 +262,23 @@ def unit_cost(
     passes = 3 if ls.recompute == "full" else 2  # forward, backward, and forward again
     if tp > 1 and s.tp_mode == "megatron":
         t = dev.collective_time("all_reduce", act_msg, groups.tp)
-        u.comm["tp"] = tp_msgs * passes * t * (1 - c.tp_overlap)
+        u.comm["tp"] = c.exposed(tp_msgs * passes * t, tp_msgs * passes * t * c.tp_overlap)
     elif tp > 1:  # TSP: weight shards streamed around the tp ring, K/V gathered for attention
         wbytes = GATHER_BYTES * u.params * tp
         t = passes * dev.collective_time("all_gather", wbytes, groups.tp)
         t += dev.collective_time("reduce_scatter", wbytes * GRAD_REDUCE_BYTES / GATHER_BYTES, groups.tp)
         t += passes * dev.collective_time("all_gather", cp_bytes, groups.tp)
-        u.comm["tp"] = max(0.0, t - c.fsdp_overlap * (u.fwd + u.bwd))
+        u.comm["tp"] = c.exposed(t, c.fsdp_overlap * (u.fwd + u.bwd))
     if cp > 1 and cp_bytes:
         if s.cp_mode == "ring":  # K/V gathered around the ring in forward, again plus dK/dV in backward
             t = dev.collective_time("all_gather", cp_bytes, groups.cp) * (passes + 1)
-            u.comm["cp"] = max(0.0, t - c.cp_overlap * attn_time * passes / 2)
+            u.comm["cp"] = c.exposed(t, c.cp_overlap * attn_time * passes / 2)
         else:  # Ulysses: all-to-all of q, k, v and of the output, forward and backward
             t = dev.collective_time("all_to_all", act_msg * 2 / tp, groups.cp)
             u.comm["cp"] = 2 * t * passes
     if ep_bytes and s.mesh.ep > 1:  # dispatch and combine, per pass
         t = dev.collective_time("all_to_all", ep_bytes, groups.ep)
-        u.comm["ep"] = 2 * t * passes * (1 - c.ep_overlap)
+        u.comm["ep"] = c.exposed(2 * t * passes, 2 * t * passes * c.ep_overlap)
     for (sharding, offload, expert), grp in sorted(states.items()):
         _data_parallel(u, grp, sharding, offload, groups.expert_shard if expert else groups.shard, dev, s, w, groups)
     # Gradients reduce under the last micro-batch's backward; a sharded optimizer's parameter
@@ -367,13 +367,13 @@ def _data_parallel(
         ag = k * dev.collective_time("all_gather", full / k, grp)
         rs = k * dev.collective_time("reduce_scatter", grads / k, grp)
         per_mb = ag * (1 if shard == "zero3_keep" else 2) + rs
-        dp += max(0.0, per_mb - c.fsdp_overlap * (u.fwd + u.bwd))
+        dp += c.exposed(per_mb, c.fsdp_overlap * (u.fwd + u.bwd))
         if shard == "zero3":  # current and prefetched piece
             u.gathered += 2 * pb * min(sg.biggest_piece, params) if k > 1 else 2 * full
         else:  # stays gathered between forward and backward
             u.state_params += full - params * pb / p_div
     elif shard == "zero2":
-        dp += max(0.0, dev.collective_time("reduce_scatter", grads, grp) - c.fsdp_overlap * u.bwd)
+        dp += c.exposed(dev.collective_time("reduce_scatter", grads, grp), c.fsdp_overlap * u.bwd)
         step += dev.collective_time("all_gather", full, grp)
     elif shard == "zero1":
         step += dev.collective_time("reduce_scatter", grads, grp) + dev.collective_time("all_gather", full, grp)

@@ -174,8 +174,9 @@ def _combine(sl: np.ndarray, p: int, v: int, blocks: list[int], pre: int | None,
     m = w.global_batch / (dp * g.b[sl])
     n_mb[sl] = m
     pp_stride = g.tp[sl] * g.cp[sl] * g.dps[sl] * g.dpr[sl]
-    p2p = [2 * net("send_recv", u.out_bytes[sl], np.full(len(sl), float(p)), pp_stride) * (1 - c.pp_overlap)
-           if p > 1 else np.zeros(len(sl)) for u in ua]
+    sends = [2 * net("send_recv", u.out_bytes[sl], np.full(len(sl), float(p)), pp_stride)
+             if p > 1 else np.zeros(len(sl)) for u in ua]
+    p2p = [c.exposed(t, t * c.pp_overlap) for t in sends]
 
     def per_rank(attr: str) -> F:  # (n, O, distinct ranks)
         return np.einsum("nok,rk->nor", np.stack([getattr(u, attr)[sl] for u in ua], axis=2), counts)
@@ -193,7 +194,7 @@ def _combine(sl: np.ndarray, p: int, v: int, blocks: list[int], pre: int | None,
         pipe = np.select([sched == "interleaved", sched == "zb"],
                          [mm * worst + (p - 1) * worst / v, mm * worst + (p - 1) * np.maximum(fill, 0.0)],
                          (mm - 1) * worst + (t_r * mult).sum(axis=2))
-    exposed = np.maximum(0.0, per_rank("step_comm") - c.dp_overlap * per_rank("window")).max(axis=2)
+    exposed = c.exposed(per_rank("step_comm"), c.dp_overlap * per_rank("window")).max(axis=2)
     step = pipe + exposed + per_rank("optim").max(axis=2) + per_rank("offload").max(axis=2)
     step = step + c.step_overhead_s
     present = counts > 0

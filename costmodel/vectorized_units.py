@@ -297,20 +297,19 @@ def _unit(nodes: list[LayerNode], dev: DeviceModel, net: _Net, g: _Cfg, w: Workl
         passes = 3 if rc == "full" else 2
         comm = z.copy()
         ar = net("all_reduce", act_msg, tp, np.ones(C))
-        meg = tp_msgs * passes * ar * (1 - c.tp_overlap)
+        meg = c.exposed(tp_msgs * passes * ar, tp_msgs * passes * ar * c.tp_overlap)
         wbytes = GATHER_BYTES * params * tp
         t = passes * net("all_gather", wbytes, tp, np.ones(C))
         t = t + net("reduce_scatter", wbytes * GRAD_REDUCE_BYTES / GATHER_BYTES, tp, np.ones(C))
         t = t + passes * net("all_gather", cp_bytes, tp, np.ones(C))
-        tsp = np.maximum(0.0, t - c.fsdp_overlap * (fwd + bwd))
+        tsp = c.exposed(t, c.fsdp_overlap * (fwd + bwd))
         comm += np.where(tp > 1, np.where(g.tsp, tsp, meg), 0.0)
-        ring = np.maximum(0.0, net("all_gather", cp_bytes, cp, tp) * (passes + 1)
-                          - c.cp_overlap * attn_time * passes / 2)
+        ring = c.exposed(net("all_gather", cp_bytes, cp, tp) * (passes + 1), c.cp_overlap * attn_time * passes / 2)
         uly = 2 * net("all_to_all", act_msg * 2 / tp, cp, tp) * passes
         comm += np.where((cp > 1) & (cp_bytes > 0), np.where(g.uly, uly, ring), 0.0)
         ep_stride = g.tp
-        comm += np.where((ep_bytes > 0) & (ep > 1),
-                         2 * net("all_to_all", ep_bytes, ep, ep_stride) * passes * (1 - c.ep_overlap), 0.0)
+        a2a = 2 * net("all_to_all", ep_bytes, ep, ep_stride) * passes
+        comm += np.where((ep_bytes > 0) & (ep > 1), c.exposed(a2a, a2a * c.ep_overlap), 0.0)
         if rc == "full":
             rc_cols[rc] = (first_acts, fwd, acts, hw + fwd_flops, comm)
         elif rc == "selective":
@@ -391,8 +390,8 @@ class _DataParallel:
         else:
             off_t, opt_t = z, _each(dev.memory_time, local_opt * 36)
         ag, rs = grp["ag"], grp["rs"]
-        z3_comm = np.maximum(0.0, ag * (1 if keep else 2) + rs - c.fsdp_overlap * (fwd + bwd))
-        u_comm = np.select([sh == 3, sh == 2], [z3_comm, np.maximum(0.0, rs - c.fsdp_overlap * bwd)], 0.0)
+        z3_comm = c.exposed(ag * (1 if keep else 2) + rs, c.fsdp_overlap * (fwd + bwd))
+        u_comm = np.select([sh == 3, sh == 2], [z3_comm, c.exposed(rs, c.fsdp_overlap * bwd)], 0.0)
         u_step = np.select([sh == 2, sh == 1, sh == 0], [ag, rs + ag, grp["ar"]], 0.0)
         repl = np.where(sh > 0, grp["repl_sharded"], grp["repl_full"])
         u_step = u_step + np.where(grp["repl_n"] > 1, repl, 0.0)

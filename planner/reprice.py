@@ -286,13 +286,14 @@ def _stage_times_model(plan: Plan) -> StageTimes:
     pp_group = mesh_groups(dev, s).pp
     for st in costs[:-1]:
         nbytes = st[-1].out_bytes if st else 0.0
-        p2p.append(dev.collective_time("send_recv", nbytes, pp_group) * (1 - dev.c.pp_overlap))
+        t = dev.collective_time("send_recv", nbytes, pp_group)
+        p2p.append(dev.c.exposed(t, t * dev.c.pp_overlap))
     p = s.mesh.pp
     ranks: list[list[Any]] = [[] for _ in range(p)]
     for k, st in enumerate(costs):
         ranks[k % p].extend(st)
-    sync = max(max(0.0, sum(sum(u.step_comm.values()) for u in rk) - dev.c.dp_overlap * sum(
-        u.step_comm_window for u in rk)) for rk in ranks)
+    sync = max(dev.c.exposed(sum(sum(u.step_comm.values()) for u in rk),
+                             dev.c.dp_overlap * sum(u.step_comm_window for u in rk)) for rk in ranks)
     optim = max(sum(u.optim_time for u in rk) for rk in ranks) + dev.c.step_overhead_s
     offload = max(sum(u.offload_time for u in rk) for rk in ranks)
     return StageTimes(fwd, bwd, wgt, comm, p2p, grad_sync=sync, optimizer=optim, offload=offload)

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from costmodel.constants import CostConstants
 from costmodel.device import DeviceModel
 from costmodel.estimate import DP_BUCKET_BYTES
 from costmodel.report import GIB
@@ -197,19 +198,24 @@ def mesh_problem(
             if (key[3] > 1 or key[4]) and not splittable:
                 continue
             u = price_option(name, nodes, key, cfg, dev, w)
-            row.append(unit_option(u, m, c.dp_overlap, key, head=w.loss_buffer if is_head else 0.0))
+            row.append(unit_option(u, m, c, key, head=w.loss_buffer if is_head else 0.0))
         options.append(row)
     return ChainProblem(options, index, memory_budget(dev, cfg, limit_gib), c.step_overhead_s, None, names)
 
 
 def unit_option(
-    u: UnitCost, m: float, dp_overlap: float, key: Any, head: float = 0.0, in_flight: float = 1.0
+    u: UnitCost, m: float, c: CostConstants, key: Any, head: float = 0.0, in_flight: float = 1.0
 ) -> Option:
-    """``head``: the loss's transient memory as a multiple of the unit's activations (the head only)."""
+    """``head``: the loss's transient memory as a multiple of the unit's activations (the head only).
+
+    The step's exposed gradient sync ``κ·ΣS + (1-κ)·max(0, Σ(S - overlap·W))`` (``c.exposed`` of the
+    summed sync S and window W, κ the communication interference) splits into an additive part and
+    a ``max(0, Σd)`` part, which is how the chain prices it."""
     mem = u.state_params + u.state_grads + u.state_optim + u.activations * (in_flight + head)
+    sync, k = sum(u.step_comm.values()), c.comm_interference
     return Option(
-        a=m * u.time + u.optim_time + u.offload_time,
-        d=sum(u.step_comm.values()) - dp_overlap * u.step_comm_window,
+        a=m * u.time + u.optim_time + u.offload_time + k * sync,
+        d=(1.0 - k) * (sync - c.dp_overlap * u.step_comm_window),
         mem=mem,
         g=u.gathered,
         r=u.recompute_peak,

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from costmodel.constants import CostConstants
 from costmodel.device import DeviceModel
 from costmodel.estimate import DP_BUCKET_BYTES
 from costmodel.pipeline import in_flight
@@ -48,8 +49,8 @@ class StageCost:
     choice: tuple  # (embedding option, head option, counts of options per block class)
     fixed: Fixed
 
-    def exposed(self, dp_overlap: float) -> float:
-        return max(0.0, self.fixed.sync - dp_overlap * self.fixed.window)
+    def exposed(self, c: CostConstants) -> float:
+        return c.exposed(self.fixed.sync, c.dp_overlap * self.fixed.window)
 
 
 class _Table:
@@ -133,7 +134,7 @@ class PipelineProblem:
         s = cfg.strategy()
         out = self.costs[self.block_cls[-1]][0].out_bytes
         send = dev.collective_time("send_recv", out, mesh_groups(dev, s).pp)
-        self.p2p = 2 * send * (1 - dev.c.pp_overlap)
+        self.p2p = dev.c.exposed(2 * send, 2 * send * dev.c.pp_overlap)
         self.cache: dict[tuple, Any] = {}
         self.batch: dict[str, Any] | None = None
         self.evaluated = 0

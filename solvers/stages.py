@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from costmodel.constants import CostConstants
 from costmodel.estimate import rank_blocks, rank_sends
 from costmodel.strategy import LayerStrategy, Strategy
 from profiler.graph import LayerGraph
@@ -73,9 +74,9 @@ def _objective(pp: PipelineProblem, max_t: float, sum_t: float, fill: float, ex:
     return pipe + ex + opt + off + c.step_overhead_s
 
 
-def _vals(sc: StageCost, alpha: float) -> tuple[float, ...]:
+def _vals(sc: StageCost, consts: CostConstants) -> tuple[float, ...]:
     f = sc.fixed
-    return (sc.time, sc.time, sc.time - 2 * f.weight, sc.exposed(alpha), f.optim, f.offload)
+    return (sc.time, sc.time, sc.time - 2 * f.weight, sc.exposed(consts), f.optim, f.offload)
 
 
 def _extend(a: tuple[float, ...], b: tuple[float, ...]) -> tuple[float, ...]:
@@ -91,7 +92,7 @@ def solve_pipeline(problems: PipelineProblem | Sequence[PipelineProblem], incumb
     qs = [problems] if isinstance(problems, PipelineProblem) else list(problems)
     pp = qs[0]
     L, p, v = len(pp.block_cls), pp.p, pp.v
-    alpha = pp.dev.c.dp_overlap
+    consts = pp.dev.c
     sched = pp.cfg.schedule
     # what the objective reads besides max T: Σ T (1F1B), the largest fill (ZB-H1), nothing (interleaved)
     dims = (0, 2, 3, 4, 5) if sched == "zb" else (0, 3, 4, 5) if sched == "interleaved" else (0, 1, 3, 4, 5)
@@ -101,7 +102,7 @@ def solve_pipeline(problems: PipelineProblem | Sequence[PipelineProblem], incumb
         for r in range(p):
             counts = dict(Counter(pp.block_cls[i] for i in per_rank[r]))
             cands = _undominated([(s, sc) for s, q in enumerate(qs)
-                                  if (sc := q.stage(r, counts, r == 0, r == p - 1, sends[r])) is not None], alpha, dims)
+                                  if (sc := q.stage(r, counts, r == 0, r == p - 1, sends[r])) is not None], consts, dims)
             if not cands:
                 return None
             nxt: list[_Label] = []
@@ -133,7 +134,7 @@ def solve_pipeline(problems: PipelineProblem | Sequence[PipelineProblem], incumb
             lo = hi if k == p - 1 else 1
             for n in range(lo, hi + 1):
                 cands = _undominated([(s, sc) for s, q in enumerate(qs) if (sc := q.at(k, j, n)) is not None],
-                                     alpha, dims)
+                                     consts, dims)
                 if not cands:  # more blocks only need more memory
                     break
                 grew = False
@@ -166,9 +167,9 @@ def _chain(last: _Label) -> list[_Label]:
     return out[::-1]
 
 
-def _undominated(cands: list[Cand], alpha: float, dims: tuple[int, ...]) -> list[tuple[Cand, tuple[float, ...]]]:
+def _undominated(cands: list[Cand], consts: CostConstants, dims: tuple[int, ...]) -> list[tuple[Cand, tuple[float, ...]]]:
     """The candidates of one stage (with their label values) that no other beats in every ``dims``."""
-    vals = [(c, _vals(c[1], alpha)) for c in cands]
+    vals = [(c, _vals(c[1], consts)) for c in cands]
     if len(vals) < 2:
         return vals
     keep: list[_Label] = []

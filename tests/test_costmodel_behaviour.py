@@ -165,3 +165,27 @@ def test_loss_and_gradient_buffers_follow_the_framework() -> None:
     assert head == pytest.approx(4 * 4096 * g.config["vocab"], rel=0.05)  # mostly the fp32 softmax
     half = stage(grad_dtype="bf16")
     assert eager.grad_bytes == 2 * half.grad_bytes and eager.param_bytes == half.param_bytes
+
+
+def test_overlapped_communication_costs_its_interference_fraction() -> None:
+    from costmodel.constants import CostConstants
+
+    c = CostConstants(comm_interference=0.25)
+    assert c.exposed(2.0, 1.0) == pytest.approx(1.25)  # 1 s sticks out, the hidden 1 s costs 0.25
+    assert c.exposed(1.0, 3.0) == pytest.approx(0.25)  # all hidden: a quarter of it still costs
+    assert CostConstants(comm_interference=0.0).exposed(1.0, 3.0) == 0.0
+    import numpy as np
+
+    assert np.allclose(c.exposed(np.array([2.0, 1.0]), np.array([1.0, 3.0])), [1.25, 0.25])
+    with pytest.raises(ShardplanError, match="comm_interference"):
+        CostConstants(comm_interference=1.5)
+    # FSDP over 16 GPUs: the gathers hide under compute, so the step grows by κ of their time only
+    mesh, z3 = Mesh(dp_shard=16), LayerStrategy(sharding="zero3")
+    times = {}
+    for k in (0.0, 0.5):
+        dev = DeviceModel(C, constants=CostConstants(comm_interference=k))
+        times[k] = estimate(G, C, Strategy(mesh=mesh, default=z3), W, device=dev)
+    free, busy = times[0.0], times[0.5]
+    assert busy.step_time_s > free.step_time_s
+    assert busy.time.comm["dp"] > free.time.comm["dp"]
+    assert busy.time.compute == free.time.compute

@@ -136,3 +136,18 @@ def test_mesh_chain_is_estimate() -> None:
     assert ilp.choice is not None
     rep = estimate(g, cl, chain_strategy(g, cfg, prob, ilp.choice), w, memory_limit_gib=12.0)
     assert rep.fits and rep.step_time_s == pytest.approx(ilp.objective, rel=1e-12)
+
+
+def test_mesh_chain_is_estimate_with_communication_interference() -> None:
+    from costmodel.constants import CostConstants
+
+    g, cl = load_model("gpt2-medium", 512), parse_cluster("8xh100")
+    w = Workload(seq_len=512, global_batch=32)
+    dev = DeviceModel(cl, constants=CostConstants(comm_interference=0.4))
+    cfg = MeshConfig(1, 2, 4, 1, 1, 1, 2, "1f1b", 1, False)
+    prob = mesh_problem(g, dev, cfg, w, SPACES["osdp"], 12.0)
+    rng = random.Random(3)
+    for _ in range(6):
+        choice = [rng.randrange(len(prob.unit_options(i))) for i in range(prob.units)]
+        rep = estimate(g, cl, chain_strategy(g, cfg, prob, choice), w, memory_limit_gib=12.0, device=dev)
+        assert prob.objective(choice) == pytest.approx(rep.step_time_s, rel=1e-12)

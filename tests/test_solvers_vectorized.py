@@ -107,3 +107,22 @@ def test_grid_equals_estimate_with_a_profile() -> None:
         assert gr.step_time_s[i, j] == pytest.approx(r.step_time_s, rel=1e-9)
         assert gr.memory_peak_gib[i, j] == pytest.approx(r.memory_peak_gib, rel=1e-9)
         assert lb[i] <= r.step_time_s * (1 + 1e-12)
+
+
+def test_grid_equals_estimate_with_communication_interference() -> None:
+    from costmodel.constants import CostConstants
+    from costmodel.device import DeviceModel
+
+    g, cl = load_model("llama3-70b", 4096), parse_cluster("64xh100")
+    w = Workload(seq_len=4096, global_batch=256)
+    dev = DeviceModel(cl, constants=CostConstants(comm_interference=0.4, tp_overlap=0.5, ep_overlap=0.3))
+    rng = random.Random(7)
+    cfgs = list(mesh_configs(g, cl, w, SPACES["hybrid"]))
+    strategies = [rng.choice(cfgs).strategy(default=LayerStrategy(sharding=rng.choice(SHARDINGS),
+                                                                  recompute=rng.choice(RECOMPUTES)))
+                  for _ in range(12)]
+    configs, options, cells = strategies_grid(strategies)
+    gr = price_grid(g, cl, w, configs, options, memory_limit_gib=70.0, device=dev)
+    for s, (i, j) in zip(strategies, cells, strict=True):
+        r = estimate(g, cl, s, w, memory_limit_gib=70.0, device=dev)
+        assert gr.step_time_s[i, j] == pytest.approx(r.step_time_s, rel=1e-9)
