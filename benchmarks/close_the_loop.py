@@ -12,10 +12,13 @@
    memory limit is set between the two hungriest baselines' predicted peaks, so that at least one is
    excluded; ``planner.api.plan`` plans under it.
 4. Every plan runs ``shardplan train --nproc 4 --steps N --json``: median step time of the steps after
-   the first, per-rank peak. Memory compared: predicted tensor memory (worst stage's params + grads
-   + optimizer + activations + buffers, *without* the GPU context/fragmentation overhead) against
-   measured peak RSS minus the baseline RSS of the same launch path (tiny-gpt DDP on 4 ranks, less
-   its own predicted tensor memory). A plan fits (measured) when that net + the predicted overhead
+   the first, leaving out the step whose memory was tracked. Memory compared: predicted tensor
+   memory (worst stage's params + grads + optimizer + activations + buffers, *without* the
+   context/fragmentation overhead) against the measured peak of live tensor bytes (the runtime's
+   ``tensor_peak_bytes``: what ``torch.cuda.max_memory_allocated`` reports on a GPU, counted op by op
+   on CPU). Also shown: peak RSS minus the baseline RSS of the same launch path (tiny-gpt under the
+   same mesh, less its own predicted tensor memory), which adds what is not a tensor (gloo buffers,
+   allocator slack). A plan fits (measured) when the measured tensor peak + the predicted overhead
    stays under the limit.
 5. A comparison column (``plain``) re-prices without the CPU physics the accelerator file gives
    (``cpu.yaml``: no communication/computation overlap under gloo, a process-sized context, ranks
@@ -92,9 +95,12 @@ def train(model: str, plan_json: str, path: Path, steps: int) -> dict[str, Any]:
         "--steps", str(steps), "--json", "-o", str(out)], env={"OMP_NUM_THREADS": "1"}, quiet=True)
     rep = json.loads(out.read_text())
     last = rep["steps"][-1]["ranks"]
-    times = [s["step_time_s"] for s in rep["steps"][1:]] or [rep["steps"][0]["step_time_s"]]
+    times = ([s["step_time_s"] for s in rep["steps"][1:] if not s.get("memory_tracked")]
+             or [rep["steps"][0]["step_time_s"]])
+    tracked = [r["tensor_peak_bytes"] for s in rep["steps"] if s.get("memory_tracked") for r in s["ranks"]]
     return {"step_time_s": statistics.median(times), "load_before": load, "step_times_s": [s["step_time_s"] for s in rep["steps"]],
             "peak_bytes": max(r["peak_bytes"] for r in last),
+            "tensor_peak_bytes": max(tracked) if tracked else None,
             "state_bytes": max(r["param_bytes"] + r["grad_bytes"] + r["optim_bytes"] for r in last)}
 
 
@@ -193,16 +199,18 @@ def main(argv: list[str] | None = None) -> int:
         m["baseline_rss"] = base
         net = m["peak_bytes"] - base
         pred_net = tensor_bytes(r)
+        meas_t = m["tensor_peak_bytes"]
         overhead = r.memory_peak_gib * 1024**3 - pred_net
         rows.append({"plan": n, "strategy": json.loads(s.model_dump_json()), "same_as": same,
                      "pred_step_s": r.step_time_s, "meas_step_s": m["step_time_s"],
                      "step_err": r.step_time_s / m["step_time_s"] - 1, "plain_step_s": plain.step_time_s,
                      "plain_step_err": plain.step_time_s / m["step_time_s"] - 1,
-                     "pred_mem_mib": pred_net / MIB, "meas_mem_mib": net / MIB, "mem_err": pred_net / net - 1,
+                     "pred_mem_mib": pred_net / MIB, "meas_mem_mib": meas_t / MIB, "mem_err": pred_net / meas_t - 1,
+                     "meas_rss_net_mib": net / MIB, "rss_err": pred_net / net - 1,
                      "pred_state_mib": state_bytes(r) / MIB, "meas_state_mib": m["state_bytes"] / MIB,
                      "pred_peak_gib": r.memory_peak_gib, "baseline_rss_mib": base / MIB,
                      "load_before": m["load_before"], "meas_peak_rss_mib": m["peak_bytes"] / MIB,
-                     "fits_pred": r.fits, "fits_meas": (net + overhead) / 1024**3 <= limit,
+                     "fits_pred": r.fits, "fits_meas": (meas_t + overhead) / 1024**3 <= limit,
                      "pred_time": r.to_dict()["time"], "plain_time": plain.to_dict()["time"],
                      "step_times_s": m["step_times_s"]})
     pred = [x["pred_step_s"] for x in rows]
@@ -224,11 +232,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{cfg.name}: {graph.total_params / 1e6:.1f}M params, seq {a.seq_len}, global batch {a.global_batch}, "
           f"fp32, {NPROC} ranks on {os.cpu_count()} cores; limit {limit:.3f} GiB; load {os.getloadavg()[0]:.2f}")
     print(f"{'plan':<9}{'pred s':>8}{'meas s':>8}{'err':>6}{'plain s':>8}{'err':>6}"
-          f"{'pred MiB':>9}{'meas MiB':>9}{'err':>6}{'state':>7}{'base':>6}{'fits p/m':>9}{'load':>6}")
+          f"{'pred MiB':>9}{'meas MiB':>9}{'err':>6}{'RSS net':>8}{'err':>6}{'state':>7}{'base':>6}{'fits p/m':>9}"
+          f"{'load':>6}")
     for x in rows:
         print(f"{x['plan']:<9}{x['pred_step_s']:>8.3f}{x['meas_step_s']:>8.3f}{x['step_err']:>6.0%}"
               f"{x['plain_step_s']:>8.3f}{x['plain_step_err']:>6.0%}{x['pred_mem_mib']:>9.0f}{x['meas_mem_mib']:>9.0f}"
-              f"{x['mem_err']:>6.0%}{x['pred_state_mib'] / x['meas_state_mib'] - 1:>7.0%}{x['baseline_rss_mib']:>6.0f}"
+              f"{x['mem_err']:>6.0%}{x['meas_rss_net_mib']:>8.0f}{x['rss_err']:>6.0%}"
+              f"{x['pred_state_mib'] / x['meas_state_mib'] - 1:>7.0%}{x['baseline_rss_mib']:>6.0f}"
               f"{'yes' if x['fits_pred'] else 'no':>5}/{'yes' if x['fits_meas'] else 'no':<3}{x['load_before']:>6.1f}")
     print(f"planned = {planned.strategy.mesh.axes()} {planned.strategy.default.sharding} mb "
           f"{planned.strategy.micro_batch} {planned.strategy.schedule}, {len(planned.strategy.layers)} per-unit "

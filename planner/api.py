@@ -175,12 +175,12 @@ def _dp_check(
     from solvers.chain import mesh_problem
     from solvers.osdp_dp import solve_dp
     from solvers.osdp_ilp import solve_ilp
-    from solvers.space import MeshConfig
+    from solvers.space import MeshConfig, for_device
 
     s = res.best.strategy
     cfg = MeshConfig.of(s)
     lim = limit if limit is not None else dev.cluster.memory_bytes / GIB
-    prob = mesh_problem(graph, dev, cfg, w, SPACES["osdp"], lim)
+    prob = mesh_problem(graph, dev, cfg, w, for_device(SPACES["osdp"], dev.acc.kind), lim)
     ilp, dp = solve_ilp(prob), solve_dp(prob)
     agree = (
         ilp.choice is not None

@@ -1,14 +1,20 @@
-"""Measured per-rank memory: training-state bytes from local tensor shards, and peak memory."""
+"""Measured per-rank memory: training-state bytes from local tensor shards, peak memory (process
+RSS on CPU), and the peak of live tensor bytes (``max_memory_allocated`` on GPU, :class:`TensorPeak`
+on CPU)."""
 
 from __future__ import annotations
 
 import resource
 import sys
+import weakref
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -80,3 +86,81 @@ def peak_bytes(device: str) -> int:
         return int(torch.cuda.max_memory_allocated())
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(rss if sys.platform == "darwin" else rss * 1024)
+
+
+class TensorPeak(TorchDispatchMode):
+    """The CPU counterpart of ``torch.cuda.max_memory_allocated``: the peak bytes of live tensor
+    storage while the mode is active, starting from ``base`` (the bytes alive on entry).
+
+    Every op's output storages are counted once (a DTensor by its local shard) until the storage
+    is freed; ``UntypedStorage.resize_`` — how FSDP2 allocates and frees its unsharded parameters —
+    is counted by its change in size. What is not a tensor (gloo's buffers, the allocator's slack,
+    the interpreter) is not counted: RSS measures that. The bookkeeping costs a Python call per
+    op, so a step measured under it is slower than the others.
+    """
+
+    def __init__(self, base: int = 0):
+        super().__init__()
+        self.live = self.peak = int(base)
+        self._sizes: dict[int, int] = {}
+        self._resize: Any = None
+
+    def _add(self, n: int) -> None:
+        self.live += n
+        self.peak = max(self.peak, self.live)
+
+    def _free(self, key: int) -> None:
+        self.live -= self._sizes.pop(key, 0)
+
+    def _track(self, t: torch.Tensor) -> None:
+        lt = _local(t)
+        if lt.device.type == "meta":
+            return
+        st = lt.untyped_storage()
+        key = id(st)
+        if key in self._sizes:
+            return
+        n = st.nbytes()
+        self._sizes[key] = n
+        weakref.finalize(st, self._free, key)
+        self._add(n)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self._track(t)
+        return out
+
+    def __enter__(self) -> TensorPeak:
+        original = self._resize = torch.UntypedStorage.resize_
+        mode = self
+
+        def resize_(st: torch.UntypedStorage, size: int) -> Any:
+            key, before = id(st), st.nbytes()
+            out = original(st, size)
+            if key not in mode._sizes:  # a storage from before the mode: counted in base when not empty
+                mode._sizes[key] = before
+                weakref.finalize(st, mode._free, key)
+            mode._sizes[key] += st.nbytes() - before
+            mode._add(st.nbytes() - before)
+            return out
+
+        torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]
+        super().__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        super().__exit__(*exc)
+        torch.UntypedStorage.resize_ = self._resize  # type: ignore[method-assign]
+
+
+def live_tensor_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> int:
+    """Bytes of every tensor a training step starts with: parameters, buffers, gradients and
+    optimizer state (each storage once)."""
+    tensors = [*model.parameters(), *model.buffers(), *(p.grad for p in model.parameters())]
+    if optimizer is not None:
+        tensors += [p.grad for p in _optimizer_params(optimizer)]
+        for st in optimizer.state.values():
+            tensors += [v for v in st.values() if isinstance(v, torch.Tensor)]
+    return tensor_bytes(tensors)

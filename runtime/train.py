@@ -9,6 +9,7 @@ batch, so a plan's losses are comparable with :func:`reference_losses` one step 
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -18,7 +19,7 @@ from torch import nn
 
 from runtime.adapters import adapt
 from runtime.apply import applied, build_optimizer
-from runtime.memory import peak_bytes, state_bytes
+from runtime.memory import TensorPeak, live_tensor_bytes, peak_bytes, state_bytes
 from runtime.model import build, lm_loss
 
 LR = 1e-3
@@ -105,7 +106,10 @@ def run(model: nn.Module, vocab: int, s: TrainSettings, n_microbatches: int = 1)
 
     Each step reports ``loss``, ``step_time_s`` (slowest rank) and ``ranks``: per rank
     ``param_bytes`` and ``grad_bytes`` (before the optimizer step, after gradient reduction),
-    ``optim_bytes`` (after the step) and ``peak_bytes``.
+    ``optim_bytes`` (after the step), ``peak_bytes`` (process peak: ``max_memory_allocated`` on GPU,
+    RSS on CPU) and ``tensor_peak_bytes`` (the peak of live tensor bytes: ``max_memory_allocated``
+    on GPU; on CPU measured by :class:`TensorPeak` on one step — the second, when there is one —,
+    which is then marked ``memory_tracked`` and runs slower for the bookkeeping; ``None`` on the others).
     """
     info = applied(model)
     rt = info.mesh
@@ -119,25 +123,31 @@ def run(model: nn.Module, vocab: int, s: TrainSettings, n_microbatches: int = 1)
     dev = torch.device(rt.device_type, torch.cuda.current_device()) if rt.device_type == "cuda" else torch.device("cpu")
     dp, d = rt.dp_size, rt.dp_rank
     rows = s.global_batch // dp
+    tracked = min(1, s.steps - 1) if rt.device_type != "cuda" else -1
     out = []
     for k in range(s.steps):
         x, y = synthetic_batch(k, s, vocab)
         x, y = x[d * rows : (d + 1) * rows].to(dev), y[d * rows : (d + 1) * rows].to(dev)
         if rt.device_type == "cuda":
             torch.cuda.reset_peak_memory_stats()
+        tracker = TensorPeak(live_tensor_bytes(model, opt)) if k == tracked else nullcontext()
         t0 = time.perf_counter()
-        loss = train_step(model, x, y, n_microbatches)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        with tracker:
+            loss = train_step(model, x, y, n_microbatches)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
         if rt.device_type == "cuda":
             torch.cuda.synchronize()
         dt = time.perf_counter() - t0
         after = state_bytes(model, opt)
+        peak = peak_bytes(rt.device_type)
+        tensor_peak = peak if rt.device_type == "cuda" else (tracker.peak if isinstance(tracker, TensorPeak) else None)
         mine = {"rank": dist.get_rank(), "param_bytes": seen["param_bytes"], "grad_bytes": seen["grad_bytes"],
-                "optim_bytes": after["optim_bytes"], "peak_bytes": peak_bytes(rt.device_type)}
+                "optim_bytes": after["optim_bytes"], "peak_bytes": peak, "tensor_peak_bytes": tensor_peak}
         ranks: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(ranks, mine)
         times = torch.tensor([dt], dtype=torch.float64, device=dev)
         dist.all_reduce(times, op=dist.ReduceOp.MAX)
-        out.append({"step": k, "loss": global_loss(model, loss), "step_time_s": float(times), "ranks": ranks})
+        out.append({"step": k, "loss": global_loss(model, loss), "step_time_s": float(times), "ranks": ranks,
+                    "memory_tracked": k == tracked})
     return out

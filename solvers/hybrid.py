@@ -53,7 +53,15 @@ from solvers.bounds import (
 from solvers.chain import chain_strategy, large_ops, mesh_problem
 from solvers.osdp_ilp import solve_ilp
 from solvers.result import Found, SearchResult, family_of
-from solvers.space import MeshConfig, SpaceOptions, grid_options, mesh_configs, pipeline_combos, space_options
+from solvers.space import (
+    MeshConfig,
+    SpaceOptions,
+    for_device,
+    grid_options,
+    mesh_configs,
+    pipeline_combos,
+    space_options,
+)
 from solvers.stages import PipelineProblem, UnitView, pipeline_strategy, solve_pipeline
 
 Progress = Callable[[str, int, int], None]
@@ -86,7 +94,7 @@ def search(graph: LayerGraph, cluster: Cluster, w: Workload, space: str | SpaceO
     """The fastest plan of ``space`` that fits ``memory_limit_gib`` per GPU (the GPU's memory by
     default). Raises :class:`ShardplanError` when no plan fits (see :mod:`solvers.infeasible`)."""
     t0 = time.perf_counter()
-    opts = space if isinstance(space, SpaceOptions) else space_options(space)
+    opts = for_device(space if isinstance(space, SpaceOptions) else space_options(space), cluster.accelerator.kind)
     dev = device or DeviceModel(cluster)
     limit = memory_limit_gib if memory_limit_gib is not None else cluster.memory_bytes / GIB
     if limit <= 0:

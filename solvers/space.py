@@ -109,6 +109,12 @@ def space_options(name: str) -> SpaceOptions:
     return SPACES[name]
 
 
+def for_device(opts: SpaceOptions, device_kind: str) -> SpaceOptions:
+    """``opts`` as searched on a device of ``device_kind``: on a CPU the host memory is the device
+    memory, so offloading frees nothing (the runtime treats it as a no-op) and is not searched."""
+    return replace(opts, offloads=("none",)) if device_kind == "cpu" else opts
+
+
 @dataclass(frozen=True, order=True)
 class MeshConfig:
     """Everything of a strategy but the per-unit choices and the stage boundaries."""

@@ -88,6 +88,11 @@ def test_train_reports_losses_memory_and_parity(plan2: Path, tmp_path: Path) -> 
         for r in st["ranks"]:
             assert (r["param_bytes"], r["grad_bytes"], r["optim_bytes"]) == (4 * n, 2 * n, 4 * n)
             assert r["peak_bytes"] > 0
+    first, second = rep["steps"]
+    assert not first["memory_tracked"] and all(r["tensor_peak_bytes"] is None for r in first["ranks"])
+    assert second["memory_tracked"]
+    for r in second["ranks"]:  # live tensors peak above the states they hold, below the process's RSS
+        assert 10 * n < r["tensor_peak_bytes"] < r["peak_bytes"]
     assert _workers() == []
 
 
@@ -130,4 +135,6 @@ def test_a_plan_made_for_this_machine_trains(tmp_path: Path) -> None:
     assert rep["steps"][0]["loss"] == pytest.approx(11.0, abs=0.5)  # ln(50257) = 10.8 at initialisation
     mesh = plan["strategy"]["mesh"]
     assert mesh["pp"] * mesh["dp_replicate"] * mesh["dp_shard"] * mesh["cp"] * mesh["tp"] == 4
+    # the host is the device: offloading frees nothing on a CPU, so the plan never asks for it
+    assert all(e["offload"] == "none" for e in [plan["strategy"]["default"], *plan["strategy"]["layers"]])
     assert _workers() == []

@@ -214,3 +214,27 @@ def test_plan_for_another_model_is_detected() -> None:
     with pytest.raises(ShardplanError, match="learned positions"):
         check_plan(spec_for("tiny-gpt"), plan, 2, "cpu", seq_len=1000)
     check_plan(spec_for("tiny-gpt"), plan, 2, "cpu", seq_len=32)
+
+
+def test_tensor_peak_counts_live_storage_like_the_cuda_allocator() -> None:
+    from runtime.memory import TensorPeak, live_tensor_bytes
+
+    with TensorPeak(base=100) as tp:
+        x = torch.ones(1000)  # 4000 bytes
+        y = x * 2  # 4000 more
+        v = y.view(10, 100)  # a view allocates nothing
+        assert (tp.live, tp.peak) == (8100, 8100)
+        del y, v
+        assert tp.live == 4100  # freed with its last reference
+        st = torch.UntypedStorage(0)  # FSDP2 allocates and frees unsharded parameters by resizing
+        st.resize_(2048)
+        assert tp.live == 6148
+        st.resize_(0)
+        assert (tp.live, tp.peak) == (4100, 8100)
+    assert torch.UntypedStorage.resize_ is not None and x.sum().item() == 1000.0
+    lin = nn.Linear(10, 10)
+    opt = torch.optim.AdamW(lin.parameters())
+    lin(torch.ones(2, 10)).sum().backward()
+    opt.step()
+    n = 4 * 110
+    assert live_tensor_bytes(lin, opt) == n + n + 2 * n + 2 * 4  # params, grads, two moments, two step counters

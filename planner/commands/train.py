@@ -37,19 +37,24 @@ def _table(report: dict[str, Any]) -> None:
     from rich.table import Table
 
     t = Table(title=f"shardplan train: {report['model']} on {report['nproc']} processes ({report['device']})",
-              caption="per-rank memory in MB: parameters, gradients, optimizer state (local shards), peak")
+              caption="per-rank memory in MB: parameters, gradients, optimizer state (local shards), process "
+                      "peak, and the peak of live tensors (GPU: max allocated; CPU: measured on the step marked *, "
+                      "which runs slower for it)")
     ref = report.get("reference_losses") or []
-    cols = ["step", "loss"] + (["ref loss"] if ref else []) + ["time s", "rank", "params", "grads", "optim", "peak"]
+    cols = ["step", "loss"] + (["ref loss"] if ref else []) + ["time s", "rank", "params", "grads", "optim", "peak",
+                                                                 "tensors"]
     for col in cols:
         t.add_column(col, justify="right", no_wrap=True, min_width=7 if "loss" in col else None)
     for st in report["steps"]:
         for j, r in enumerate(st["ranks"]):
             first = j == 0
-            row = [str(st["step"]) if first else "", f"{st['loss']:.5f}" if first else ""]
+            mark = "*" if st.get("memory_tracked") else ""
+            row = [f"{st['step']}{mark}" if first else "", f"{st['loss']:.5f}" if first else ""]
             if ref:
                 row.append(f"{ref[st['step']]:.5f}" if first else "")
             row += [f"{st['step_time_s']:.3f}" if first else "", str(r["rank"]), f"{r['param_bytes'] / 1e6:.2f}",
-                    f"{r['grad_bytes'] / 1e6:.2f}", f"{r['optim_bytes'] / 1e6:.2f}", f"{r['peak_bytes'] / 1e6:.0f}"]
+                    f"{r['grad_bytes'] / 1e6:.2f}", f"{r['optim_bytes'] / 1e6:.2f}", f"{r['peak_bytes'] / 1e6:.0f}",
+                    "-" if r.get("tensor_peak_bytes") is None else f"{r['tensor_peak_bytes'] / 1e6:.1f}"]
             t.add_row(*row)
     console.print(t)
     if "parity" in report:
