@@ -174,7 +174,7 @@ def combine(
         rank_fb.append(t)
     rank_f = [sum(u.fwd for u in ranks[r]) for r in range(p)]
     rank_w = [sum(u.bwd_weight for u in ranks[r]) for r in range(p)]
-    pipe, bubble = pipeline_time(s.schedule, rank_fb, n_mb, v, rank_f, rank_w)
+    pipe, bubble = pipeline_time(s.schedule, rank_fb, n_mb, v, rank_f, rank_w, share=dev.share)
     # Per-step gradient synchronisation, hidden under the last micro-batch's backward.
     step_comm = [sum(sum(u.step_comm.values()) for u in ranks[r]) for r in range(p)]
     window = [sum(u.step_comm_window for u in ranks[r]) for r in range(p)]

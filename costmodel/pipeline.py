@@ -9,18 +9,45 @@ virtual stages per rank.
 * Interleaved 1F1B: the bubble shrinks by ``v``: ``m·max T + (p - 1)·max T / v``.
 * ZB-H1 (zero bubble, Qi et al. 2024): weight-gradient work fills the bubble, leaving
   ``(p - 1)·max(F + B - W)``, about a third of 1F1B's when F = B = W.
+
+On a host whose ranks time-share fewer cores than they would use (CPU clusters; the device
+model's ``share`` < 1 scales every stage time by ``1/share``), a rank idle in the bubble leaves
+its cores to the others: the step is the longer of the schedule at full speed (``share`` × the
+formula above) and the node's total work on its cores (``m``·mean_i T_i) — see
+:func:`time_shared`. With ``share`` = 1 (GPUs) that is the formula above.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+
+def time_shared(pipe: Any, m: Any, sum_t: Any, p: int, share: float) -> Any:
+    """The pipeline part of a step when ``p`` ranks time-share cores at ``share`` of their speed:
+    ``max(share·pipe, m·Σ T_i / p)`` (scalars or numpy arrays); ``pipe`` itself when ``share`` is 1."""
+    if share >= 1.0 or p == 1:
+        return pipe
+    return np.maximum(share * pipe, m * sum_t / p)
 
 
 def pipeline_time(
     schedule: str, stage_fb: Sequence[float], m: int, v: int = 1,
+    stage_f: Sequence[float] | None = None, stage_w: Sequence[float] | None = None, share: float = 1.0,
+) -> tuple[float, float]:
+    """(step time of the pipeline part, bubble time) for ``m`` micro-batches (``share``: see
+    :func:`time_shared`)."""
+    total, _ = _pipeline_time(schedule, stage_fb, m, v, stage_f, stage_w)
+    total = float(time_shared(total, m, sum(stage_fb), len(stage_fb), share))
+    return total, max(0.0, total - m * max(stage_fb))
+
+
+def _pipeline_time(
+    schedule: str, stage_fb: Sequence[float], m: int, v: int = 1,
     stage_f: Sequence[float] | None = None, stage_w: Sequence[float] | None = None,
 ) -> tuple[float, float]:
-    """(step time of the pipeline part, bubble time) for ``m`` micro-batches."""
     p = len(stage_fb)
     worst = max(stage_fb)
     busy = m * worst

@@ -24,6 +24,7 @@ import numpy as np
 
 from costmodel.device import DeviceModel
 from costmodel.estimate import DP_BUCKET_BYTES, even_split
+from costmodel.pipeline import time_shared
 from costmodel.report import GIB
 from costmodel.strategy import LayerStrategy, Mesh, Strategy, Workload
 from costmodel.units import TP_SPLIT_ROLES
@@ -191,9 +192,11 @@ def _combine(sl: np.ndarray, p: int, v: int, blocks: list[int], pre: int | None,
     else:
         f_r, w_r = per_rank("fwd"), per_rank("bwd_weight")
         fill = (f_r + (t_r - f_r - w_r) - w_r).max(axis=2)
+        sum_t = (t_r * mult).sum(axis=2)
         pipe = np.select([sched == "interleaved", sched == "zb"],
                          [mm * worst + (p - 1) * worst / v, mm * worst + (p - 1) * np.maximum(fill, 0.0)],
-                         (mm - 1) * worst + (t_r * mult).sum(axis=2))
+                         (mm - 1) * worst + sum_t)
+        pipe = time_shared(pipe, mm, sum_t, p, dev.share)
     exposed = c.exposed(per_rank("step_comm"), c.dp_overlap * per_rank("window")).max(axis=2)
     step = pipe + exposed + per_rank("optim").max(axis=2) + per_rank("offload").max(axis=2)
     step = step + c.step_overhead_s
@@ -271,4 +274,6 @@ def compute_bound(graph: LayerGraph, cluster: Cluster, w: Workload, configs: Seq
     p, v = g.pp, g.vpp
     pipe = np.select([p == 1, g.sched == "interleaved", g.sched == "zb"],
                      [m * total, (m + (p - 1) / v) * total / p, m * total / p], ((m - 1) / p + 1) * total)
+    if dev.share < 1.0:  # ranks time-sharing cores (see costmodel.pipeline.time_shared)
+        pipe = np.where(p > 1, np.maximum(dev.share * pipe, m * total / p), pipe)
     return pipe + dev.c.step_overhead_s

@@ -84,6 +84,8 @@ def grid_bounds(gr: GridReport, rows: MeshRows, dev: DeviceModel, layout: tuple,
         pipe = np.select([p == 1, sched == "interleaved", sched == "zb"],
                          [m * t, m * worst + (p - 1) * worst / v, m * worst + (p - 1) * fill],
                          (m - 1) * worst + t)
+        if dev.share < 1.0:  # ranks time-sharing cores (see costmodel.pipeline.time_shared)
+            pipe = np.where(p > 1, np.maximum(dev.share * pipe, m * t / p), pipe)
         return pipe + extra / p + dev.c.step_overhead_s
 
     worst = t / p
@@ -184,7 +186,7 @@ def pipeline_lagrange(gr: GridReport, rows: MeshRows, dev: DeviceModel, head: in
     best = _dual(parts, room)
     leanest = sum(n * mem.min(axis=1) for n, _, mem in parts)
     best = np.where(leanest > room, np.inf, best)
-    out[idx] = best + coef[:, 0] * gr.p2p_total[idx] + dev.c.step_overhead_s
+    out[idx] = (best + coef[:, 0] * gr.p2p_total[idx] + dev.c.step_overhead_s) * min(1.0, dev.share)
     return out
 
 
@@ -242,7 +244,7 @@ def interleaved_lagrange(gr: GridReport, rows: MeshRows, dev: DeviceModel, layou
             room = rows.budget[idx, None] - states @ held.T  # (rows, ranks)
             ranks = np.minimum(ranks, _rank_duals(time, acts, held, mult, base, room))
         out[idx] = (m + (P - 1) / V) * ranks.max(axis=1) + extra[idx] / P + dev.c.step_overhead_s
-    return out
+    return out * min(1.0, dev.share)  # time-shared cores: at least share × the full-speed bound
 
 
 def _rank_duals(time: np.ndarray, acts: np.ndarray, held: np.ndarray, mult: np.ndarray, base: np.ndarray,

@@ -94,9 +94,10 @@ def search_space(
     w: Workload,
     opts: SpaceOptions,
     memory_limit_gib: float | None = None,
+    device: DeviceModel | None = None,
 ) -> tuple[float, Strategy | None, int]:
     """(least step time of a plan that fits, that plan, plans tried) by pricing every plan."""
-    dev = DeviceModel(cluster)
+    dev = device or DeviceModel(cluster)
     best: tuple[float, Strategy | None] = (np.inf, None)
     n = 0
     for s in space_plans(graph, cluster, w, opts):

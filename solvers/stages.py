@@ -32,6 +32,7 @@ import numpy as np
 
 from costmodel.constants import CostConstants
 from costmodel.estimate import rank_blocks, rank_sends
+from costmodel.pipeline import time_shared
 from costmodel.strategy import LayerStrategy, Strategy
 from profiler.graph import LayerGraph
 from solvers.space import MeshConfig
@@ -71,7 +72,7 @@ def _objective(pp: PipelineProblem, max_t: float, sum_t: float, fill: float, ex:
         pipe = m * max_t + (p - 1) * max(fill, 0.0)
     else:
         pipe = (m - 1) * max_t + sum_t
-    return pipe + ex + opt + off + c.step_overhead_s
+    return time_shared(pipe, m, sum_t, p, pp.dev.share) + ex + opt + off + c.step_overhead_s
 
 
 def _vals(sc: StageCost, consts: CostConstants) -> tuple[float, ...]:
@@ -96,6 +97,8 @@ def solve_pipeline(problems: PipelineProblem | Sequence[PipelineProblem], incumb
     sched = pp.cfg.schedule
     # what the objective reads besides max T: Σ T (1F1B), the largest fill (ZB-H1), nothing (interleaved)
     dims = (0, 2, 3, 4, 5) if sched == "zb" else (0, 3, 4, 5) if sched == "interleaved" else (0, 1, 3, 4, 5)
+    if pp.dev.share < 1.0:  # time-shared cores: the objective reads Σ T under every schedule
+        dims = tuple(sorted({*dims, 1}))
     if v > 1 or not nonuniform:
         per_rank, sends = rank_blocks(L, p, v), rank_sends(p, v)
         labels = [_Label((0.0, 0.0, -INF, 0.0, 0.0, 0.0), None, 0, None)]

@@ -269,3 +269,35 @@ def test_parameters_are_offloaded_only_under_zero3() -> None:
                 assert off != "params" or (sh in ("zero3", "zero3_keep") and not mixed)
             assert ("params" in opts.offloads) == any(off == "params" for _, off in sharding_offloads(opts, group))
     assert sharding_offloads(SPACES["fsdp"], 1) == [("zero2", "none"), ("zero3", "params")]
+
+
+def test_time_shared_cores_let_pipeline_bubbles_lend_their_cores() -> None:
+    """Ranks sharing a host's cores (CPU clusters): a rank idle in a bubble leaves its cores to the
+    others. The estimator, the vectorised grid and the stage solver agree, and the search is still
+    exact."""
+    from costmodel.pipeline import pipeline_time
+    from costmodel.strategy import LayerStrategy, Mesh, Strategy
+    from costmodel.vectorized import compute_bound, price_grid, strategies_grid
+
+    total, bubble = pipeline_time("1f1b", [1.0, 1.0], 4, share=0.5)  # 4 ranks' worth of work on 2 cores
+    assert (total, bubble) == (4.0, 0.0)  # not 0.5 x 5 = 2.5: the node's work, 2 x 4 x 1 s, takes 4 s
+    assert pipeline_time("1f1b", [1.0, 1.0], 4, share=0.9)[0] == pytest.approx(4.5)  # the schedule's 0.9 x 5
+    g = load_model(SMALL, 1024)
+    cl, w = parse_cluster("4xh100"), Workload(seq_len=1024, global_batch=8)
+    dev = DeviceModel(cl)
+    dev.share = 0.5
+    opts = SPACES["hybrid"].with_(**dict(LIMITED, shardings=("replicate",), splits=(1,), max_micro_batch_sizes=1,
+                                         schedules=("1f1b", "zb", "interleaved")))
+    strategies = [Strategy(mesh=Mesh(pp=2, dp_shard=2), micro_batch=1, schedule=sch, default=LayerStrategy())
+                  for sch in ("1f1b", "zb")]
+    configs, options, cells = strategies_grid(strategies)
+    gr = price_grid(g, cl, w, configs, options, device=dev)
+    lb = compute_bound(g, cl, w, configs, device=dev)
+    for s, (i, j) in zip(strategies, cells, strict=True):
+        r = estimate(g, cl, s, w, device=dev)
+        assert gr.step_time_s[i, j] == pytest.approx(r.step_time_s, rel=1e-9) and lb[i] <= r.step_time_s
+        assert r.step_time_s < estimate(g, cl, s, w, device=DeviceModel(cl)).step_time_s / 0.5
+    for limit in _limits(g, cl, w, opts):
+        best, _, _ = search_space(g, cl, w, opts, limit, device=dev)
+        res = search(g, cl, w, opts, memory_limit_gib=limit, device=dev)
+        assert res.objective == pytest.approx(best, rel=1e-9) and res.status == "optimal"
