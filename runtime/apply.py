@@ -124,7 +124,8 @@ def model_problem(ad: ModelAdapter, facts: dict[str, Any] | None) -> str | None:
     return f"the plan was made for model '{facts['name']}', not this one (plan vs model: {', '.join(diffs)})"
 
 
-def check_plan(spec: dict[str, Any], plan: Any, world_size: int, dev: str, seq_len: int | None = None) -> None:
+def check_plan(spec: dict[str, Any], plan: Any, world_size: int, dev: str, seq_len: int | None = None,
+               global_batch: int | None = None) -> None:
     """Validate ``plan`` against the model of ``spec`` without a process group (model on meta)."""
     from runtime.model import build
 
@@ -136,6 +137,15 @@ def check_plan(spec: dict[str, Any], plan: Any, world_size: int, dev: str, seq_l
     cfg = _model_config(ad)
     if seq_len and cfg is not None and cfg.position == "learned" and seq_len > cfg.max_seq:
         raise ShardplanError(f"seq_len {seq_len} exceeds the model's {cfg.max_seq} learned positions")
+    m = strategy.mesh
+    if global_batch and m.pp > 1:
+        dp = m.dp_replicate * m.dp_shard
+        n_mb = global_batch // dp // strategy.micro_batch
+        if n_mb < m.pp:
+            raise ShardplanError(
+                f"a pipeline of {m.pp} stages needs at least {m.pp} micro-batches per step "
+                f"(torch.distributed.pipelining refuses fewer): global batch {global_batch} / data-parallel "
+                f"{dp} / micro-batch {strategy.micro_batch} gives {n_mb}")
     if seq_len and strategy.sequence_parallel and seq_len % strategy.mesh.tp:
         raise ShardplanError(f"sequence parallelism splits the sequence over tp={strategy.mesh.tp}: "
                              f"seq_len {seq_len} is not divisible by it")

@@ -4,8 +4,10 @@ on CPU)."""
 
 from __future__ import annotations
 
+import gc
 import resource
 import sys
+import warnings
 import weakref
 from collections.abc import Iterable
 from typing import Any
@@ -90,19 +92,23 @@ def peak_bytes(device: str) -> int:
 
 class TensorPeak(TorchDispatchMode):
     """The CPU counterpart of ``torch.cuda.max_memory_allocated``: the peak bytes of live tensor
-    storage while the mode is active, starting from ``base`` (the bytes alive on entry).
+    storage while the mode is active.
 
-    Every op's output storages are counted once (a DTensor by its local shard) until the storage
-    is freed; ``UntypedStorage.resize_`` — how FSDP2 allocates and frees its unsharded parameters —
-    is counted by its change in size. What is not a tensor (gloo's buffers, the allocator's slack,
-    the interpreter) is not counted: RSS measures that. The bookkeeping costs a Python call per
-    op, so a step measured under it is slower than the others.
+    On entry every storage alive in the process (of ``tensors`` when given, else of every tensor
+    the garbage collector knows: parameters, gradients, optimizer state, FSDP2's buffers) is
+    counted once. Then each op's outputs are counted by storage (a DTensor by its local shard):
+    a storage seen before — a view of a parameter, say — adds nothing, a new one adds its bytes
+    until it is freed; ``UntypedStorage.resize_`` — how FSDP2 allocates and frees its unsharded
+    parameters — adds its change in size. What is not a tensor (gloo's buffers, the allocator's
+    slack, the interpreter) is not counted: RSS measures that. The bookkeeping costs a Python call
+    per op, so a step measured under it is slower than the others.
     """
 
-    def __init__(self, base: int = 0):
+    def __init__(self, tensors: Iterable[torch.Tensor | None] | None = None):
         super().__init__()
-        self.live = self.peak = int(base)
+        self.live = self.peak = 0
         self._sizes: dict[int, int] = {}
+        self._tensors = tensors
         self._resize: Any = None
 
     def _add(self, n: int) -> None:
@@ -133,15 +139,23 @@ class TensorPeak(TorchDispatchMode):
         return out
 
     def __enter__(self) -> TensorPeak:
+        with warnings.catch_warnings():  # isinstance on some collected objects warns of deprecations
+            warnings.simplefilter("ignore")
+            alive = list(self._tensors) if self._tensors is not None else [
+                o for o in gc.get_objects() if isinstance(o, torch.Tensor)]
+        for t in alive:
+            if t is not None:
+                self._track(t)
         original = self._resize = torch.UntypedStorage.resize_
         mode = self
 
         def resize_(st: torch.UntypedStorage, size: int) -> Any:
             key, before = id(st), st.nbytes()
             out = original(st, size)
-            if key not in mode._sizes:  # a storage from before the mode: counted in base when not empty
+            if key not in mode._sizes:  # not seen yet: alive before the mode, not found on entry
                 mode._sizes[key] = before
                 weakref.finalize(st, mode._free, key)
+                mode._add(before)
             mode._sizes[key] += st.nbytes() - before
             mode._add(st.nbytes() - before)
             return out
@@ -153,14 +167,3 @@ class TensorPeak(TorchDispatchMode):
     def __exit__(self, *exc: Any) -> None:
         super().__exit__(*exc)
         torch.UntypedStorage.resize_ = self._resize  # type: ignore[method-assign]
-
-
-def live_tensor_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> int:
-    """Bytes of every tensor a training step starts with: parameters, buffers, gradients and
-    optimizer state (each storage once)."""
-    tensors = [*model.parameters(), *model.buffers(), *(p.grad for p in model.parameters())]
-    if optimizer is not None:
-        tensors += [p.grad for p in _optimizer_params(optimizer)]
-        for st in optimizer.state.values():
-            tensors += [v for v in st.values() if isinstance(v, torch.Tensor)]
-    return tensor_bytes(tensors)

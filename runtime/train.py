@@ -19,7 +19,7 @@ from torch import nn
 
 from runtime.adapters import adapt
 from runtime.apply import applied, build_optimizer
-from runtime.memory import TensorPeak, live_tensor_bytes, peak_bytes, state_bytes
+from runtime.memory import TensorPeak, peak_bytes, state_bytes
 from runtime.model import build, lm_loss
 
 LR = 1e-3
@@ -130,7 +130,7 @@ def run(model: nn.Module, vocab: int, s: TrainSettings, n_microbatches: int = 1)
         x, y = x[d * rows : (d + 1) * rows].to(dev), y[d * rows : (d + 1) * rows].to(dev)
         if rt.device_type == "cuda":
             torch.cuda.reset_peak_memory_stats()
-        tracker = TensorPeak(live_tensor_bytes(model, opt)) if k == tracked else nullcontext()
+        tracker = TensorPeak() if k == tracked else nullcontext()
         t0 = time.perf_counter()
         with tracker:
             loss = train_step(model, x, y, n_microbatches)

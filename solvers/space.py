@@ -4,8 +4,9 @@ Every degree a generator yields passes :func:`costmodel.estimate.check` for the 
 workload it was given: tensor parallelism divides the attention heads and the KV heads (or the KV
 heads divide it) and stays inside one node; expert parallelism divides the experts and
 ``dp_shard·cp``; ``pp·vpp`` stays within the layers; context parallelism keeps ``seq_len``
-divisible by ``2·cp``; micro-batch sizes divide the per-replica batch; interleaved schedules get a
-multiple of ``pp`` micro-batches and as many virtual stages as divide the layers evenly (or two,
+divisible by ``2·cp``; micro-batch sizes divide the per-replica batch; a pipeline gets at least
+``pp`` micro-batches (``torch.distributed.pipelining`` refuses fewer), interleaved schedules a
+multiple of ``pp`` and as many virtual stages as divide the layers evenly (or two,
 split as evenly as possible, as Llama 3 405B and Megatron's weak-scaling runs do).
 
 Named spaces (:data:`SPACES`):
@@ -231,6 +232,8 @@ def schedules(pp: int, n_mb: int, blocks: int, opts: SpaceOptions) -> Iterator[t
     """(schedule, vpp); one entry when there is no pipeline."""
     if pp == 1:
         yield "1f1b", 1
+        return
+    if n_mb < pp:  # fewer micro-batches than stages: PyTorch's schedules refuse it
         return
     for s in opts.schedules:
         if s == "interleaved":

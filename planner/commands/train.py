@@ -99,7 +99,7 @@ def train(
     s = _settings(plan, steps, seed, seq_len, global_batch)
     s.precision = precision
     dev = device_type()
-    check_plan(spec, plan, nproc, dev, seq_len=s.seq_len)
+    check_plan(spec, plan, nproc, dev, seq_len=s.seq_len, global_batch=s.global_batch)
     results = launch([Job(model=spec, plan_json=plan.to_json(), settings=s.to_dict(), name=model,
                           reference=check_parity)], nproc)
     res = results[0]
