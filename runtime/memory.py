@@ -107,13 +107,16 @@ class TensorPeak(TorchDispatchMode):
     def __init__(self, tensors: Iterable[torch.Tensor | None] | None = None):
         super().__init__()
         self.live = self.peak = 0
+        self.peak_op = ""  # the op whose outputs set the peak ("" before any op)
+        self._op = ""
         self._sizes: dict[int, int] = {}
         self._tensors = tensors
         self._resize: Any = None
 
     def _add(self, n: int) -> None:
         self.live += n
-        self.peak = max(self.peak, self.live)
+        if self.live > self.peak:
+            self.peak, self.peak_op = self.live, self._op
 
     def _free(self, key: int) -> None:
         self.live -= self._sizes.pop(key, 0)
@@ -133,6 +136,7 @@ class TensorPeak(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
+        self._op = str(func)
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 self._track(t)
@@ -143,6 +147,7 @@ class TensorPeak(TorchDispatchMode):
             warnings.simplefilter("ignore")
             alive = list(self._tensors) if self._tensors is not None else [
                 o for o in gc.get_objects() if isinstance(o, torch.Tensor)]
+        self._op = "(alive on entry)"
         for t in alive:
             if t is not None:
                 self._track(t)
@@ -152,6 +157,7 @@ class TensorPeak(TorchDispatchMode):
         def resize_(st: torch.UntypedStorage, size: int) -> Any:
             key, before = id(st), st.nbytes()
             out = original(st, size)
+            mode._op = "UntypedStorage.resize_"
             if key not in mode._sizes:  # not seen yet: alive before the mode, not found on entry
                 mode._sizes[key] = before
                 weakref.finalize(st, mode._free, key)

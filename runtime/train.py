@@ -144,6 +144,8 @@ def run(model: nn.Module, vocab: int, s: TrainSettings, n_microbatches: int = 1)
         tensor_peak = peak if rt.device_type == "cuda" else (tracker.peak if isinstance(tracker, TensorPeak) else None)
         mine = {"rank": dist.get_rank(), "param_bytes": seen["param_bytes"], "grad_bytes": seen["grad_bytes"],
                 "optim_bytes": after["optim_bytes"], "peak_bytes": peak, "tensor_peak_bytes": tensor_peak}
+        if isinstance(tracker, TensorPeak):
+            mine["tensor_peak_op"] = tracker.peak_op  # the op whose outputs set the peak
         ranks: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(ranks, mine)
         times = torch.tensor([dt], dtype=torch.float64, device=dev)

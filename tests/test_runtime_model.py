@@ -226,7 +226,7 @@ def test_tensor_peak_counts_live_storage_like_the_cuda_allocator() -> None:
         x = torch.ones(1000)  # 4000 bytes
         y = x * 2  # 4000 more
         v = y.view(10, 100)
-        assert (tp.live, tp.peak) == (8100, 8100)
+        assert (tp.live, tp.peak, tp.peak_op) == (8100, 8100, "aten.mul.Tensor")
         del y, v
         assert tp.live == 4100  # freed with its last reference
         st = torch.UntypedStorage(0)  # FSDP2 allocates and frees unsharded parameters by resizing
