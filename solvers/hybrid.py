@@ -20,6 +20,7 @@ optimum of the space. With one, whatever remains unsolved caps the proven bound.
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections.abc import Callable
 from typing import Any
@@ -70,22 +71,34 @@ PARETO_POINTS = 8
 
 
 class _Pool:
-    """The best plans seen (objective, tie-break key, lazy strategy), and the incumbent."""
+    """The best plan seen of each mesh configuration (objective, key, lazy strategy, solver).
+
+    ``best`` is the incumbent; ``cut`` the objective of the ``keep + 1``-th best mesh so far: the
+    search prunes at ``cut``, not at ``best``, so that the ``keep`` runners-up it returns are
+    exactly the next best meshes of the space (each at its optimum), not merely the best found.
+    Keys are ``(kind, configuration index, ...)``."""
 
     def __init__(self, keep: int):
         self.keep = keep
-        self.items: list[tuple[float, tuple, Callable[[], Strategy], str]] = []
+        self.by_mesh: dict[int, tuple[float, tuple, Callable[[], Strategy], str]] = {}
         self.best = np.inf
+        self.cut = np.inf
 
     def add(self, obj: float, key: tuple, build: Callable[[], Strategy], solver: str) -> None:
+        mesh = key[1]
+        old = self.by_mesh.get(mesh)
+        if old is not None and (old[0], old[1]) <= (obj, key):
+            return
+        self.by_mesh[mesh] = (obj, key, build, solver)
         self.best = min(self.best, obj)
-        self.items.append((obj, key, build, solver))
-        if len(self.items) > 4 * self.keep + 16:
-            self.items.sort(key=lambda x: (x[0], x[1]))
-            del self.items[self.keep + 8:]
+        if len(self.by_mesh) > self.keep:
+            self.cut = heapq.nsmallest(self.keep + 1, (v[0] for v in self.by_mesh.values()))[-1]
+            if len(self.by_mesh) > 4 * self.keep + 16:  # forget meshes that can no longer place
+                for m in [m for m, v in self.by_mesh.items() if v[0] > self.cut]:
+                    del self.by_mesh[m]
 
     def ranked(self) -> list[tuple[float, tuple, Callable[[], Strategy], str]]:
-        return sorted(self.items, key=lambda x: (x[0], x[1]))
+        return sorted(self.by_mesh.values(), key=lambda x: (x[0], x[1]))
 
 
 def search(graph: LayerGraph, cluster: Cluster, w: Workload, space: str | SpaceOptions = "full",
@@ -119,7 +132,7 @@ def search(graph: LayerGraph, cluster: Cluster, w: Workload, space: str | SpaceO
         if time_limit is not None and start and time.perf_counter() - t0 > time_limit:
             pruned_at, timed_out = start, True
             break
-        live = chunk[lb0[chunk] < pool.best]
+        live = chunk[lb0[chunk] < pool.cut]
         if not len(live):
             pruned_at = start
             break
@@ -145,9 +158,9 @@ def search(graph: LayerGraph, cluster: Cluster, w: Workload, space: str | SpaceO
     memo: dict[tuple, Any] = {}
     col = {o: j for j, o in enumerate(uopts)}
     if opts.per_layer:
-        items = _items(graph, parts, configs, opts, uopts, w, dev, _layout(graph), limit, pool.best)
+        items = _items(graph, parts, configs, opts, uopts, w, dev, _layout(graph), limit, pool.cut)
         for n, (lb, key, part, i, sub) in enumerate(items):
-            if lb >= pool.best:
+            if lb >= pool.cut:
                 break
             if time_limit is not None and time.perf_counter() - t0 > time_limit:
                 timed_out = True
@@ -158,7 +171,7 @@ def search(graph: LayerGraph, cluster: Cluster, w: Workload, space: str | SpaceO
             if sub is None:
                 prob = mesh_problem(graph, dev, cfg, w, opts, limit)
                 priced += sum(len(o) for o in prob.options)
-                sol = solve_ilp(prob, time_limit=left, cutoff=pool.best)
+                sol = solve_ilp(prob, time_limit=left, cutoff=pool.cut)
                 if sol.status == "time_limit":
                     bound_left.append(sol.bound)
                 if sol.choice is not None:
@@ -174,7 +187,7 @@ def search(graph: LayerGraph, cluster: Cluster, w: Workload, space: str | SpaceO
                     for (sh, off), pair in zip(sub, js, strict=True):
                         views = {k: [_view(u, i, j) for j in pair] for k, u in enumerate(gr.units)}
                         qs.append(PipelineProblem(graph, dev, cfg, w, sh, off, opts.recomputes, limit, views))
-                    psol = memo[sig] = solve_pipeline(qs, pool.best, opts.stage_boundaries)
+                    psol = memo[sig] = solve_pipeline(qs, pool.cut, opts.stage_boundaries)
                     priced += sum(q.evaluated for q in qs)
                 if psol is not None:
                     pool.add(psol.objective, (1,) + key, _pipe_builder(graph, cfg, psol), "stages")

@@ -301,3 +301,26 @@ def test_time_shared_cores_let_pipeline_bubbles_lend_their_cores() -> None:
         best, _, _ = search_space(g, cl, w, opts, limit, device=dev)
         res = search(g, cl, w, opts, memory_limit_gib=limit, device=dev)
         assert res.objective == pytest.approx(best, rel=1e-9) and res.status == "optimal"
+
+
+def test_runners_up_are_exactly_the_next_best_meshes(setup: tuple) -> None:
+    """The search prunes at the (k+1)-th best mesh, so its k alternatives are the k best other
+    meshes of the space, each at its optimum — what brute force over every plan finds."""
+    from solvers.space import MeshConfig
+
+    g, cl, w = setup
+    opts = SPACES["hybrid"].with_(**dict(LIMITED, splits=(1,), max_micro_batch_sizes=1, schedules=("1f1b", "zb")))
+    k = 3
+    for limit in _limits(g, cl, w, opts):
+        per_mesh: dict[MeshConfig, float] = {}
+        for s in space_plans(g, cl, w, opts):
+            rep = estimate(g, cl, s, w, memory_limit_gib=limit)
+            if rep.fits:
+                m = MeshConfig.of(s)
+                per_mesh[m] = min(per_mesh.get(m, np.inf), rep.step_time_s)
+        expected = sorted(per_mesh.values())[: k + 1]
+        assert len(expected) == k + 1
+        res = search(g, cl, w, opts, memory_limit_gib=limit, top_k=k)
+        got = [res.objective] + [a.report.step_time_s for a in res.alternatives[:k]]
+        assert got == pytest.approx(expected, rel=1e-9)
+        assert len({MeshConfig.of(a.strategy) for a in res.alternatives[:k]} | {MeshConfig.of(res.best.strategy)}) == k + 1
