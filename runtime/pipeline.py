@@ -42,6 +42,7 @@ from torch.distributed.pipelining import (
 from costmodel.strategy import Strategy
 from runtime.mesh import RuntimeMesh
 from runtime.model import Transformer, lm_loss
+from runtime.tensor_parallel import loss_context, plain
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B,
              "zb": ScheduleInterleavedZeroBubble}
@@ -108,15 +109,17 @@ class PipelineRunner:
     has_first: bool
     has_last: bool
     n_microbatches: int
+    tp: int = 1
 
     def step(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
         """Forward and backward of one batch; the mean loss on the last stage, else None."""
         losses: list[torch.Tensor] = []
         args = (tokens,) if self.has_first else ()
         kwargs = {"target": targets, "losses": losses} if self.has_last else {}
-        self.schedule.step(*args, **kwargs)
+        with loss_context(self.tp):  # vocabulary-parallel loss under TP
+            self.schedule.step(*args, **kwargs)
         if self.has_last:
-            return torch.stack([x.detach().float() for x in losses]).mean()
+            return torch.stack([plain(x.detach()).float() for x in losses]).mean()
         return None
 
 
@@ -142,4 +145,4 @@ def make_runner(mods: list[Transformer], ids: list[int], strategy: Strategy, rt:
     else:
         schedule = cls(stages[0], n_microbatches=n_microbatches, loss_fn=lm_loss)
     return PipelineRunner(stages=stages, modules=mods, schedule=schedule, has_first=0 in ids,
-                          has_last=(n_stages - 1) in ids, n_microbatches=n_microbatches)
+                          has_last=(n_stages - 1) in ids, n_microbatches=n_microbatches, tp=strategy.mesh.tp)

@@ -4,8 +4,10 @@ Plans exist for the reference model, Hugging Face ``LlamaForCausalLM`` and ``GPT
 
 * token embedding: ``RowwiseParallel`` (vocabulary-parallel table), output replicated;
 * Q/K/V and MLP up (gate/up): ``ColwiseParallel``; attention out and MLP down: ``RowwiseParallel``;
-* LM head: ``ColwiseParallel`` gathering the logits (tied heads reuse the vocabulary-parallel
-  embedding weight: only their input and output layouts are prepared);
+* LM head: ``ColwiseParallel`` keeping the logits vocabulary-sharded (a DTensor, ``Shard(-1)``),
+  as torchtitan's loss parallelism and Megatron's vocab-parallel cross-entropy do: the loss and its
+  backward run under ``loss_parallel`` (:func:`loss_context`), so no rank holds the full logits
+  (tied heads reuse the vocabulary-parallel embedding weight: only their layouts are prepared);
 * with ``sequence_parallel``: norms become ``SequenceParallel`` (activations sharded on the
   sequence dim), attention/MLP inputs are all-gathered by ``PrepareModuleInput`` and the
   row-parallel outputs are reduce-scattered (``output_layouts=Shard(1)``).
@@ -18,6 +20,7 @@ place the plan shards raises a :class:`~profiler.errors.ShardplanError` naming i
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -82,7 +85,8 @@ def _head_styles(head: str, tied: bool, sp: bool) -> dict[str, ParallelStyle]:
     """An untied head is column (vocabulary) parallel; a tied one is prepared after re-tying."""
     if tied:
         return {}
-    return {head: ColwiseParallel(input_layouts=Shard(1) if sp else Replicate(), output_layouts=Replicate())}
+    return {head: ColwiseParallel(input_layouts=Shard(1) if sp else Replicate(), output_layouts=Shard(-1),
+                                  use_local_output=False)}
 
 
 def _prepare_tied_head(root: nn.Module, head: str, emb: str, tp_mesh: DeviceMesh, sp: bool) -> None:
@@ -92,8 +96,8 @@ def _prepare_tied_head(root: nn.Module, head: str, emb: str, tp_mesh: DeviceMesh
     in_layout = Shard(1) if sp else Replicate()
     parallelize_module(hm, tp_mesh, PrepareModuleInput(input_layouts=(in_layout,), desired_input_layouts=(Replicate(),),
                                                        use_local_output=False))
-    parallelize_module(hm, tp_mesh, PrepareModuleOutput(output_layouts=(Shard(-1),), desired_output_layouts=(Replicate(),),
-                                                        use_local_output=True))
+    parallelize_module(hm, tp_mesh, PrepareModuleOutput(output_layouts=(Shard(-1),), desired_output_layouts=(Shard(-1),),
+                                                        use_local_output=False))
 
 
 def _apply(root: nn.Module, tp_mesh: DeviceMesh, plan: dict[str, ParallelStyle]) -> None:
@@ -238,3 +242,18 @@ def parallelize(ad: ModelAdapter, stage: nn.Module, tp_mesh: DeviceMesh, sp: boo
     else:  # pragma: no cover - adapt() rejects other kinds first
         raise ShardplanError(f"no tensor parallel plan for model kind '{ad.kind}'")
     keep_grad_layouts(stage)
+
+
+def loss_context(tp: int) -> Any:
+    """Where the loss and its backward run: ``loss_parallel`` over vocabulary-sharded logits when
+    the plan has tensor parallelism (the cross-entropy reduces across the TP ranks), else nothing."""
+    if tp <= 1:
+        return nullcontext()
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    return loss_parallel()
+
+
+def plain(t: torch.Tensor) -> torch.Tensor:
+    """A loss as an ordinary tensor (a DTensor loss is replicated: its full value)."""
+    return t.full_tensor() if isinstance(t, DTensor) else t

@@ -21,6 +21,7 @@ from runtime.adapters import adapt
 from runtime.apply import applied, build_optimizer
 from runtime.memory import TensorPeak, peak_bytes, state_bytes
 from runtime.model import build, lm_loss
+from runtime.tensor_parallel import loss_context, plain
 
 LR = 1e-3
 
@@ -82,9 +83,10 @@ def train_step(model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor, n_
     total = torch.zeros((), dtype=torch.float32, device=tokens.device)
     n = max(1, min(n_microbatches, tokens.shape[0]))
     for xs, ys in zip(tokens.chunk(n), targets.chunk(n), strict=True):
-        loss = lm_loss(fwd(model, xs), ys) * (xs.shape[0] / tokens.shape[0])
-        loss.backward()
-        total += loss.detach()
+        with loss_context(info.mesh.size("tp")):  # vocabulary-parallel loss under TP
+            loss = lm_loss(fwd(model, xs), ys) * (xs.shape[0] / tokens.shape[0])
+            loss.backward()
+        total += plain(loss.detach())
     return total
 
 

@@ -58,6 +58,8 @@ W4 = {
     ("tiny-gpt", "hsdp_zero2"): Strategy(mesh=Mesh(dp_replicate=2, dp_shard=2), default=L(sharding="zero2")),
     ("tiny-gpt", "tp_fsdp"): Strategy(mesh=Mesh(dp_shard=2, tp=2), default=L(sharding="zero3"), sequence_parallel=True),
     ("tiny-gpt", "pp_fsdp"): Strategy(mesh=Mesh(pp=2, dp_shard=2), default=L(sharding="zero3")),  # tied copies
+    # TP inside pipeline stages; the last stage's loss is vocabulary-parallel (loss_parallel)
+    ("tiny-llama", "pp_tp"): Strategy(mesh=Mesh(pp=2, tp=2), schedule="interleaved", vpp=2),
 }
 
 
@@ -211,6 +213,8 @@ def test_four_process_meshes_match_single_process(w4: dict, key: tuple[str, str]
     elif key[1] == "tp_fsdp":
         local = F * _tp_local("tiny-gpt", 2) // 2
         assert b == [(local, local, 2 * local)] * 4
+    elif key[1] == "pp_tp":  # the two TP ranks of a stage hold equal halves; the stages differ
+        assert b[0] == b[1] and b[2] == b[3] and b[0] != b[2]
     else:  # two stages, each sharded over 2 ranks; the last holds a copy of the tied embedding
         cfg = TINY_MODELS["tiny-gpt"]
         assert sum(x[0] for x in b) == F * (n + cfg.vocab * cfg.hidden)
