@@ -9,6 +9,10 @@ Public API::
     opt.step(); opt.zero_grad()
     state_bytes(model, opt)                    # {param_bytes, grad_bytes, optim_bytes} of this rank
 
+With tensor parallelism the model returns vocabulary-sharded logits (a DTensor): a loop of one's
+own computes the loss and runs its backward inside ``loss_context(tp)`` (``loss_parallel``), as
+``train_step`` does.
+
 Heavy modules (torch.distributed) load on first use of these names.
 """
 
@@ -16,13 +20,15 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["apply_plan", "build_optimizer", "train_step", "state_bytes", "Transformer", "PlanMismatchError"]
+__all__ = ["apply_plan", "build_optimizer", "train_step", "state_bytes", "loss_context", "Transformer",
+           "PlanMismatchError"]
 
 _WHERE = {
     "apply_plan": "runtime.apply",
     "build_optimizer": "runtime.apply",
     "train_step": "runtime.train",
     "state_bytes": "runtime.memory",
+    "loss_context": "runtime.tensor_parallel",
     "Transformer": "runtime.model",
     "PlanMismatchError": "runtime.validate",
 }

@@ -200,6 +200,8 @@ def apply_plan(model: nn.Module, plan: Any, mesh: DeviceMesh | RuntimeMesh | Non
     Runs on every rank of an initialised default process group whose size is the plan's world
     size; every rank must have built ``model`` identically (same seed). Returns the model changed
     in place, or, with pipeline parallelism, a :class:`PipelinedModel` of this rank's stages.
+    With tensor parallelism the logits come out vocabulary-sharded (a DTensor): compute the loss
+    and run its backward inside :func:`runtime.tensor_parallel.loss_context` (or use ``train_step``).
     Raises :class:`~runtime.validate.PlanMismatchError` (a ``ShardplanError``) listing every
     disagreement before anything is changed.
 
