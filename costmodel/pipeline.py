@@ -25,12 +25,14 @@ from typing import Any
 import numpy as np
 
 
-def time_shared(pipe: Any, m: Any, sum_t: Any, p: int, share: float) -> Any:
+def time_shared(pipe: Any, m: Any, sum_t: Any, p: Any, share: float) -> Any:
     """The pipeline part of a step when ``p`` ranks time-share cores at ``share`` of their speed:
-    ``max(share·pipe, m·Σ T_i / p)`` (scalars or numpy arrays); ``pipe`` itself when ``share`` is 1."""
-    if share >= 1.0 or p == 1:
+    ``max(share·pipe, m·Σ T_i / p)`` (scalars or numpy arrays, ``p`` too); ``pipe`` itself when
+    ``share`` is 1 or there is no pipeline (``p`` = 1). Lower bounds of ``pipe`` and ``Σ T`` give a
+    lower bound."""
+    if share >= 1.0:
         return pipe
-    return np.maximum(share * pipe, m * sum_t / p)
+    return np.where(np.asarray(p) > 1, np.maximum(share * pipe, m * sum_t / p), pipe)
 
 
 def pipeline_time(

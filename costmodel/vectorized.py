@@ -274,6 +274,4 @@ def compute_bound(graph: LayerGraph, cluster: Cluster, w: Workload, configs: Seq
     p, v = g.pp, g.vpp
     pipe = np.select([p == 1, g.sched == "interleaved", g.sched == "zb"],
                      [m * total, (m + (p - 1) / v) * total / p, m * total / p], ((m - 1) / p + 1) * total)
-    if dev.share < 1.0:  # ranks time-sharing cores (see costmodel.pipeline.time_shared)
-        pipe = np.where(p > 1, np.maximum(dev.share * pipe, m * total / p), pipe)
-    return pipe + dev.c.step_overhead_s
+    return time_shared(pipe, m, total, p, dev.share) + dev.c.step_overhead_s

@@ -29,7 +29,7 @@ from profiler.graph import LayerGraph
 from profiler.hardware import Cluster
 from solvers.chain import ChainProblem, chain_strategy, large_ops, mesh_problem
 from solvers.space import MeshConfig, SpaceOptions, grid_options, pipeline_combos
-from solvers.stages import PipelineProblem, PipelineSolution, pipeline_strategy
+from solvers.stages import PipelineProblem, PipelineSolution, pipeline_strategy, unit_combos
 
 
 def chain_min_memory(prob: ChainProblem) -> tuple[float, list[int]]:
@@ -114,18 +114,13 @@ def _pipeline_min(qs: list[PipelineProblem], boundaries: bool) -> tuple[float, P
         recompute.append(pp.recomputes[per[0][1][0]])
     ranks = rank_blocks(L, p, pp.v, layout)
     blocks = [""] * L
-    combos: list[tuple[str, str]] = [("", "")] * L
     for r, idx in enumerate(ranks):
-        q = qs[per[r][1][3]]
         for i in idx:
             blocks[i] = pp.recomputes[per[r][1][2]]
-            combos[i] = (q.sharding, q.offload)
     recompute += blocks
     if pp.head is not None:
         recompute.append(pp.recomputes[per[-1][1][1]])
-    first, last = qs[per[0][1][3]], qs[per[-1][1][3]]
-    combos = ([(first.sharding, first.offload)] if pp.emb is not None else []) + combos + (
-        [(last.sharding, last.offload)] if pp.head is not None else [])
+    combos = unit_combos([qs[per[r][1][3]] for r in range(p)], ranks)
     return max(x for x, _ in per), PipelineSolution(0.0, layout, recompute, combos=combos)
 
 

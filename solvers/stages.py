@@ -72,7 +72,7 @@ def _objective(pp: PipelineProblem, max_t: float, sum_t: float, fill: float, ex:
         pipe = m * max_t + (p - 1) * max(fill, 0.0)
     else:
         pipe = (m - 1) * max_t + sum_t
-    return time_shared(pipe, m, sum_t, p, pp.dev.share) + ex + opt + off + c.step_overhead_s
+    return float(time_shared(pipe, m, sum_t, p, pp.dev.share)) + ex + opt + off + c.step_overhead_s
 
 
 def _vals(sc: StageCost, consts: CostConstants) -> tuple[float, ...]:
@@ -186,16 +186,22 @@ def _solution(qs: list[PipelineProblem], best: _Label, sizes: list[int] | None, 
     """The plan of the label ``best``: per unit its recomputation, sharding and offload."""
     pp = qs[0]
     cands: list[Cand] = [lab.cost for lab in _chain(best)]  # type: ignore[misc]
-    per_block: list[tuple[str, str]] = [("", "")] * len(pp.block_cls)
-    for (s, _), idx in zip(cands, ranks, strict=True):
-        for i in idx:
-            per_block[i] = (qs[s].sharding, qs[s].offload)
-    first, last = cands[0][0], cands[-1][0]
-    combos = ([(qs[first].sharding, qs[first].offload)] if pp.emb is not None else []) + per_block + (
-        [(qs[last].sharding, qs[last].offload)] if pp.head is not None else [])
     obj = _objective(pp, *best.vals)
     return PipelineSolution(obj, sizes, _recompute(pp, [sc for _, sc in cands], ranks), labels=labels,
-                            combos=combos)
+                            combos=unit_combos([qs[s] for s, _ in cands], ranks))
+
+
+def unit_combos(taken: Sequence[PipelineProblem], ranks: list[list[int]]) -> list[tuple[str, str]]:
+    """(sharding, offload) of every unit in order, when rank ``r`` (its blocks ``ranks[r]``) took
+    the problem ``taken[r]``: the embedding goes with the first rank, the head with the last."""
+    pp = taken[0]
+    per_block: list[tuple[str, str]] = [("", "")] * len(pp.block_cls)
+    for q, idx in zip(taken, ranks, strict=True):
+        for i in idx:
+            per_block[i] = (q.sharding, q.offload)
+    first, last = taken[0], taken[-1]
+    return ([(first.sharding, first.offload)] if pp.emb is not None else []) + per_block + (
+        [(last.sharding, last.offload)] if pp.head is not None else [])
 
 
 def _quick_bound(qs: list[PipelineProblem]) -> float:
