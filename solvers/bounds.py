@@ -205,12 +205,13 @@ def interleaved_lagrange(gr: GridReport, rows: MeshRows, dev: DeviceModel, layou
     """Per row with interleaved stages: a bound that prices each rank's memory limit (0 elsewhere,
     and for rows not ``alive``).
 
-    ``masks``: the options of each (sharding, offload) a rank may take (one for all its units). The
-    even split fixes the units of every rank; under one of them a rank's least time within its
-    limit is at least ``max over λ >= 0 of Σ_units min_option (time + λ·in-flight·activations) -
-    λ·(budget - states)`` (transients dropped: they only add memory). That dual is concave and
-    piecewise linear in λ, so its maximum lies at 0 or where some unit switches between two
-    options: those λ are tried. A rank takes the least of its masks' bounds; the step is
+    ``masks``: the options a rank may take, one mask per (sharding, offload) when all its units
+    share one, or one mask for all when each unit takes its own. The even split fixes the units of
+    every rank; under one mask a rank's least time within its limit is at least ``max over λ >= 0
+    of Σ_units min_option (time + λ·(states + in-flight·activations)) - λ·budget`` (transients
+    dropped: they only add memory). That dual is concave and piecewise linear in λ, so its maximum
+    lies at 0 or where some unit switches between two options: those λ are tried (see
+    :func:`_rank_duals`). A rank takes the least of its masks' bounds; the step is
     ``(m + (p-1)/v)`` times the slowest rank plus the per-step terms, which are at least their
     mean over the ranks. A rank that fits under no mask makes the row infeasible (inf).
     """
@@ -238,24 +239,34 @@ def interleaved_lagrange(gr: GridReport, rows: MeshRows, dev: DeviceModel, layou
             cols = np.flatnonzero(mask)
             time = np.stack([u.time[np.ix_(idx, cols)] for u in gr.units], axis=1)  # (rows, classes, options)
             acts = np.stack([u.activations[np.ix_(idx, cols)] for u in gr.units], axis=1)
-            states = np.stack([u.states[idx][:, cols].min(axis=1) for u in gr.units], axis=1)
-            room = rows.budget[idx, None] - states @ held.T  # (rows, ranks)
-            ranks = np.minimum(ranks, _rank_duals(time, acts, held, mult, base, room))
+            states = np.stack([u.states[np.ix_(idx, cols)] for u in gr.units], axis=1)
+            mem = mult[..., None] * acts[:, None] + states[:, None]  # (rows, ranks, classes, options)
+            room = np.repeat(rows.budget[idx, None], P, axis=1)  # (rows, ranks)
+            ranks = np.minimum(ranks, _rank_duals(time, mem, held, base, room))
         out[idx] = (m + (P - 1) / V) * ranks.max(axis=1) + extra[idx] / P + dev.c.step_overhead_s
     return out * min(1.0, dev.share)  # time-shared cores: at least share × the full-speed bound
 
 
-def _rank_duals(time: np.ndarray, acts: np.ndarray, held: np.ndarray, mult: np.ndarray, base: np.ndarray,
-                room: np.ndarray) -> np.ndarray:
+def _rank_duals(time: np.ndarray, mem: np.ndarray, held: np.ndarray, base: np.ndarray, room: np.ndarray
+                ) -> np.ndarray:
     """(rows, ranks): the best Lagrangian bound on each rank's time (inf where nothing fits).
 
-    ``time``, ``acts``: (rows, classes, options); ``held``: (ranks, classes); ``mult``: (rows, ranks,
-    classes) micro-batches in flight; ``base``: (rows, ranks) fixed time; ``room``: (rows, ranks)."""
-    t, a = time[:, None], mult[..., None] * acts[:, None]  # (rows, ranks, classes, options)
+    ``time``: (rows, classes, options); ``mem``: (rows, ranks, classes, options) a unit's states and
+    in-flight activations under each option; ``held``: (ranks, classes); ``base``: (rows, ranks)
+    fixed time; ``room``: (rows, ranks). Every λ >= 0 gives a bound: with few options every λ where
+    two options cost alike is tried (the exact maximum), with many those where the fastest or the
+    leanest option ties with another."""
+    t, a = time[:, None], mem  # (rows, ranks, classes, options)
     leanest = (held[None] * a.min(axis=3)).sum(axis=2)
-    # where unit options i and j cost alike: λ = (t_j - t_i) / (a_i - a_j), kept when positive
-    dt = t[..., None, :] - t[..., :, None]
-    da = a[..., :, None] - a[..., None, :]
+    if t.shape[-1] <= 9:  # where unit options i and j cost alike: λ = (t_j - t_i) / (a_i - a_j), kept when positive
+        dt = t[..., None, :] - t[..., :, None]
+        da = a[..., :, None] - a[..., None, :]
+    else:
+        ends = np.stack([np.argmin(np.broadcast_to(t, a.shape), axis=-1), np.argmin(a, axis=-1)], axis=-1)
+        te = np.take_along_axis(np.broadcast_to(t, a.shape), ends, axis=-1)  # (rows, ranks, classes, 2)
+        ae = np.take_along_axis(a, ends, axis=-1)
+        dt = t[..., None, :] - te[..., :, None]
+        da = ae[..., :, None] - a[..., None, :]
     with np.errstate(divide="ignore", invalid="ignore"):
         lam = np.where(da > 0, dt / da, 0.0)
     lam = np.concatenate([np.zeros(lam.shape[:2] + (1,)), lam.reshape(lam.shape[:2] + (-1,))], axis=2)

@@ -8,7 +8,7 @@ from itertools import product
 import numpy as np
 
 from costmodel.device import DeviceModel
-from costmodel.estimate import estimate, rank_blocks
+from costmodel.estimate import estimate
 from costmodel.strategy import LayerStrategy, Strategy, Workload
 from profiler.graph import LayerGraph
 from profiler.hardware import Cluster
@@ -63,29 +63,16 @@ def space_plans(graph: LayerGraph, cluster: Cluster, w: Workload, opts: SpaceOpt
             layouts: list[list[int] | None] = [None]
             if opts.stage_boundaries and cfg.vpp == 1:
                 layouts = compositions(graph.num_blocks, cfg.pp)  # type: ignore[assignment]
+            tied = bool(graph.config.get("tied_embeddings"))
             for pairs, layout in product(list(pipeline_combos(graph, cfg, opts)), layouts):
-                rank = _unit_ranks(names, cfg.pp, cfg.vpp, layout)
-                for per_rank in product(pairs, repeat=cfg.pp):
+                for per_unit in product(pairs, repeat=len(names)):  # every unit its own pair
+                    if tied and names[0] == "embedding" and names[-1] == "head" and per_unit[0] != per_unit[-1]:
+                        continue
                     for rcs in product(opts.recomputes, repeat=len(names)):
-                        layers = [LayerStrategy(unit=n, sharding=per_rank[r][0], recompute=rc,  # type: ignore[arg-type]
-                                                offload=per_rank[r][1])  # type: ignore[arg-type]
-                                  for n, rc, r in zip(names, rcs, rank, strict=True)]
+                        layers = [LayerStrategy(unit=n, sharding=pair[0], recompute=rc,  # type: ignore[arg-type]
+                                                offload=pair[1])  # type: ignore[arg-type]
+                                  for n, rc, pair in zip(names, rcs, per_unit, strict=True)]
                         yield cfg.strategy(default=LayerStrategy(), layers=layers, stage_layers=layout)
-
-
-def _unit_ranks(names: list[str], p: int, v: int, layout: list[int] | None) -> list[int]:
-    """The pipeline rank of every unit: the embedding on the first, the head on the last, the
-    blocks by ``layout`` (blocks per rank) or the even split into ``p·v`` virtual stages."""
-    per_block = {b: r for r, held in enumerate(rank_blocks(sum(n.startswith("layers.") for n in names), p, v, layout))
-                 for b in held}
-    out, b = [], 0
-    for n in names:
-        if n.startswith("layers."):
-            out.append(per_block[b])
-            b += 1
-        else:
-            out.append(0 if n == "embedding" else p - 1)
-    return out
 
 
 def search_space(

@@ -8,8 +8,9 @@
    tighter bound (every unit at its fastest option, stages balanced, the memory limit priced by a
    Lagrange multiplier), until that
    bound reaches the incumbent: without a pipeline the OSDP chain (:mod:`solvers.osdp_ilp`), with
-   one the stage DP of each uniform (sharding, offload), or of all of them at once when the stages
-   choose their own (the ``staged`` space; :mod:`solvers.stages`). The bounds are in
+   one the stage DP of each uniform (sharding, offload) (:mod:`solvers.stages`), or, in the
+   ``staged`` space, a MIP where every unit inside the stages takes its own sharding, offload and
+   recomputation (:mod:`solvers.stage_ilp`). The bounds are in
    :mod:`solvers.bounds`.
 3. The best plans are re-priced by :func:`costmodel.estimate.estimate` and returned with the
    runners-up and a throughput/memory Pareto frontier.
@@ -63,6 +64,7 @@ from solvers.space import (
     pipeline_combos,
     space_options,
 )
+from solvers.stage_ilp import solve_layers
 from solvers.stages import PipelineProblem, UnitView, pipeline_strategy, solve_pipeline
 
 Progress = Callable[[str, int, int], None]
@@ -187,10 +189,11 @@ def search(graph: LayerGraph, cluster: Cluster, w: Workload, space: str | SpaceO
                     for (sh, off), pair in zip(sub, js, strict=True):
                         views = {k: [_view(u, i, j) for j in pair] for k, u in enumerate(gr.units)}
                         qs.append(PipelineProblem(graph, dev, cfg, w, sh, off, opts.recomputes, limit, views))
-                    psol = memo[sig] = solve_pipeline(qs, pool.cut, opts.stage_boundaries)
+                    psol = memo[sig] = _solve_stages(qs, pool.cut, opts, graph, left, bound_left)
                     priced += sum(q.evaluated for q in qs)
                 if psol is not None:
-                    pool.add(psol.objective, (1,) + key, _pipe_builder(graph, cfg, psol), "stages")
+                    pool.add(psol.objective, (1,) + key, _pipe_builder(graph, cfg, psol),
+                             "stage_ilp" if opts.mix_stages else "stages")
             if progress and n % 8 == 0:
                 progress("solving per-layer plans", n + 1, len(items))
     if not np.isfinite(pool.best):
@@ -210,6 +213,19 @@ def search(graph: LayerGraph, cluster: Cluster, w: Workload, space: str | SpaceO
                         options={"configurations": len(configs), "global_batch": w.global_batch,
                                  "configurations_priced": int(sum(len(p[0]) for p in parts)),
                                  "memory_limit_gib": limit})
+
+
+def _solve_stages(qs: list[PipelineProblem], cut: float, opts: SpaceOptions, graph: LayerGraph,
+                  left: float | None, bound_left: list[float]) -> Any:
+    """One pipeline mesh: the stage DP of its one (sharding, offload), or with ``mix_stages`` the
+    MIP where every unit takes its own (:mod:`solvers.stage_ilp`); a MIP stopped by the time limit
+    leaves its bound."""
+    if not opts.mix_stages:
+        return solve_pipeline(qs, cut, opts.stage_boundaries)
+    mix = solve_layers(qs, cut, opts.stage_boundaries, bool(graph.config.get("tied_embeddings")), left)
+    if mix.status == "time_limit":
+        bound_left.append(mix.bound)
+    return mix.solution
 
 
 def _layout(graph: LayerGraph) -> tuple:
@@ -258,7 +274,9 @@ def _items(graph: LayerGraph, parts: list[Part], configs: list[MeshConfig],
             masks = [np.array([(o.sharding, o.offload) == pair for o in uopts]) for pair in pairs]
             both = np.logical_or.reduce(masks)
             lb = grid_bounds(sub, sub_rows, dev, layout, both, best, serves)
-            lb = np.maximum(lb, interleaved_lagrange(sub, sub_rows, dev, layout, block_cls, masks, serves & (lb < best)))
+            # with per-layer options inside the stages a rank may mix pairs: one mask for them all
+            lb = np.maximum(lb, interleaved_lagrange(sub, sub_rows, dev, layout, block_cls,
+                                                     [both] if opts.mix_stages else masks, serves & (lb < best)))
             lb = np.maximum(lb, pipeline_lagrange(sub, sub_rows, dev, head, both, serves & (lb < best)))
             for r in np.flatnonzero(serves & (lb < best)):
                 i = int(deep[r])

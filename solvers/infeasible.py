@@ -154,11 +154,14 @@ def min_memory(
             cand = [(x, lambda cfg=cfg, prob=prob, choice=choice: chain_strategy(graph, cfg, prob, choice))]
         elif cfg.pp > 1 and opts.per_layer:
             cand = []
+            tied = bool(graph.config.get("tied_embeddings"))
             for combos in pipeline_combos(graph, cfg, opts):
-                qs = [PipelineProblem(graph, dev, cfg, w, sh, off, opts.recomputes, 1e9) for sh, off in combos]
-                res = _pipeline_min(qs, opts.stage_boundaries)
-                if res is not None:
-                    cand.append((res[0], lambda cfg=cfg, sol=res[1]: pipeline_strategy(graph, cfg, sol)))
+                # the leanest plan: each stage one pair (one for all when the head is tied)
+                for group in ([[c] for c in combos] if tied else [combos]):
+                    qs = [PipelineProblem(graph, dev, cfg, w, sh, off, opts.recomputes, 1e9) for sh, off in group]
+                    res = _pipeline_min(qs, opts.stage_boundaries)
+                    if res is not None:
+                        cand.append((res[0], lambda cfg=cfg, sol=res[1]: pipeline_strategy(graph, cfg, sol)))
         else:
             continue
         for x, build in cand:

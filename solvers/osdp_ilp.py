@@ -70,7 +70,7 @@ class _Model:
         self.rows.append((coefs, lo, hi))
 
     def solve(
-        self, offset: float, time_limit: float | None, cutoff: float | None = None
+        self, offset: float, time_limit: float | None, cutoff: float | None = None, presolve: bool = True
     ) -> tuple[str, np.ndarray | None, float, float]:
         import highspy
 
@@ -97,6 +97,8 @@ class _Model:
             highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous for i in self.integer
         ]
         h = new_highs()
+        if not presolve:
+            h.setOptionValue("presolve", "off")
         if time_limit is not None:
             h.setOptionValue("time_limit", max(float(time_limit), 1e-3))
         if cutoff is not None and np.isfinite(cutoff):

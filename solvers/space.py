@@ -25,9 +25,9 @@ Named spaces (:data:`SPACES`):
   every unit its own recomputation, and — with one virtual stage per rank — the stages their own
   boundaries (at least one block each); interleaved stages split evenly.
 * ``full`` — all of the above at once (it is the union, so it searches like ``hybrid``).
-* ``staged`` — ``hybrid`` where every pipeline stage (every rank, with interleaving) also takes
-  its own sharding and offload (one for the whole pipeline when the head is tied to the
-  embedding). Exact too, but its searches of large models take several times longer.
+* ``staged`` — ``hybrid`` where inside a pipeline every unit also takes its own sharding and
+  offload (per layer, as OSDP does without a pipeline; the embedding and a head tied to it alike).
+  Exact too (a MIP per pipeline mesh), but its searches of large models take longer.
 
 GPipe is never yielded: it has 1F1B's step time and keeps more micro-batches alive. Sequence
 parallelism is always on with Megatron TP (it never costs more in the cost model).
@@ -62,7 +62,7 @@ class SpaceOptions:
     splits: tuple[int, ...] = (1,)  # OSDP operator splitting of a unit's large operators
     per_layer: bool = False  # units choose their own strategy
     stage_boundaries: bool = False  # non-uniform pipeline stages
-    mix_stages: bool = False  # each pipeline stage (rank) takes its own sharding and offload
+    mix_stages: bool = False  # inside a pipeline every unit takes its own sharding and offload
     schedules: tuple[str, ...] = ("1f1b", "interleaved")
     max_vpp: int = 32
     max_micro_batch: int = 64
@@ -329,14 +329,14 @@ def unit_options(opts: SpaceOptions, shard_group: int) -> Iterator[tuple[str, st
 
 
 def pipeline_combos(graph: LayerGraph, cfg: MeshConfig, opts: SpaceOptions) -> Iterator[list[tuple[str, str]]]:
-    """The (sharding, offload) pairs the stages of a pipeline mesh choose from, one list per problem.
+    """The (sharding, offload) pairs the units of a pipeline mesh choose from, one list per problem.
 
-    With ``mix_stages`` each stage (each rank, with interleaving) takes its own pair, except in a
-    model whose head is tied to the embedding (the runtime sums the two copies' gradients, which
-    needs them sharded alike); otherwise one pair serves the whole pipeline. Without a shard group
-    every sharding prices as replication: one stands for all (:func:`sharding_offloads`)."""
+    With ``mix_stages`` every unit takes its own pair (an embedding and the head tied to it the
+    same: the runtime sums the two copies' gradients, which needs them sharded alike); otherwise
+    one pair serves the whole pipeline. Without a shard group every sharding prices as
+    replication: one stands for all (:func:`sharding_offloads`)."""
     pairs = sharding_offloads(opts, cfg.dp_shard * cfg.cp)
-    if not opts.mix_stages or graph.config.get("tied_embeddings"):
+    if not opts.mix_stages:
         yield from ([pair] for pair in pairs)
     else:
         yield pairs

@@ -32,13 +32,14 @@ import numpy as np
 
 from costmodel.constants import CostConstants
 from costmodel.estimate import rank_blocks, rank_sends
-from costmodel.pipeline import time_shared
+from costmodel.pipeline import in_flight, time_shared
 from costmodel.strategy import LayerStrategy, Strategy
 from profiler.graph import LayerGraph
 from solvers.space import MeshConfig
-from solvers.stage_tables import INF, PipelineProblem, StageCost, UnitView
+from solvers.stage_tables import INF, Fixed, PipelineProblem, StageCost, UnitView
 
-__all__ = ["PipelineProblem", "PipelineSolution", "UnitView", "pipeline_strategy", "solve_pipeline"]
+__all__ = ["PipelineProblem", "PipelineSolution", "UnitView", "pipeline_objective", "pipeline_strategy",
+           "solve_pipeline"]
 
 @dataclass
 class PipelineSolution:
@@ -158,6 +159,42 @@ def solve_pipeline(problems: PipelineProblem | Sequence[PipelineProblem], incumb
     best = min(final, key=lambda lab: _objective(pp, *lab.vals))
     sizes = [lab.n for lab in _chain(best)]
     return _solution(qs, best, sizes, rank_blocks(L, p, 1, sizes), count)
+
+
+def pipeline_objective(qs: Sequence[PipelineProblem], per_unit: Sequence[tuple[int, int]],
+                       ranks: list[list[int]], sizes: list[int] | None) -> PipelineSolution:
+    """The plan where every unit (embedding, blocks, head) takes ``per_unit`` = (problem,
+    recomputation), rank ``r`` holding the blocks ``ranks[r]``: its step time, exactly as the DP's
+    objective reads it, with ``status`` "infeasible" when a rank's memory does not fit."""
+    pp = qs[0]
+    c, p, v = pp.dev.c, pp.p, pp.v
+    fly = [in_flight(pp.cfg.schedule, r, p, pp.m, v) for r in range(p)]
+    emb = 1 if pp.emb is not None else 0
+    units: list[list[tuple[UnitView, float]]] = [[] for _ in range(p)]
+    for r, held in enumerate(ranks):
+        units[r] = [(qs[per_unit[emb + i][0]].costs[pp.block_cls[i]][per_unit[emb + i][1]], fly[r]) for i in held]
+    if pp.emb is not None:
+        units[0].append((qs[per_unit[0][0]].costs[pp.emb][per_unit[0][1]], fly[0]))
+    if pp.head is not None:
+        units[-1].append((qs[per_unit[-1][0]].costs[pp.head][per_unit[-1][1]], fly[-1] + pp.w.loss_buffer))
+    sends = rank_sends(p, v)
+    vals, fits = [], True
+    for r in range(p):
+        us = [u for u, _ in units[r]]
+        t = sum(u.time for u in us) + sends[r] * pp.p2p
+        f = Fixed(sync=sum(u.sync for u in us), window=sum(u.window for u in us), optim=sum(u.optim for u in us),
+                  offload=sum(u.offload for u in us), weight=sum(u.weight for u in us))
+        vals.append(_vals(StageCost(t, (), f), c))
+        mem = (sum(u.states + k * u.activations for u, k in units[r]) + max((u.gathered for u in us), default=0.0)
+               + max((u.recompute_peak for u in us), default=0.0))
+        fits = fits and mem <= pp.budget - pp.bucket
+    total = vals[0]
+    for sv in vals[1:]:
+        total = _extend(total, sv)
+    combos = [(qs[s].sharding, qs[s].offload) for s, _ in per_unit]
+    recompute = [pp.recomputes[r] for _, r in per_unit]
+    return PipelineSolution(_objective(pp, *total), sizes, recompute, "optimal" if fits else "infeasible",
+                            combos=combos)
 
 
 def _chain(last: _Label) -> list[_Label]:

@@ -41,7 +41,7 @@ def _limits(g, cl, w, opts) -> list[float | None]:  # type: ignore[no-untyped-de
     return [mems[len(mems) // 10] * (1 + 1e-9), None]
 
 
-@pytest.mark.parametrize("space", ["osdp", "hybrid", "megatron", "fsdp"])
+@pytest.mark.parametrize("space", ["osdp", "hybrid", "staged", "megatron", "fsdp"])
 def test_search_equals_exhaustive(setup: tuple, space: str) -> None:
     g, cl, w = setup
     kw = dict(LIMITED, splits=(1,))
@@ -50,7 +50,7 @@ def test_search_equals_exhaustive(setup: tuple, space: str) -> None:
         kw.update(shardings=("replicate", "zero1", "zero3"), recomputes=("none",), splits=(1, 2))
     if space == "fsdp":
         kw.pop("shardings")
-    if space == "hybrid":
+    if space in ("hybrid", "staged"):
         kw.update(max_micro_batch_sizes=1, schedules=("1f1b", "zb"))
     opts = SPACES[space].with_(**kw)
     for limit in _limits(g, cl, w, opts):
@@ -150,6 +150,7 @@ def test_interleaved_bound_never_exceeds_the_exact_stage_optimum() -> None:
     from costmodel.vectorized import GridOption, price_grid, unit_classes, unit_names
     from solvers.bounds import MeshRows, grid_bounds, interleaved_lagrange
     from solvers.hybrid import _layout, _view
+    from solvers.stage_ilp import solve_layers
     from solvers.stages import PipelineProblem, solve_pipeline
 
     g = load_model(dict(SMALL, layers=8), 1024)
@@ -166,7 +167,7 @@ def test_interleaved_bound_never_exceeds_the_exact_stage_optimum() -> None:
     names, (_, index) = unit_names(g), unit_classes(g)
     block_cls = [k for k, n in zip(index, names, strict=True) if n.startswith("layers.")]
     mems = np.sort(gr.memory_peak_gib.ravel())
-    tighter = finite = 0
+    tighter = finite = mixed = 0
     for limit in (mems[len(mems) // 8], mems[len(mems) // 3], mems[-1]):
         for sh in opts.shardings:
             mask = np.array([o.sharding == sh for o in uopts])
@@ -182,41 +183,20 @@ def test_interleaved_bound_never_exceeds_the_exact_stage_optimum() -> None:
                 assert lb[i] <= exact * (1 + 1e-9)
                 finite += bool(np.isfinite(exact))
                 tighter += bool(lb[i] > free[i] * (1 + 1e-6))
-    assert finite > 10 and tighter > 10
-
-
-@pytest.mark.parametrize("schedule", ["1f1b", "interleaved"])
-def test_pipeline_stages_mix_shardings_exactly(schedule: str) -> None:
-    """Each stage (each rank, interleaved) takes its own sharding: the stage solver finds exactly
-    brute force's optimum over every per-stage choice, and under a tight limit that optimum mixes."""
-    from solvers.stages import PipelineProblem, pipeline_strategy, solve_pipeline
-
-    g = load_model(dict(SMALL, hidden=4096, heads=16, layers=4, vocab=32000, max_seq=512), 512)
-    cl, w = parse_cluster("4xh100"), Workload(seq_len=512, global_batch=32)
-    opts = SPACES["hybrid"].with_(tp=False, cp=False, dp_replicate=False, shardings=("zero1", "zero3"),
-                                  recomputes=("none", "full"), offloads=("none",), max_micro_batch_sizes=1,
-                                  schedules=(schedule,), splits=(1,), mix_stages=True)
-    cfg = next(c for c in mesh_configs(g, cl, w, opts) if c.pp == 2 and c.schedule == schedule)
-    plans = [s for s in space_plans(g, cl, w, opts) if s.mesh.pp == 2 and s.schedule == schedule]
-    dev = DeviceModel(cl)
-    reps = [estimate(g, cl, s, w, device=dev) for s in plans]
-    uniform = [len({(ls.sharding, ls.offload) for ls in s.layers}) == 1 for s in plans]
-
-    def best_fit(limit: float, only_uniform: bool = False) -> float:
-        return min((r.step_time_s for r, u in zip(reps, uniform, strict=True)
-                    if r.memory_peak_gib <= limit and (u or not only_uniform)), default=np.inf)
-
-    limits = sorted({r.memory_peak_gib * (1 + 1e-6) for r in reps})  # just above each plan's peak
-    wins = [x for x in limits if best_fit(x) < best_fit(x, only_uniform=True) * (1 - 1e-9)]
-    assert wins  # somewhere a mix of shardings beats every uniform plan
-    for limit in wins[:3] + limits[::max(1, len(limits) // 8)]:
-        qs = [PipelineProblem(g, dev, cfg, w, sh, "none", opts.recomputes, limit) for sh in opts.shardings]
-        sol = solve_pipeline(qs)
-        assert sol is not None and sol.objective == pytest.approx(best_fit(limit), rel=1e-9)
-        rep = estimate(g, cl, pipeline_strategy(g, cfg, sol), w, memory_limit_gib=limit, device=dev)
-        assert rep.fits and rep.step_time_s == pytest.approx(sol.objective, rel=1e-12)
-        if limit in wins:
-            assert len({sh for sh, _ in sol.combos or []}) > 1
+        # every unit its own sharding (the staged space): one mask for all, below the MIP's optimum
+        mr = MeshRows.of(rows, w, dev, limit)
+        every = np.ones(len(uopts), bool)
+        lb = interleaved_lagrange(gr, mr, dev, layout, block_cls, [every], np.ones(len(rows), bool))
+        free = grid_bounds(gr, mr, dev, layout, every)
+        for i, cfg in enumerate(rows):
+            qs = [PipelineProblem(g, dev, cfg, w, sh, "none", opts.recomputes, limit,
+                                  {k: [_view(u, i, j) for j, o in enumerate(uopts) if o.sharding == sh]
+                                   for k, u in enumerate(gr.units)}) for sh in opts.shardings]
+            mix = solve_layers(qs)
+            exact = mix.solution.objective if mix.solution is not None else np.inf
+            assert lb[i] <= exact * (1 + 1e-9)
+            mixed += bool(np.isfinite(exact) and lb[i] > free[i] * (1 + 1e-6))
+    assert finite > 10 and tighter > 10 and mixed > 3
 
 
 def test_pipeline_bound_never_exceeds_the_exact_stage_optimum() -> None:

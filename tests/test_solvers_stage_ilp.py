@@ -1,0 +1,118 @@
+"""Per-layer sharding inside pipeline stages (the ``staged`` space): the MIP against brute force."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from costmodel.device import DeviceModel
+from costmodel.estimate import estimate
+from costmodel.strategy import Workload
+from profiler.hardware import parse_cluster
+from profiler.models import load_model
+from solvers.exhaustive import space_plans
+from solvers.space import SPACES, mesh_configs
+from solvers.stage_ilp import solve_layers
+from solvers.stages import PipelineProblem, pipeline_strategy, solve_pipeline
+
+BASE = {"name": "small", "hidden": 4096, "heads": 16, "vocab": 32000, "max_seq": 512}
+
+
+def _instance(schedule: str, **model: object) -> tuple:
+    layers = 4 if schedule == "interleaved" else 3
+    g = load_model({**BASE, "layers": layers, **model}, 512)
+    cl, w = parse_cluster("4xh100"), Workload(seq_len=512, global_batch=32)
+    opts = SPACES["staged"].with_(tp=False, cp=False, ep=False, dp_replicate=False, shardings=("zero1", "zero3"),
+                                  recomputes=("none", "full"), offloads=("none",), max_micro_batch_sizes=1,
+                                  schedules=(schedule,), splits=(1,))
+    cfg = next(c for c in mesh_configs(g, cl, w, opts) if c.pp == 2 and c.schedule == schedule)
+    dev = DeviceModel(cl)
+    plans = [s for s in space_plans(g, cl, w, opts) if s.mesh == cfg.strategy().mesh and s.schedule == schedule]
+    reps = [estimate(g, cl, s, w, device=dev) for s in plans]
+    return g, cl, w, opts, cfg, dev, plans, reps
+
+
+def _per_stage(s, g) -> bool:  # type: ignore[no-untyped-def]
+    """Every rank's units share one (sharding, offload)."""
+    from costmodel.estimate import stage_units
+
+    pairs = {(ls.unit, (ls.sharding, ls.offload)) for ls in s.layers}
+    by_unit = dict(pairs)
+    per_rank: dict[int, set] = {}
+    for k, units in enumerate(stage_units(g, s)):
+        per_rank.setdefault(k % s.mesh.pp, set()).update(by_unit[n] for n, _ in units)
+    return all(len(v) == 1 for v in per_rank.values())
+
+
+def _check(g, cl, w, opts, cfg, dev, reps, limits, tied=False) -> None:  # type: ignore[no-untyped-def]
+    for limit in limits:
+        best = min((r.step_time_s for r in reps if r.memory_peak_gib <= limit), default=np.inf)
+        qs = [PipelineProblem(g, dev, cfg, w, sh, "none", opts.recomputes, limit) for sh in opts.shardings]
+        mix = solve_layers(qs, tied=tied)
+        if not np.isfinite(best):
+            assert mix.solution is None
+            continue
+        assert mix.status == "optimal" and mix.solution is not None
+        assert mix.solution.objective == pytest.approx(best, rel=1e-9)
+        rep = estimate(g, cl, pipeline_strategy(g, cfg, mix.solution), w, memory_limit_gib=limit, device=dev)
+        assert rep.fits and rep.step_time_s == pytest.approx(mix.solution.objective, rel=1e-12)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "zb", "interleaved"])
+def test_layers_inside_stages_match_brute_force(schedule: str) -> None:
+    """Every unit its own (sharding, recompute) and the stage boundaries: the MIP finds brute
+    force's optimum at limits just above every few plans' peaks, and somewhere a stage that mixes
+    shardings beats every plan whose stages each keep one (the per-stage DP's space)."""
+    g, cl, w, opts, cfg, dev, plans, reps = _instance(schedule)
+    limits = sorted({r.memory_peak_gib * (1 + 1e-6) for r in reps})
+    staged = [_per_stage(s, g) for s in plans]
+    mixed_wins = []
+    for limit in limits:
+        fit = [(r.step_time_s, st) for r, st in zip(reps, staged, strict=True) if r.memory_peak_gib <= limit]
+        if min(t for t, _ in fit) < min((t for t, st in fit if st), default=np.inf) * (1 - 1e-9):
+            mixed_wins.append(limit)
+    assert mixed_wins
+    _check(g, cl, w, opts, cfg, dev, reps, mixed_wins[:3] + limits[::max(1, len(limits) // 10)] + [limits[0] * 0.9])
+    # the DP over stages that each keep one pair is the MIP restricted to those plans
+    for limit in mixed_wins[:2] + limits[::max(1, len(limits) // 6)]:
+        qs = [PipelineProblem(g, dev, cfg, w, sh, "none", opts.recomputes, limit) for sh in opts.shardings]
+        sol = solve_pipeline(qs)
+        best = min((r.step_time_s for r, st in zip(reps, staged, strict=True) if st and r.memory_peak_gib <= limit),
+                   default=np.inf)
+        assert (sol.objective if sol else np.inf) == pytest.approx(best, rel=1e-9)
+
+
+def test_tied_head_and_embedding_stay_alike() -> None:
+    """A head tied to the embedding takes the embedding's sharding; the blocks still mix."""
+    g, cl, w, opts, cfg, dev, plans, reps = _instance("1f1b", tied_embeddings=True)
+    assert all(len({ls.sharding for ls in s.layers if ls.unit in ("embedding", "head")}) == 1 for s in plans)
+    limits = sorted({r.memory_peak_gib * (1 + 1e-6) for r in reps})
+    _check(g, cl, w, opts, cfg, dev, reps, limits[::max(1, len(limits) // 12)], tied=True)
+    qs = [PipelineProblem(g, dev, cfg, w, sh, "none", opts.recomputes, limits[len(limits) // 3])
+          for sh in opts.shardings]
+    sol = solve_layers(qs, tied=True).solution
+    assert sol is not None and sol.combos is not None and sol.combos[0] == sol.combos[-1]
+
+
+def test_several_block_classes_place_boundaries_exactly() -> None:
+    """A dense first block before MoE blocks: which classes a stage holds follows from where its
+    boundaries fall (the MIP places each block), and the optimum is brute force's."""
+    g, cl, w, opts, cfg, dev, plans, reps = _instance("1f1b", experts=4, top_k=2, moe_ffn_hidden=2048,
+                                                     dense_layers=1)
+    qs = [PipelineProblem(g, dev, cfg, w, sh, "none", opts.recomputes, 80.0) for sh in opts.shardings]
+    assert not qs[0].single
+    limits = sorted({r.memory_peak_gib * (1 + 1e-6) for r in reps})
+    _check(g, cl, w, opts, cfg, dev, reps, limits[::max(1, len(limits) // 8)])
+
+
+def test_cutoff_and_infeasible() -> None:
+    """Nothing better than the incumbent: status ``cutoff`` and no plan; no plan fits: ``infeasible``."""
+    g, cl, w, opts, cfg, dev, plans, reps = _instance("1f1b")
+    limit = max(r.memory_peak_gib for r in reps)
+    qs = [PipelineProblem(g, dev, cfg, w, sh, "none", opts.recomputes, limit) for sh in opts.shardings]
+    best = solve_layers(qs)
+    assert best.solution is not None
+    again = solve_layers(qs, incumbent=best.solution.objective)
+    assert again.solution is None and again.status == "cutoff"
+    tiny = [PipelineProblem(g, dev, cfg, w, sh, "none", opts.recomputes, 0.5) for sh in opts.shardings]
+    assert solve_layers(tiny).status == "infeasible"
