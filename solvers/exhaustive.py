@@ -47,32 +47,38 @@ def space_plans(graph: LayerGraph, cluster: Cluster, w: Workload, opts: SpaceOpt
             for (sh, off), rc in product(sharding_offloads(opts, shard_group), opts.recomputes):
                 ls = LayerStrategy(sharding=sh, recompute=rc, offload=off)  # type: ignore[arg-type]
                 yield cfg.strategy(default=ls)
-        elif cfg.pp == 1:
+        elif cfg.pp == 1 or opts.mix_stages:  # every unit its own option (and, piped, the boundaries)
             keys = list(unit_options(opts, shard_group))
             per_unit = [
                 [k for k in keys if (k[3] == 1 and not k[4]) or large_ops(nodes)] for _, nodes in units
             ]
-            for choice in product(*per_unit):
+            layouts: list[list[int] | None] = [None]
+            if cfg.pp > 1 and opts.stage_boundaries and cfg.vpp == 1:
+                layouts = compositions(graph.num_blocks, cfg.pp)  # type: ignore[assignment]
+            tied = bool(graph.config.get("tied_embeddings")) and names[0] == "embedding" and names[-1] == "head"
+            for choice, layout in product(product(*per_unit), layouts):
+                if cfg.pp > 1 and tied and _operators(choice[0]) != _operators(choice[-1]):
+                    continue  # a head tied to the embedding is sharded alike
                 layers = [
                     e
                     for (name, nodes), key in zip(units, choice, strict=True)
                     for e in option_strategy(name, nodes, key)
                 ]
-                yield cfg.strategy(layers=layers)
+                yield cfg.strategy(layers=layers, stage_layers=layout)
         else:
-            layouts: list[list[int] | None] = [None]
+            layouts = [None]
             if opts.stage_boundaries and cfg.vpp == 1:
                 layouts = compositions(graph.num_blocks, cfg.pp)  # type: ignore[assignment]
-            tied = bool(graph.config.get("tied_embeddings"))
-            for pairs, layout in product(list(pipeline_combos(graph, cfg, opts)), layouts):
-                for per_unit in product(pairs, repeat=len(names)):  # every unit its own pair
-                    if tied and names[0] == "embedding" and names[-1] == "head" and per_unit[0] != per_unit[-1]:
-                        continue
-                    for rcs in product(opts.recomputes, repeat=len(names)):
-                        layers = [LayerStrategy(unit=n, sharding=pair[0], recompute=rc,  # type: ignore[arg-type]
-                                                offload=pair[1])  # type: ignore[arg-type]
-                                  for n, rc, pair in zip(names, rcs, per_unit, strict=True)]
-                        yield cfg.strategy(default=LayerStrategy(), layers=layers, stage_layers=layout)
+            for (pair,), layout in product(list(pipeline_combos(graph, cfg, opts)), layouts):
+                for rcs in product(opts.recomputes, repeat=len(names)):
+                    layers = [LayerStrategy(unit=n, sharding=pair[0], recompute=rc, offload=pair[1])  # type: ignore[arg-type]
+                              for n, rc in zip(names, rcs, strict=True)]
+                    yield cfg.strategy(default=LayerStrategy(), layers=layers, stage_layers=layout)
+
+
+def _operators(key: tuple) -> tuple:
+    """A unit option without its recomputation: (sharding, offload, split, mixed)."""
+    return key[0], key[2], key[3], key[4]
 
 
 def search_space(

@@ -61,6 +61,7 @@ from solvers.space import (
     for_device,
     grid_options,
     mesh_configs,
+    operator_options,
     pipeline_combos,
     space_options,
 )
@@ -144,7 +145,9 @@ def search(graph: LayerGraph, cluster: Cluster, w: Workload, space: str | SpaceO
         priced += gr.size
         step = np.where(gr.fits, gr.step_time_s, np.inf)
         part = len(parts)
-        flat = [configs[i] for i in live if configs[i].pp == 1]
+        # the large-operator options bound the per-operator choices: of meshes without a pipeline,
+        # and in the staged space of pipelines too
+        flat = [configs[i] for i in live if configs[i].pp == 1 or opts.mix_stages]
         gl = price_grid(graph, cluster, w, flat, lopts, memory_limit_gib=limit, device=dev,
                         large_ops=large_ops) if (flat and lopts) else None
         parts.append((live, gr, gl))
@@ -159,6 +162,7 @@ def search(graph: LayerGraph, cluster: Cluster, w: Workload, space: str | SpaceO
     bound_left = [float(lb0[order[pruned_at]])] if pruned_at < len(order) else []
     memo: dict[tuple, Any] = {}
     col = {o: j for j, o in enumerate(uopts)}
+    lcol = {o: j for j, o in enumerate(lopts)}
     if opts.per_layer:
         items = _items(graph, parts, configs, opts, uopts, w, dev, _layout(graph), limit, pool.cut)
         for n, (lb, key, part, i, sub) in enumerate(items):
@@ -179,9 +183,12 @@ def search(graph: LayerGraph, cluster: Cluster, w: Workload, space: str | SpaceO
                 if sol.choice is not None:
                     pool.add(sol.objective, (1,) + key, _chain_builder(graph, cfg, prob, sol.choice), "ilp")
             else:
-                gr = parts[part][1]
+                gr, gl = parts[part][1], parts[part][2]
                 js = [[col[GridOption(sh, rc, off)] for rc in opts.recomputes] for sh, off in sub]
-                sig = (sub,) + _signature(gr, i, [j for pair in js for j in pair], cfg, w, dev, limit)
+                # inside the stages of the staged space: OSDP's operator options too (mesh-specific)
+                ops = operator_options(opts, cfg.dp_shard * cfg.cp) if opts.mix_stages else []
+                sig = (sub, cfg if ops else None) + _signature(gr, i, [j for pair in js for j in pair], cfg, w,
+                                                               dev, limit)
                 if sig in memo:  # an identical problem (another mesh with the same costs) was solved
                     psol = memo[sig]
                 else:
@@ -189,8 +196,15 @@ def search(graph: LayerGraph, cluster: Cluster, w: Workload, space: str | SpaceO
                     for (sh, off), pair in zip(sub, js, strict=True):
                         views = {k: [_view(u, i, j) for j in pair] for k, u in enumerate(gr.units)}
                         qs.append(PipelineProblem(graph, dev, cfg, w, sh, off, opts.recomputes, limit, views))
-                    psol = memo[sig] = _solve_stages(qs, pool.cut, opts, graph, left, bound_left)
-                    priced += sum(q.evaluated for q in qs)
+                    for sh, off, k, _ in ops:  # k == 1: large operators under ZeRO-3, priced on the grid
+                        if k == 1 and gl is not None:
+                            lj = [lcol[GridOption(sh, rc, off, large=True)] for rc in opts.recomputes]
+                            views = {c: [_view(u, i, j) for j in lj] for c, u in enumerate(gl.units)}
+                            qs.append(PipelineProblem(graph, dev, cfg, w, sh, off, opts.recomputes, limit, views,
+                                                      mixed=True))
+                    splits = [PipelineProblem.lazy(graph, dev, cfg, w, sh, off, opts.recomputes, limit, k, mx)
+                              for sh, off, k, mx in ops if k > 1 or gl is None]
+                    psol = memo[sig] = _solve_stages(qs, splits, pool.cut, opts, graph, left, bound_left)
                 if psol is not None:
                     pool.add(psol.objective, (1,) + key, _pipe_builder(graph, cfg, psol),
                              "stage_ilp" if opts.mix_stages else "stages")
@@ -215,14 +229,24 @@ def search(graph: LayerGraph, cluster: Cluster, w: Workload, space: str | SpaceO
                                  "memory_limit_gib": limit})
 
 
-def _solve_stages(qs: list[PipelineProblem], cut: float, opts: SpaceOptions, graph: LayerGraph,
-                  left: float | None, bound_left: list[float]) -> Any:
+def _solve_stages(qs: list[PipelineProblem], splits: list[Callable[[], PipelineProblem]], cut: float,
+                  opts: SpaceOptions, graph: LayerGraph, left: float | None, bound_left: list[float]) -> Any:
     """One pipeline mesh: the stage DP of its one (sharding, offload), or with ``mix_stages`` the
     MIP where every unit takes its own (:mod:`solvers.stage_ilp`); a MIP stopped by the time limit
-    leaves its bound."""
+    leaves its bound.
+
+    ``splits`` price the options that split large operators (unit by unit, slowly) only when the
+    MIP without them but with no gathered ZeRO-3 parameters at all — a relaxation of both MIPs:
+    splitting only shrinks the gathered slices and adds time — finds a plan better than ``cut``."""
     if not opts.mix_stages:
         return solve_pipeline(qs, cut, opts.stage_boundaries)
-    mix = solve_layers(qs, cut, opts.stage_boundaries, bool(graph.config.get("tied_embeddings")), left)
+    tied = bool(graph.config.get("tied_embeddings"))
+    if splits:  # the relaxation also bounds the MIP without them
+        relaxed = solve_layers([q.relaxed() for q in qs], cut, opts.stage_boundaries, tied, left)
+        if relaxed.solution is None and relaxed.status != "time_limit":
+            return None
+        qs = qs + [make() for make in splits]
+    mix = solve_layers(qs, cut, opts.stage_boundaries, tied, left)
     if mix.status == "time_limit":
         bound_left.append(mix.bound)
     return mix.solution
@@ -252,14 +276,17 @@ def _items(graph: LayerGraph, parts: list[Part], configs: list[MeshConfig],
         flat = np.flatnonzero([c.pp == 1 for c in rows])
         deep = np.flatnonzero([c.pp > 1 for c in rows])
         head = gr.unit_index[-1] if names[-1] == "head" else None
+        # gl: the large-operator options of the meshes without a pipeline, or of all (staged space)
+        gl_flat, gl_deep = (gl, None) if not opts.mix_stages or gl is None else (sub_grid(gl, flat), sub_grid(gl, deep))
         if len(flat):
-            sub, sub_rows = sub_grid(gr, flat, gl), MeshRows.of([rows[i] for i in flat], w, dev, limit)
+            sub, sub_rows = sub_grid(gr, flat, gl_flat), MeshRows.of([rows[i] for i in flat], w, dev, limit)
             lb = np.maximum(grid_bounds(sub, sub_rows, dev, layout, best=best), flat_lagrange(sub, sub_rows, dev, head))
             for i in flat[lb < best]:
                 items.append((float(lb[np.searchsorted(flat, i)]), (int(live[i]), 0), part, int(i), None))
         if not len(deep):
             continue
-        sub, sub_rows = sub_grid(gr, deep), MeshRows.of([rows[i] for i in deep], w, dev, limit)
+        sub, sub_rows = sub_grid(gr, deep, gl_deep), MeshRows.of([rows[i] for i in deep], w, dev, limit)
+        large = np.ones(0 if gl_deep is None else len(gl_deep.options), bool)  # per-operator options
         # the (sharding, offload) pairs the stages choose from depend on the mesh only through
         # whether it has a shard group: pairs -> the rows they serve
         grouped = np.array([c.dp_shard * c.cp > 1 for c in sub_rows.cfgs])
@@ -271,8 +298,8 @@ def _items(graph: LayerGraph, parts: list[Part], configs: list[MeshConfig],
                     problems[tuple(pairs)] = problems.get(tuple(pairs), np.zeros(len(grouped), bool)) | (grouped == g)
         for s_i, pairs in enumerate(sorted(problems)):
             serves = problems[pairs]
-            masks = [np.array([(o.sharding, o.offload) == pair for o in uopts]) for pair in pairs]
-            both = np.logical_or.reduce(masks)
+            masks = [np.r_[[(o.sharding, o.offload) == pair for o in uopts], ~large] for pair in pairs]
+            both = np.logical_or.reduce(masks) | np.r_[np.zeros(len(uopts), bool), large]
             lb = grid_bounds(sub, sub_rows, dev, layout, both, best, serves)
             # with per-layer options inside the stages a rank may mix pairs: one mask for them all
             lb = np.maximum(lb, interleaved_lagrange(sub, sub_rows, dev, layout, block_cls,

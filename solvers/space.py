@@ -328,6 +328,13 @@ def unit_options(opts: SpaceOptions, shard_group: int) -> Iterator[tuple[str, st
                         yield sh, rc, off, k, True
 
 
+def operator_options(opts: SpaceOptions, shard_group: int) -> list[tuple[str, str, int, bool]]:
+    """(sharding, offload, split, mixed) of :func:`unit_options` that split a unit's large operators
+    or shard them apart from the rest (none without a shard group)."""
+    keys = [(sh, off, k, mx) for sh, _, off, k, mx in unit_options(opts, shard_group) if k > 1 or mx]
+    return list(dict.fromkeys(keys))
+
+
 def pipeline_combos(graph: LayerGraph, cfg: MeshConfig, opts: SpaceOptions) -> Iterator[list[tuple[str, str]]]:
     """The (sharding, offload) pairs the units of a pipeline mesh choose from, one list per problem.
 

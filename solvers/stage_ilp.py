@@ -89,7 +89,10 @@ def solve_layers(qs: Sequence[PipelineProblem], incumbent: float = INF, nonunifo
     budget = pp.budget - pp.bucket
     if budget <= 0:
         return LayerMix(None, "infeasible", INF, time.perf_counter() - t0)
-    scale = 1.0 / budget
+    scale = 1.0 / budget  # memory rows in units of the budget
+    # time in units that make the step about 1e4: HiGHS's absolute tolerances (1e-7) would otherwise
+    # treat plans a fraction of a microsecond apart as equal
+    unit = _time_unit(qs)
     free = nonuniform and v == 1 and p > 1
     R = len(pp.recomputes)
     all_opts: list[Opt] = [(s, r) for s in range(len(qs)) for r in range(R)]
@@ -102,7 +105,8 @@ def solve_layers(qs: Sequence[PipelineProblem], incumbent: float = INF, nonunifo
     Rm = [md.var() for _ in range(p)]  # the largest recomputation on the stage
 
     def add(k: int, col: int, u: UnitView, mult: float) -> None:
-        vals = (u.time, u.weight, u.sync, u.window, u.optim, u.offload, (u.states + mult * u.activations) * scale)
+        vals = (u.time / unit, u.weight / unit, u.sync / unit, u.window / unit, u.optim / unit, u.offload / unit,
+                (u.states + mult * u.activations) * scale)
         for f, val in zip(_FIELDS, vals, strict=True):
             if val:
                 ex[k][f][col] = ex[k][f].get(col, 0.0) + val
@@ -189,7 +193,7 @@ def solve_layers(qs: Sequence[PipelineProblem], incumbent: float = INF, nonunifo
     for k in range(p):
         md.row({**ex[k]["memory"], G[k]: 1.0, Rm[k]: 1.0}, hi=1.0 - MEMORY_MARGIN)
     # the step
-    base = [sends[k] * pp.p2p for k in range(p)]
+    base = [sends[k] * pp.p2p / unit for k in range(p)]
     tau = md.var()
     eps, opt, off = md.var(cost=1.0), md.var(cost=1.0), md.var(cost=1.0)
     kappa, ov = c.comm_interference, c.dp_overlap
@@ -221,15 +225,16 @@ def solve_layers(qs: Sequence[PipelineProblem], incumbent: float = INF, nonunifo
         P = md.var(cost=1.0)
         md.row({**_scaled(pipe, share), P: -1.0}, hi=-share * pipe_const)
         md.row({**_scaled(sum_t, m / p), P: -1.0}, hi=-m * sum_base / p)
-        offset = c.step_overhead_s
+        offset = c.step_overhead_s / unit
     else:
         for col, a in pipe.items():
             md.cost[col] += a
-        offset = c.step_overhead_s + pipe_const
+        offset = c.step_overhead_s / unit + pipe_const
     # only plans strictly better than the incumbent (not the same plan again, up to rounding);
     # presolve costs more than it saves on these small models
-    cutoff = incumbent * (1 - CUTOFF_TOLERANCE) if np.isfinite(incumbent) else None
+    cutoff = incumbent * (1 - CUTOFF_TOLERANCE) / unit if np.isfinite(incumbent) else None
     status, x, _, bound = md.solve(offset, time_limit, cutoff, presolve=False)
+    bound *= unit
     dt = time.perf_counter() - t0
     if x is None:
         return LayerMix(None, status, bound if status in ("cutoff", "time_limit") else INF, dt, len(md.cost))
@@ -240,6 +245,14 @@ def solve_layers(qs: Sequence[PipelineProblem], incumbent: float = INF, nonunifo
     st = status if status in ("optimal", "time_limit") else "feasible"
     sol.status = st
     return LayerMix(sol, st, min(bound, sol.objective), dt, len(md.cost))
+
+
+def _time_unit(qs: Sequence[PipelineProblem]) -> float:
+    """Seconds per unit of the MIP's time: about 1e-4 of the step (every unit at its fastest)."""
+    pp = qs[0]
+    units = pp.block_cls + [k for k in (pp.emb, pp.head) if k is not None]
+    fastest = sum(min(u.time for q in qs for u in q.costs[k]) for k in units)
+    return max(pp.m * fastest, 1e-12) * 1e-4
 
 
 def _scaled(expr: dict[int, float], a: float) -> dict[int, float]:

@@ -11,7 +11,8 @@ the time is fixed by which units a stage holds (:class:`Fixed`).
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import astuple, dataclass
+from collections.abc import Callable
+from dataclasses import astuple, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -112,10 +113,13 @@ class UnitView:
 class PipelineProblem:
     def __init__(self, graph: LayerGraph, dev: DeviceModel, cfg: MeshConfig, w: Workload, sharding: str,
                  offload: str, recomputes: tuple[str, ...], limit_gib: float,
-                 costs: dict[int, list[UnitView]] | None = None):
-        """``costs``: per unit class, the costs under each of ``recomputes`` (priced here if not given)."""
+                 costs: dict[int, list[UnitView]] | None = None, split: int = 1, mixed: bool = False):
+        """``costs``: per unit class, the costs under each of ``recomputes`` (priced here if not
+        given). ``split``, ``mixed``: OSDP's operator options (:func:`solvers.space.unit_options`)
+        for the units' large operators; a class without large operators prices as without them."""
         self.graph, self.dev, self.cfg, self.w = graph, dev, cfg, w
         self.sharding, self.offload, self.recomputes = sharding, offload, recomputes
+        self.split, self.mixed, self.limit_gib = split, mixed, limit_gib
         reps, index = unit_classes(graph)
         names = unit_names(graph)
         self.emb = index[0] if names[0] == "embedding" else None
@@ -126,7 +130,7 @@ class PipelineProblem:
         self.m = w.global_batch // (cfg.dp * cfg.micro_batch)
         self.p, self.v = cfg.pp, cfg.vpp
         self.costs: dict[int, list[UnitView]] = costs or {
-            k: [UnitView.of(price_option(reps[k][0], reps[k][1], (sharding, rc, offload, 1, False), cfg, dev,
+            k: [UnitView.of(price_option(reps[k][0], reps[k][1], (sharding, rc, offload, split, mixed), cfg, dev,
                                          w))
                 for rc in recomputes] for k in set(index)}
         self.budget = memory_budget(dev, cfg, limit_gib) + (DP_BUCKET_BYTES if cfg.dp > 1 else 0.0)
@@ -138,6 +142,21 @@ class PipelineProblem:
         self.cache: dict[tuple, Any] = {}
         self.batch: dict[str, Any] | None = None
         self.evaluated = 0
+
+    @classmethod
+    def lazy(cls, graph: LayerGraph, dev: DeviceModel, cfg: MeshConfig, w: Workload, sharding: str, offload: str,
+             recomputes: tuple[str, ...], limit_gib: float, split: int, mixed: bool) -> Callable[[], PipelineProblem]:
+        """The problem of an operator option, priced when called."""
+        return lambda: cls(graph, dev, cfg, w, sharding, offload, recomputes, limit_gib, split=split, mixed=mixed)
+
+    def relaxed(self) -> PipelineProblem:
+        """This problem without gathered parameters, where ZeRO-3 gathers any (a relaxation: only
+        memory drops); the rest as it is."""
+        if self.sharding != "zero3" and not self.mixed:
+            return self
+        costs = {k: [replace(u, gathered=0.0) for u in us] for k, us in self.costs.items()}
+        return PipelineProblem(self.graph, self.dev, self.cfg, self.w, self.sharding, self.offload, self.recomputes,
+                               self.limit_gib, costs, self.split, self.mixed)
 
     def fixed(self, counts: dict[int, int], emb: bool, head: bool) -> Fixed:
         f = Fixed()

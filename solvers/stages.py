@@ -35,6 +35,7 @@ from costmodel.estimate import rank_blocks, rank_sends
 from costmodel.pipeline import in_flight, time_shared
 from costmodel.strategy import LayerStrategy, Strategy
 from profiler.graph import LayerGraph
+from solvers.chain import option_strategy
 from solvers.space import MeshConfig
 from solvers.stage_tables import INF, Fixed, PipelineProblem, StageCost, UnitView
 
@@ -49,6 +50,7 @@ class PipelineSolution:
     status: str = "optimal"
     labels: int = 0
     combos: list[tuple[str, str]] | None = None  # per unit, in order: (sharding, offload)
+    operators: list[tuple[int, bool]] | None = None  # per unit, in order: (split, mixed); None: (1, False)
 
 
 Cand = tuple[int, StageCost]  # (which problem: its sharding and offload, the stage's cost)
@@ -192,9 +194,10 @@ def pipeline_objective(qs: Sequence[PipelineProblem], per_unit: Sequence[tuple[i
     for sv in vals[1:]:
         total = _extend(total, sv)
     combos = [(qs[s].sharding, qs[s].offload) for s, _ in per_unit]
+    operators = [(qs[s].split, qs[s].mixed) for s, _ in per_unit]
     recompute = [pp.recomputes[r] for _, r in per_unit]
     return PipelineSolution(_objective(pp, *total), sizes, recompute, "optimal" if fits else "infeasible",
-                            combos=combos)
+                            combos=combos, operators=operators if any(o != (1, False) for o in operators) else None)
 
 
 def _chain(last: _Label) -> list[_Label]:
@@ -352,13 +355,17 @@ def _recompute(pp: PipelineProblem, costs: list[StageCost], blocks: list[list[in
 
 def pipeline_strategy(graph: LayerGraph, cfg: MeshConfig, sol: PipelineSolution) -> Strategy:
     """The plan of a pipeline solution: the commonest (sharding, recompute, offload) as the default,
-    every other unit listed."""
-    names = [n for n, _ in graph.blocks()]
-    combos = sol.combos or [("replicate", "none")] * len(names)
+    every other unit listed (with its operators' entries where it splits them or shards them apart)."""
+    units = list(graph.blocks())
+    combos = sol.combos or [("replicate", "none")] * len(units)
+    ops = sol.operators or [(1, False)] * len(units)
     triples = [(sh, rc, off) for (sh, off), rc in zip(combos, sol.recompute, strict=True)]
     top = Counter(triples).most_common(1)[0][0]
-    mk = LayerStrategy
-    default = mk(sharding=top[0], recompute=top[1], offload=top[2])  # type: ignore[arg-type]
-    layers = [mk(unit=n, sharding=t[0], recompute=t[1], offload=t[2])  # type: ignore[arg-type]
-              for n, t in zip(names, triples, strict=True) if t != top]
+    default = LayerStrategy(sharding=top[0], recompute=top[1], offload=top[2])  # type: ignore[arg-type]
+    layers: list[LayerStrategy] = []
+    for (name, nodes), t, (k, mixed) in zip(units, triples, ops, strict=True):
+        if (k, mixed) != (1, False):
+            layers += option_strategy(name, nodes, (*t, k, mixed))
+        elif t != top:
+            layers.append(LayerStrategy(unit=name, sharding=t[0], recompute=t[1], offload=t[2]))  # type: ignore[arg-type]
     return cfg.strategy(default=default, layers=layers, stage_layers=sol.stage_layers)

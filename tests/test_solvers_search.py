@@ -52,6 +52,8 @@ def test_search_equals_exhaustive(setup: tuple, space: str) -> None:
         kw.pop("shardings")
     if space in ("hybrid", "staged"):
         kw.update(max_micro_batch_sizes=1, schedules=("1f1b", "zb"))
+    if space == "staged":  # inside the stages operators split and sharded apart too
+        kw.update(recomputes=("none",), splits=(1, 2))
     opts = SPACES[space].with_(**kw)
     for limit in _limits(g, cl, w, opts):
         best, plan, n = search_space(g, cl, w, opts, limit)

@@ -11,20 +11,22 @@ from costmodel.strategy import Workload
 from profiler.hardware import parse_cluster
 from profiler.models import load_model
 from solvers.exhaustive import space_plans
-from solvers.space import SPACES, mesh_configs
+from solvers.space import SPACES, mesh_configs, operator_options
 from solvers.stage_ilp import solve_layers
 from solvers.stages import PipelineProblem, pipeline_strategy, solve_pipeline
 
 BASE = {"name": "small", "hidden": 4096, "heads": 16, "vocab": 32000, "max_seq": 512}
 
 
-def _instance(schedule: str, **model: object) -> tuple:
+def _instance(schedule: str, shardings: tuple = ("zero1", "zero2"), recomputes: tuple = ("none", "full"),
+              splits: tuple = (1,), **model: object) -> tuple:
+    """A 2-stage mesh of a small model and every plan of it (brute force, priced)."""
     layers = 4 if schedule == "interleaved" else 3
     g = load_model({**BASE, "layers": layers, **model}, 512)
     cl, w = parse_cluster("4xh100"), Workload(seq_len=512, global_batch=32)
-    opts = SPACES["staged"].with_(tp=False, cp=False, ep=False, dp_replicate=False, shardings=("zero1", "zero3"),
-                                  recomputes=("none", "full"), offloads=("none",), max_micro_batch_sizes=1,
-                                  schedules=(schedule,), splits=(1,))
+    opts = SPACES["staged"].with_(tp=False, cp=False, ep=False, dp_replicate=False, shardings=shardings,
+                                  recomputes=recomputes, offloads=("none",), max_micro_batch_sizes=1,
+                                  schedules=(schedule,), splits=splits)
     cfg = next(c for c in mesh_configs(g, cl, w, opts) if c.pp == 2 and c.schedule == schedule)
     dev = DeviceModel(cl)
     plans = [s for s in space_plans(g, cl, w, opts) if s.mesh == cfg.strategy().mesh and s.schedule == schedule]
@@ -32,10 +34,19 @@ def _instance(schedule: str, **model: object) -> tuple:
     return g, cl, w, opts, cfg, dev, plans, reps
 
 
+def _problems(g, dev, cfg, w, opts, limit: float) -> list[PipelineProblem]:  # type: ignore[no-untyped-def]
+    """One problem per (sharding, offload) and per operator option (split, ZeRO-3 on large operators)."""
+    return [PipelineProblem(g, dev, cfg, w, sh, "none", opts.recomputes, limit) for sh in opts.shardings] + [
+        PipelineProblem(g, dev, cfg, w, sh, off, opts.recomputes, limit, split=k, mixed=mx)
+        for sh, off, k, mx in operator_options(opts, cfg.dp_shard * cfg.cp)]
+
+
 def _per_stage(s, g) -> bool:  # type: ignore[no-untyped-def]
-    """Every rank's units share one (sharding, offload)."""
+    """Every rank's units share one (sharding, offload), none splits or shards its operators apart."""
     from costmodel.estimate import stage_units
 
+    if any(ls.split > 1 or ls.unit.count(".") > 1 for ls in s.layers):
+        return False
     pairs = {(ls.unit, (ls.sharding, ls.offload)) for ls in s.layers}
     by_unit = dict(pairs)
     per_rank: dict[int, set] = {}
@@ -47,8 +58,7 @@ def _per_stage(s, g) -> bool:  # type: ignore[no-untyped-def]
 def _check(g, cl, w, opts, cfg, dev, reps, limits, tied=False) -> None:  # type: ignore[no-untyped-def]
     for limit in limits:
         best = min((r.step_time_s for r in reps if r.memory_peak_gib <= limit), default=np.inf)
-        qs = [PipelineProblem(g, dev, cfg, w, sh, "none", opts.recomputes, limit) for sh in opts.shardings]
-        mix = solve_layers(qs, tied=tied)
+        mix = solve_layers(_problems(g, dev, cfg, w, opts, limit), tied=tied)
         if not np.isfinite(best):
             assert mix.solution is None
             continue
@@ -75,8 +85,8 @@ def test_layers_inside_stages_match_brute_force(schedule: str) -> None:
     _check(g, cl, w, opts, cfg, dev, reps, mixed_wins[:3] + limits[::max(1, len(limits) // 10)] + [limits[0] * 0.9])
     # the DP over stages that each keep one pair is the MIP restricted to those plans
     for limit in mixed_wins[:2] + limits[::max(1, len(limits) // 6)]:
-        qs = [PipelineProblem(g, dev, cfg, w, sh, "none", opts.recomputes, limit) for sh in opts.shardings]
-        sol = solve_pipeline(qs)
+        sol = solve_pipeline([PipelineProblem(g, dev, cfg, w, sh, "none", opts.recomputes, limit)
+                              for sh in opts.shardings])
         best = min((r.step_time_s for r, st in zip(reps, staged, strict=True) if st and r.memory_peak_gib <= limit),
                    default=np.inf)
         assert (sol.objective if sol else np.inf) == pytest.approx(best, rel=1e-9)
@@ -88,9 +98,7 @@ def test_tied_head_and_embedding_stay_alike() -> None:
     assert all(len({ls.sharding for ls in s.layers if ls.unit in ("embedding", "head")}) == 1 for s in plans)
     limits = sorted({r.memory_peak_gib * (1 + 1e-6) for r in reps})
     _check(g, cl, w, opts, cfg, dev, reps, limits[::max(1, len(limits) // 12)], tied=True)
-    qs = [PipelineProblem(g, dev, cfg, w, sh, "none", opts.recomputes, limits[len(limits) // 3])
-          for sh in opts.shardings]
-    sol = solve_layers(qs, tied=True).solution
+    sol = solve_layers(_problems(g, dev, cfg, w, opts, limits[len(limits) // 3]), tied=True).solution
     assert sol is not None and sol.combos is not None and sol.combos[0] == sol.combos[-1]
 
 
@@ -99,8 +107,7 @@ def test_several_block_classes_place_boundaries_exactly() -> None:
     boundaries fall (the MIP places each block), and the optimum is brute force's."""
     g, cl, w, opts, cfg, dev, plans, reps = _instance("1f1b", experts=4, top_k=2, moe_ffn_hidden=2048,
                                                      dense_layers=1)
-    qs = [PipelineProblem(g, dev, cfg, w, sh, "none", opts.recomputes, 80.0) for sh in opts.shardings]
-    assert not qs[0].single
+    assert not PipelineProblem(g, dev, cfg, w, "zero1", "none", opts.recomputes, 80.0).single
     limits = sorted({r.memory_peak_gib * (1 + 1e-6) for r in reps})
     _check(g, cl, w, opts, cfg, dev, reps, limits[::max(1, len(limits) // 8)])
 
@@ -109,10 +116,24 @@ def test_cutoff_and_infeasible() -> None:
     """Nothing better than the incumbent: status ``cutoff`` and no plan; no plan fits: ``infeasible``."""
     g, cl, w, opts, cfg, dev, plans, reps = _instance("1f1b")
     limit = max(r.memory_peak_gib for r in reps)
-    qs = [PipelineProblem(g, dev, cfg, w, sh, "none", opts.recomputes, limit) for sh in opts.shardings]
+    qs = _problems(g, dev, cfg, w, opts, limit)
     best = solve_layers(qs)
     assert best.solution is not None
     again = solve_layers(qs, incumbent=best.solution.objective)
     assert again.solution is None and again.status == "cutoff"
-    tiny = [PipelineProblem(g, dev, cfg, w, sh, "none", opts.recomputes, 0.5) for sh in opts.shardings]
-    assert solve_layers(tiny).status == "infeasible"
+    assert solve_layers(_problems(g, dev, cfg, w, opts, 0.5)).status == "infeasible"
+
+
+def test_operators_split_and_sharded_apart_inside_stages() -> None:
+    """OSDP's operator options inside the stages: a unit's large operators split into slices under
+    ZeRO-3, or under ZeRO-3 while the rest of the unit keeps ZeRO-1; brute force agrees, and
+    somewhere the best plan uses one of them."""
+    g, cl, w, opts, cfg, dev, plans, reps = _instance("1f1b", shardings=("zero1", "zero3"), recomputes=("none",),
+                                                     splits=(1, 2))
+    limits = sorted({r.memory_peak_gib * (1 + 1e-6) for r in reps})
+    _check(g, cl, w, opts, cfg, dev, reps, limits[::max(1, len(limits) // 12)])
+    used = set()
+    for limit in limits[::max(1, len(limits) // 40)]:
+        sol = solve_layers(_problems(g, dev, cfg, w, opts, limit)).solution
+        used |= set(sol.operators or []) if sol is not None else set()
+    assert used - {(1, False)}
