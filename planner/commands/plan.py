@@ -112,7 +112,7 @@ def plan_cmd(
     memory_limit: float = typer.Option(
         None, "--memory-limit", help="per-GPU memory limit in GiB (default: all)"
     ),
-    space: str = typer.Option("full", "--space", help="fsdp | osdp | megatron | hybrid | full | staged (hybrid, each pipeline stage its own sharding)"),
+    space: str = typer.Option("full", "--space", help="fsdp | osdp | megatron | hybrid | full | staged (hybrid, every unit of a pipeline its own sharding, exact, slower)"),
     precision: str = typer.Option("bf16", "--precision", help="bf16 | fp8"),
     attention_kernel: str = typer.Option(
         "auto", "--attention-kernel", help="auto | flash2 (FlashAttention-2, SDPA) | flash3 (Hopper-native)"
