@@ -2,7 +2,7 @@
 
     python benchmarks/solver_speed.py              # everything
     python benchmarks/solver_speed.py --cases 70b  # one case
-    python benchmarks/solver_speed.py --space staged  # each pipeline stage its own sharding
+    python benchmarks/solver_speed.py --space staged  # every unit of a pipeline its own sharding
 
 Targets (full space, default memory): Llama-3 70B on 1,024 H100 <= 5 s; Llama-3.1 405B on 16,384
 H100 <= 30 s; GPT-3 175B on 1,024 A100-80GB <= 5 s; Mixtral 8x22B on 256 H100 (with EP) <= 10 s;

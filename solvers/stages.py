@@ -19,7 +19,9 @@ independent (``m·max T + (p-1)·max T / v`` only grows with each ``T``).
 
 Given several problems of one mesh (one per sharding and offload), each stage takes the one that
 serves the pipeline best: the DP's candidates for a stage are the problems' stage costs, less the
-ones another beats in everything the objective reads.
+ones another beats in everything the objective reads. (The search gives it one problem per mesh;
+the ``staged`` space, where every unit takes its own, is :mod:`solvers.stage_ilp`'s MIP, which
+its tests check against this DP on the plans whose stages each keep one.)
 """
 
 from __future__ import annotations
