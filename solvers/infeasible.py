@@ -28,8 +28,8 @@ from profiler.errors import ShardplanError
 from profiler.graph import LayerGraph
 from profiler.hardware import Cluster
 from solvers.chain import ChainProblem, chain_strategy, large_ops, mesh_problem
-from solvers.space import MeshConfig, SpaceOptions, grid_options, pipeline_combos
-from solvers.stages import PipelineProblem, PipelineSolution, pipeline_strategy, unit_combos
+from solvers.space import MeshConfig, SpaceOptions, grid_options, operator_options, pipeline_combos
+from solvers.stages import PipelineProblem, PipelineSolution, pipeline_strategy, unit_problems, with_problems
 
 
 def chain_min_memory(prob: ChainProblem) -> tuple[float, list[int]]:
@@ -120,8 +120,8 @@ def _pipeline_min(qs: list[PipelineProblem], boundaries: bool) -> tuple[float, P
     recompute += blocks
     if pp.head is not None:
         recompute.append(pp.recomputes[per[-1][1][1]])
-    combos = unit_combos([qs[per[r][1][3]] for r in range(p)], ranks)
-    return max(x for x, _ in per), PipelineSolution(0.0, layout, recompute, combos=combos)
+    units = unit_problems([qs[per[r][1][3]] for r in range(p)], ranks)
+    return max(x for x, _ in per), with_problems(PipelineSolution(0.0, layout, recompute), units)
 
 
 def min_memory(
@@ -155,10 +155,15 @@ def min_memory(
         elif cfg.pp > 1 and opts.per_layer:
             cand = []
             tied = bool(graph.config.get("tied_embeddings"))
+            ops = operator_options(opts, cfg.dp_shard * cfg.cp) if opts.mix_stages else []
             for combos in pipeline_combos(graph, cfg, opts):
-                # the leanest plan: each stage one pair (one for all when the head is tied)
-                for group in ([[c] for c in combos] if tied else [combos]):
-                    qs = [PipelineProblem(graph, dev, cfg, w, sh, off, opts.recomputes, 1e9) for sh, off in group]
+                # the leanest plan: each stage one pair or operator option (one for all when the head
+                # is tied); the staged space lets units of a stage differ too, which the leanest plan
+                # does not need when every unit's leanest option is the same
+                every = [(sh, off, 1, False) for sh, off in combos] + ops
+                for group in ([[c] for c in every] if tied else [every]):
+                    qs = [PipelineProblem(graph, dev, cfg, w, sh, off, opts.recomputes, 1e9, split=k, mixed=mx)
+                          for sh, off, k, mx in group]
                     res = _pipeline_min(qs, opts.stage_boundaries)
                     if res is not None:
                         cand.append((res[0], lambda cfg=cfg, sol=res[1]: pipeline_strategy(graph, cfg, sol)))

@@ -195,11 +195,9 @@ def pipeline_objective(qs: Sequence[PipelineProblem], per_unit: Sequence[tuple[i
     total = vals[0]
     for sv in vals[1:]:
         total = _extend(total, sv)
-    combos = [(qs[s].sharding, qs[s].offload) for s, _ in per_unit]
-    operators = [(qs[s].split, qs[s].mixed) for s, _ in per_unit]
     recompute = [pp.recomputes[r] for _, r in per_unit]
-    return PipelineSolution(_objective(pp, *total), sizes, recompute, "optimal" if fits else "infeasible",
-                            combos=combos, operators=operators if any(o != (1, False) for o in operators) else None)
+    sol = PipelineSolution(_objective(pp, *total), sizes, recompute, "optimal" if fits else "infeasible")
+    return with_problems(sol, [qs[s] for s, _ in per_unit])
 
 
 def _chain(last: _Label) -> list[_Label]:
@@ -229,21 +227,28 @@ def _solution(qs: list[PipelineProblem], best: _Label, sizes: list[int] | None, 
     pp = qs[0]
     cands: list[Cand] = [lab.cost for lab in _chain(best)]  # type: ignore[misc]
     obj = _objective(pp, *best.vals)
-    return PipelineSolution(obj, sizes, _recompute(pp, [sc for _, sc in cands], ranks), labels=labels,
-                            combos=unit_combos([qs[s] for s, _ in cands], ranks))
+    sol = PipelineSolution(obj, sizes, _recompute(pp, [sc for _, sc in cands], ranks), labels=labels)
+    return with_problems(sol, unit_problems([qs[s] for s, _ in cands], ranks))
 
 
-def unit_combos(taken: Sequence[PipelineProblem], ranks: list[list[int]]) -> list[tuple[str, str]]:
-    """(sharding, offload) of every unit in order, when rank ``r`` (its blocks ``ranks[r]``) took
-    the problem ``taken[r]``: the embedding goes with the first rank, the head with the last."""
+def unit_problems(taken: Sequence[PipelineProblem], ranks: list[list[int]]) -> list[PipelineProblem]:
+    """The problem (its sharding, offload and operator option) of every unit in order, when rank
+    ``r`` (its blocks ``ranks[r]``) took ``taken[r]``: the embedding goes with the first rank, the
+    head with the last."""
     pp = taken[0]
-    per_block: list[tuple[str, str]] = [("", "")] * len(pp.block_cls)
+    per_block: list[PipelineProblem] = [pp] * len(pp.block_cls)
     for q, idx in zip(taken, ranks, strict=True):
         for i in idx:
-            per_block[i] = (q.sharding, q.offload)
-    first, last = taken[0], taken[-1]
-    return ([(first.sharding, first.offload)] if pp.emb is not None else []) + per_block + (
-        [(last.sharding, last.offload)] if pp.head is not None else [])
+            per_block[i] = q
+    return ([taken[0]] if pp.emb is not None else []) + per_block + ([taken[-1]] if pp.head is not None else [])
+
+
+def with_problems(sol: PipelineSolution, units: Sequence[PipelineProblem]) -> PipelineSolution:
+    """``sol`` with every unit's (sharding, offload) and operator option from ``units``."""
+    sol.combos = [(q.sharding, q.offload) for q in units]
+    ops = [(q.split, q.mixed) for q in units]
+    sol.operators = ops if any(o != (1, False) for o in ops) else None
+    return sol
 
 
 def _quick_bound(qs: list[PipelineProblem]) -> float:

@@ -72,13 +72,14 @@ def test_search_equals_exhaustive(setup: tuple, space: str) -> None:
             assert min(d.objective for d in dps) == pytest.approx(best, rel=1e-9)
 
 
-def test_infeasible_names_memory_and_cause(setup: tuple) -> None:
+@pytest.mark.parametrize("space", ["hybrid", "staged"])
+def test_infeasible_names_memory_and_cause(setup: tuple, space: str) -> None:
     g, cl, w = setup
-    opts = SPACES["hybrid"].with_(**LIMITED)
+    opts = SPACES[space].with_(**LIMITED, splits=(1, 2))
     with pytest.raises(ShardplanError) as e:
         search(g, cl, w, opts, memory_limit_gib=2.0)
     msg = str(e.value)
-    assert "no plan in the 'hybrid' space fits 2.00 GiB" in msg
+    assert f"no plan in the '{space}' space fits 2.00 GiB" in msg
     assert "smallest per-GPU memory any plan needs is" in msg and "dominated by" in msg
     need = float(msg.split("needs is ")[1].split(" GiB")[0])
     feasible = search(g, cl, w, opts, memory_limit_gib=need + 0.01)
