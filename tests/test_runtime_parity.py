@@ -60,6 +60,12 @@ W4 = {
     ("tiny-gpt", "pp_fsdp"): Strategy(mesh=Mesh(pp=2, dp_shard=2), default=L(sharding="zero3")),  # tied copies
     # TP inside pipeline stages; the last stage's loss is vocabulary-parallel (loss_parallel)
     ("tiny-llama", "pp_tp"): Strategy(mesh=Mesh(pp=2, tp=2), schedule="interleaved", vpp=2),
+    # what the staged space plans: every unit of a stage its own sharding, operators apart or split
+    ("tiny-llama", "pp_mixed"): Strategy(mesh=Mesh(pp=2, dp_shard=2), schedule="1f1b", stage_layers=[3, 1],
+                                         default=L(sharding="zero1"), layers=[
+        L(unit="embedding", sharding="zero2"), L(unit="layers.0", sharding="zero3", recompute="full"),
+        L(unit="layers.1", sharding="replicate"), L(unit="layers.1.mlp.up", sharding="zero3"),
+        L(unit="layers.2", sharding="zero3", split=2), L(unit="head", sharding="zero3")]),
 }
 
 
@@ -213,7 +219,7 @@ def test_four_process_meshes_match_single_process(w4: dict, key: tuple[str, str]
     elif key[1] == "tp_fsdp":
         local = F * _tp_local("tiny-gpt", 2) // 2
         assert b == [(local, local, 2 * local)] * 4
-    elif key[1] == "pp_tp":  # the two TP ranks of a stage hold equal halves; the stages differ
+    elif key[1] in ("pp_tp", "pp_mixed"):  # the two ranks of a stage hold equal shares; the stages differ
         assert b[0] == b[1] and b[2] == b[3] and b[0] != b[2]
     else:  # two stages, each sharded over 2 ranks; the last holds a copy of the tied embedding
         cfg = TINY_MODELS["tiny-gpt"]
