@@ -65,6 +65,7 @@ from solvers.space import (
     pipeline_combos,
     space_options,
 )
+from solvers.stage_bound import mixed_bound
 from solvers.stage_ilp import solve_layers
 from solvers.stages import PipelineProblem, UnitView, pipeline_strategy, solve_pipeline
 
@@ -241,6 +242,8 @@ def _solve_stages(qs: list[PipelineProblem], splits: list[Callable[[], PipelineP
     if not opts.mix_stages:
         return solve_pipeline(qs, cut, opts.stage_boundaries)
     tied = bool(graph.config.get("tied_embeddings"))
+    if mixed_bound(qs, opts.stage_boundaries) >= cut:  # holds for the split options too
+        return None
     if splits:  # the relaxation also bounds the MIP without them
         relaxed = solve_layers([q.relaxed() for q in qs], cut, opts.stage_boundaries, tied, left)
         if relaxed.solution is None and relaxed.status != "time_limit":

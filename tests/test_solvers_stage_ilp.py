@@ -12,6 +12,7 @@ from profiler.hardware import parse_cluster
 from profiler.models import load_model
 from solvers.exhaustive import space_plans
 from solvers.space import SPACES, mesh_configs, operator_options
+from solvers.stage_bound import mixed_bound
 from solvers.stage_ilp import solve_layers
 from solvers.stages import PipelineProblem, pipeline_strategy, solve_pipeline
 
@@ -58,7 +59,9 @@ def _per_stage(s, g) -> bool:  # type: ignore[no-untyped-def]
 def _check(g, cl, w, opts, cfg, dev, reps, limits, tied=False) -> None:  # type: ignore[no-untyped-def]
     for limit in limits:
         best = min((r.step_time_s for r in reps if r.memory_peak_gib <= limit), default=np.inf)
-        mix = solve_layers(_problems(g, dev, cfg, w, opts, limit), tied=tied)
+        qs = _problems(g, dev, cfg, w, opts, limit)
+        assert mixed_bound(qs) <= best * (1 + 1e-9)  # the search's bound before each MIP
+        mix = solve_layers(qs, tied=tied)
         if not np.isfinite(best):
             assert mix.solution is None
             continue
@@ -83,6 +86,10 @@ def test_layers_inside_stages_match_brute_force(schedule: str) -> None:
             mixed_wins.append(limit)
     assert mixed_wins
     _check(g, cl, w, opts, cfg, dev, reps, mixed_wins[:3] + limits[::max(1, len(limits) // 10)] + [limits[0] * 0.9])
+    # the bound that spares most MIPs is close, not just valid: within 10% at most limits
+    ratios = [mixed_bound(_problems(g, dev, cfg, w, opts, x))
+              / min(r.step_time_s for r in reps if r.memory_peak_gib <= x) for x in limits[::max(1, len(limits) // 10)]]
+    assert np.median(ratios) >= 0.9, ratios
     # the DP over stages that each keep one pair is the MIP restricted to those plans
     for limit in mixed_wins[:2] + limits[::max(1, len(limits) // 6)]:
         sol = solve_pipeline([PipelineProblem(g, dev, cfg, w, sh, "none", opts.recomputes, limit)
