@@ -88,9 +88,10 @@ def test_infeasible_names_memory_and_cause(setup: tuple, space: str) -> None:
         search(g, cl, w, opts, memory_limit_gib=need - 0.01)
 
 
-def test_time_limit_reports_gap() -> None:
+@pytest.mark.parametrize("space", ["full", "staged"])
+def test_time_limit_reports_gap(space: str) -> None:
     g, cl = load_model("llama3-8b", 4096), parse_cluster("64xh100")
-    res = search(g, cl, Workload(seq_len=4096, global_batch=256), "full", time_limit=0.5)
+    res = search(g, cl, Workload(seq_len=4096, global_batch=256), space, time_limit=0.5)
     assert res.status in ("optimal", "time_limit")
     assert res.bound <= res.objective and (res.status == "optimal") == (res.gap == 0.0)
     assert estimate(g, cl, res.best.strategy, Workload(seq_len=4096, global_batch=256)).fits
