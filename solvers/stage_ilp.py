@@ -83,168 +83,194 @@ def solve_layers(qs: Sequence[PipelineProblem], incumbent: float = INF, nonunifo
     """The fastest pipeline plan with per-unit options that fits, or none better than ``incumbent``."""
     t0 = time.perf_counter()
     pp = qs[0]
-    c, cfg = pp.dev.c, pp.cfg
-    p, v, m, L = pp.p, pp.v, pp.m, len(pp.block_cls)
-    sched = cfg.schedule
-    budget = pp.budget - pp.bucket
-    if budget <= 0:
+    if pp.budget - pp.bucket <= 0:
         return LayerMix(None, "infeasible", INF, time.perf_counter() - t0)
-    scale = 1.0 / budget  # memory rows in units of the budget
-    # time in units that make the step about 1e4: HiGHS's absolute tolerances (1e-7) would otherwise
-    # treat plans a fraction of a microsecond apart as equal
-    unit = _time_unit(qs)
-    free = nonuniform and v == 1 and p > 1
-    R = len(pp.recomputes)
-    all_opts: list[Opt] = [(s, r) for s in range(len(qs)) for r in range(R)]
-    md = _Model()
-    fly = [in_flight(sched, k, p, m, v) for k in range(p)]
-    sends = rank_sends(p, v)
-    # per stage: linear expressions (column -> coefficient) of what the step reads
-    ex: list[dict[str, dict[int, float]]] = [{f: {} for f in _FIELDS} for _ in range(p)]
-    G = [md.var() for _ in range(p)]  # the largest gathered ZeRO-3 unit on the stage
-    Rm = [md.var() for _ in range(p)]  # the largest recomputation on the stage
+    f = _Formulation(qs, nonuniform and pp.v == 1 and pp.p > 1)
+    f.blocks()
+    f.ends(tied)
+    f.memory()
+    offset = f.step()
+    # only plans strictly better than the incumbent (not the same plan again, up to rounding);
+    # presolve costs more than it saves on these small models
+    cutoff = incumbent * (1 - CUTOFF_TOLERANCE) / f.unit if np.isfinite(incumbent) else None
+    status, x, _, bound = f.md.solve(offset, time_limit, cutoff, presolve=False)
+    bound *= f.unit
+    dt, columns = time.perf_counter() - t0, len(f.md.cost)
+    if x is None:
+        return LayerMix(None, status, bound if status in ("cutoff", "time_limit") else INF, dt, columns)
+    sol = pipeline_objective(qs, *f.assignment(x))
+    if sol.status == "infeasible":  # cannot happen within MEMORY_MARGIN; never return a plan that does not fit
+        return LayerMix(None, "infeasible", INF, dt, columns)
+    sol.status = status if status in ("optimal", "time_limit") else "feasible"
+    return LayerMix(sol, sol.status, min(bound, sol.objective), dt, columns)
 
-    def add(k: int, col: int, u: UnitView, mult: float) -> None:
-        vals = (u.time / unit, u.weight / unit, u.sync / unit, u.window / unit, u.optim / unit, u.offload / unit,
-                (u.states + mult * u.activations) * scale)
-        for f, val in zip(_FIELDS, vals, strict=True):
+
+class _Formulation:
+    """The MIP of one pipeline mesh, built part by part (see the module's docstring)."""
+
+    def __init__(self, qs: Sequence[PipelineProblem], free: bool):
+        pp = self.pp = qs[0]
+        self.qs, self.free = qs, free
+        self.p, self.L = pp.p, len(pp.block_cls)
+        self.kinds = sorted(set(pp.block_cls))
+        self.md = _Model()
+        self.scale = 1.0 / (pp.budget - pp.bucket)  # memory rows in units of the budget
+        # time in units that make the step about 1e4: HiGHS's absolute tolerances (1e-7) would
+        # otherwise treat plans a fraction of a microsecond apart as equal
+        self.unit = _time_unit(qs)
+        self.fly = [in_flight(pp.cfg.schedule, k, pp.p, pp.m, pp.v) for k in range(pp.p)]
+        # per stage: linear expressions (column -> coefficient) of what the step reads
+        self.ex: list[dict[str, dict[int, float]]] = [{f: {} for f in _FIELDS} for _ in range(pp.p)]
+        self.gathered = [self.md.var() for _ in range(pp.p)]  # the largest gathered ZeRO-3 unit
+        self.remat = [self.md.var() for _ in range(pp.p)]  # the largest recomputation
+        self.ycols: dict[tuple[int, int], list[tuple[Opt, int]]] = {}  # (stage, class) -> option counts
+        self.stage_of: dict[tuple[int, int], int] = {}  # (block, stage) -> binary (several classes, free)
+        self.end_cols: dict[str, list[tuple[Opt, int]]] = {}
+
+    def _unit(self, k: int, col: int, u: UnitView, mult: float, hi: int) -> None:
+        """Column ``col`` counts units costing ``u`` on stage ``k`` (``mult`` micro-batches of
+        activations in flight), at most ``hi`` of them."""
+        vals = (u.time, u.weight, u.sync, u.window, u.optim, u.offload)
+        for f, val in zip(_FIELDS[:-1], vals, strict=True):  # all but memory
             if val:
-                ex[k][f][col] = ex[k][f].get(col, 0.0) + val
-
-    def transients(k: int, col: int, u: UnitView, hi: int) -> None:
+                self.ex[k][f][col] = self.ex[k][f].get(col, 0.0) + val / self.unit
+        mem = (u.states + mult * u.activations) * self.scale
+        if mem:
+            self.ex[k]["memory"][col] = self.ex[k]["memory"].get(col, 0.0) + mem
         if u.gathered <= 0 and u.recompute_peak <= 0:
             return
-        z = col
+        z = col  # present on the stage
         if hi > 1:
-            z = md.var(hi=1, integer=True)
-            md.row({col: 1.0, z: -float(hi)}, hi=0.0)
-        for cap, val in ((G[k], u.gathered), (Rm[k], u.recompute_peak)):
+            z = self.md.var(hi=1, integer=True)
+            self.md.row({col: 1.0, z: -float(hi)}, hi=0.0)
+        for cap, val in ((self.gathered[k], u.gathered), (self.remat[k], u.recompute_peak)):
             if val > 0:
-                md.row({z: val * scale, cap: -1.0}, hi=0.0)
+                self.md.row({z: val * self.scale, cap: -1.0}, hi=0.0)
 
-    # blocks: per stage and class, how many take each option
-    kinds = sorted(set(pp.block_cls))
-    counts: dict[tuple[int, int], dict[int, float] | int] = {}  # (stage, class) -> fixed count or expression
-    stage_of: dict[tuple[int, int], int] = {}  # (block, stage) -> binary, multi-class free boundaries
-    if not free:
-        held = rank_blocks(L, p, v)
-        for k in range(p):
-            for kind in kinds:
-                counts[(k, kind)] = sum(pp.block_cls[i] == kind for i in held[k])
-    elif len(kinds) == 1:
-        n = [md.var(lo=1, hi=L - p + 1, integer=True) for _ in range(p)]
-        md.row(dict.fromkeys(n, 1.0), lo=L, hi=L)
-        for k in range(p):
-            counts[(k, kinds[0])] = {n[k]: 1.0}
-    else:
+    def _counts(self) -> dict[tuple[int, int], dict[int, float] | int]:
+        """(stage, class) -> how many blocks it holds: a number (even split), or an expression of
+        the stage sizes (one class) or of which stage each block is on (several)."""
+        md, p, L, kinds, pp = self.md, self.p, self.L, self.kinds, self.pp
+        if not self.free:
+            held = rank_blocks(L, p, pp.v)
+            return {(k, kind): sum(pp.block_cls[i] == kind for i in held[k]) for k in range(p) for kind in kinds}
+        if len(kinds) == 1:
+            n = [md.var(lo=1, hi=L - p + 1, integer=True) for _ in range(p)]
+            md.row(dict.fromkeys(n, 1.0), lo=L, hi=L)
+            return {(k, kinds[0]): {n[k]: 1.0} for k in range(p)}
         idx = [md.var(lo=0, hi=p - 1, integer=True) for _ in range(L)]  # the stage of each block
         for i in range(L):
             cols = [md.var(hi=1, integer=True) for _ in range(p)]
-            for k, col in enumerate(cols):
-                stage_of[(i, k)] = col
+            self.stage_of.update({(i, k): col for k, col in enumerate(cols)})
             md.row(dict.fromkeys(cols, 1.0), lo=1, hi=1)
             md.row({**{col: float(k) for k, col in enumerate(cols) if k}, idx[i]: -1.0}, lo=0, hi=0)
-            if i:
+            if i:  # contiguous stages, none empty: the stage index steps by 0 or 1 from 0 to p-1
                 md.row({idx[i]: 1.0, idx[i - 1]: -1.0}, lo=0, hi=1)
         md.row({idx[0]: 1.0}, hi=0)
         md.row({idx[-1]: 1.0}, lo=p - 1)
-        for k in range(p):
-            for kind in kinds:
-                counts[(k, kind)] = {stage_of[(i, k)]: 1.0 for i in range(L) if pp.block_cls[i] == kind}
-    ycols: dict[tuple[int, int], list[tuple[Opt, int]]] = {}
-    kept = {kind: block_options(qs, kind, sched == "zb") for kind in kinds}
-    for k in range(p):
-        for kind in kinds:
-            cnt = counts[(k, kind)]
-            hi = cnt if isinstance(cnt, int) else L - p + 1
+        return {(k, kind): {self.stage_of[(i, k)]: 1.0 for i in range(L) if pp.block_cls[i] == kind}
+                for k in range(p) for kind in kinds}
+
+    def blocks(self) -> None:
+        """Per stage and block class, how many blocks take each (undominated) option."""
+        counts = self._counts()
+        kept = {kind: block_options(self.qs, kind, self.pp.cfg.schedule == "zb") for kind in self.kinds}
+        for (k, kind), cnt in counts.items():
+            hi = cnt if isinstance(cnt, int) else self.L - self.p + 1
             if hi == 0:
                 continue
-            cols = []
-            for o in kept[kind]:
-                col = md.var(hi=hi, integer=True)
-                cols.append((o, col))
-                u = qs[o[0]].costs[kind][o[1]]
-                add(k, col, u, fly[k])
-                transients(k, col, u, hi)
-            ycols[(k, kind)] = cols
+            cols = [(o, self.md.var(hi=hi, integer=True)) for o in kept[kind]]
+            for o, col in cols:
+                self._unit(k, col, self.qs[o[0]].costs[kind][o[1]], self.fly[k], hi)
+            self.ycols[(k, kind)] = cols
             row = dict.fromkeys((col for _, col in cols), 1.0)
             if isinstance(cnt, int):
-                md.row(row, lo=cnt, hi=cnt)
+                self.md.row(row, lo=cnt, hi=cnt)
             else:
-                md.row({**row, **{col: -a for col, a in cnt.items()}}, lo=0, hi=0)
-    # embedding and head: one option each
-    ends: dict[str, list[tuple[Opt, int]]] = {}
-    for name, kind, k, mult in (("embedding", pp.emb, 0, fly[0]), ("head", pp.head, p - 1, fly[-1] + pp.w.loss_buffer)):
-        if kind is None:
-            continue
-        cols = []
-        for o in all_opts:
-            col = md.var(hi=1, integer=True)
-            cols.append((o, col))
-            u = qs[o[0]].costs[kind][o[1]]
-            add(k, col, u, mult)
-            transients(k, col, u, 1)
-        md.row({col: 1.0 for _, col in cols}, lo=1, hi=1)
-        ends[name] = cols
-    if tied and len(ends) == 2:
-        for s in range(len(qs)):
-            md.row({**{col: 1.0 for o, col in ends["embedding"] if o[0] == s},
-                    **{col: -1.0 for o, col in ends["head"] if o[0] == s}}, lo=0, hi=0)
-    for k in range(p):
-        md.row({**ex[k]["memory"], G[k]: 1.0, Rm[k]: 1.0}, hi=1.0 - MEMORY_MARGIN)
-    # the step
-    base = [sends[k] * pp.p2p / unit for k in range(p)]
-    tau = md.var()
-    eps, opt, off = md.var(cost=1.0), md.var(cost=1.0), md.var(cost=1.0)
-    kappa, ov = c.comm_interference, c.dp_overlap
-    for k in range(p):
-        e = ex[k]
-        md.row({**e["time"], tau: -1.0}, hi=-base[k])
-        md.row({**_scaled(e["sync"], kappa), eps: -1.0}, hi=0.0)
-        md.row({**_plus(e["sync"], e["window"], -(1 - kappa) * ov), eps: -1.0}, hi=0.0)
-        md.row({**e["optim"], opt: -1.0}, hi=0.0)
-        md.row({**e["offload"], off: -1.0}, hi=0.0)
-    sum_t: dict[int, float] = {}
-    for k in range(p):
-        sum_t = _plus(sum_t, ex[k]["time"], 1.0)
-    sum_base = sum(base)
-    pipe: dict[int, float]
-    pipe_const = 0.0
-    if sched == "interleaved":
-        pipe = {tau: m + (p - 1) / v}
-    elif sched == "zb":
-        fill = md.var()
+                self.md.row({**row, **{col: -a for col, a in cnt.items()}}, lo=0, hi=0)
+
+    def ends(self, tied: bool) -> None:
+        """The embedding (first stage) and head (last) take one option each; tied, the same pair."""
+        pp, md = self.pp, self.md
+        opts = [(s, r) for s in range(len(self.qs)) for r in range(len(pp.recomputes))]
+        for name, kind, k, mult in (("embedding", pp.emb, 0, self.fly[0]),
+                                    ("head", pp.head, self.p - 1, self.fly[-1] + pp.w.loss_buffer)):
+            if kind is None:
+                continue
+            cols = [(o, md.var(hi=1, integer=True)) for o in opts]
+            for o, col in cols:
+                self._unit(k, col, self.qs[o[0]].costs[kind][o[1]], mult, 1)
+            md.row({col: 1.0 for _, col in cols}, lo=1, hi=1)
+            self.end_cols[name] = cols
+        if tied and len(self.end_cols) == 2:
+            for s in range(len(self.qs)):
+                md.row({**{col: 1.0 for o, col in self.end_cols["embedding"] if o[0] == s},
+                        **{col: -1.0 for o, col in self.end_cols["head"] if o[0] == s}}, lo=0, hi=0)
+
+    def memory(self) -> None:
+        for k in range(self.p):
+            self.md.row({**self.ex[k]["memory"], self.gathered[k]: 1.0, self.remat[k]: 1.0}, hi=1.0 - MEMORY_MARGIN)
+
+    def step(self) -> float:
+        """The objective's rows and costs; returns its constant."""
+        pp, md, ex, p = self.pp, self.md, self.ex, self.p
+        c, m, v, sched = pp.dev.c, pp.m, pp.v, pp.cfg.schedule
+        base = [n * pp.p2p / self.unit for n in rank_sends(p, v)]
+        tau = md.var()
+        eps, opt, off = md.var(cost=1.0), md.var(cost=1.0), md.var(cost=1.0)
+        kappa, ov = c.comm_interference, c.dp_overlap
+        sum_t: dict[int, float] = {}
         for k in range(p):
-            md.row({**_plus(ex[k]["time"], ex[k]["weight"], -2.0), fill: -1.0}, hi=-base[k])
-        pipe = {tau: float(m), fill: float(p - 1)}
-    else:
-        pipe = {**sum_t, tau: float(m - 1)}
-        pipe_const = sum_base
-    share = pp.dev.share
-    if share < 1.0:
-        P = md.var(cost=1.0)
-        md.row({**_scaled(pipe, share), P: -1.0}, hi=-share * pipe_const)
-        md.row({**_scaled(sum_t, m / p), P: -1.0}, hi=-m * sum_base / p)
-        offset = c.step_overhead_s / unit
-    else:
+            e = ex[k]
+            md.row({**e["time"], tau: -1.0}, hi=-base[k])
+            md.row({**_scaled(e["sync"], kappa), eps: -1.0}, hi=0.0)
+            md.row({**_plus(e["sync"], e["window"], -(1 - kappa) * ov), eps: -1.0}, hi=0.0)
+            md.row({**e["optim"], opt: -1.0}, hi=0.0)
+            md.row({**e["offload"], off: -1.0}, hi=0.0)
+            sum_t = _plus(sum_t, e["time"], 1.0)
+        pipe_const = 0.0
+        if sched == "interleaved":
+            pipe = {tau: m + (p - 1) / v}
+        elif sched == "zb":
+            fill = md.var()
+            for k in range(p):
+                md.row({**_plus(ex[k]["time"], ex[k]["weight"], -2.0), fill: -1.0}, hi=-base[k])
+            pipe = {tau: float(m), fill: float(p - 1)}
+        else:
+            pipe = {**sum_t, tau: float(m - 1)}
+            pipe_const = sum(base)
+        if pp.dev.share < 1.0:  # time-shared cores (costmodel.pipeline.time_shared)
+            shared = md.var(cost=1.0)
+            md.row({**_scaled(pipe, pp.dev.share), shared: -1.0}, hi=-pp.dev.share * pipe_const)
+            md.row({**_scaled(sum_t, m / p), shared: -1.0}, hi=-m * sum(base) / p)
+            return c.step_overhead_s / self.unit
         for col, a in pipe.items():
             md.cost[col] += a
-        offset = c.step_overhead_s / unit + pipe_const
-    # only plans strictly better than the incumbent (not the same plan again, up to rounding);
-    # presolve costs more than it saves on these small models
-    cutoff = incumbent * (1 - CUTOFF_TOLERANCE) / unit if np.isfinite(incumbent) else None
-    status, x, _, bound = md.solve(offset, time_limit, cutoff, presolve=False)
-    bound *= unit
-    dt = time.perf_counter() - t0
-    if x is None:
-        return LayerMix(None, status, bound if status in ("cutoff", "time_limit") else INF, dt, len(md.cost))
-    per_unit, ranks, sizes = _assignment(pp, x, ycols, ends, stage_of, free, kinds)
-    sol = pipeline_objective(qs, per_unit, ranks, sizes)
-    if sol.status == "infeasible":  # cannot happen within MEMORY_MARGIN; never return a plan that does not fit
-        return LayerMix(None, "infeasible", INF, dt, len(md.cost))
-    st = status if status in ("optimal", "time_limit") else "feasible"
-    sol.status = st
-    return LayerMix(sol, st, min(bound, sol.objective), dt, len(md.cost))
+        return c.step_overhead_s / self.unit + pipe_const
+
+    def assignment(self, x: np.ndarray) -> tuple[list[Opt], list[list[int]], list[int] | None]:
+        """Per unit (embedding, blocks, head) its option, the blocks of each rank, the stage sizes."""
+        pp, p, L = self.pp, self.p, self.L
+        counts = {key: {o: int(round(x[col])) for o, col in cols} for key, cols in self.ycols.items()}
+        if not self.free:
+            ranks, sizes = rank_blocks(L, p, pp.v), None
+        else:
+            if self.stage_of:
+                owner = [max(range(p), key=lambda k, i=i: x[self.stage_of[(i, k)]]) for i in range(L)]
+                sizes = [owner.count(k) for k in range(p)]
+            else:
+                sizes = [sum(counts.get((k, self.kinds[0]), {}).values()) for k in range(p)]
+            ranks = rank_blocks(L, p, 1, sizes)
+        per_block: list[Opt] = [(0, 0)] * L
+        for k, held in enumerate(ranks):
+            pools = {kind: [o for o, n in sorted(counts.get((k, kind), {}).items()) for _ in range(n)]
+                     for kind in self.kinds}
+            for i in held:
+                per_block[i] = pools[pp.block_cls[i]].pop(0)
+        pick = {name: next(o for o, col in cols if x[col] > 0.5) for name, cols in self.end_cols.items()}
+        out = ([pick["embedding"]] if "embedding" in pick else []) + per_block + (
+            [pick["head"]] if "head" in pick else [])
+        return out, ranks, sizes
 
 
 def _time_unit(qs: Sequence[PipelineProblem]) -> float:
@@ -265,27 +291,3 @@ def _plus(expr: dict[int, float], other: dict[int, float], a: float) -> dict[int
     for col, x in other.items():
         out[col] = out.get(col, 0.0) + a * x
     return out
-
-
-def _assignment(pp: PipelineProblem, x: np.ndarray, ycols: dict, ends: dict, stage_of: dict, free: bool,
-                kinds: list[int]) -> tuple[list[Opt], list[list[int]], list[int] | None]:
-    """Per unit (embedding, blocks, head) its option, the blocks of each rank, the stage sizes."""
-    p, L = pp.p, len(pp.block_cls)
-    counts = {key: {o: int(round(x[col])) for o, col in cols} for key, cols in ycols.items()}
-    if not free:
-        ranks, sizes = rank_blocks(L, p, pp.v), None
-    elif stage_of:
-        owner = [max(range(p), key=lambda k, i=i: x[stage_of[(i, k)]]) for i in range(L)]
-        sizes = [owner.count(k) for k in range(p)]
-        ranks = rank_blocks(L, p, 1, sizes)
-    else:
-        sizes = [sum(counts.get((k, kinds[0]), {}).values()) for k in range(p)]
-        ranks = rank_blocks(L, p, 1, sizes)
-    per_block: list[Opt] = [(0, 0)] * L
-    for k, held in enumerate(ranks):
-        pools = {kind: [o for o, n in sorted(counts.get((k, kind), {}).items()) for _ in range(n)] for kind in kinds}
-        for i in held:
-            per_block[i] = pools[pp.block_cls[i]].pop(0)
-    pick = {name: next(o for o, col in cols if x[col] > 0.5) for name, cols in ends.items()}
-    out = ([pick["embedding"]] if "embedding" in pick else []) + per_block + ([pick["head"]] if "head" in pick else [])
-    return out, ranks, sizes
