@@ -148,9 +148,9 @@ def search(graph: LayerGraph, cluster: Cluster, w: Workload, space: str | SpaceO
         part = len(parts)
         # the large-operator options bound the per-operator choices: of meshes without a pipeline,
         # and in the staged space of pipelines too
-        flat = [configs[i] for i in live if configs[i].pp == 1 or opts.mix_stages]
-        gl = price_grid(graph, cluster, w, flat, lopts, memory_limit_gib=limit, device=dev,
-                        large_ops=large_ops) if (flat and lopts) else None
+        large_rows = [configs[i] for i in live if configs[i].pp == 1 or opts.mix_stages]
+        gl = price_grid(graph, cluster, w, large_rows, lopts, memory_limit_gib=limit, device=dev,
+                        large_ops=large_ops) if (large_rows and lopts) else None
         parts.append((live, gr, gl))
         flat = step.ravel()
         for f in np.argsort(flat, kind="stable")[:max(top_k, 1) + 2]:

@@ -25,7 +25,7 @@ import numpy as np
 
 from costmodel.estimate import rank_blocks, rank_sends
 from costmodel.pipeline import in_flight, time_shared
-from solvers.stage_tables import INF, PipelineProblem
+from solvers.stage_tables import INF, PipelineProblem, best_splits, pareto_front
 
 __all__ = ["mixed_bound"]
 
@@ -46,7 +46,7 @@ def mixed_bound(qs: Sequence[PipelineProblem], nonuniform: bool = True) -> float
         if fixed:
             vals = table[np.arange(p), held]
             return float(vals.max() if join is np.maximum else vals.sum())
-        return _partition(table, L, join)
+        return float(best_splits(table, join)[0, 0])
 
     times = _tables(qs, lambda u: u.time, 1.0)
     max_t, sum_t = best(times, np.maximum), best(times, np.add)
@@ -121,12 +121,8 @@ def _ends(qs: Sequence[PipelineProblem], r: int, fly: float, value) -> list[tupl
            for u in [q.costs[pp.emb][i]]] if r == 0 and pp.emb is not None else [(0.0, 0.0)]
     head = [(value(u), u.states + (fly + pp.w.loss_buffer) * u.activations) for q in qs for i in range(R)
             for u in [q.costs[pp.head][i]]] if r == pp.p - 1 and pp.head is not None else [(0.0, 0.0)]
-    pts = sorted((a[0] + b[0], a[1] + b[1]) for a in emb for b in head)
-    out: list[tuple[float, float]] = []
-    for pt in pts:  # by value: keep a point only if it needs less memory than every smaller one
-        if not out or pt[1] < out[-1][1]:
-            out.append(pt)
-    return out
+    front = pareto_front([(a[0] + b[0], a[1] + b[1], ()) for a in emb for b in head])
+    return [(v, mem) for v, mem, _ in front]
 
 
 def _lower_hull(t: np.ndarray, mem: np.ndarray) -> np.ndarray:
@@ -159,17 +155,3 @@ def _relaxed_blocks(t: np.ndarray, mem: np.ndarray, n: np.ndarray, rooms: np.nda
         ya = np.where(ok, ya, 0.0)
         cost = np.where(ok, t[:, None] * ya + t[None, :] * (nn - ya), INF)
     return np.minimum(best, cost.reshape(cost.shape[:2] + (-1,)).min(axis=2, initial=INF))
-
-
-def _partition(table: np.ndarray, L: int, join) -> float:  # type: ignore[no-untyped-def]
-    """The least ``join`` (max or sum) of stage times over every split of ``L`` blocks into the
-    ranks in order, each at least one block."""
-    p = table.shape[0]
-    f = np.full(L + 1, INF)
-    f[L] = 0.0 if join is np.add else -INF
-    j = np.arange(L + 1)[:, None]
-    k = np.arange(L + 1)[None, :]
-    for r in range(p - 1, -1, -1):  # f[j]: the best of ranks r.. holding blocks j..
-        nxt = np.where(j + k <= L, f[np.minimum(j + k, L)], INF)
-        f = np.min(join(table[r][None, :], nxt), axis=1)
-    return float(f[0])

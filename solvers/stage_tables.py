@@ -389,7 +389,7 @@ class PipelineProblem:
                     mm = sum(c * self.costs[k][allowed[i]].activations * (fly + (self.w.loss_buffer if is_head else 0.0))
                              for i, c in enumerate(comp))
                     pts.append((t, mm, ((k, tuple((allowed[i], c) for i, c in enumerate(comp) if c)),)))
-                front = _pareto([(a[0] + b[0], a[1] + b[1], a[2] + b[2])
+                front = pareto_front([(a[0] + b[0], a[1] + b[1], a[2] + b[2])
                                  for a in front for b in pts if a[1] + b[1] <= room])
             if front and (best is None or front[0][0] < best.time):
                 choice = {k: Counter(dict(c)) for k, c in _merge(front[0][2])}
@@ -399,13 +399,33 @@ class PipelineProblem:
         return best
 
 
+def best_splits(table: np.ndarray, join: Callable[[Any, Any], Any]) -> np.ndarray:
+    """(ranks + 1, blocks + 1): entry ``[k, j]`` is the least ``join`` (``np.add`` or
+    ``np.maximum``) of the values of ranks ``k..`` holding blocks ``j..`` in order, each at least
+    one block, the last the rest; ``table[r, n]``: rank ``r`` holding ``n`` blocks (inf where it
+    cannot). Inf where no split exists."""
+    p, L = table.shape[0], table.shape[1] - 1
+    out = np.full((p + 1, L + 1), INF)
+    out[p, L] = 0.0 if join is np.add else -INF
+    jj = np.arange(L + 1)[:, None]
+    for k in range(p - 1, -1, -1):
+        finite = np.flatnonzero(np.isfinite(table[k]))
+        cap = int(finite[-1]) if len(finite) else 0  # more blocks than this do not fit on the rank
+        if cap < 1:
+            break
+        tgt = jj + np.arange(1, cap + 1)[None, :]
+        nxt = np.where(tgt <= L, out[k + 1][np.minimum(tgt, L)], INF)
+        out[k] = np.min(join(table[k][None, 1:cap + 1], nxt), axis=1)
+    return out
+
+
 def _compositions(n: int, k: int) -> list[tuple[int, ...]]:
     if k == 1:
         return [(n,)]
     return [(i,) + rest for i in range(n + 1) for rest in _compositions(n - i, k - 1)]
 
 
-def _pareto(pts: list[tuple[float, float, tuple]]) -> list[tuple[float, float, tuple]]:
+def pareto_front(pts: list[tuple[float, float, tuple]]) -> list[tuple[float, float, tuple]]:
     """Points no other point beats in both time and memory, fastest first."""
     out: list[tuple[float, float, tuple]] = []
     for p in sorted(pts, key=lambda x: (x[1], x[0])):

@@ -39,7 +39,7 @@ from costmodel.strategy import LayerStrategy, Strategy
 from profiler.graph import LayerGraph
 from solvers.chain import option_strategy
 from solvers.space import MeshConfig
-from solvers.stage_tables import INF, Fixed, PipelineProblem, StageCost, UnitView
+from solvers.stage_tables import INF, Fixed, PipelineProblem, StageCost, UnitView, best_splits
 
 __all__ = ["PipelineProblem", "PipelineSolution", "UnitView", "pipeline_objective", "pipeline_strategy",
            "solve_pipeline"]
@@ -317,21 +317,7 @@ def _rest_bounds(qs: list[PipelineProblem]) -> tuple[np.ndarray, np.ndarray]:
                     minmax[k][j] = np.min(np.maximum(t, minmax[k + 1][j + lo:j + hi + 1]))
         return minsum, minmax
     times = _min_times(qs)
-    jj = np.arange(L + 1)[:, None]
-    for k in range(p - 1, -1, -1):
-        t = times[k]
-        finite = np.flatnonzero(np.isfinite(t))
-        cap = int(finite[-1]) if len(finite) else 0  # more blocks than this do not fit on the stage
-        if cap < 1:
-            break
-        nn = np.arange(cap + 1)[None, :]
-        tgt = jj + nn
-        ok = (nn >= 1) & (tgt <= L) & ((tgt == L) if k == p - 1 else (tgt <= L - (p - k - 1)))
-        idx = np.minimum(tgt, L)
-        ts = np.where(ok, t[None, :cap + 1], INF)
-        minsum[k] = np.min(ts + minsum[k + 1][idx], axis=1)
-        minmax[k] = np.min(np.maximum(ts, minmax[k + 1][idx]), axis=1)
-    return minsum, minmax
+    return best_splits(times, np.add), best_splits(times, np.maximum)
 
 
 def _insert(labels: list[_Label], new: _Label, dims: tuple[int, ...]) -> None:
