@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy
+from torch.distributed.tensor import DTensor
 
 from costmodel.strategy import Strategy
 from profiler.errors import ShardplanError
@@ -221,16 +222,17 @@ def apply_plan(model: nn.Module, plan: Any, mesh: DeviceMesh | RuntimeMesh | Non
     check(ad, strategy, world, dev, model_problem(ad, facts))
     rt = wrap_mesh(mesh, strategy.mesh) if mesh is not None else build_mesh(strategy.mesh, dev)
     device = torch.device(dev, torch.cuda.current_device()) if dev == "cuda" else torch.device("cpu")
-    model.to(device)
     pp = strategy.mesh.pp
     notes: list[str] = []
     if pp > 1:
         if n_microbatches is None:
             n_microbatches = (plan.strategy.num_microbatches(plan.inputs.workload.global_batch)
                               if facts is not None else 2 * pp)
-        stages, ids, has_first, has_last = build_pipeline(model, strategy, rt)
+        stages, ids, has_first, has_last = build_pipeline(model, strategy, rt)  # frees the other stages
     else:
         stages = [model]
+    for st in stages:
+        st.to(device)
     replicated: list[ReplicatedParams] = []
     units: list[str] = []
     for st in stages:
@@ -274,6 +276,17 @@ def optimizer_params(model: nn.Module) -> list[nn.Parameter]:
     return out
 
 
+def param_groups(params: list[nn.Parameter]) -> list[dict[str, Any]]:
+    """``params`` as optimizer parameter groups, one per kind of tensor: plain tensors, then the
+    DTensors of each device mesh. A fused or foreach optimizer steps a group's tensors in one
+    kernel call, which cannot mix plain tensors with DTensors or DTensors of different meshes."""
+    groups: dict[Any, list[nn.Parameter]] = {}
+    for p in params:
+        key = (p.device_mesh.mesh_dim_names, tuple(p.device_mesh.mesh.flatten().tolist())) if isinstance(p, DTensor) else None
+        groups.setdefault(key, []).append(p)
+    return [{"params": ps} for ps in groups.values()]
+
+
 def _tied_optim_param(info: AppliedPlan) -> nn.Parameter | None:
     """What the optimizer steps for this rank's copy of the tied embedding."""
     t = info.tied
@@ -294,7 +307,7 @@ def build_optimizer(model: nn.Module, cls: type[torch.optim.Optimizer] = torch.o
     gradients. After: all-gather of ZeRO-1/2 slices.
     """
     info = applied(model)
-    opt = cls(optimizer_params(model), **kwargs)
+    opt = cls(param_groups(optimizer_params(model)), **kwargs)
     tied_param = _tied_optim_param(info)
 
     def pre(_opt: Any, _args: Any, _kwargs: Any) -> None:

@@ -117,7 +117,7 @@ class PipelineRunner:
         args = (tokens,) if self.has_first else ()
         kwargs = {"target": targets, "losses": losses} if self.has_last else {}
         with loss_context(self.tp):  # vocabulary-parallel loss under TP
-            self.schedule.step(*args, **kwargs)
+            self.schedule.step(*args, **kwargs, return_outputs=False)  # the loss is in ``losses``
         if self.has_last:
             return torch.stack([plain(x.detach()).float() for x in losses]).mean()
         return None
@@ -130,7 +130,21 @@ def build_pipeline(model: Transformer, strategy: Strategy, rt: RuntimeMesh) -> t
     rank = rt.coord("pp")
     ids = [rank + v * pp for v in range(vpp)]
     mods = [stage_module(model, s, counts) for s in ids]
+    release_unheld(model, mods)
     return mods, ids, 0 in ids, (pp * vpp - 1) in ids
+
+
+def release_unheld(model: nn.Module, held: list[nn.Module]) -> None:
+    """Free ``model``'s parameters and buffers that none of ``held`` holds: each becomes a tensor of
+    the same shape on the meta device, so a pipeline rank keeps only its own stages' memory."""
+    kept = {id(t) for m in held for t in (*m.parameters(), *m.buffers())}
+    for mod in model.modules():
+        for name, p in list(mod._parameters.items()):
+            if p is not None and id(p) not in kept:
+                mod._parameters[name] = nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
+        for name, b in list(mod._buffers.items()):
+            if b is not None and id(b) not in kept:
+                mod._buffers[name] = torch.empty_like(b, device="meta")
 
 
 def make_runner(mods: list[Transformer], ids: list[int], strategy: Strategy, rt: RuntimeMesh,
