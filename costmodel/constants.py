@@ -50,6 +50,9 @@ class CostConstants:
             copy engines and are exempt.
         moe_imbalance: slowest expert rank's tokens over the mean.
         context_bytes: per-GPU memory that is not tensors (CUDA context, NCCL buffers).
+        dp_bucket_bytes: gradient buckets in flight while data parallelism reduces gradients
+            (PyTorch DDP and Megatron: two 25 MiB buckets); 0 for a trainer that reduces each
+            gradient in place, as shardplan's own runtime does.
         fragmentation: allocator slack as a fraction of the peak tensor memory.
         step_overhead_s: per-step fixed cost (data loading, logging, launch).
     """
@@ -69,6 +72,7 @@ class CostConstants:
     comm_interference: float = 0.0
     moe_imbalance: float = 1.15
     context_bytes: float = 2.5 * 1024**3
+    dp_bucket_bytes: float = 2 * 25 * 1024**2
     fragmentation: float = 0.08
     step_overhead_s: float = 0.02
 

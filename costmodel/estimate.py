@@ -7,11 +7,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from costmodel.constants import CostConstants
 from costmodel.device import DeviceModel
 from costmodel.pipeline import in_flight, pipeline_time
 from costmodel.report import GIB, Report, StageMemory, TimeBreakdown
 from costmodel.strategy import LayerStrategy, Strategy, Workload
-from costmodel.units import Groups, UnitCost, mesh_groups, unit_cost
+from costmodel.units import Groups, UnitCost, mesh_groups, state_bytes, unit_cost
 from profiler.errors import ShardplanError
 from profiler.graph import LayerGraph, LayerNode
 from profiler.hardware import Cluster
@@ -19,7 +20,11 @@ from profiler.hardware import Cluster
 if TYPE_CHECKING:
     from profiler.profile_schema import Profile
 
-DP_BUCKET_BYTES = 2 * 25 * 1024**2  # two gradient buckets in flight (DDP / Megatron default 25 MiB)
+
+
+def bucket_bytes(c: CostConstants, dp: int) -> float:
+    """Gradient buckets in flight on a rank with ``dp`` data-parallel replicas (see ``dp_bucket_bytes``)."""
+    return c.dp_bucket_bytes if dp > 1 else 0.0
 
 
 def check(graph: LayerGraph, cluster: Cluster, s: Strategy, w: Workload) -> int:
@@ -195,7 +200,8 @@ def combine(
         recompute=sum(u.recompute for u in ranks[worst]) * n_mb,
         comm=comm, bubble=bubble, optimizer=optim + c.step_overhead_s, offload=offload,
     )
-    stages = [_stage_memory(r, ranks[r], costs, s, w, n_mb, c) for r in range(p)]
+    tail = tied_sum_bytes(graph, s, w)
+    stages = [_stage_memory(r, ranks[r], costs, s, w, n_mb, c, tail) for r in range(p)]
     tokens = w.global_batch * graph.seq_len
     model_flops = graph.train_flops * w.global_batch
     hw_flops = sum(u.hw_flops for st in costs for u in st) * n_mb * s.mesh.dp_replicate * s.mesh.dp_shard
@@ -211,22 +217,58 @@ def combine(
     )
 
 
+def grads_held(pp: int, n_mb: int) -> bool:
+    """Whether every gradient is live beside the activations in flight: with accumulation over
+    micro-batches or a pipeline the first backward leaves them there while later forwards build
+    activations; with one micro-batch and no pipeline backward frees activations as it makes
+    gradients, so the two never add up."""
+    return pp > 1 or n_mb > 1
+
+
+def tied_table(graph: LayerGraph) -> int:
+    """Elements of the embedding table an LM head shares (0 when the head has its own weight)."""
+    for n in graph.nodes:
+        if n.kind == "linear" and n.tp == "vocab" and n.params == 0:
+            return int(n.dims.get("in", 0)) * int(n.dims.get("out", 0))
+    return 0
+
+
+def tied_sum_bytes(graph: LayerGraph, s: Strategy, w: Workload) -> float:
+    """Transient at the end of backward when the LM head shares the embedding's table on one rank
+    (no pipeline): autograd adds the embedding's gradient to the head's, holding the new gradient
+    and the sum beside the old one — two more copies of the rank's (TP-local, unreduced) table."""
+    return 0.0 if s.mesh.pp > 1 else 2.0 * tied_table(graph) / s.mesh.tp * state_bytes(w)[1]
+
+
 def _stage_memory(r: int, units: list[UnitCost], costs: list[list[UnitCost]], s: Strategy, w: Workload,
-                  n_mb: int, c) -> StageMemory:
+                  n_mb: int, c: CostConstants, tail: float = 0.0) -> StageMemory:
+    """Peak of one rank: the larger of two moments of the step.
+
+    * ``backward`` — its start, when the activations in flight are all saved: states (gradients
+      only if :func:`grads_held`) + activations + the largest gathered ZeRO-3 unit + the largest
+      rematerialised unit + DP buckets + the loss's transients;
+    * ``end of backward`` — every gradient made: states + the largest gathered unit + DP buckets +
+      ``tail`` (:func:`tied_sum_bytes`).
+    Between the two, backward trades activations for gradients unit by unit.
+    """
     p, v = s.mesh.pp, s.vpp
     blocks = [u.block for u in units if u.block is not None]
     acts = sum(u.activations for u in units) * in_flight(s.schedule, r, p, n_mb, v)
-    # transient: the largest of gathered ZeRO-3 pieces, a rematerialised unit, DP buckets
     gathered = max((u.gathered for u in units), default=0.0)
     remat = max((u.recompute_peak for u in units), default=0.0)
-    buffers = gathered + remat + (DP_BUCKET_BYTES if s.mesh.dp > 1 else 0.0)
-    if units and units[-1].name == "head":  # the loss's transients beside the fp32 softmax it keeps
-        buffers += units[-1].activations * w.loss_buffer
+    bucket = bucket_bytes(c, s.mesh.dp)
+    loss = units[-1].activations * w.loss_buffer if units and units[-1].name == "head" else 0.0
+    grads = sum(u.state_grads for u in units)
+    live = grads if grads_held(p, n_mb) else 0.0
+    run = live + acts + gathered + remat + bucket + loss
+    end = grads + gathered + bucket + tail
+    phase, live, acts, buffers = (("backward", live, acts, run - live - acts) if run >= end
+                                  else ("end of backward", grads, 0.0, end - grads))
     st = StageMemory(
         stage=r, first_block=min(blocks) if blocks else -1, last_block=max(blocks) if blocks else -1,
         units=[u.name for u in units],
-        params=sum(u.state_params for u in units), grads=sum(u.state_grads for u in units),
-        optimizer=sum(u.state_optim for u in units), activations=acts, buffers=buffers,
+        params=sum(u.state_params for u in units), grads=live,
+        optimizer=sum(u.state_optim for u in units), activations=acts, buffers=buffers, phase=phase,
         param_bytes=sum(u.param_bytes for u in units), grad_bytes=sum(u.grad_bytes for u in units),
         optim_bytes=sum(u.optim_bytes for u in units),
     )

@@ -37,7 +37,9 @@ class TimeBreakdown:
 
 @dataclass
 class StageMemory:
-    """Peak memory of one rank of a pipeline stage (bytes), with what it is made of."""
+    """Peak memory of one rank of a pipeline stage (bytes), with what it is made of at the moment
+    of the peak (``phase``: ``backward``, its start with every activation in flight saved, or
+    ``end of backward``, every gradient made); ``grads`` are the gradients live then."""
 
     stage: int
     first_block: int
@@ -49,6 +51,7 @@ class StageMemory:
     activations: float = 0.0
     buffers: float = 0.0
     overhead: float = 0.0
+    phase: str = "backward"
     # exact per-rank state bytes (what ``runtime`` measures): parameters, gradients, optimizer
     param_bytes: int = 0
     grad_bytes: int = 0

@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from costmodel.device import DeviceModel
-from costmodel.estimate import DP_BUCKET_BYTES, even_split
+from costmodel.estimate import even_split, tied_table
 from costmodel.pipeline import time_shared
 from costmodel.report import GIB
 from costmodel.strategy import LayerStrategy, Mesh, Strategy, Workload
-from costmodel.units import TP_SPLIT_ROLES
+from costmodel.units import TP_SPLIT_ROLES, state_bytes
 from costmodel.vectorized_units import (
     GridOption,
     MeshLike,
@@ -115,9 +115,11 @@ def price_grid(graph: LayerGraph, cluster: Cluster, w: Workload, configs: Sequen
     names = [name for name, _ in graph.blocks()]
     pre = index[0] if names and names[0] == "embedding" else None
     post = index[-1] if names and names[-1] == "head" else None
+    tied = 2.0 * tied_table(graph) * state_bytes(w)[1]  # the end of backward's tail, times tp
     for (p, v), rows in _groups(g).items():
         sl = np.array(rows)
-        _combine(sl, int(p), int(v), blocks, pre, post, ua, g, dev, net, w, out, n_mb, p2p_total)
+        _combine(sl, int(p), int(v), blocks, pre, post, ua, g, dev, net, w, out, n_mb, p2p_total,
+                 tied / g.tp[sl] if p == 1 else np.zeros(len(sl)))
     peak = dev.acc.peak_flops(w.precision) * cluster.world_size
     mfu_num = graph.train_flops * w.global_batch
     step = out["step"]
@@ -145,7 +147,8 @@ def _in_flight(sched: np.ndarray, r: int, p: int, m: F, v: int) -> F:
 
 def _combine(sl: np.ndarray, p: int, v: int, blocks: list[int], pre: int | None, post: int | None,
              ua: list[UnitArrays], g: _Cfg, dev: DeviceModel, net: _Net, w: Workload,
-             out: dict[str, F], n_mb: F, p2p_total: F) -> None:
+             out: dict[str, F], n_mb: F, p2p_total: F, tail: F) -> None:
+    """Step time and peak memory (both moments, as ``estimate._stage_memory``) of rows ``sl``."""
     c = dev.c
     K = len(ua)
     sizes = even_split(len(blocks), p * v)
@@ -202,16 +205,20 @@ def _combine(sl: np.ndarray, p: int, v: int, blocks: list[int], pre: int | None,
     step = step + c.step_overhead_s
     present = counts > 0
     mem = np.zeros_like(step)
-    states, acts = per_rank("states"), per_rank("activations")
+    states, acts, grads = per_rank("states"), per_rank("activations"), per_rank("grads")
+    unheld = (m <= 1)[:, None] if p == 1 else np.zeros((len(sl), 1), dtype=bool)  # not grads_held
+    bucket = np.where(dp > 1, c.dp_bucket_bytes, 0.0)[:, None]
     for u in range(len(sig)):
         r = int(first[u])
         ks = np.flatnonzero(present[u])
         gath = np.max(np.stack([ua[k].gathered[sl] for k in ks]), axis=0)
         remat = np.max(np.stack([ua[k].remat[sl] for k in ks]), axis=0)
-        buf = gath + remat + np.where(dp > 1, DP_BUCKET_BYTES, 0.0)[:, None]
+        buf = gath + remat + bucket
         if post is not None and counts[u, post] > 0:  # the head ends the last rank
             buf = buf + ua[post].activations[sl] * w.loss_buffer
-        tot = states[:, :, u] + acts[:, :, u] * _in_flight(g.sched[sl], r, p, m, v)[:, None] + buf
+        run = states[:, :, u] - np.where(unheld, grads[:, :, u], 0.0) + buf
+        run = run + acts[:, :, u] * _in_flight(g.sched[sl], r, p, m, v)[:, None]
+        tot = np.maximum(run, states[:, :, u] + gath + bucket + tail[:, None])  # the end of backward
         mem = np.maximum(mem, tot + (c.context_bytes + c.fragmentation * tot))
     held = (counts * mult[:, None]).sum(axis=0)
     hw = np.einsum("nok,k->no", np.stack([u.hw_flops[sl] for u in ua], axis=2), held)

@@ -182,7 +182,8 @@ class UnitArrays:
     window: F
     optim: F
     offload: F
-    states: F
+    states: F  # parameters, gradients and optimizer state
+    grads: F  # the gradients among the states
     activations: F
     gathered: F
     remat: F
@@ -321,13 +322,13 @@ def _unit(nodes: list[LayerNode], dev: DeviceModel, net: _Net, g: _Cfg, w: Workl
     cols = []
     for o in opts:
         a, rec, peak, hwf, comm = rc_cols[o.recompute]
-        st, dp_comm, step, opt_t, off_t, gath = dp.option(o)
+        st, dp_comm, step, opt_t, off_t, gath, grads = dp.option(o)
         win = bwd + (fwd if o.sharding in ("zero1", "zero2") else 0.0)
-        cols.append((fwd + bwd + rec + comm + dp_comm, step, opt_t, off_t, st, a, gath, peak, hwf, win))
-    arr = [np.stack([col[k] for col in cols], axis=1) for k in range(10)]
+        cols.append((fwd + bwd + rec + comm + dp_comm, step, opt_t, off_t, st, a, gath, peak, hwf, win, grads))
+    arr = [np.stack([col[k] for col in cols], axis=1) for k in range(11)]
     return UnitArrays(time=arr[0], fwd=np.repeat(fwd[:, None], len(opts), 1),
                       bwd_weight=np.repeat(bwd_w[:, None], len(opts), 1), step_comm=arr[1],
-                      window=arr[9], optim=arr[2], offload=arr[3], states=arr[4],
+                      window=arr[9], optim=arr[2], offload=arr[3], states=arr[4], grads=arr[10],
                       activations=arr[5], gathered=arr[6], remat=arr[7], hw_flops=arr[8], out_bytes=out_bytes)
 
 
@@ -345,7 +346,7 @@ class _DataParallel:
         for key in sorted(self.groups):
             shard = "zero3" if (o.large and key[0]) else o.sharding
             by.setdefault((shard, key[1]), []).append(key)
-        total = [np.zeros(len(self.fwd)) for _ in range(6)]
+        total = [np.zeros(len(self.fwd)) for _ in range(7)]
         for (shard, expert), keys in sorted(by.items()):
             part = self._part(tuple(keys), shard, o.offload, expert)
             for acc, val in zip(total, part, strict=True):
@@ -399,6 +400,6 @@ class _DataParallel:
         grads_on_gpu = np.where(on_host & (g_div > 1), 0.0, params * gb / g_div)  # sharded ones stream to host
         u_states = sp_ + grads_on_gpu + (0.0 if on_host else params * ob / o_div) + np.where(
             (sh == 3) & keep, full - params * pb / p_div, 0.0)
-        out = tuple(np.where(has, v, 0.0) for v in (u_states, u_comm, u_step, opt_t, off_t, u_gath))
+        out = tuple(np.where(has, v, 0.0) for v in (u_states, u_comm, u_step, opt_t, off_t, u_gath, grads_on_gpu))
         self.parts[ck] = out
         return out

@@ -133,7 +133,7 @@ def max_stage(tb: np.ndarray, te: np.ndarray, th: np.ndarray, hop: np.ndarray, p
 def sub_grid(gr: GridReport, rows: np.ndarray, more: GridReport | None = None) -> GridReport:
     """The grid's unit arrays of some rows only (what the bounds read), with the options of
     ``more`` (priced for exactly those rows) appended."""
-    fields = ("time", "optim", "offload", "states", "activations", "bwd_weight")
+    fields = ("time", "optim", "offload", "states", "grads", "activations", "bwd_weight")
 
     def pick(u: Any, k: int) -> dict[str, np.ndarray]:
         out = {f: getattr(u, f)[rows] for f in fields}
@@ -148,12 +148,15 @@ def sub_grid(gr: GridReport, rows: np.ndarray, more: GridReport | None = None) -
 def flat_lagrange(gr: GridReport, rows: MeshRows, dev: DeviceModel, head: int | None) -> np.ndarray:
     """Per row without a pipeline: max over λ >= 0 of Σ_units min_option (a + λ·mem) - λ·budget.
 
-    The memory constraint priced by λ (transients dropped, they only add memory); splitting
-    operators changes only the transients and adds time, so the grid's options bound it too."""
+    The memory constraint priced by λ is backward's start (transients dropped, they only add
+    memory; gradients only where micro-batches accumulate); splitting operators changes only the
+    transients and adds time, so the grid's options bound it too."""
     counts = np.bincount(np.array(gr.unit_index), minlength=len(gr.units))
     m = rows.m[:, None]
+    unheld = m <= 1  # one micro-batch: its gradients replace its activations
     parts = [(counts[k], m * u.time + u.optim + u.offload,
-              u.states + u.activations * (1 + rows.loss_buffer if k == head else 1.0)) for k, u in enumerate(gr.units)]
+              u.states - np.where(unheld, u.grads, 0.0) + u.activations * (1 + rows.loss_buffer if k == head else 1.0))
+             for k, u in enumerate(gr.units)]
     return _dual(parts, rows.budget, dev.c.step_overhead_s)
 
 

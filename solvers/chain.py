@@ -4,10 +4,13 @@ A chain of units (embedding, blocks, head) each picks one option. An option adds
 objective and ``mem`` to the memory, and has two *transient* sizes ``g`` and ``r`` of which only
 the largest over the chain counts (gathered ZeRO-3 parameters, rematerialised activations). The
 objective also has a clipped term ``max(0, Σ d)`` (gradient synchronisation not hidden under the
-last backward) and, optionally, transition costs between the options of adjacent units::
+last backward) and, optionally, transition costs between the options of adjacent units. Memory has
+a second moment when the problem has a ``tail`` (the end of backward: every gradient made, ``end``
+per option, activations gone)::
 
     minimise  const + Σ a + Σ trans[i][c_i, c_i+1] + max(0, Σ d)
     s.t.      Σ mem + max g + max r <= budget
+              Σ end + max g + tail  <= budget      (when tail is not None)
 
 For one data-parallel mesh (no pipeline) this is exactly :func:`costmodel.estimate.estimate`'s
 step time and peak memory (see :func:`mesh_problem`). Units with equal shapes share one option
@@ -25,7 +28,7 @@ import numpy as np
 
 from costmodel.constants import CostConstants
 from costmodel.device import DeviceModel
-from costmodel.estimate import DP_BUCKET_BYTES
+from costmodel.estimate import bucket_bytes, grads_held, tied_sum_bytes
 from costmodel.report import GIB
 from costmodel.strategy import LayerStrategy, Strategy, Workload
 from costmodel.units import UnitCost, mesh_groups, unit_cost
@@ -44,6 +47,7 @@ class Option:
     g: float = 0.0
     r: float = 0.0
     key: Any = None
+    end: float = 0.0  # memory at the end of backward (states with every gradient)
 
 
 @dataclass
@@ -54,6 +58,7 @@ class ChainProblem:
     const: float = 0.0
     transitions: list[np.ndarray] | None = None  # len(classes) - 1 matrices (options_i x options_i+1)
     names: list[str] = field(default_factory=list)
+    tail: float | None = None  # transient at the end of backward; None: no such constraint
 
     @property
     def units(self) -> int:
@@ -71,11 +76,9 @@ class ChainProblem:
 
     def memory(self, choice: Sequence[int]) -> float:
         opts = [self.unit_options(i)[c] for i, c in enumerate(choice)]
-        return (
-            sum(o.mem for o in opts)
-            + max((o.g for o in opts), default=0.0)
-            + max((o.r for o in opts), default=0.0)
-        )
+        g = max((o.g for o in opts), default=0.0)
+        run = sum(o.mem for o in opts) + g + max((o.r for o in opts), default=0.0)
+        return run if self.tail is None else max(run, sum(o.end for o in opts) + g + self.tail)
 
     def fits(self, choice: Sequence[int]) -> bool:
         return self.memory(choice) <= self.budget
@@ -103,7 +106,7 @@ class ChainSolution:
 def pareto(options: list[Option]) -> list[int]:
     """Indices of the options no other option beats or equals on every field (first of equals kept)."""
     keep: list[int] = []
-    vec = [(o.a, o.d, o.mem, o.g, o.r) for o in options]
+    vec = [(o.a, o.d, o.mem, o.g, o.r, o.end) for o in options]
     for i, v in enumerate(vec):
         dominated = False
         for j, u in enumerate(vec):
@@ -127,6 +130,7 @@ def reduced(prob: ChainProblem) -> tuple[ChainProblem, list[list[int]]]:
         prob.const,
         None,
         prob.names,
+        prob.tail,
     ), maps
 
 
@@ -173,7 +177,7 @@ def memory_budget(dev: DeviceModel, cfg: MeshConfig, limit_gib: float) -> float:
     """Bytes of states, activations and transients a rank may hold under ``limit_gib``."""
     c = dev.c
     budget = (limit_gib * GIB - c.context_bytes) / (1 + c.fragmentation)
-    budget -= DP_BUCKET_BYTES if cfg.dp > 1 else 0.0
+    budget -= bucket_bytes(c, cfg.dp)
     return budget * (1 - BUDGET_SAFETY)
 
 
@@ -198,20 +202,24 @@ def mesh_problem(
             if (key[3] > 1 or key[4]) and not splittable:
                 continue
             u = price_option(name, nodes, key, cfg, dev, w)
-            row.append(unit_option(u, m, c, key, head=w.loss_buffer if is_head else 0.0))
+            row.append(unit_option(u, m, c, key, head=w.loss_buffer if is_head else 0.0, held=grads_held(1, m)))
         options.append(row)
-    return ChainProblem(options, index, memory_budget(dev, cfg, limit_gib), c.step_overhead_s, None, names)
+    tail = tied_sum_bytes(graph, cfg.strategy(), w)
+    return ChainProblem(options, index, memory_budget(dev, cfg, limit_gib), c.step_overhead_s, None, names, tail)
 
 
 def unit_option(
-    u: UnitCost, m: float, c: CostConstants, key: Any, head: float = 0.0, in_flight: float = 1.0
+    u: UnitCost, m: float, c: CostConstants, key: Any, head: float = 0.0, in_flight: float = 1.0,
+    held: bool = True,
 ) -> Option:
-    """``head``: the loss's transient memory as a multiple of the unit's activations (the head only).
+    """``head``: the loss's transient memory as a multiple of the unit's activations (the head only);
+    ``held``: whether the gradients are live beside the activations (:func:`grads_held`).
 
     The step's exposed gradient sync ``κ·ΣS + (1-κ)·max(0, Σ(S - overlap·W))`` (``c.exposed`` of the
     summed sync S and window W, κ the communication interference) splits into an additive part and
     a ``max(0, Σd)`` part, which is how the chain prices it."""
-    mem = u.state_params + u.state_grads + u.state_optim + u.activations * (in_flight + head)
+    states = u.state_params + u.state_grads + u.state_optim
+    mem = states - (0.0 if held else u.state_grads) + u.activations * (in_flight + head)
     sync, k = sum(u.step_comm.values()), c.comm_interference
     return Option(
         a=m * u.time + u.optim_time + u.offload_time + k * sync,
@@ -220,6 +228,7 @@ def unit_option(
         g=u.gathered,
         r=u.recompute_peak,
         key=key,
+        end=states,
     )
 
 

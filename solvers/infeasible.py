@@ -20,7 +20,7 @@ from itertools import product
 import numpy as np
 
 from costmodel.device import DeviceModel
-from costmodel.estimate import UnitPricer, estimate, rank_blocks, stage_units
+from costmodel.estimate import UnitPricer, estimate, grads_held, rank_blocks, stage_units
 from costmodel.report import GIB, Report
 from costmodel.strategy import Strategy, Workload
 from costmodel.vectorized import price_grid
@@ -28,12 +28,16 @@ from profiler.errors import ShardplanError
 from profiler.graph import LayerGraph
 from profiler.hardware import Cluster
 from solvers.chain import ChainProblem, chain_strategy, large_ops, mesh_problem
+from solvers.osdp_ilp import least_memory
 from solvers.space import MeshConfig, SpaceOptions, grid_options, operator_options, pipeline_combos
 from solvers.stages import PipelineProblem, PipelineSolution, pipeline_strategy, unit_problems, with_problems
 
 
 def chain_min_memory(prob: ChainProblem) -> tuple[float, list[int]]:
-    """(least Σ mem + max g + max r, the choice) of a chain problem."""
+    """(least Σ mem + max g + max r, the choice) of a chain problem; with the end of backward's
+    constraint too (a ``tail``), the least of the larger of both, by :func:`least_memory`."""
+    if prob.tail is not None:
+        return least_memory(prob)
     opts = [o for row in prob.options for o in row]
     best: tuple[float, list[int]] = (np.inf, [])
     for G, R in product(sorted({0.0} | {o.g for o in opts}), sorted({0.0} | {o.r for o in opts})):
@@ -138,8 +142,10 @@ def min_memory(
     uopts = uniform + large  # per-operator ZeRO-3 may need less: bound it too
     gr = price_grid(graph, cluster, w, configs, uopts, device=dev, large_ops=large_ops)
     counts = np.bincount(np.array(gr.unit_index), minlength=len(gr.units))
-    low = sum(counts[k] * (u.states.min(axis=1) + u.activations.min(axis=1)) for k, u in enumerate(gr.units))
     pp_deg = np.array([cf.pp for cf in configs], dtype=float)
+    unheld = np.array([not grads_held(cf.pp, w.global_batch // (cf.dp * cf.micro_batch)) for cf in configs])[:, None]
+    low = sum(counts[k] * ((u.states - np.where(unheld, u.grads, 0.0)).min(axis=1) + u.activations.min(axis=1))
+              for k, u in enumerate(gr.units))
     lb = (c.context_bytes + (1 + c.fragmentation) * low / pp_deg) / GIB
     plain = np.where(np.array([not o.large for o in uopts])[None, :], gr.memory_peak_gib, np.inf)
     i0, j0 = np.unravel_index(int(np.argmin(plain)), plain.shape)

@@ -16,6 +16,12 @@ plan's objective recomputed exactly); the *relaxed* run rounds memory and d **do
 optimum is a lower bound on the true one. The gap between the two is the discretisation error
 actually incurred (``gap``); ``info`` also gives the a-priori bounds (units × grid step). For
 integer data on small grids the step is 1 and the DP is exact.
+
+The end-of-backward constraint (a problem with a ``tail``, see :mod:`solvers.chain`) is a second
+memory dimension. When no plan can make it bind (every option's ``end - mem`` summed at its worst,
+plus the tail, stays at or below zero) it is dropped and nothing changes. Otherwise the conservative
+run asks ``Σ max(mem, end) <= budget - G - max(R, tail)``, which implies both constraints, and the
+relaxed run drops it, which keeps its optimum a lower bound: the gap says what that cost.
 """
 
 from __future__ import annotations
@@ -56,18 +62,23 @@ class _DP:
             max(o.d for o in p.unit_options(i)) - min(o.d for o in p.unit_options(i)) for i in range(p.units)
         )
         self.delta = _grid([o.d for o in opts], span, d_buckets) if self.d_mode == "mixed" else 1.0
-        self.exact = self.mu == 1.0 and self.delta == 1.0
+        worst = sum(max(o.end - o.mem for o in p.unit_options(i)) for i in range(p.units))
+        self.two = p.tail is not None and worst + p.tail > 0  # the end of backward can bind
+        self.exact = self.mu == 1.0 and self.delta == 1.0 and not self.two
 
     def cap(
-        self, allowed: list[list[int]], budget: float, incumbent: float = INF
+        self, allowed: list[list[int]], G: float, R: float, incumbent: float = INF
     ) -> tuple[float, list[tuple[float, list[int]]]]:
-        """(lower bound, candidate plans with exact objectives) under one cap setting.
+        """(lower bound, candidate plans with exact objectives) under one cap setting: options with
+        ``g <= G`` and ``r <= R``.
 
         With a clipped term of both signs the two one-dimensional runs come first: a plan whose
         Σd <= 0 minimises Σa, or whose Σd >= 0 minimises Σ(a+d), is optimal for its grid, so the
         two-dimensional run is only needed when neither holds.
         """
         p = self.p
+        relaxed = p.budget - G - R
+        budgets = {False: relaxed, True: p.budget - G - max(R, p.tail or 0.0) if self.two else relaxed}
         lower, cands = -INF, []
         certified = {True: False, False: False}  # per rounding (up, down): no 2-D run needed
         roundings = (True,) if self.exact else (True, False)  # on an exact grid one run is both
@@ -85,7 +96,7 @@ class _DP:
 
         for mode in [self.d_mode] if self.d_mode != "mixed" else ["none", "fold"]:
             for up in roundings:
-                res = self.run(allowed, budget, mode, up)
+                res = self.run(allowed, budgets[up], mode, up)
                 if not take(res, up):
                     return INF, cands
                 if res is None:
@@ -96,13 +107,15 @@ class _DP:
             if lower >= incumbent:
                 return lower, cands
         for up in roundings:
-            if not certified[up] and not take(self.run(allowed, budget, "mixed", up), up):
+            if not certified[up] and not take(self.run(allowed, budgets[up], "mixed", up), up):
                 return INF, cands
         return lower, cands
 
     def run(self, allowed: list[list[int]], budget: float, mode: str, up: bool) -> Run:
         """(DP value, choice) of one cap setting; None when nothing fits."""
         p, mu, delta = self.p, (self.mu2 if mode == "mixed" else self.mu), self.delta
+        if budget < 0:
+            return None
         B = int(math.floor(budget / mu))
         units = []  # per unit: option indices, memory ints, d ints above the unit's least, values
         d_base = 0
@@ -110,7 +123,8 @@ class _DP:
             k = p.classes[i]
             idx = allowed[k]
             o = [p.options[k][j] for j in idx]
-            ms = [max(int(math.ceil(x.mem / mu)) if up else int(math.floor(x.mem / mu)), 0) for x in o]
+            mem = [max(x.mem, x.end) if up and self.two else x.mem for x in o]
+            ms = [max(int(math.ceil(x / mu)) if up else int(math.floor(x / mu)), 0) for x in mem]
             a = [x.a + (x.d if mode == "fold" else 0.0) for x in o]
             ds = [0] * len(o)
             if mode == "mixed":
@@ -235,7 +249,7 @@ def _grid_run(
             timed_out = True
             lower = min(lower, relax)
             continue
-        low, cands = dp.cap(allowed, red.budget - G - R, best[0] if best is not None else INF)
+        low, cands = dp.cap(allowed, G, R, best[0] if best is not None else INF)
         lower = min(lower, low)
         for obj, choice in cands:
             if best is None or obj < best[0] - 1e-15 * abs(obj):

@@ -5,7 +5,8 @@ units of each class take each option (``n[k,c]`` integer in ``0..N_k``) — exac
 80-layer model. With transition costs every unit gets one-hot binaries ``x[i,c]`` and every
 adjacent pair a flow ``f[i,c,c']`` (``Σ_c' f = x[i,c]``, ``Σ_c f = x[i+1,c']``), the standard
 linearisation of ``x[i,c]·x[i+1,c']``. The transient maxima become ``G >= g·y`` (``y`` says an
-option is used), the clipped term ``e >= Σ d·n, e >= 0``.
+option is used), the clipped term ``e >= Σ d·n, e >= 0``. A problem with a ``tail`` gets its second
+memory row, the end of backward: ``Σ end·n + G + tail <= budget``.
 """
 
 from __future__ import annotations
@@ -154,6 +155,7 @@ def solve_ilp(
     R = md.var() if any(o.r > 0 for o in all_opts) else None
     e = md.var(cost=1.0) if d_mixed else None
     mem_row: dict[int, float] = {}
+    end_row: dict[int, float] = {}  # the end of backward (when the problem has a tail)
     d_row: dict[int, float] = {}
     cols: list[list[int]] = []
     for units, k in groups:
@@ -164,6 +166,7 @@ def solve_ilp(
             v = md.var(cost=o.a + (o.d if d_fold else 0.0), hi=n, integer=True)
             row_cols.append(v)
             mem_row[v] = o.mem * scale
+            end_row[v] = o.end * scale
             if e is not None and o.d:
                 d_row[v] = o.d
             for cap, val in ((G, o.g), (R, o.r)):
@@ -179,6 +182,10 @@ def solve_ilp(
         if cap is not None:
             mem_row[cap] = 1.0
     md.row(mem_row, hi=budget * scale)
+    if red.tail is not None:
+        if G is not None:
+            end_row[G] = 1.0
+        md.row(end_row, hi=(budget - red.tail) * scale)
     if e is not None:
         md.row({**d_row, e: -1.0}, hi=0.0)
     if red.transitions is not None and not by_unit:
@@ -216,3 +223,45 @@ def solve_ilp(
         )
     st = status if status in ("optimal", "time_limit") else "feasible"
     return ChainSolution(choice, obj, min(bound, obj), st, dt, info)
+
+
+def least_memory(prob: ChainProblem) -> tuple[float, list[int]]:
+    """(least memory of any choice, that choice): :meth:`ChainProblem.memory` minimised exactly, both
+    moments (``M >= Σ mem + G + R``, ``M >= Σ end + G + tail``) in one program; inf when the
+    program has no solution."""
+    md = _Model()
+    ref = max((max(o.mem, o.end) for row in prob.options for o in row), default=1.0) or 1.0
+    scale = 1.0 / ref
+    M = md.var(cost=1.0)
+    G, R = md.var(), md.var()
+    run_row: dict[int, float] = {G: 1.0, R: 1.0, M: -1.0}
+    end_row: dict[int, float] = {G: 1.0, M: -1.0}
+    counts: dict[int, list[int]] = {}
+    for i, k in enumerate(prob.classes):
+        counts.setdefault(k, []).append(i)
+    cols: list[tuple[list[int], list[int]]] = []
+    for k, units in counts.items():
+        row_cols = []
+        for o in prob.options[k]:
+            v = md.var(hi=len(units), integer=True)
+            y = md.var(hi=1, integer=True)  # the option is used
+            md.row({v: 1.0, y: -float(len(units))}, hi=0.0)
+            md.row({y: o.g * scale, G: -1.0}, hi=0.0)
+            md.row({y: o.r * scale, R: -1.0}, hi=0.0)
+            run_row[v] = o.mem * scale
+            end_row[v] = o.end * scale
+            row_cols.append(v)
+        md.row(dict.fromkeys(row_cols, 1.0), lo=len(units), hi=len(units))
+        cols.append((units, row_cols))
+    md.row(run_row, hi=0.0)
+    if prob.tail is not None:
+        md.row(end_row, hi=-prob.tail * scale)
+    x = md.solve(0.0, None)[1]
+    if x is None:
+        return np.inf, []
+    choice = [0] * prob.units
+    for units, row_cols in cols:
+        slots = [c for c, v in enumerate(row_cols) for _ in range(int(round(x[v])))]
+        for i, c in zip(units, slots, strict=True):
+            choice[i] = c
+    return prob.memory(choice), choice

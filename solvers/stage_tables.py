@@ -19,7 +19,7 @@ import numpy as np
 
 from costmodel.constants import CostConstants
 from costmodel.device import DeviceModel
-from costmodel.estimate import DP_BUCKET_BYTES
+from costmodel.estimate import bucket_bytes
 from costmodel.pipeline import in_flight
 from costmodel.strategy import Workload
 from costmodel.units import UnitCost, mesh_groups
@@ -133,8 +133,8 @@ class PipelineProblem:
             k: [UnitView.of(price_option(reps[k][0], reps[k][1], (sharding, rc, offload, split, mixed), cfg, dev,
                                          w))
                 for rc in recomputes] for k in set(index)}
-        self.budget = memory_budget(dev, cfg, limit_gib) + (DP_BUCKET_BYTES if cfg.dp > 1 else 0.0)
-        self.bucket = DP_BUCKET_BYTES if cfg.dp > 1 else 0.0
+        self.bucket = bucket_bytes(dev.c, cfg.dp)
+        self.budget = memory_budget(dev, cfg, limit_gib) + self.bucket
         s = cfg.strategy()
         out = self.costs[self.block_cls[-1]][0].out_bytes
         send = dev.collective_time("send_recv", out, mesh_groups(dev, s).pp)

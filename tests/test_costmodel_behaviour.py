@@ -151,15 +151,17 @@ def test_fp32_training_doubles_activation_bytes_but_not_the_loss() -> None:
 def test_loss_and_gradient_buffers_follow_the_framework() -> None:
     """Eager cross-entropy holds two fp32 logit-sized gradients beside the kept softmax (2x its
     activations) where a fused kernel holds the bf16 logits (1/2x); fp32 gradient buffers hold
-    4 bytes per parameter where 16-bit ones hold 2."""
+    4 bytes per parameter where 16-bit ones hold 2. (Two micro-batches: the peak is where the loss
+    runs, gradients of the first beside the second's activations.)"""
     g, cl = load_model("llama3-8b", 4096), parse_cluster("8xh100")
     s = Strategy(mesh=Mesh(dp_shard=8), default=LayerStrategy(sharding="zero1"))
 
     def stage(**kw: str):  # type: ignore[no-untyped-def]
-        return estimate(g, cl, s, Workload(seq_len=4096, global_batch=8, **kw)).stages[0]  # type: ignore[arg-type]
+        return estimate(g, cl, s, Workload(seq_len=4096, global_batch=16, **kw)).stages[0]  # type: ignore[arg-type]
 
     eager, fused = stage(), stage(cross_entropy="fused")
-    price = UnitPricer(DeviceModel(cl), s, Workload(seq_len=4096, global_batch=8))
+    assert eager.phase == fused.phase == "backward"
+    price = UnitPricer(DeviceModel(cl), s, Workload(seq_len=4096, global_batch=16))
     head = price("head", dict(g.blocks())["head"]).activations
     assert eager.buffers - fused.buffers == pytest.approx(1.5 * head, rel=1e-12)
     assert head == pytest.approx(4 * 4096 * g.config["vocab"], rel=0.05)  # mostly the fp32 softmax

@@ -105,6 +105,33 @@ def test_memory_peak_is_the_worst_stage_and_1f1b_holds_fewer_microbatches_than_g
     assert acts[0] > acts[-1]  # the first stage keeps p micro-batches in flight, the last one
 
 
+@pytest.mark.parametrize("seq,batch,phase", [
+    (1024, 4, "backward"),  # one micro-batch per rank: gradients replace activations
+    (1024, 8, "backward"),  # two: the first one's gradients beside the second's activations
+    (128, 4, "end of backward"),  # few activations: every gradient plus the tied sum is the peak
+])
+def test_memory_peak_is_the_larger_of_two_moments(seq: int, batch: int, phase: str) -> None:
+    """Backward's start (activations saved; gradients too only when micro-batches accumulate) or
+    its end (every gradient, the tied head's gradient summed into the embedding's): exactly."""
+    g = load_model("gpt2", seq)  # a head tied to the embedding
+    cl = parse_cluster("4xh100")
+    w = Workload(seq_len=seq, global_batch=batch)
+    s = Strategy(mesh=Mesh(dp_shard=4), micro_batch=1, default=LayerStrategy(sharding="replicate"))
+    dev = DeviceModel(cl)
+    price = UnitPricer(dev, s, w)
+    units = [price(n, nodes) for n, nodes in g.blocks()]
+    params, grads, optim = (sum(getattr(u, f) for u in units) for f in ("state_params", "state_grads", "state_optim"))
+    acts = sum(u.activations for u in units)
+    bucket = dev.c.dp_bucket_bytes
+    run = params + optim + (grads if batch // 4 > 1 else 0.0) + acts + bucket + units[-1].activations * w.loss_buffer
+    tied = g.config["vocab"] * g.config["hidden"]
+    end = params + optim + grads + bucket + 2 * tied * 4  # fp32 gradients
+    st = estimate(g, cl, s, w).stages[0]
+    assert st.total - st.overhead == pytest.approx(max(run, end), rel=1e-12)
+    assert st.phase == phase == ("backward" if run >= end else "end of backward")
+    assert st.grad_bytes == pytest.approx(grads, rel=1e-6)  # the state is reported whole either way
+
+
 @pytest.mark.parametrize("model,kwargs,message", [
     ("llama2-13b", {"mesh": Mesh(tp=3, dp_shard=1)}, "does not match the cluster's 8 GPUs"),
     ("gpt2", {"mesh": Mesh(tp=8)}, "tp=8 does not divide the 12 attention heads"),
