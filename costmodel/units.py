@@ -334,7 +334,8 @@ def _data_parallel(
     """Model states, ZeRO/FSDP collectives and the optimizer step of one group of parameters.
 
     Under ZeRO-3 the group is gathered in ``sg.pieces`` (more than one when OSDP splits
-    operators), the current and the prefetched piece alive at once.
+    operators), the current and the prefetched piece alive at once; in backward a piece's
+    unsharded gradient, the input of its reduce-scatter, is alive beside them.
     """
     c = dev.c
     pb, gb, ob = state_bytes(w)
@@ -368,8 +369,10 @@ def _data_parallel(
         rs = k * dev.collective_time("reduce_scatter", grads / k, grp)
         per_mb = ag * (1 if shard == "zero3_keep" else 2) + rs
         dp += c.exposed(per_mb, c.fsdp_overlap * (u.fwd + u.bwd))
+        piece = min(sg.biggest_piece, params) if k > 1 else params
+        u.gathered += gb * piece  # in backward: the piece's unsharded gradient, input of its reduce-scatter
         if shard == "zero3":  # current and prefetched piece
-            u.gathered += 2 * pb * min(sg.biggest_piece, params) if k > 1 else 2 * full
+            u.gathered += 2 * pb * piece
         else:  # stays gathered between forward and backward
             u.state_params += full - params * pb / p_div
     elif shard == "zero2":

@@ -396,7 +396,7 @@ class _DataParallel:
         u_step = np.select([sh == 2, sh == 1, sh == 0], [ag, rs + ag, grp["ar"]], 0.0)
         repl = np.where(sh > 0, grp["repl_sharded"], grp["repl_full"])
         u_step = u_step + np.where(grp["repl_n"] > 1, repl, 0.0)
-        u_gath = np.where((sh == 3) & (not keep), 2 * full, 0.0)
+        u_gath = np.where(sh == 3, (0.0 if keep else 2 * full) + params * gb, 0.0)  # + the unsharded gradient
         grads_on_gpu = np.where(on_host & (g_div > 1), 0.0, params * gb / g_div)  # sharded ones stream to host
         u_states = sp_ + grads_on_gpu + (0.0 if on_host else params * ob / o_div) + np.where(
             (sh == 3) & keep, full - params * pb / p_div, 0.0)

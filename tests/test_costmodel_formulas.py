@@ -36,6 +36,16 @@ def test_zero_paper_model_state_grid(sharding: str, gb: float) -> None:
     assert fp32.grad_bytes == 2 * st.grad_bytes and fp32.param_bytes == st.param_bytes
 
 
+@pytest.mark.parametrize("sharding,gathered", [("zero3", 2 * 2 + 4), ("zero3_keep", 4), ("zero2", 0)])
+def test_zero3_transient_is_two_gathered_copies_and_the_unsharded_gradient(sharding: str, gathered: int) -> None:
+    """Per parameter of the unit: the running and the prefetched bf16 copy (not under zero3_keep,
+    whose copy is a state) and, in backward, its fp32 unsharded gradient before the reduce-scatter."""
+    g = _one_layer_graph(1_000_000)
+    s = Strategy(mesh=Mesh(dp_shard=8), default=LayerStrategy(sharding=sharding))
+    price = UnitPricer(DeviceModel(parse_cluster("8xh100")), s, Workload(seq_len=1, global_batch=8))
+    assert price("layers.0", g.nodes).gathered == gathered * 1_000_000
+
+
 def _gpt_block_acts(tp: int, sp: bool, recompute: str, seq: int = 2048, b: int = 4) -> tuple[float, dict]:
     cfg = TransformerConfig(name="gpt-k", layers=4, hidden=1024, heads=16, vocab=51200, max_seq=seq,
                             bias=True, dropout=0.1, attention_impl="eager")

@@ -17,7 +17,7 @@ from runtime.adapters import adapt
 from runtime.apply import check_plan, model_problem
 from runtime.memory import state_bytes, tensor_bytes
 from runtime.model import TINY_MODELS, Transformer, build, count_params, lm_loss, resolve_config, spec_for
-from runtime.pipeline import stage_layer_counts, stage_module
+from runtime.pipeline import release_unheld, stage_layer_counts, stage_module
 from runtime.plans import hand_plan
 from runtime.splitting import SplitEmbedding, SplitLinear, split_module
 from runtime.units import graph_name, resolve
@@ -131,6 +131,27 @@ def test_pipeline_stages_compose_to_the_model() -> None:
         assert first.head is None and last.embed is None
         assert (last.head is m.head) == (not cfg.tied_embeddings)  # tied: the last stage holds a copy
         torch.testing.assert_close(last(first(x)), ref)
+
+
+@pytest.mark.parametrize("cfg", [GPT_LIKE, LLAMA_LIKE], ids=lambda c: c.name)
+@pytest.mark.parametrize("stage", [0, 1])
+def test_a_pipeline_rank_frees_the_stages_it_does_not_hold(cfg: TransformerConfig, stage: int) -> None:
+    """After the cut, the model's other parts move to the meta device: the rank's tensor memory is
+    its own stage's, and the stage still computes what it did (a tied table stays where it is held)."""
+    torch.manual_seed(0)
+    m = Transformer(cfg)
+    counts = [1, cfg.layers - 1]
+    mod = stage_module(m, stage, counts)
+    held = {id(p) for p in mod.parameters()}
+    x = _tokens(cfg.vocab) if stage == 0 else torch.randn(2, 16, cfg.hidden)
+    before = mod(x).detach()
+    release_unheld(m, [mod])
+    assert all(p.device.type == "meta" for p in m.parameters() if id(p) not in held)
+    assert all(p.device.type == "cpu" for p in mod.parameters())
+    assert any(p.device.type == "meta" for p in m.parameters())
+    assert tensor_bytes(p for p in m.parameters() if p.device.type != "meta") == tensor_bytes(
+        p for p in mod.parameters() if any(p is q for q in m.parameters()))
+    torch.testing.assert_close(mod(x), before)
 
 
 def test_strategy_resolution_most_specific_wins() -> None:
