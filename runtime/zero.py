@@ -20,7 +20,8 @@ stage      plan value          what happens
 N is the ``dp_shard`` degree; with ``dp_replicate > 1`` the slices are additionally all-reduced
 over ``dp_replicate`` (HSDP-style). Tensor-parallel parameters (DTensors) are handled through
 their local shards. Slices are views into the parameter, so no second copy of the weights exists
-in fp32 training. Collectives are blocking and unbucketed: correct, not fast.
+in fp32 training. Collectives are blocking, after backward; gradients under ``COALESCE_BYTES`` are
+reduced together in small flat buffers, larger ones in place.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 STAGES = {"replicate": 0, "zero1": 1, "zero2": 2}
+COALESCE_BYTES = 1024**2  # gradients below this size are all-reduced together, in flat buffers up to it
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
@@ -119,21 +121,54 @@ class ReplicatedParams:
                 dist.all_reduce(t, group=g)
 
     def reduce_grads(self) -> None:
-        """Average gradients over data parallelism (call after backward, before the step)."""
-        for s in self.slots:
-            if self.stage == 2:
+        """Average gradients over data parallelism (call after backward, before the step).
+
+        Gradients of at least :data:`COALESCE_BYTES` are all-reduced in place, one collective each;
+        smaller ones (biases, norms) are coalesced into flat buffers of at most that size, so a
+        model's many small tensors cost a few collectives' latency, not one each."""
+        if self.stage == 2:
+            for s in self.slots:
                 if s.shard.grad is None:  # unused parameter: no hook fired
                     s.shard.grad = torch.zeros_like(s.shard)
-                self._all_reduce(s.shard.grad, [self.replicate_group])
-                s.shard.grad.div_(self.dp_size)
-                continue
+            self._average([s.shard.grad for s in self.slots], [self.replicate_group])
+            return
+        grads = []
+        for s in self.slots:
             if s.param.grad is None:
                 s.param.grad = torch.zeros_like(s.param)
-            g = local(s.param.grad)
-            self._all_reduce(g, [self.shard_group, self.replicate_group])
-            g.div_(self.dp_size)
-            if self.stage == 1:
+            grads.append(local(s.param.grad))
+        self._average(grads, [self.shard_group, self.replicate_group])
+        if self.stage == 1:
+            for s, g in zip(self.slots, grads, strict=True):
                 s.shard.grad = g.view(-1)[s.lo : s.hi]
+
+    def _average(self, grads: list[torch.Tensor], groups: list[dist.ProcessGroup | None]) -> None:
+        """All-reduce ``grads`` in place over ``groups`` and divide by the data-parallel size."""
+        small: list[torch.Tensor] = []
+        for g in grads if any(x is not None for x in groups) else []:
+            if g.numel() * g.element_size() >= COALESCE_BYTES or not g.is_contiguous():
+                self._all_reduce(g, groups)
+            else:
+                if small and (sum(x.numel() for x in small) + g.numel()) * g.element_size() > COALESCE_BYTES or (
+                        small and (small[0].dtype, small[0].device) != (g.dtype, g.device)):
+                    self._all_reduce_flat(small, groups)
+                    small = []
+                small.append(g)
+        if small:
+            self._all_reduce_flat(small, groups)
+        for g in grads:
+            g.div_(self.dp_size)
+
+    def _all_reduce_flat(self, ts: list[torch.Tensor], groups: list[dist.ProcessGroup | None]) -> None:
+        if len(ts) == 1:
+            self._all_reduce(ts[0], groups)
+            return
+        flat = torch.cat([t.reshape(-1) for t in ts])
+        self._all_reduce(flat, groups)
+        offset = 0
+        for t in ts:
+            t.copy_(flat[offset : offset + t.numel()].view_as(t))
+            offset += t.numel()
 
     # ---- parameters --------------------------------------------------------------------------
     def optimizer_params(self) -> list[nn.Parameter]:
