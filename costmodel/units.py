@@ -358,7 +358,7 @@ def _data_parallel(
         u.offload_time += dev.host_time(local_opt * (GRAD_REDUCE_BYTES + GATHER_BYTES)) * (1 - c.dp_overlap)
         u.optim_time += local_opt * 16 / 4e9  # host Adam at ~4 GB/s of state per GPU
     else:
-        u.optim_time += dev.memory_time(local_opt * 36)
+        u.optim_time += dev.memory_time(local_opt * 36, "optimizer")
     full = params * pb  # gathered in the compute dtype
     grads = params * GRAD_REDUCE_BYTES
     dp = u.comm.get("dp", 0.0)

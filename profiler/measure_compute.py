@@ -276,6 +276,8 @@ def bw_grid(quick: bool, kind: str) -> list[BwCase]:
     for v in vocab:
         for t in ce_tokens:
             cases.append(("cross_entropy", "cross_entropy", (t, v)))
+    for n in ([1 << 26, 1 << 28] if kind == "gpu" else [1 << 22, 1 << 24]):  # parameters one rank steps
+        cases.append(("optimizer", "adamw", (n,)))
     return cases
 
 
@@ -349,8 +351,45 @@ def _bw_case(op: str, variant: str, shape: tuple[int, ...], dtype: torch.dtype,
     raise ShardplanError(f"unknown bandwidth op '{op}'")
 
 
+#: bytes per parameter the cost model counts for an Adam step (``costmodel.units``)
+ADAM_BYTES_PER_PARAM = 36
+
+
+def measure_optimizer(n: int, device: torch.device, clock: Clock, timing: Timing) -> BwPoint:
+    """One AdamW step over ``n`` fp32 parameters (the master weights), as the runtime steps them:
+    fused where PyTorch has the kernel (CPU and CUDA), else for-each. ``bytes`` is
+    :data:`ADAM_BYTES_PER_PARAM` per parameter, the traffic the cost model prices the step by, so
+    ``bytes_per_s`` converts its bytes into this step's seconds."""
+    p = torch.nn.Parameter(torch.randn(n, device=device))
+    p.grad = torch.randn(n, device=device) * 1e-3
+    try:
+        opt = torch.optim.AdamW([p], lr=1e-4, weight_decay=0.0, fused=True)
+        opt.step()
+    except RuntimeError:
+        opt = torch.optim.AdamW([p], lr=1e-4, weight_decay=0.0, foreach=True)
+
+    def once() -> tuple[Any, Any]:
+        m0 = clock.mark()
+        opt.step()
+        return m0, clock.mark()
+
+    est = 0.0
+    for _ in range(max(1, timing.warmup)):
+        a, b = once()
+        clock.sync()
+        est = clock.elapsed(a, b)
+    reps = int(min(timing.max_reps, max(timing.min_reps, math.ceil(timing.target_s / max(est, 1e-9)))))
+    runs = [once() for _ in range(reps)]
+    clock.sync()
+    ts = [clock.elapsed(a, b) for a, b in runs]
+    sec, nbytes = statistics.median(ts), float(ADAM_BYTES_PER_PARAM * n)
+    return BwPoint(bytes=nbytes, seconds=sec, bytes_per_s=nbytes / sec, variant="adamw", shape=[n], spread=spread(ts))
+
+
 def measure_bw(op: str, variant: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
                clock: Clock, timing: Timing) -> BwPoint:
+    if op == "optimizer":
+        return measure_optimizer(shape[0], device, clock, timing)
     fwd, leaves, nbytes = _bw_case(op, variant, shape, dtype, device)
     fw, bw, sp = time_fwd_bwd(fwd, leaves, clock, timing)
     return BwPoint(bytes=nbytes, seconds=fw, bytes_per_s=nbytes / fw, bwd_s=bw, variant=variant,

@@ -41,6 +41,10 @@ _COMM_ALIASES = {"allreduce": "all_reduce", "allgather": "all_gather", "reducesc
                  "recv": "send_recv", "sendrecv": "send_recv"}
 
 
+#: bandwidth entries that are not a tensor op with a backward (the optimizer step)
+NOT_TENSOR_OPS = ("optimizer",)
+
+
 class ProfileError(ShardplanError):
     """A profile document that cannot be read, does not validate, or does not fit the request."""
 
@@ -216,13 +220,16 @@ class Profile(_Doc):
         if key in per_op:
             sel = [p for p in bw[key] if p.variant == variant] if variant else []
             return _large_bw(sel) if sel else per_op[key]
-        return statistics.median(per_op.values())
+        tensor_ops = [v for k, v in per_op.items() if k not in NOT_TENSOR_OPS]
+        if key == "optimizer" and "elementwise" in per_op:  # older profiles: the step streams like an add
+            return per_op["elementwise"]
+        return statistics.median(tensor_ops or per_op.values())
 
     def bwd_fwd_ratio(self, op: str) -> float:
         """Backward over forward time of a bandwidth-bound op at large sizes (2.0 if unmeasured)."""
         bw = self._compute("bandwidth").bandwidth
         key = _BW_ALIASES.get(op, op)
-        pts = bw.get(key) or [p for v in bw.values() for p in v]
+        pts = bw.get(key) or [p for k, v in bw.items() if k not in NOT_TENSOR_OPS for p in v]
         if op != key:
             pts = [p for p in pts if p.variant == op] or pts
         ratios = [p.bwd_s / p.seconds for p in _upper_half(pts) if p.bwd_s]

@@ -43,6 +43,25 @@ def test_tiny_sweep_makes_a_valid_profile() -> None:
     assert prof.gemm_flops_per_s(1e5) > 0 and prof.attention_flops_per_s(1e5) > 0 and prof.bytes_per_s("norm") > 0
 
 
+def test_optimizer_step_is_measured_and_prices_the_cost_models_adam_bytes() -> None:
+    """The AdamW step is timed over fp32 master weights; its bandwidth converts the cost model's
+    36 bytes per parameter into that step's seconds; a profile without it prices the step by the
+    elementwise add, as before, and the step never stands in for a tensor op."""
+    def prof(cases: list) -> Profile:
+        info, comp = profile_compute("cpu", "fp32", gemm_shapes=[(32, 48, 16)], attn_shapes=[], bw_cases=cases,
+                                     timing=TINY, progress=False)
+        return Profile(device=info, compute=comp)
+
+    add = ("elementwise", "add", (16, 32))
+    old, new = prof([add]), prof([add, ("optimizer", "adamw", (1 << 16,))])
+    pt = new.compute.bandwidth["optimizer"][0]  # type: ignore[union-attr]
+    assert pt.variant == "adamw" and pt.bytes == 36 * (1 << 16) and pt.bytes_per_s == pytest.approx(pt.bytes / pt.seconds)
+    assert new.bytes_per_s("optimizer") == pt.bytes_per_s
+    assert old.bytes_per_s("optimizer") == old.bytes_per_s("elementwise")
+    assert new.bytes_per_s("norm") == new.bytes_per_s("elementwise")  # unmeasured: the tensor ops' median
+    assert new.bwd_fwd_ratio("norm") == new.bwd_fwd_ratio("elementwise")
+
+
 def test_default_grids_hold_tp_shrunk_shapes() -> None:
     for quick in (True, False):
         for kind in ("cpu", "gpu"):
@@ -52,7 +71,7 @@ def test_default_grids_hold_tp_shrunk_shapes() -> None:
             assert len({(m, n, k) for m, n, k, _ in g}) == len(g)
             assert {c for *_, c in attn_grid(quick, kind)} == {False, True}
             assert {op for op, *_ in bw_grid(quick, kind)} == {"norm", "softmax", "activation", "elementwise",
-                                                               "embedding", "cross_entropy"}
+                                                               "embedding", "cross_entropy", "optimizer"}
     shapes = {(m, n, k) for m, n, k, _ in gemm_grid(True, "cpu")}
     assert (512, 1024, 4096 // 8) in shapes  # mlp.down is row-parallel: TP 8 shrinks k
     assert (512, 4096 // 8, 1024) in shapes  # mlp.up is column-parallel: TP 8 shrinks n
