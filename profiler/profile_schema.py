@@ -32,7 +32,7 @@ from profiler.errors import ShardplanError, describe_validation_error
 SCHEMA_VERSION = "1.0"
 SCHEMA_PATH = Path(__file__).parent / "profile.schema.json"
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
-BW_OPS = ("norm", "softmax", "activation", "elementwise", "embedding", "cross_entropy")
+BW_OPS = ("norm", "softmax", "activation", "elementwise", "embedding", "cross_entropy", "optimizer")
 #: Other names the cost model may ask by (layer-graph kinds, common spellings).
 _BW_ALIASES = {"loss": "cross_entropy", "dropout": "elementwise", "layernorm": "norm", "rmsnorm": "norm",
                "add": "elementwise", "gelu": "activation", "silu": "activation", "swiglu": "activation"}
@@ -119,7 +119,7 @@ class ComputeProfile(_Doc):
     dtype: str = Field(..., description="bf16, fp16 or fp32")
     gemm: list[GemmPoint] = Field(default_factory=list)
     attention: list[AttnPoint] = Field(default_factory=list)
-    bandwidth: dict[Literal["norm", "softmax", "activation", "elementwise", "embedding", "cross_entropy"],
+    bandwidth: dict[Literal["norm", "softmax", "activation", "elementwise", "embedding", "cross_entropy", "optimizer"],
                     list[BwPoint]] = Field(default_factory=dict)
     wall_s: float = Field(0.0, ge=0, description="time the sweep took")
     skipped: int = Field(0, ge=0, description="grid points left out to keep the time limit (busy host)")

@@ -7,7 +7,7 @@ plan value        PyTorch                                                       
 ================  ============================================================  ===========================
 ``replicate``     :class:`runtime.zero.ReplicatedParams` stage 0: gradient      params, grads, optimizer
                   all-reduce over R·N before the step (what DDP does, without   state whole
-                  bucketing/overlap)
+                  overlap; gradients under 1 MiB coalesced)
 ``zero1``         ``ReplicatedParams`` stage 1: DDP gradients; optimizer steps  params, grads whole;
                   a 1/N flat slice of each parameter; slices all-gathered       optimizer state 1/N
 ``zero2``         ``ReplicatedParams`` stage 2: gradients reduce-scattered in   params whole; grads and

@@ -57,6 +57,7 @@ def test_optimizer_step_is_measured_and_prices_the_cost_models_adam_bytes() -> N
     pt = new.compute.bandwidth["optimizer"][0]  # type: ignore[union-attr]
     assert pt.variant == "adamw" and pt.bytes == 36 * (1 << 16) and pt.bytes_per_s == pytest.approx(pt.bytes / pt.seconds)
     assert new.bytes_per_s("optimizer") == pt.bytes_per_s
+    assert parse_profile(new.to_json()) == new  # the document validates with the step in it
     assert old.bytes_per_s("optimizer") == old.bytes_per_s("elementwise")
     assert new.bytes_per_s("norm") == new.bytes_per_s("elementwise")  # unmeasured: the tensor ops' median
     assert new.bwd_fwd_ratio("norm") == new.bwd_fwd_ratio("elementwise")
