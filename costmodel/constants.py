@@ -51,8 +51,8 @@ class CostConstants:
         moe_imbalance: slowest expert rank's tokens over the mean.
         context_bytes: per-GPU memory that is not tensors (CUDA context, NCCL buffers).
         dp_bucket_bytes: gradient buckets in flight while data parallelism reduces gradients
-            (PyTorch DDP and Megatron: two 25 MiB buckets); 0 for a trainer that reduces each
-            gradient in place, as shardplan's own runtime does.
+            (PyTorch DDP and Megatron: two 25 MiB buckets); shardplan's own runtime reduces
+            gradients in place and only coalesces small ones (1 MiB, its CPU accelerator file).
         fragmentation: allocator slack as a fraction of the peak tensor memory.
         step_overhead_s: per-step fixed cost (data loading, logging, launch).
     """
