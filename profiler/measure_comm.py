@@ -97,7 +97,9 @@ def _numel(nbytes: int, world: int) -> int:
 
 
 def _time_collective(coll: str, nbytes: int, world: int, rank: int, group: Any, device: Any,
-                     reps: int, warmup: int) -> list[float]:
+                     reps: int, warmup: int, base: int = 0) -> list[float]:
+    """Seconds of each repeat of ``coll`` in ``group`` (``rank``: this process's rank in it; the
+    group is global ranks ``base .. base + world - 1``), each as long as its slowest rank."""
     import torch
     import torch.distributed as dist
 
@@ -114,13 +116,13 @@ def _time_collective(coll: str, nbytes: int, world: int, rank: int, group: Any, 
         "all_to_all": lambda: dist.all_to_all_single(out, big, group=group),
     }
 
-    def ping_pong() -> None:
+    def ping_pong() -> None:  # peers by global rank
         if rank == 0:
-            dist.send(big, 1, group=group)
-            dist.recv(big, 1, group=group)
+            dist.send(big, base + 1, group=group)
+            dist.recv(big, base + 1, group=group)
         else:
-            dist.recv(big, 0, group=group)
-            dist.send(big, 0, group=group)
+            dist.recv(big, base, group=group)
+            dist.send(big, base, group=group)
 
     op = ping_pong if coll == "send_recv" else ops[coll]
     cuda = device.type == "cuda"
@@ -168,8 +170,12 @@ def _worker(rank: int, world: int, port: int, cfg: dict[str, Any], q: Any) -> No
                                 device_id=device if backend == "nccl" else None)
         results: list[dict[str, Any]] = []
         for w in cfg["groups"]:
-            group = dist.new_group(list(range(w)))
-            if rank < w:
+            # groups smaller than the launch run side by side, every rank busy, as the TP (or
+            # pipeline) groups of a node communicate at once in training; rank 0's group reports
+            groups = [dist.new_group(list(range(s, s + w))) for s in range(0, world - w + 1, w)]
+            mine = rank // w if rank < len(groups) * w else None
+            if mine is not None:
+                group, base = groups[mine], mine * w
                 for coll in cfg["collectives"]:
                     if coll == "send_recv" and w != 2:
                         continue
@@ -179,8 +185,8 @@ def _worker(rank: int, world: int, port: int, cfg: dict[str, Any], q: Any) -> No
                             os._exit(7)  # fault injection for the tests
                         if rank == 0:
                             q.put(("start", where))
-                        ts = _time_collective(coll, nbytes, w, rank, group, device,
-                                              _reps(nbytes, cfg["quick"]), 1 if cfg["quick"] else 2)
+                        ts = _time_collective(coll, nbytes, w, rank - base, group, device,
+                                              _reps(nbytes, cfg["quick"]), 1 if cfg["quick"] else 2, base)
                         if rank == 0:
                             results.append({"collective": coll, "world": w, "bytes": nbytes, "times": ts})
                             q.put(("done_point", where))
