@@ -21,7 +21,6 @@ if TYPE_CHECKING:
     from profiler.profile_schema import Profile
 
 
-
 def bucket_bytes(c: CostConstants, dp: int) -> float:
     """Gradient buckets in flight on a rank with ``dp`` data-parallel replicas (see ``dp_bucket_bytes``)."""
     return c.dp_bucket_bytes if dp > 1 else 0.0
