@@ -127,8 +127,8 @@ class DeviceModel:
         if kind not in COLLECTIVE_FACTORS:
             raise ShardplanError(f"unknown collective '{kind}'")
         if self.profile is not None and self.profile.comm:
-            alpha, beta = self.profile.comm_alpha_beta(kind, n)
-            return alpha + beta * nbytes
+            fit = self.profile.comm_fit(kind, n)
+            return fit.alpha_s + fit.beta_s_per_byte * nbytes + fit.wait_s
         factor = COLLECTIVE_FACTORS[kind](n)
         up, out = self.acc.scale_up, self.acc.scale_out
         eff = self.acc.busbw_efficiency

@@ -144,6 +144,44 @@ def _time_collective(coll: str, nbytes: int, world: int, rank: int, group: Any, 
     return tt.cpu().tolist()
 
 
+LOAD_MATMULS = 8  # 256^3 matmuls between two collectives in the under-load loop (~3 ms on one core)
+LOAD_BYTES = 64 * 1024  # the all-reduce the under-load loop issues
+
+
+def _wait_under_load(rank: int, world: int, iters: int) -> float:
+    """Seconds a collective adds to a rank's loop beyond its own time when every rank computes
+    between collectives, as in training: pairs of ranks side by side alternate matmuls with a
+    64 KiB all-reduce (no barrier before it, so a partner descheduled by a time-shared core is
+    waited for); the loop's extra time per collective, less the same all-reduce timed after a
+    barrier. Ranks outside a full pair only compute."""
+    import torch
+    import torch.distributed as dist
+
+    groups = [dist.new_group([s, s + 1]) for s in range(0, world - 1, 2)]
+    g = groups[rank // 2] if rank < 2 * len(groups) else None
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+    x = torch.ones(LOAD_BYTES // 4)
+
+    def loop(comm: bool) -> float:
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            for _ in range(LOAD_MATMULS):
+                a @ b
+            if comm and g is not None:
+                dist.all_reduce(x, group=g)
+        return time.perf_counter() - t0
+
+    loop(True)  # warm-up
+    plain, loaded = loop(False), loop(True)
+    synced = _time_collective("all_reduce", LOAD_BYTES, 2, rank % 2, g, torch.device("cpu"), 10, 2) \
+        if g is not None else [0.0]
+    extra = torch.tensor([max(0.0, (loaded - plain) / iters - statistics.median(synced)) if g is not None else 0.0],
+                         dtype=torch.float64)
+    dist.all_reduce(extra, op=dist.ReduceOp.MAX)
+    return float(extra)
+
+
 def _worker(rank: int, world: int, port: int, cfg: dict[str, Any], q: Any) -> None:
     threading.Thread(target=_watch_parent, args=(cfg["ppid"],), daemon=True).start()
     warnings.filterwarnings("ignore")
@@ -192,6 +230,11 @@ def _worker(rank: int, world: int, port: int, cfg: dict[str, Any], q: Any) -> No
                             q.put(("done_point", where))
             where = f"the barrier after world {w}"
             dist.barrier()
+        if backend == "gloo" and world >= 2:  # CPU ranks time-share cores: measure the wait
+            where = "collectives under load"
+            wait = _wait_under_load(rank, world, 20 if cfg["quick"] else 50)
+            if rank == 0:
+                results.append({"collective": "_wait", "world": 2, "bytes": 0, "times": [wait]})
         if rank == 0:
             q.put(("result", results))
         dist.destroy_process_group()
@@ -345,8 +388,9 @@ def profile_comm(
             med = [(float(r["bytes"]), statistics.median(r["times"])) for r in pts]
             mins = [(float(r["bytes"]), min(r["times"])) for r in pts]
             a, b, err = fit_alpha_beta(med if stat == "median" else mins)
+            wait = next((r["times"][0] for r in results if r["collective"] == "_wait"), 0.0)
             fits.append(CommFit(collective=coll, world=w, backend=backend, alpha_s=a, beta_s_per_byte=b,
-                                median_rel_error=err, stat=stat, points=med, min_points=mins))
+                                median_rel_error=err, stat=stat, points=med, min_points=mins, wait_s=wait))
     dev = torch.device("cuda", 0) if backend == "nccl" else torch.device("cpu")
     return device_info(dev, load), fits
 

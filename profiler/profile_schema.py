@@ -142,6 +142,9 @@ class CommFit(_Doc):
     stat: Literal["median", "min"] = Field("median", description="statistic of the repeats fitted")
     points: list[tuple[float, float]] = Field(..., min_length=1, description="(bytes, seconds)")
     min_points: list[tuple[float, float]] = Field(default_factory=list, description="(bytes, min seconds)")
+    wait_s: float = Field(0.0, ge=0, description=(
+        "seconds a collective adds to a rank's step beyond alpha + beta*bytes when every rank computes "
+        "between collectives (the partner's skew on time-shared cores); measured under load, 0 if not"))
 
     def predict(self, nbytes: float) -> float:
         return self.alpha_s + self.beta_s_per_byte * nbytes
@@ -238,6 +241,11 @@ class Profile(_Doc):
     def comm_alpha_beta(self, collective: str, world: int | None = None) -> tuple[float, float]:
         """(alpha seconds, beta seconds per byte) of ``collective`` from the fit with the nearest
         group size (the largest measured one when ``world`` is None)."""
+        best = self.comm_fit(collective, world)
+        return best.alpha_s, best.beta_s_per_byte
+
+    def comm_fit(self, collective: str, world: int | None = None) -> CommFit:
+        """The fit of ``collective`` with the nearest group size (see :meth:`comm_alpha_beta`)."""
         name = _COMM_ALIASES.get(collective.lower().replace("-", "_"), collective.lower().replace("-", "_"))
         fits = [f for f in self.comm if f.collective == name]
         if not fits:
@@ -248,7 +256,7 @@ class Profile(_Doc):
             best = max(fits, key=lambda f: f.world)
         else:  # nearest world; on a tie the larger one; among equals the last measured
             best = min(reversed(fits), key=lambda f: (abs(f.world - world), -f.world))
-        return best.alpha_s, best.beta_s_per_byte
+        return best
 
     def _compute(self, what: str) -> ComputeProfile:
         if self.compute is None:

@@ -61,10 +61,32 @@ def test_real_gloo_run_with_two_processes() -> None:
         assert f.world == 2 and f.backend == "gloo" and [p[0] for p in f.points] == [1024, 16384, 262144]
         assert all(t > 0 for _, t in f.points) and all(m <= t for (_, m), (_, t) in zip(f.min_points, f.points, strict=True))
         assert f.alpha_s >= 0 and f.beta_s_per_byte >= 0 and f.median_rel_error >= 0
+    assert len({f.wait_s for f in fits}) == 1 and fits[0].wait_s >= 0  # one wait under load per run
     prof = parse_profile(Profile(device=info, comm=fits).to_json())
     a, b = prof.comm_alpha_beta("all_reduce", 2)
     assert a + b * 1e6 > 0
     assert not _our_children()
+
+
+def test_the_wait_under_load_is_priced_per_collective() -> None:
+    """A profile's measured wait adds to every collective the cost model prices with it."""
+    from costmodel.device import DeviceModel
+    from costmodel.strategy import Mesh, Strategy
+    from costmodel.units import mesh_groups
+    from profiler.hardware import parse_cluster
+    from profiler.profile_schema import CommFit, DeviceInfo
+
+    info = DeviceInfo(kind="cpu", name="test cpu", torch_version="x", threads=1, hostname="h", created="now")
+
+    def prof(wait: float) -> Profile:
+        return Profile(device=info, comm=[CommFit(collective="all_reduce", world=2, backend="gloo", alpha_s=1e-4,
+                                                  beta_s_per_byte=1e-9, median_rel_error=0.0,
+                                                  points=[(1.0, 1e-4)], wait_s=wait)])
+    cl = parse_cluster("2xcpu")
+    grp = mesh_groups(DeviceModel(cl, prof(0.0)), Strategy(mesh=Mesh(tp=2))).tp
+    base = DeviceModel(cl, prof(0.0)).collective_time("all_reduce", 1e6, grp)
+    assert base == pytest.approx(1e-4 + 1e-3)
+    assert DeviceModel(cl, prof(2e-3)).collective_time("all_reduce", 1e6, grp) == pytest.approx(base + 2e-3)
 
 
 @pytest.mark.slow
