@@ -12,7 +12,7 @@ from costmodel.device import DeviceModel
 from costmodel.pipeline import in_flight, pipeline_time
 from costmodel.report import GIB, Report, StageMemory, TimeBreakdown
 from costmodel.strategy import LayerStrategy, Strategy, Workload
-from costmodel.units import Groups, UnitCost, mesh_groups, state_bytes, unit_cost
+from costmodel.units import Groups, UnitCost, grads_held, mesh_groups, state_bytes, unit_cost
 from profiler.errors import ShardplanError
 from profiler.graph import LayerGraph, LayerNode
 from profiler.hardware import Cluster
@@ -214,14 +214,6 @@ def combine(
         time=time, stages=stages, memory_limit_gib=limit, model_flops_per_step=model_flops,
         hardware_flops_per_step=hw_flops, num_microbatches=n_mb, fits=mem_peak <= limit,
     )
-
-
-def grads_held(pp: int, n_mb: int) -> bool:
-    """Whether every gradient is live beside the activations in flight: with accumulation over
-    micro-batches or a pipeline the first backward leaves them there while later forwards build
-    activations; with one micro-batch and no pipeline backward frees activations as it makes
-    gradients, so the two never add up."""
-    return pp > 1 or n_mb > 1
 
 
 def tied_table(graph: LayerGraph) -> int:

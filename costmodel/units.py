@@ -22,6 +22,14 @@ GRAD_REDUCE_BYTES = 4  # gradients are reduced in fp32 (FSDP2 reduce_dtype, Mega
 GATHER_BYTES = 2  # parameters are gathered in bf16
 
 
+def grads_held(pp: int, n_mb: int) -> bool:
+    """Whether every gradient is live beside the activations in flight: with accumulation over
+    micro-batches or a pipeline the first backward leaves them there while later forwards build
+    activations; with one micro-batch and no pipeline backward frees activations as it makes
+    gradients, so the two never add up."""
+    return pp > 1 or n_mb > 1
+
+
 def state_bytes(w: Workload) -> tuple[int, int, int]:
     """(compute copy, gradient, optimizer) bytes per parameter of ``w``."""
     pb, gb, ob = STATE_BYTES[w.precision]
@@ -300,9 +308,11 @@ class StateGroup:
     slice_max: float = 0.0
     slices: int = 0
     rest: int = 0
+    largest: int = 0  # the largest operator's parameters (one slice of a split one)
 
     def add(self, local: int, split: int) -> None:
         self.params += local
+        self.largest = max(self.largest, -(-local // max(split, 1)))
         if split > 1 and local:
             self.slice_max = max(self.slice_max, local / split)
             self.slices += split
@@ -382,6 +392,8 @@ def _data_parallel(
         step += dev.collective_time("reduce_scatter", grads, grp) + dev.collective_time("all_gather", full, grp)
     else:
         step += dev.collective_time("all_reduce", grads, grp)
+    if shard in ("replicate", "zero1") and grads_held(s.mesh.pp, w.global_batch // (s.mesh.dp * s.micro_batch)):
+        u.gathered += gb * sg.largest  # accumulating: an operator's new gradient beside the one held
     if g.replicate.size > 1:  # HSDP: all-reduce the (sharded) gradients across replicas
         step += dev.collective_time("all_reduce", grads / (d if shard != "replicate" else 1), g.replicate)
     if dp:

@@ -254,6 +254,7 @@ def _unit(nodes: list[LayerNode], dev: DeviceModel, net: _Net, g: _Cfg, w: Workl
     fwd, bwd, bwd_w, fwd_flops, hw, acts, acts_sel = (z.copy() for _ in range(7))
     attn_fwd, attn_time, cp_bytes, ep_bytes = z.copy(), z.copy(), z.copy(), z.copy()
     groups: dict[tuple[bool, bool], np.ndarray] = {}  # local parameters by (large operator, expert)
+    largest: dict[tuple[bool, bool], np.ndarray] = {}  # its largest operator, by the same key
     tp_msgs = 0
     first_acts = z.copy()
     for i, n in enumerate(nodes):
@@ -281,6 +282,7 @@ def _unit(nodes: list[LayerNode], dev: DeviceModel, net: _Net, g: _Cfg, w: Workl
             cp_bytes += 2 * 2 * b * n.dims.get("seq", w.seq_len) * kv / tp * aw
         key = (n.name in large, n.kind == "experts")
         groups[key] = groups.get(key, np.zeros(C, dtype=np.int64)) + _local(n, g)
+        largest[key] = np.maximum(largest.get(key, np.zeros(C, dtype=np.int64)), _local(n, g))
         if n.kind == "experts":
             tok = b * w.seq_len / cp / np.where(g.sp, tp, 1.0)
             ep_bytes += 2 * tok * n.dims.get("top_k", 1) * n.dims.get("in", 0)
@@ -318,7 +320,7 @@ def _unit(nodes: list[LayerNode], dev: DeviceModel, net: _Net, g: _Cfg, w: Workl
         else:
             rc_cols[rc] = (acts, z, z, hw, comm)
     # ---- per option: parameter groups by (sharding, offload, expert), as units.py forms them ---
-    dp = _DataParallel(groups, net, g, dev, w, fwd, bwd)
+    dp = _DataParallel(groups, net, g, dev, w, fwd, bwd, largest)
     cols = []
     for o in opts:
         a, rec, peak, hwf, comm = rc_cols[o.recompute]
@@ -336,8 +338,10 @@ class _DataParallel:
     """``units._data_parallel`` over configurations, per parameter group and per option."""
 
     def __init__(self, groups: dict[tuple[bool, bool], np.ndarray], net: _Net, g: _Cfg, dev: DeviceModel,
-                 w: Workload, fwd: F, bwd: F):
+                 w: Workload, fwd: F, bwd: F, largest: dict[tuple[bool, bool], np.ndarray]):
         self.groups, self.net, self.g, self.dev, self.w, self.fwd, self.bwd = groups, net, g, dev, w, fwd, bwd
+        self.largest = largest  # the largest operator's local parameters, per group key
+        self.held = (g.pp > 1) | (w.global_batch // (g.dpr * g.dps * g.b) > 1)  # units.grads_held
         self.colls: dict[tuple, dict[str, Any]] = {}
         self.parts: dict[tuple, tuple[F, ...]] = {}
 
@@ -397,6 +401,8 @@ class _DataParallel:
         repl = np.where(sh > 0, grp["repl_sharded"], grp["repl_full"])
         u_step = u_step + np.where(grp["repl_n"] > 1, repl, 0.0)
         u_gath = np.where(sh == 3, (0.0 if keep else 2 * full) + params * gb, 0.0)  # + the unsharded gradient
+        big = np.max(np.stack([self.largest[k] for k in keys]), axis=0)
+        u_gath = u_gath + np.where((sh <= 1) & self.held, gb * big, 0.0)  # accumulating: new beside held
         grads_on_gpu = np.where(on_host & (g_div > 1), 0.0, params * gb / g_div)  # sharded ones stream to host
         u_states = sp_ + grads_on_gpu + (0.0 if on_host else params * ob / o_div) + np.where(
             (sh == 3) & keep, full - params * pb / p_div, 0.0)

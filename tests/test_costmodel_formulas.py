@@ -36,13 +36,19 @@ def test_zero_paper_model_state_grid(sharding: str, gb: float) -> None:
     assert fp32.grad_bytes == 2 * st.grad_bytes and fp32.param_bytes == st.param_bytes
 
 
-@pytest.mark.parametrize("sharding,gathered", [("zero3", 2 * 2 + 4), ("zero3_keep", 4), ("zero2", 0)])
-def test_zero3_transient_is_two_gathered_copies_and_the_unsharded_gradient(sharding: str, gathered: int) -> None:
-    """Per parameter of the unit: the running and the prefetched bf16 copy (not under zero3_keep,
-    whose copy is a state) and, in backward, its fp32 unsharded gradient before the reduce-scatter."""
+@pytest.mark.parametrize("sharding,batch,gathered", [
+    ("zero3", 8, 2 * 2 + 4), ("zero3_keep", 8, 4), ("zero2", 8, 0),
+    ("replicate", 8, 0),  # one micro-batch: each gradient is made once, no transient
+    ("replicate", 16, 4), ("zero1", 16, 4),  # two: the second's new gradient beside the held one
+])
+def test_parameter_side_transient_of_a_unit(sharding: str, batch: int, gathered: int) -> None:
+    """Per parameter of the (one-operator) unit: under ZeRO-3 the running and the prefetched bf16
+    copy (not under zero3_keep, whose copy is a state) and, in backward, its fp32 unsharded gradient
+    before the reduce-scatter; with whole gradients accumulating over micro-batches, the operator's
+    new fp32 gradient beside the one held."""
     g = _one_layer_graph(1_000_000)
     s = Strategy(mesh=Mesh(dp_shard=8), default=LayerStrategy(sharding=sharding))
-    price = UnitPricer(DeviceModel(parse_cluster("8xh100")), s, Workload(seq_len=1, global_batch=8))
+    price = UnitPricer(DeviceModel(parse_cluster("8xh100")), s, Workload(seq_len=1, global_batch=batch))
     assert price("layers.0", g.nodes).gathered == gathered * 1_000_000
 
 
@@ -133,9 +139,12 @@ def test_memory_peak_is_the_larger_of_two_moments(seq: int, batch: int, phase: s
     params, grads, optim = (sum(getattr(u, f) for u in units) for f in ("state_params", "state_grads", "state_optim"))
     acts = sum(u.activations for u in units)
     bucket = dev.c.dp_bucket_bytes
-    run = params + optim + (grads if batch // 4 > 1 else 0.0) + acts + bucket + units[-1].activations * w.loss_buffer
+    gathered = max(u.gathered for u in units)  # two micro-batches: the largest new gradient beside the held one
+    assert (gathered > 0) == (batch // 4 > 1)
+    run = params + optim + (grads if batch // 4 > 1 else 0.0) + acts + gathered + bucket
+    run += units[-1].activations * w.loss_buffer
     tied = g.config["vocab"] * g.config["hidden"]
-    end = params + optim + grads + bucket + 2 * tied * 4  # fp32 gradients
+    end = params + optim + grads + gathered + bucket + 2 * tied * 4  # fp32 gradients
     st = estimate(g, cl, s, w).stages[0]
     assert st.total - st.overhead == pytest.approx(max(run, end), rel=1e-12)
     assert st.phase == phase == ("backward" if run >= end else "end of backward")

