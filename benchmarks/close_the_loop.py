@@ -99,6 +99,7 @@ def train(model: str, plan_json: str, path: Path, steps: int) -> dict[str, Any]:
              or [rep["steps"][0]["step_time_s"]])
     tracked = [r["tensor_peak_bytes"] for s in rep["steps"] if s.get("memory_tracked") for r in s["ranks"]]
     return {"step_time_s": statistics.median(times), "load_before": load, "step_times_s": [s["step_time_s"] for s in rep["steps"]],
+            "step_spread_s": (max(times) - min(times)) / 2,
             "peak_bytes": max(r["peak_bytes"] for r in last),
             "tensor_peak_bytes": max(tracked) if tracked else None,
             "state_bytes": max(r["param_bytes"] + r["grad_bytes"] + r["optim_bytes"] for r in last)}
@@ -126,9 +127,13 @@ def spearman(a: list[float], b: list[float]) -> float:
     return num / den if den else 1.0
 
 
-def pairwise(a: list[float], b: list[float]) -> float:
-    pairs = [(i, j) for i in range(len(a)) for j in range(i + 1, len(a))]
-    return sum((a[i] < a[j]) == (b[i] < b[j]) for i, j in pairs) / max(1, len(pairs))
+def pairwise(a: list[float], b: list[float], spread: list[float] | None = None) -> tuple[float, int]:
+    """(share of pairs ordered alike by ``a`` and ``b``, how many pairs); with ``spread`` (each
+    measurement's half-range over its steps) only the pairs whose measured difference exceeds
+    their two spreads: plans the measurement cannot tell apart have no order to agree with."""
+    pairs = [(i, j) for i in range(len(a)) for j in range(i + 1, len(a))
+             if spread is None or abs(b[i] - b[j]) > spread[i] + spread[j]]
+    return sum((a[i] < a[j]) == (b[i] < b[j]) for i, j in pairs) / max(1, len(pairs)), len(pairs)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -212,17 +217,19 @@ def main(argv: list[str] | None = None) -> int:
                      "load_before": m["load_before"], "meas_peak_rss_mib": m["peak_bytes"] / MIB,
                      "fits_pred": r.fits, "fits_meas": (meas_t + overhead) / 1024**3 <= limit,
                      "pred_time": r.to_dict()["time"], "plain_time": plain.to_dict()["time"],
-                     "step_times_s": m["step_times_s"]})
+                     "step_times_s": m["step_times_s"], "step_spread_s": m["step_spread_s"]})
     pred = [x["pred_step_s"] for x in rows]
     meas = [x["meas_step_s"] for x in rows]
+    spread = [x["step_spread_s"] for x in rows]
     plain_pred = [x["plain_step_s"] for x in rows]
     fitting = [x for x in rows if x["fits_meas"]]
     fastest = min(fitting or rows, key=lambda x: x["meas_step_s"])
     summary = {"model": model, "config": cfg.to_dict(), "params": graph.total_params, "workload": w.model_dump(),
                "memory_limit_gib": limit, "core_share": share,
                "profile_threads": prof.device.threads, "load_avg": os.getloadavg(),
-               "spearman": spearman(pred, meas), "pairwise_agreement": pairwise(pred, meas),
-               "plain_spearman": spearman(plain_pred, meas), "plain_pairwise_agreement": pairwise(plain_pred, meas),
+               "spearman": spearman(pred, meas), "pairwise_agreement": pairwise(pred, meas)[0],
+               "resolved_pairwise_agreement": pairwise(pred, meas, spread)[0], "resolved_pairs": pairwise(pred, meas, spread)[1],
+               "plain_spearman": spearman(plain_pred, meas), "plain_pairwise_agreement": pairwise(plain_pred, meas)[0],
                "fastest_measured": fastest["plan"], "any_fits_measured": bool(fitting),
                "planned_twin": twin, "planned_is_fastest": fastest["plan"] in ("planned", twin), "rows": rows}
     (a.work / "results.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -244,7 +251,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{planned.strategy.micro_batch} {planned.strategy.schedule}, {len(planned.strategy.layers)} per-unit "
           f"entries; same as {twin or 'no baseline'}")
     print(f"ranking: spearman {summary['spearman']:.2f}, pairwise {summary['pairwise_agreement']:.0%} "
-          f"(plain: {summary['plain_spearman']:.2f}, {summary['plain_pairwise_agreement']:.0%}); fastest measured "
+          f"(plain: {summary['plain_spearman']:.2f}, {summary['plain_pairwise_agreement']:.0%}); "
+          f"pairs the measurement tells apart: {summary['resolved_pairwise_agreement']:.0%} of "
+          f"{summary['resolved_pairs']}; fastest measured "
           f"{'that fits' if fitting else '(none fits when measured)'}: {fastest['plan']}; "
           f"planned is fastest: {summary['planned_is_fastest']}")
     return 0
