@@ -146,6 +146,7 @@ def _time_collective(coll: str, nbytes: int, world: int, rank: int, group: Any, 
 
 LOAD_MATMULS = 8  # 256^3 matmuls between two collectives in the under-load loop (~3 ms on one core)
 LOAD_BYTES = 64 * 1024  # the all-reduce the under-load loop issues
+LOAD_REPEATS = 9  # (plain, loaded) loop pairs; their median difference counts
 
 
 def _wait_under_load(rank: int, world: int, iters: int) -> float:
@@ -173,11 +174,11 @@ def _wait_under_load(rank: int, world: int, iters: int) -> float:
         return time.perf_counter() - t0
 
     loop(True)  # warm-up
-    plain, loaded = loop(False), loop(True)
+    diffs = [-loop(False) + loop(True) for _ in range(LOAD_REPEATS)]  # the host's noise: a median of pairs
     synced = _time_collective("all_reduce", LOAD_BYTES, 2, rank % 2, g, torch.device("cpu"), 10, 2) \
         if g is not None else [0.0]
-    extra = torch.tensor([max(0.0, (loaded - plain) / iters - statistics.median(synced)) if g is not None else 0.0],
-                         dtype=torch.float64)
+    wait = statistics.median(diffs) / iters - statistics.median(synced)
+    extra = torch.tensor([max(0.0, wait) if g is not None else 0.0], dtype=torch.float64)
     dist.all_reduce(extra, op=dist.ReduceOp.MAX)
     return float(extra)
 
@@ -232,7 +233,7 @@ def _worker(rank: int, world: int, port: int, cfg: dict[str, Any], q: Any) -> No
             dist.barrier()
         if backend == "gloo" and world >= 2:  # CPU ranks time-share cores: measure the wait
             where = "collectives under load"
-            wait = _wait_under_load(rank, world, 20 if cfg["quick"] else 50)
+            wait = _wait_under_load(rank, world, 40 if cfg["quick"] else 80)
             if rank == 0:
                 results.append({"collective": "_wait", "world": 2, "bytes": 0, "times": [wait]})
         if rank == 0:
