@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from costmodel.device import AxisGroup, DeviceModel
 from costmodel.strategy import LayerStrategy, Strategy, Workload
 from profiler.graph import LayerNode
+from profiler.profile_schema import ADAM_BYTES_PER_PARAM
 
 GEMM_KINDS = ("linear", "router", "experts")
 TP_SPLIT_ROLES = ("column", "row", "heads", "vocab")
@@ -368,7 +369,7 @@ def _data_parallel(
         u.offload_time += dev.host_time(local_opt * (GRAD_REDUCE_BYTES + GATHER_BYTES)) * (1 - c.dp_overlap)
         u.optim_time += local_opt * 16 / 4e9  # host Adam at ~4 GB/s of state per GPU
     else:
-        u.optim_time += dev.memory_time(local_opt * 36, "optimizer")
+        u.optim_time += dev.memory_time(local_opt * ADAM_BYTES_PER_PARAM, "optimizer")
     full = params * pb  # gathered in the compute dtype
     grads = params * GRAD_REDUCE_BYTES
     dp = u.comm.get("dp", 0.0)

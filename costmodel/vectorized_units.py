@@ -29,6 +29,7 @@ from costmodel.units import (
     traffic_width,
 )
 from profiler.graph import LayerGraph, LayerNode
+from profiler.profile_schema import ADAM_BYTES_PER_PARAM
 
 F = np.ndarray
 
@@ -393,7 +394,7 @@ class _DataParallel:
             off_t = _each(dev.host_time, local_opt * (GRAD_REDUCE_BYTES + GATHER_BYTES)) * (1 - c.dp_overlap)
             opt_t = local_opt * 16 / 4e9
         else:
-            off_t, opt_t = z, _each(lambda x: dev.memory_time(x, "optimizer"), local_opt * 36)
+            off_t, opt_t = z, _each(lambda x: dev.memory_time(x, "optimizer"), local_opt * ADAM_BYTES_PER_PARAM)
         ag, rs = grp["ag"], grp["rs"]
         z3_comm = c.exposed(ag * (1 if keep else 2) + rs, c.fsdp_overlap * (fwd + bwd))
         u_comm = np.select([sh == 3, sh == 2], [z3_comm, c.exposed(rs, c.fsdp_overlap * bwd)], 0.0)

@@ -380,6 +380,7 @@ def profile_comm(
         _terminate(procs)
         q.close()
         del store
+    wait = next((r["times"][0] for r in results if r["collective"] == "_wait"), 0.0)
     fits = []
     for coll in colls:
         for w in groups:
@@ -389,7 +390,6 @@ def profile_comm(
             med = [(float(r["bytes"]), statistics.median(r["times"])) for r in pts]
             mins = [(float(r["bytes"]), min(r["times"])) for r in pts]
             a, b, err = fit_alpha_beta(med if stat == "median" else mins)
-            wait = next((r["times"][0] for r in results if r["collective"] == "_wait"), 0.0)
             fits.append(CommFit(collective=coll, world=w, backend=backend, alpha_s=a, beta_s_per_byte=b,
                                 median_rel_error=err, stat=stat, points=med, min_points=mins, wait_s=wait))
     dev = torch.device("cuda", 0) if backend == "nccl" else torch.device("cpu")

@@ -26,7 +26,14 @@ import torch
 import torch.nn.functional as F
 
 from profiler.errors import ShardplanError
-from profiler.profile_schema import AttnPoint, BwPoint, ComputeProfile, DeviceInfo, GemmPoint
+from profiler.profile_schema import (
+    ADAM_BYTES_PER_PARAM,
+    AttnPoint,
+    BwPoint,
+    ComputeProfile,
+    DeviceInfo,
+    GemmPoint,
+)
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 GemmShape = tuple[int, int, int, str]  # m, n, k, tag
@@ -192,6 +199,20 @@ def spread(xs: list[float]) -> float:
     return (max(xs) - min(xs)) / med
 
 
+def timed_runs(once: Callable[[], tuple[Any, ...]], clock: Clock, timing: Timing) -> list[tuple[Any, ...]]:
+    """The clock marks ``once()`` returns, over as many repeats as ``timing`` asks for (from the
+    time between its first and last mark in the warm-up runs), the device synchronised after."""
+    est = 0.0
+    for _ in range(max(1, timing.warmup)):
+        marks = once()
+        clock.sync()
+        est = clock.elapsed(marks[0], marks[-1])
+    reps = int(min(timing.max_reps, max(timing.min_reps, math.ceil(timing.target_s / max(est, 1e-9)))))
+    runs = [once() for _ in range(reps)]
+    clock.sync()
+    return runs
+
+
 def time_fwd_bwd(fwd: Callable[[], torch.Tensor], leaves: list[torch.Tensor], clock: Clock,
                  timing: Timing) -> tuple[float, float, float]:
     """Median forward and backward seconds of ``fwd()`` (a tensor; backward with ones-like
@@ -209,14 +230,7 @@ def time_fwd_bwd(fwd: Callable[[], torch.Tensor], leaves: list[torch.Tensor], cl
 
     with torch.no_grad():
         grad = torch.ones_like(fwd())
-    est = 0.0
-    for _ in range(max(1, timing.warmup)):
-        marks = once()
-        clock.sync()
-        est = clock.elapsed(marks[0], marks[2])
-    reps = int(min(timing.max_reps, max(timing.min_reps, math.ceil(timing.target_s / max(est, 1e-9)))))
-    runs = [once() for _ in range(reps)]
-    clock.sync()
+    runs = timed_runs(once, clock, timing)
     fw = [clock.elapsed(a, b) for a, b, _ in runs]
     bw = [clock.elapsed(b, c) for _, b, c in runs]
     return statistics.median(fw), statistics.median(bw), spread([f + b for f, b in zip(fw, bw, strict=True)])
@@ -351,10 +365,6 @@ def _bw_case(op: str, variant: str, shape: tuple[int, ...], dtype: torch.dtype,
     raise ShardplanError(f"unknown bandwidth op '{op}'")
 
 
-#: bytes per parameter the cost model counts for an Adam step (``costmodel.units``)
-ADAM_BYTES_PER_PARAM = 36
-
-
 def measure_optimizer(n: int, device: torch.device, clock: Clock, timing: Timing) -> BwPoint:
     """One AdamW step over ``n`` fp32 parameters (the master weights), as the runtime steps them:
     fused where PyTorch has the kernel (CPU and CUDA), else for-each. ``bytes`` is
@@ -373,15 +383,7 @@ def measure_optimizer(n: int, device: torch.device, clock: Clock, timing: Timing
         opt.step()
         return m0, clock.mark()
 
-    est = 0.0
-    for _ in range(max(1, timing.warmup)):
-        a, b = once()
-        clock.sync()
-        est = clock.elapsed(a, b)
-    reps = int(min(timing.max_reps, max(timing.min_reps, math.ceil(timing.target_s / max(est, 1e-9)))))
-    runs = [once() for _ in range(reps)]
-    clock.sync()
-    ts = [clock.elapsed(a, b) for a, b in runs]
+    ts = [clock.elapsed(a, b) for a, b in timed_runs(once, clock, timing)]
     sec, nbytes = statistics.median(ts), float(ADAM_BYTES_PER_PARAM * n)
     return BwPoint(bytes=nbytes, seconds=sec, bytes_per_s=nbytes / sec, variant="adamw", shape=[n], spread=spread(ts))
 

@@ -43,6 +43,10 @@ _COMM_ALIASES = {"allreduce": "all_reduce", "allgather": "all_gather", "reducesc
 
 #: bandwidth entries that are not a tensor op with a backward (the optimizer step)
 NOT_TENSOR_OPS = ("optimizer",)
+#: bytes an Adam step moves per parameter as the cost model counts them (fp32 master weight and
+#: two moments read and written, the gradient read, the compute copy written); the profiled step's
+#: ``bytes_per_s`` is over this many bytes per parameter
+ADAM_BYTES_PER_PARAM = 36
 
 
 class ProfileError(ShardplanError):

@@ -282,8 +282,7 @@ def param_groups(params: list[nn.Parameter]) -> list[dict[str, Any]]:
     kernel call, which cannot mix plain tensors with DTensors or DTensors of different meshes."""
     groups: dict[Any, list[nn.Parameter]] = {}
     for p in params:
-        key = (p.device_mesh.mesh_dim_names, tuple(p.device_mesh.mesh.flatten().tolist())) if isinstance(p, DTensor) else None
-        groups.setdefault(key, []).append(p)
+        groups.setdefault(p.device_mesh if isinstance(p, DTensor) else None, []).append(p)
     return [{"params": ps} for ps in groups.values()]
 
 

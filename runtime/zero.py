@@ -144,18 +144,21 @@ class ReplicatedParams:
 
     def _average(self, grads: list[torch.Tensor], groups: list[dist.ProcessGroup | None]) -> None:
         """All-reduce ``grads`` in place over ``groups`` and divide by the data-parallel size."""
-        small: list[torch.Tensor] = []
-        for g in grads if any(x is not None for x in groups) else []:
-            if g.numel() * g.element_size() >= COALESCE_BYTES or not g.is_contiguous():
-                self._all_reduce(g, groups)
-            else:
-                if small and (sum(x.numel() for x in small) + g.numel()) * g.element_size() > COALESCE_BYTES or (
-                        small and (small[0].dtype, small[0].device) != (g.dtype, g.device)):
+        if any(x is not None for x in groups):
+            small: list[torch.Tensor] = []  # waiting to be reduced together
+            size = 0  # their bytes
+            for g in grads:
+                nbytes = g.numel() * g.element_size()
+                if nbytes >= COALESCE_BYTES or not g.is_contiguous():
+                    self._all_reduce(g, groups)
+                    continue
+                if small and (size + nbytes > COALESCE_BYTES or (small[0].dtype, small[0].device) != (g.dtype, g.device)):
                     self._all_reduce_flat(small, groups)
-                    small = []
+                    small, size = [], 0
                 small.append(g)
-        if small:
-            self._all_reduce_flat(small, groups)
+                size += nbytes
+            if small:
+                self._all_reduce_flat(small, groups)
         for g in grads:
             g.div_(self.dp_size)
 
