@@ -7,7 +7,9 @@ dies ends the launch: ``torch.multiprocessing`` terminates the other ranks, and 
 :class:`LaunchError` with one line saying which rank failed and why.
 
 Fault injection for tests: ``SHARDPLAN_FAIL_RANK=<r>`` makes rank ``r`` raise before training,
-``SHARDPLAN_FAIL_RANK=<r>:exit`` makes it exit at once (like a rank killed by the OOM killer).
+``SHARDPLAN_FAIL_RANK=<r>:exit`` makes it exit at once (like a rank killed by the OOM killer),
+``SHARDPLAN_FAIL_RANK=<r>:teardown`` makes it abort after its work is complete (which the launch
+forgives: every rank has finished and the results are written).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import json
 import logging
 import os
 import socket
+import sys
 import tempfile
 import traceback
 from dataclasses import dataclass
@@ -29,6 +32,7 @@ from profiler.errors import ShardplanError
 
 FAIL_ENV = "SHARDPLAN_FAIL_RANK"
 SEP = "\n--- traceback ---\n"
+DONE = "done"  # marker file a rank writes once its work is complete
 
 
 class LaunchError(ShardplanError):
@@ -127,7 +131,7 @@ def _worker(rank: int, world: int, port: int, jobs: list[Job], out_dir: str) -> 
         dist.init_process_group(backend_for(dev), init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                 device_id=torch.device("cuda", rank % torch.cuda.device_count()) if dev == "cuda" else None)
         fail = os.environ.get(FAIL_ENV, "").split(":")
-        if fail[0] == str(rank):
+        if fail[0] == str(rank) and fail[1:] != ["teardown"]:
             if fail[1:] == ["exit"]:
                 os._exit(3)  # die without a word, as an OOM-killed rank would
             raise RuntimeError(f"injected failure ({FAIL_ENV}={rank})")
@@ -143,6 +147,9 @@ def _worker(rank: int, world: int, port: int, jobs: list[Job], out_dir: str) -> 
         if rank == 0:
             write_atomic(Path(out_dir) / "results.json", json.dumps(results))
         dist.barrier()
+        (Path(out_dir) / f"{DONE}.{rank}").touch()  # this rank's work is complete; teardown follows
+        if fail == [str(rank), "teardown"]:
+            os.abort()  # as torch's C++ teardown has been seen to, once in many runs
     except BaseException as e:
         detail = "" if isinstance(e, ShardplanError) else traceback.format_exc()
         write_atomic(Path(out_dir) / f"error.{rank}", f"{type(e).__name__}: {e}{SEP}{detail}")
@@ -150,6 +157,16 @@ def _worker(rank: int, world: int, port: int, jobs: list[Job], out_dir: str) -> 
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+    # skip the interpreter's teardown of torch's C++ state (gloo threads, stores), where a rare
+    # abort has been seen after every rank had finished; nothing is left to flush but stdio
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _all_done(out_dir: Path, nproc: int) -> bool:
+    """Every rank passed the final barrier (and rank 0 wrote the results)."""
+    return all((out_dir / f"{DONE}.{r}").exists() for r in range(nproc))
 
 
 def _failure(out_dir: Path, rank: int, fallback: str) -> str:
@@ -177,8 +194,9 @@ def launch(jobs: list[Job], nproc: int, start_method: str = "spawn") -> list[dic
         except mp.ProcessRaisedException as e:
             raise LaunchError(_failure(out, e.error_index, f"rank {e.error_index} failed")) from None
         except mp.ProcessExitedException as e:
-            how = f"signal {e.signal_name}" if e.signal_name else f"exit code {e.exit_code}"
-            raise LaunchError(_failure(out, e.error_index, f"rank {e.error_index} died ({how})")) from None
+            if not _all_done(out, nproc):  # a rank that died in teardown after all had finished did no harm
+                how = f"signal {e.signal_name}" if e.signal_name else f"exit code {e.exit_code}"
+                raise LaunchError(_failure(out, e.error_index, f"rank {e.error_index} died ({how})")) from None
         res = out / "results.json"
         if not res.exists():
             raise LaunchError("training ended without results (rank 0 wrote nothing)")
