@@ -14,6 +14,7 @@ forgives: every rank has finished and the results are written).
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
 import os
@@ -122,6 +123,7 @@ def _worker(rank: int, world: int, port: int, jobs: list[Job], out_dir: str) -> 
     from runtime.mesh import backend_for, device_type
 
     warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")  # split slices: cat
+    faulthandler.enable()  # a rank killed by a signal (an abort in C++) prints where it was
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     dev = device_type()
