@@ -119,6 +119,13 @@ class DeviceModel:
         return nbytes / (self.acc.host_link_gbps * 1e9) if nbytes > 0 else 0.0
 
     # ---- communication ---------------------------------------------------------------------
+    def collective_wait(self, kind: str, group: AxisGroup) -> float:
+        """Seconds one more blocking collective waits for its partners beyond the bytes it moves:
+        the profile's wait under load (ranks time-sharing cores), 0 without one (NCCL, spec sheets)."""
+        if group.size <= 1 or self.profile is None or not self.profile.comm:
+            return 0.0
+        return self.profile.comm_fit(kind, group.size).wait_s
+
     def collective_time(self, kind: str, nbytes: float, group: AxisGroup) -> float:
         """Seconds for one collective over ``group`` of a buffer of ``nbytes`` (full size)."""
         n = group.size

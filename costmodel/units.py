@@ -206,6 +206,19 @@ def node_times(n: LayerNode, dev: DeviceModel, s: Strategy, w: Workload, split: 
     return dev.memory_time(nbytes, op), dev.memory_time(nbytes, op, backward=True)
 
 
+def sp_partial_grads(n: LayerNode) -> tuple[int, int]:
+    """(tensors, parameters) of ``n`` that stay whole under TP but whose gradients are partial sums
+    under sequence parallel (each rank saw a slice of the sequence): a norm's weight (and bias), a
+    row-parallel linear's bias. DTensor all-reduces each over the TP group in every micro-batch's
+    backward."""
+    if n.kind == "norm" and n.params:
+        return max(1, round(n.params / int(n.dims.get("hidden") or n.params))), n.params
+    if n.kind == "linear" and n.tp == "row":
+        bias = n.params - int(n.dims.get("in", 0)) * int(n.dims.get("out", 0))
+        return (1, bias) if bias > 0 else (0, 0)
+    return 0, 0
+
+
 def unit_cost(
     name: str, nodes: list[LayerNode], dev: DeviceModel, s: Strategy, w: Workload, groups: Groups,
     ls: LayerStrategy | None = None,
@@ -225,6 +238,7 @@ def unit_cost(
     ep_bytes = cp_bytes = 0.0
     states: dict[tuple[str, str, bool], StateGroup] = {}  # by (sharding, offload, expert)
     tp_msgs = 0  # activation-sized TP all-reduces per pass (forward or backward)
+    sp_grads, sp_params = 0, 0  # sequence parallel: gradients all-reduced over TP per micro-batch
     for n in nodes:
         nls = ls if forced else s.for_op(name, n.name)
         split = nls.split
@@ -254,6 +268,8 @@ def unit_cost(
             ep_bytes += 2 * tok * n.dims.get("top_k", 1) * n.dims.get("in", 0)
         if n.tp == "row" or (n.tp == "vocab" and n.kind in ("embedding", "linear")):
             tp_msgs += 1
+        k, p = sp_partial_grads(n)
+        sp_grads, sp_params = sp_grads + k, sp_params + p
     u.params = sum(g.params for g in states.values())
     ew = act_width(None, w.precision)
     u.out_bytes = nodes[-1].out_bytes * b / cp / (tp if (s.sequence_parallel or s.tp_mode == "tsp") else 1) * ew
@@ -270,8 +286,12 @@ def unit_cost(
     act_msg = 2.0 * b * w.seq_len / cp * _hidden(nodes) * ew
     passes = 3 if ls.recompute == "full" else 2  # forward, backward, and forward again
     if tp > 1 and s.tp_mode == "megatron":
-        t = dev.collective_time("all_reduce", act_msg, groups.tp)
-        u.comm["tp"] = c.exposed(tp_msgs * passes * t, tp_msgs * passes * t * c.tp_overlap)
+        t = tp_msgs * passes * dev.collective_time("all_reduce", act_msg, groups.tp)
+        if s.sequence_parallel:  # each all-reduce an all-gather + a reduce-scatter: one more wait
+            t += tp_msgs * passes * dev.collective_wait("reduce_scatter", groups.tp)
+            if sp_grads:
+                t += sp_grads * dev.collective_time("all_reduce", sp_params / sp_grads * GRAD_REDUCE_BYTES, groups.tp)
+        u.comm["tp"] = c.exposed(t, t * c.tp_overlap)
     elif tp > 1:  # TSP: weight shards streamed around the tp ring, K/V gathered for attention
         wbytes = GATHER_BYTES * u.params * tp
         t = passes * dev.collective_time("all_gather", wbytes, groups.tp)

@@ -25,6 +25,7 @@ from costmodel.units import (
     act_width,
     attention_times,
     gemm_shape,
+    sp_partial_grads,
     state_bytes,
     traffic_width,
 )
@@ -156,6 +157,14 @@ class _Net:
             t = np.where(m == 1, single, multi)
         return np.where((n <= 1) | (nbytes <= 0), 0.0, t)
 
+    def wait(self, kind: str, n: F) -> F:
+        """:meth:`DeviceModel.collective_wait` over an array of group sizes."""
+        if not self.scalar:
+            return np.zeros(len(n))
+        from costmodel.device import AxisGroup
+
+        return np.array([self.dev.collective_wait(kind, AxisGroup(int(x), 1)) for x in n])
+
 
 @dataclass(frozen=True)
 class GridOption:
@@ -256,7 +265,7 @@ def _unit(nodes: list[LayerNode], dev: DeviceModel, net: _Net, g: _Cfg, w: Workl
     attn_fwd, attn_time, cp_bytes, ep_bytes = z.copy(), z.copy(), z.copy(), z.copy()
     groups: dict[tuple[bool, bool], np.ndarray] = {}  # local parameters by (large operator, expert)
     largest: dict[tuple[bool, bool], np.ndarray] = {}  # its largest operator, by the same key
-    tp_msgs = 0
+    tp_msgs = sp_grads = sp_params = 0
     first_acts = z.copy()
     for i, n in enumerate(nodes):
         static = n.tp in TP_SPLIT_ROLES or n.kind in ("activation", "experts", "loss")
@@ -289,6 +298,8 @@ def _unit(nodes: list[LayerNode], dev: DeviceModel, net: _Net, g: _Cfg, w: Workl
             ep_bytes += 2 * tok * n.dims.get("top_k", 1) * n.dims.get("in", 0)
         if n.tp == "row" or (n.tp == "vocab" and n.kind in ("embedding", "linear")):
             tp_msgs += 1
+        k, p = sp_partial_grads(n)
+        sp_grads, sp_params = sp_grads + k, sp_params + p
     params = sum(groups.values(), np.zeros(C, dtype=np.int64))
     ew = act_width(None, w.precision)
     out_bytes = nodes[-1].out_bytes * b / cp / np.where(g.sp | g.tsp, tp, 1.0) * ew
@@ -300,8 +311,12 @@ def _unit(nodes: list[LayerNode], dev: DeviceModel, net: _Net, g: _Cfg, w: Workl
     for rc in {o.recompute for o in opts}:
         passes = 3 if rc == "full" else 2
         comm = z.copy()
-        ar = net("all_reduce", act_msg, tp, np.ones(C))
-        meg = c.exposed(tp_msgs * passes * ar, tp_msgs * passes * ar * c.tp_overlap)
+        meg = tp_msgs * passes * net("all_reduce", act_msg, tp, np.ones(C))
+        sp = tp_msgs * passes * net.wait("reduce_scatter", tp)
+        if sp_grads:
+            sp = sp + sp_grads * net("all_reduce", sp_params / sp_grads * GRAD_REDUCE_BYTES, tp, np.ones(C))
+        meg = meg + np.where(g.sp, sp, 0.0)
+        meg = c.exposed(meg, meg * c.tp_overlap)
         wbytes = GATHER_BYTES * params * tp
         t = passes * net("all_gather", wbytes, tp, np.ones(C))
         t = t + net("reduce_scatter", wbytes * GRAD_REDUCE_BYTES / GATHER_BYTES, tp, np.ones(C))

@@ -144,17 +144,24 @@ def _time_collective(coll: str, nbytes: int, world: int, rank: int, group: Any, 
     return tt.cpu().tolist()
 
 
-LOAD_MATMULS = 8  # 256^3 matmuls between two collectives in the under-load loop (~3 ms on one core)
+LOAD_CHUNK_S = 0.006  # one rank's CPU seconds of matmuls between two collectives in the under-load loop
 LOAD_BYTES = 64 * 1024  # the all-reduce the under-load loop issues
-LOAD_REPEATS = 9  # (plain, loaded) loop pairs; their median difference counts
+LOAD_REPEATS = 15  # (plain, loaded) loop pairs; their median difference counts
 
 
-def _wait_under_load(rank: int, world: int, iters: int) -> float:
+def _wait_under_load(rank: int, world: int, iters: int) -> tuple[float, float]:
     """Seconds a collective adds to a rank's loop beyond its own time when every rank computes
     between collectives, as in training: pairs of ranks side by side alternate matmuls with a
     64 KiB all-reduce (no barrier before it, so a partner descheduled by a time-shared core is
-    waited for); the loop's extra time per collective, less the same all-reduce timed after a
-    barrier. Ranks outside a full pair only compute."""
+    waited for). Returns the loop's extra time per collective and the same all-reduce timed after
+    a barrier (the slowest pair's); :func:`wait_beyond` takes the collective's own time from the
+    first. Ranks outside a full pair only compute.
+
+    The wait grows with the compute between collectives up to the scheduler's time slice (on the
+    2-core host: ~1.2 ms after 1-3 ms of compute, 2.4-3.2 ms after 12-48 ms; see
+    benchmarks/README.md). Training computes a layer's forward or backward between two blocking
+    collectives, on a CPU ~10 ms or more, so the loop computes ``LOAD_CHUNK_S`` of one rank's
+    CPU time (~12 ms of wall time with two ranks per core) between its collectives."""
     import torch
     import torch.distributed as dist
 
@@ -162,12 +169,18 @@ def _wait_under_load(rank: int, world: int, iters: int) -> float:
     g = groups[rank // 2] if rank < 2 * len(groups) else None
     a, b = torch.randn(256, 256), torch.randn(256, 256)
     x = torch.ones(LOAD_BYTES // 4)
+    t0 = time.thread_time()
+    for _ in range(8):
+        a @ b
+    per = torch.tensor([(time.thread_time() - t0) / 8], dtype=torch.float64)
+    dist.all_reduce(per, op=dist.ReduceOp.MIN)  # every rank runs the same count
+    matmuls = max(1, round(LOAD_CHUNK_S / max(float(per), 1e-6)))
 
     def loop(comm: bool) -> float:
         dist.barrier()
         t0 = time.perf_counter()
         for _ in range(iters):
-            for _ in range(LOAD_MATMULS):
+            for _ in range(matmuls):
                 a @ b
             if comm and g is not None:
                 dist.all_reduce(x, group=g)
@@ -177,10 +190,10 @@ def _wait_under_load(rank: int, world: int, iters: int) -> float:
     diffs = [-loop(False) + loop(True) for _ in range(LOAD_REPEATS)]  # the host's noise: a median of pairs
     synced = _time_collective("all_reduce", LOAD_BYTES, 2, rank % 2, g, torch.device("cpu"), 10, 2) \
         if g is not None else [0.0]
-    wait = statistics.median(diffs) / iters - statistics.median(synced)
-    extra = torch.tensor([max(0.0, wait) if g is not None else 0.0], dtype=torch.float64)
+    extra = torch.tensor([statistics.median(diffs) / iters, statistics.median(synced)] if g is not None
+                         else [0.0, 0.0], dtype=torch.float64)
     dist.all_reduce(extra, op=dist.ReduceOp.MAX)
-    return float(extra)
+    return float(extra[0]), float(extra[1])
 
 
 def _worker(rank: int, world: int, port: int, cfg: dict[str, Any], q: Any) -> None:
@@ -233,9 +246,9 @@ def _worker(rank: int, world: int, port: int, cfg: dict[str, Any], q: Any) -> No
             dist.barrier()
         if backend == "gloo" and world >= 2:  # CPU ranks time-share cores: measure the wait
             where = "collectives under load"
-            wait = _wait_under_load(rank, world, 40 if cfg["quick"] else 80)
+            extra, synced = _wait_under_load(rank, world, 16 if cfg["quick"] else 24)
             if rank == 0:
-                results.append({"collective": "_wait", "world": 2, "bytes": 0, "times": [wait]})
+                results.append({"collective": "_wait", "world": 2, "bytes": LOAD_BYTES, "times": [extra, synced]})
         if rank == 0:
             q.put(("result", results))
         dist.destroy_process_group()
@@ -380,7 +393,6 @@ def profile_comm(
         _terminate(procs)
         q.close()
         del store
-    wait = next((r["times"][0] for r in results if r["collective"] == "_wait"), 0.0)
     fits = []
     for coll in colls:
         for w in groups:
@@ -391,9 +403,23 @@ def profile_comm(
             mins = [(float(r["bytes"]), min(r["times"])) for r in pts]
             a, b, err = fit_alpha_beta(med if stat == "median" else mins)
             fits.append(CommFit(collective=coll, world=w, backend=backend, alpha_s=a, beta_s_per_byte=b,
-                                median_rel_error=err, stat=stat, points=med, min_points=mins, wait_s=wait))
+                                median_rel_error=err, stat=stat, points=med, min_points=mins, wait_s=0.0))
+    wait = wait_beyond(next((r["times"] for r in results if r["collective"] == "_wait"), None), fits)
+    fits = [f.model_copy(update={"wait_s": wait}) for f in fits]
     dev = torch.device("cuda", 0) if backend == "nccl" else torch.device("cpu")
     return device_info(dev, load), fits
+
+
+def wait_beyond(loaded: list[float] | None, fits: list[CommFit]) -> float:
+    """The wait under load that the cost model adds to each collective: the under-load loop's
+    extra time per collective (``loaded[0]``) less what the model already prices for that
+    all-reduce (the world-2 all-reduce fit at ``LOAD_BYTES``; without that fit, the barrier-synced
+    all-reduce ``loaded[1]``). 0 when no loop ran (NCCL, one rank)."""
+    if not loaded:
+        return 0.0
+    own = next((f.alpha_s + f.beta_s_per_byte * LOAD_BYTES for f in fits
+                if f.collective == "all_reduce" and f.world == 2), loaded[1])
+    return max(0.0, loaded[0] - own)
 
 
 def _failure(procs: list[Any], errors: dict[int, tuple[str, str]], where: str, backend: str,

@@ -178,3 +178,32 @@ def test_batch_not_divisible_and_too_many_stages() -> None:
         estimate(g, c, Strategy(mesh=Mesh(dp_shard=16)), Workload(seq_len=1024, global_batch=12))
     with pytest.raises(ShardplanError, match="16 stages for only 12 layers"):
         estimate(g, c, Strategy(mesh=Mesh(pp=16)), Workload(seq_len=1024, global_batch=16))
+
+
+def test_sequence_parallel_prices_every_blocking_collective_the_runtime_issues() -> None:
+    """A GPT layer under TP 2 with sequence parallel: each of the 2 row-parallel all-reduces per pass
+    is an all-gather + a reduce-scatter (one more wait each), and the 6 whole-parameter gradients
+    (2 LayerNorms' weight and bias, 2 row biases) are all-reduced over TP every micro-batch."""
+    from costmodel.units import mesh_groups, sp_partial_grads, unit_cost
+    from profiler.profile_schema import CommFit, DeviceInfo, Profile
+
+    alpha, beta, wait = 1e-4, 1e-9, 2e-3
+    prof = Profile(device=DeviceInfo(kind="cpu", name="test cpu", torch_version="x", threads=1, hostname="h",
+                                     created="now"),
+                   comm=[CommFit(collective=c, world=2, backend="gloo", alpha_s=alpha, beta_s_per_byte=beta,
+                                 median_rel_error=0.0, points=[(1.0, alpha)], wait_s=wait)
+                         for c in ("all_reduce", "reduce_scatter")])
+    g = load_model("gpt2", 128)
+    layer = [n for n in g.nodes if n.block == 0]
+    assert [sp_partial_grads(n) for n in layer if sp_partial_grads(n)[0]] == [(2, 1536), (1, 768), (2, 1536), (1, 768)]
+    dev = DeviceModel(parse_cluster("2xcpu"), prof)
+    w = Workload(seq_len=128, global_batch=2, precision="fp32")
+
+    def tp_comm(sp: bool) -> float:
+        s = Strategy(mesh=Mesh(tp=2), sequence_parallel=sp, micro_batch=2)
+        return unit_cost("layers.0", layer, dev, s, w, mesh_groups(dev, s)).comm["tp"]
+
+    act_msg = 4.0 * 2 * 128 * 768  # fp32 activations of a micro-batch of 2
+    plain = 2 * 2 * (alpha + beta * act_msg + wait)  # 2 row-parallel all-reduces, forward and backward
+    assert tp_comm(False) == pytest.approx(plain, rel=1e-12)
+    assert tp_comm(True) == pytest.approx(plain + 2 * 2 * wait + 6 * (alpha + beta * 4608 / 6 * 4 + wait), rel=1e-12)

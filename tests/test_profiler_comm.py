@@ -89,6 +89,22 @@ def test_the_wait_under_load_is_priced_per_collective() -> None:
     assert DeviceModel(cl, prof(2e-3)).collective_time("all_reduce", 1e6, grp) == pytest.approx(base + 2e-3)
 
 
+def test_the_wait_is_the_loops_extra_beyond_what_the_model_already_prices() -> None:
+    """The under-load loop's extra time per all-reduce, less the world-2 all-reduce fit at the
+    loop's size (else less the barrier-synced all-reduce); never negative; 0 without a loop."""
+    from profiler.measure_comm import LOAD_BYTES, wait_beyond
+    from profiler.profile_schema import CommFit
+
+    def fit(coll: str, world: int) -> CommFit:
+        return CommFit(collective=coll, world=world, backend="gloo", alpha_s=5e-4, beta_s_per_byte=1e-9,
+                       median_rel_error=0.0, points=[(1.0, 5e-4)])
+    own = 5e-4 + 1e-9 * LOAD_BYTES
+    assert wait_beyond([3e-3, 2e-3], [fit("all_gather", 2), fit("all_reduce", 2)]) == pytest.approx(3e-3 - own)
+    assert wait_beyond([3e-3, 2e-3], [fit("all_reduce", 4)]) == pytest.approx(1e-3)  # no world-2 fit
+    assert wait_beyond([3e-4, 2e-3], [fit("all_reduce", 2)]) == 0.0
+    assert wait_beyond(None, [fit("all_reduce", 2)]) == 0.0
+
+
 @pytest.mark.slow
 def test_a_rank_that_dies_stops_the_run_cleanly() -> None:
     with pytest.raises(ShardplanError, match=r"rank 1 exited with code 7 during all_gather of 4 KiB at world 2"):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from costmodel.estimate import estimate
-from costmodel.strategy import OFFLOADS, RECOMPUTES, SHARDINGS, LayerStrategy, Workload
+from costmodel.strategy import OFFLOADS, RECOMPUTES, SHARDINGS, LayerStrategy, Mesh, Strategy, Workload
 from costmodel.vectorized import compute_bound, price_grid, strategies_grid
 from profiler.hardware import parse_cluster
 from profiler.models import load_model
@@ -83,7 +83,7 @@ def test_grid_equals_estimate_with_a_profile() -> None:
 
     def fit(coll: str, world: int) -> CommFit:
         return CommFit(collective=coll, world=world, backend="gloo", alpha_s=1e-4 * world, beta_s_per_byte=1e-9,
-                       median_rel_error=0.0, points=[(1024.0, 1e-4)])
+                       median_rel_error=0.0, points=[(1024.0, 1e-4)], wait_s=2e-3)
 
     compute = ComputeProfile(
         dtype="bf16", gemm=[gemm(128, 768, 768, 1e9), gemm(128, 2304, 768, 2e9), gemm(512, 3072, 768, 4e9)],
@@ -99,6 +99,9 @@ def test_grid_equals_estimate_with_a_profile() -> None:
     cfgs = list(mesh_configs(g, cl, w, SPACES["hybrid"]))
     strategies = [rng.choice(cfgs).strategy(default=LayerStrategy(
         sharding=rng.choice(SHARDINGS), recompute=rng.choice(RECOMPUTES))) for _ in range(8)]
+    strategies += [Strategy(mesh=Mesh(tp=2, dp_shard=2), sequence_parallel=sp, micro_batch=2,
+                            default=LayerStrategy(sharding="zero2", recompute=rc))
+                   for sp in (True, False) for rc in ("none", "full")]  # SP's extra waits and gradients
     configs, options, cells = strategies_grid(strategies)
     gr = price_grid(g, cl, w, configs, options, profile=prof)
     lb = compute_bound(g, cl, w, configs, profile=prof)  # GEMMs priced by the same shapes
