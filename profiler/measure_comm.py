@@ -149,7 +149,7 @@ LOAD_BYTES = 64 * 1024  # the all-reduce the under-load loop issues
 LOAD_REPEATS = 15  # (plain, loaded) loop pairs; their median difference counts
 
 
-def _wait_under_load(rank: int, world: int, iters: int) -> tuple[float, float]:
+def wait_under_load(rank: int, world: int, iters: int, chunk_s: float = LOAD_CHUNK_S) -> tuple[float, float]:
     """Seconds a collective adds to a rank's loop beyond its own time when every rank computes
     between collectives, as in training: pairs of ranks side by side alternate matmuls with a
     64 KiB all-reduce (no barrier before it, so a partner descheduled by a time-shared core is
@@ -157,11 +157,11 @@ def _wait_under_load(rank: int, world: int, iters: int) -> tuple[float, float]:
     a barrier (the slowest pair's); :func:`wait_beyond` takes the collective's own time from the
     first. Ranks outside a full pair only compute.
 
-    The wait grows with the compute between collectives up to the scheduler's time slice (on the
-    2-core host: ~1.2 ms after 1-3 ms of compute, 2.4-3.2 ms after 12-48 ms; see
-    benchmarks/README.md). Training computes a layer's forward or backward between two blocking
-    collectives, on a CPU ~10 ms or more, so the loop computes ``LOAD_CHUNK_S`` of one rank's
-    CPU time (~12 ms of wall time with two ranks per core) between its collectives."""
+    The wait grows with the compute between collectives towards the scheduler's time slice
+    (``benchmarks/collective_wait.py`` prints the curve; README). Training computes a layer's
+    forward or backward between two blocking collectives, on a CPU ~10 ms or more, so the loop
+    computes ``chunk_s`` of one rank's CPU time (~12 ms of wall time with two ranks per core)
+    between its collectives."""
     import torch
     import torch.distributed as dist
 
@@ -174,7 +174,7 @@ def _wait_under_load(rank: int, world: int, iters: int) -> tuple[float, float]:
         a @ b
     per = torch.tensor([(time.thread_time() - t0) / 8], dtype=torch.float64)
     dist.all_reduce(per, op=dist.ReduceOp.MIN)  # every rank runs the same count
-    matmuls = max(1, round(LOAD_CHUNK_S / max(float(per), 1e-6)))
+    matmuls = max(1, round(chunk_s / max(float(per), 1e-6)))
 
     def loop(comm: bool) -> float:
         dist.barrier()
@@ -246,7 +246,7 @@ def _worker(rank: int, world: int, port: int, cfg: dict[str, Any], q: Any) -> No
             dist.barrier()
         if backend == "gloo" and world >= 2:  # CPU ranks time-share cores: measure the wait
             where = "collectives under load"
-            extra, synced = _wait_under_load(rank, world, 16 if cfg["quick"] else 24)
+            extra, synced = wait_under_load(rank, world, 16 if cfg["quick"] else 24)
             if rank == 0:
                 results.append({"collective": "_wait", "world": 2, "bytes": LOAD_BYTES, "times": [extra, synced]})
         if rank == 0:
