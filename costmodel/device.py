@@ -58,12 +58,18 @@ class DeviceModel:
 
     def _compute_share(self) -> float:
         """The fraction of its measured speed a rank gets when a node's ranks share fewer cores
-        than their profiled threads (CPU hosts); 1 otherwise."""
+        than their profiled threads (CPU hosts): the fair share ``cores / (ranks · threads)`` times
+        the sharing efficiency the comm profile measured (caches and switches cost a little more);
+        1 otherwise."""
         cores = self.acc.cores_per_node
         if not cores or self.profile is None or self.profile.compute is None:
             return 1.0
         ranks = min(self.cluster.world_size, self.cluster.gpus_per_node)
-        return min(1.0, cores / (ranks * self.profile.device.threads))
+        fair = cores / (ranks * self.profile.device.threads)
+        if fair >= 1.0:
+            return 1.0
+        eff = min((f.sharing_efficiency for f in self.profile.comm), default=1.0)
+        return fair * eff
 
     # ---- compute ---------------------------------------------------------------------------
     def gemm_rate(self, precision: str) -> float:

@@ -196,6 +196,51 @@ def wait_under_load(rank: int, world: int, iters: int, chunk_s: float = LOAD_CHU
     return float(extra[0]), float(extra[1])
 
 
+def sharing_efficiency(rank: int, world: int, seconds: float = 0.3, trials: int = 3) -> float:
+    """The fraction of its fair share of the cores (``cores / world``) rank 0's compute gets while
+    every rank computes at once: a small MLP block's forward and backward (linear 512 -> 2048,
+    GELU, linear back, LayerNorm, 512 tokens: GEMMs and memory-bound ops as in training), timed
+    alone (the other ranks wait in a barrier) and together; the median of ``trials``. 1 when the
+    ranks do not outnumber the cores."""
+    import torch
+    import torch.distributed as dist
+
+    fair = min(1.0, (os.cpu_count() or 1) / (world * torch.get_num_threads()))
+    if fair >= 1.0:
+        return 1.0
+    torch.manual_seed(0)
+    block = torch.nn.Sequential(torch.nn.LayerNorm(512), torch.nn.Linear(512, 2048), torch.nn.GELU(),
+                                torch.nn.Linear(2048, 512))
+    x = torch.randn(512, 512)
+
+    def step() -> None:
+        block(x).sum().backward()
+
+    t0 = time.perf_counter()
+    for _ in range(3):
+        step()
+    reps = torch.tensor([max(3, round(seconds * fair / ((time.perf_counter() - t0) / 3)))])
+    dist.all_reduce(reps, op=dist.ReduceOp.MIN)  # every rank the same count
+
+    def timed() -> float:
+        t0 = time.perf_counter()
+        for _ in range(int(reps)):
+            step()
+        return time.perf_counter() - t0
+
+    ratios = []
+    for _ in range(trials):
+        dist.barrier()
+        alone = timed() if rank == 0 else 0.0
+        dist.barrier()
+        loaded = torch.tensor([timed()], dtype=torch.float64)
+        dist.all_reduce(loaded)  # the ranks' mean: what each got of the cores
+        ratios.append(alone / (float(loaded) / world))
+    eff = torch.tensor([statistics.median(ratios) / fair if rank == 0 else 0.0], dtype=torch.float64)
+    dist.broadcast(eff, 0)
+    return float(eff)
+
+
 def _worker(rank: int, world: int, port: int, cfg: dict[str, Any], q: Any) -> None:
     threading.Thread(target=_watch_parent, args=(cfg["ppid"],), daemon=True).start()
     warnings.filterwarnings("ignore")
@@ -247,8 +292,11 @@ def _worker(rank: int, world: int, port: int, cfg: dict[str, Any], q: Any) -> No
         if backend == "gloo" and world >= 2:  # CPU ranks time-share cores: measure the wait
             where = "collectives under load"
             extra, synced = wait_under_load(rank, world, 16 if cfg["quick"] else 24)
+            where = "compute shared by every rank"
+            eff = sharing_efficiency(rank, world)
             if rank == 0:
                 results.append({"collective": "_wait", "world": 2, "bytes": LOAD_BYTES, "times": [extra, synced]})
+                results.append({"collective": "_share", "world": world, "bytes": 0, "times": [eff]})
         if rank == 0:
             q.put(("result", results))
         dist.destroy_process_group()
@@ -405,7 +453,9 @@ def profile_comm(
             fits.append(CommFit(collective=coll, world=w, backend=backend, alpha_s=a, beta_s_per_byte=b,
                                 median_rel_error=err, stat=stat, points=med, min_points=mins, wait_s=0.0))
     wait = wait_beyond(next((r["times"] for r in results if r["collective"] == "_wait"), None), fits)
-    fits = [f.model_copy(update={"wait_s": wait}) for f in fits]
+    eff = next((r["times"][0] for r in results if r["collective"] == "_share"), 1.0)
+    eff = min(2.0, max(0.05, eff))  # the schema's bounds; a wild value from a noisy host stays sane
+    fits = [f.model_copy(update={"wait_s": wait, "sharing_efficiency": eff}) for f in fits]
     dev = torch.device("cuda", 0) if backend == "nccl" else torch.device("cpu")
     return device_info(dev, load), fits
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import psutil
 import pytest
 
@@ -62,6 +64,8 @@ def test_real_gloo_run_with_two_processes() -> None:
         assert all(t > 0 for _, t in f.points) and all(m <= t for (_, m), (_, t) in zip(f.min_points, f.points, strict=True))
         assert f.alpha_s >= 0 and f.beta_s_per_byte >= 0 and f.median_rel_error >= 0
     assert len({f.wait_s for f in fits}) == 1 and fits[0].wait_s >= 0  # one wait under load per run
+    if (os.cpu_count() or 1) >= 2:  # two ranks, two cores: nothing shared, nothing measured
+        assert {f.sharing_efficiency for f in fits} == {1.0}
     prof = parse_profile(Profile(device=info, comm=fits).to_json())
     a, b = prof.comm_alpha_beta("all_reduce", 2)
     assert a + b * 1e6 > 0

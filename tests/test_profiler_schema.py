@@ -197,3 +197,18 @@ def test_ranks_sharing_cores_run_at_their_share_and_gloo_hides_nothing(prof: Pro
     assert DeviceModel(parse_cluster("4xcpu")).share == 1.0  # spec sheet: the host's peak as given
     assert four.c.fsdp_overlap == four.c.dp_overlap == four.c.tp_overlap == four.c.pp_overlap == 0.0
     assert DeviceModel(parse_cluster("8xh100")).c.fsdp_overlap > 0
+
+
+def test_the_measured_sharing_efficiency_scales_the_fair_share(prof: Profile) -> None:
+    """A comm profile that measured ranks getting 90% of their fair share of the cores: four ranks
+    of 2 threads on 2 cores run at 0.25 x 0.9 of the measured speed; a rank alone keeps all of it."""
+    from costmodel.device import DeviceModel
+    from profiler.hardware import parse_cluster
+    from profiler.profile_schema import CommFit
+
+    fit = CommFit(collective="all_reduce", world=2, backend="gloo", alpha_s=1e-4, beta_s_per_byte=1e-9,
+                  median_rel_error=0.0, points=[(1.0, 1e-4)], sharing_efficiency=0.9)
+    shared = prof.model_copy(update={"comm": [fit]})
+    assert DeviceModel(parse_cluster("4xcpu"), shared).share == pytest.approx(0.225, rel=1e-12)
+    assert DeviceModel(parse_cluster("1xcpu"), shared).share == 1.0
+    assert parse_profile(shared.to_json()).comm[0].sharing_efficiency == 0.9  # round-trips

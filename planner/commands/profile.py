@@ -162,8 +162,10 @@ def comm(
              "beta_s_per_byte": f.beta_s_per_byte,
              "gbps": (1 / f.beta_s_per_byte / 1e9) if f.beta_s_per_byte else None,
              "median_rel_error": f.median_rel_error} for f in fits]
+    load = {"wait_s": fits[0].wait_s, "sharing_efficiency": fits[0].sharing_efficiency} if fits else {}
     if as_json:
-        print_json({"output": str(output), "backend": backend, "nproc": nproc, "wall_s": round(wall, 1), "fits": rows})
+        print_json({"output": str(output), "backend": backend, "nproc": nproc, "wall_s": round(wall, 1), "fits": rows,
+                    **load})
         return
     t = Table(title=f"{backend} x{nproc}: t = alpha + beta * bytes ({wall:.0f} s) -> {output}")
     for col in ("collective", "world", "alpha µs", "1/beta GB/s", "median error"):
@@ -172,6 +174,10 @@ def comm(
         t.add_row(r["collective"], str(r["world"]), f"{r['alpha_us']:.1f}",
                   f"{r['gbps']:.2f}" if r["gbps"] else "-", f"{r['median_rel_error']:.0%}")
     console.print(t)
+    if load and (load["wait_s"] or load["sharing_efficiency"] != 1.0):
+        console.print(f"under load (ranks time-sharing {os.cpu_count()} cores): a blocking collective waits "
+                      f"{load['wait_s'] * 1e3:.2f} ms for its partner; compute gets "
+                      f"{load['sharing_efficiency']:.0%} of its fair share of the cores")
 
 
 @profile_app.command("model")
