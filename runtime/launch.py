@@ -194,9 +194,10 @@ def launch(jobs: list[Job], nproc: int, start_method: str = "spawn") -> list[dic
             mp.start_processes(_worker, args=(nproc, port, jobs, tmp), nprocs=nproc, join=True,
                                start_method=start_method)
         except mp.ProcessRaisedException as e:
-            raise LaunchError(_failure(out, e.error_index, f"rank {e.error_index} failed")) from None
+            if not _all_done(out, nproc):  # a rank that failed in teardown after all had finished did no harm
+                raise LaunchError(_failure(out, e.error_index, f"rank {e.error_index} failed")) from None
         except mp.ProcessExitedException as e:
-            if not _all_done(out, nproc):  # a rank that died in teardown after all had finished did no harm
+            if not _all_done(out, nproc):  # nor one that died there
                 how = f"signal {e.signal_name}" if e.signal_name else f"exit code {e.exit_code}"
                 raise LaunchError(_failure(out, e.error_index, f"rank {e.error_index} died ({how})")) from None
         res = out / "results.json"
