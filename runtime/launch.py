@@ -14,14 +14,17 @@ forgives: every rank has finished and the results are written).
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import json
 import logging
 import os
+import signal
 import socket
 import sys
 import tempfile
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -166,6 +169,37 @@ def _worker(rank: int, world: int, port: int, jobs: list[Job], out_dir: str) -> 
     os._exit(0)
 
 
+@contextlib.contextmanager
+def _stop_on_sigterm() -> Iterator[None]:
+    """While the ranks run, SIGTERM to this process raises a :class:`LaunchError` (so the ranks
+    are ended and the scratch directory removed); the previous handler comes back after. Only the
+    main thread can set handlers: elsewhere nothing changes."""
+    def stop(signum: int, frame: Any) -> None:
+        raise LaunchError("training stopped by SIGTERM; every rank was ended")
+
+    try:
+        previous = signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _end(procs: list[Any], grace_s: float = 5.0) -> None:
+    """Terminate the ranks still alive, then kill what outlives ``grace_s``."""
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(grace_s)
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
 def _all_done(out_dir: Path, nproc: int) -> bool:
     """Every rank passed the final barrier (and rank 0 wrote the results)."""
     return all((out_dir / f"{DONE}.{r}").exists() for r in range(nproc))
@@ -182,17 +216,20 @@ def _failure(out_dir: Path, rank: int, fallback: str) -> str:
 def launch(jobs: list[Job], nproc: int, start_method: str = "spawn") -> list[dict[str, Any]]:
     """Run ``jobs`` on ``nproc`` local processes; one result dict per job (from rank 0).
 
-    Raises :class:`LaunchError` when a rank fails; all ranks have ended by then.
+    Raises :class:`LaunchError` when a rank fails, and when the launching process is told to stop
+    (SIGTERM; Ctrl-C raises ``KeyboardInterrupt``); all ranks have ended by then.
     """
     if nproc < 1:
         raise ShardplanError(f"--nproc must be at least 1, got {nproc}")
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)  # we report failures ourselves
-    with tempfile.TemporaryDirectory(prefix="shardplan-train-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="shardplan-train-") as tmp, _stop_on_sigterm():
         out = Path(tmp)
         port = free_port()
+        ctx = mp.start_processes(_worker, args=(nproc, port, jobs, tmp), nprocs=nproc, join=False,
+                                 start_method=start_method)
         try:
-            mp.start_processes(_worker, args=(nproc, port, jobs, tmp), nprocs=nproc, join=True,
-                               start_method=start_method)
+            while not ctx.join():
+                pass
         except mp.ProcessRaisedException as e:
             if not _all_done(out, nproc):  # a rank that failed in teardown after all had finished did no harm
                 raise LaunchError(_failure(out, e.error_index, f"rank {e.error_index} failed")) from None
@@ -200,6 +237,8 @@ def launch(jobs: list[Job], nproc: int, start_method: str = "spawn") -> list[dic
             if not _all_done(out, nproc):  # nor one that died there
                 how = f"signal {e.signal_name}" if e.signal_name else f"exit code {e.exit_code}"
                 raise LaunchError(_failure(out, e.error_index, f"rank {e.error_index} died ({how})")) from None
+        finally:
+            _end(ctx.processes)
         res = out / "results.json"
         if not res.exists():
             raise LaunchError("training ended without results (rank 0 wrote nothing)")

@@ -125,6 +125,39 @@ def test_a_rank_aborting_in_teardown_after_all_finished_is_forgiven(plan2: Path,
     assert _workers() == []
 
 
+@pytest.mark.slow
+def test_sigterm_to_train_ends_every_rank_and_leaves_nothing(plan2: Path, tmp_path: Path) -> None:
+    """A scheduler's SIGTERM to ``shardplan train``: one message, a non-zero exit, every rank
+    ended, no scratch directory and no output left behind."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    scratch, out_file = tmp_path / "scratch", tmp_path / "report.json"
+    scratch.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from planner.cli import main; main()", "train", "--model", "tiny-llama",
+         "--plan", str(plan2), "--nproc", "2", "--steps", "100000", "--output", str(out_file)],
+        env={**os.environ, "TMPDIR": str(scratch)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    parent = psutil.Process(proc.pid)
+    deadline = time.monotonic() + 120
+    while len(parent.children()) < 2 and time.monotonic() < deadline:  # both ranks started
+        time.sleep(0.2)
+    ranks = [c for c in parent.children(recursive=True) if "resource_tracker" not in " ".join(c.cmdline())]
+    assert len(ranks) >= 2
+    while not list(scratch.glob("shardplan-train-*")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(3)  # training under way
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and "stopped by SIGTERM" in out and "Traceback" not in out
+    gone, alive = psutil.wait_procs(ranks, timeout=10)
+    assert alive == []
+    assert list(scratch.glob("shardplan-train-*")) == [] and not out_file.exists()  # (torch caches aside)
+
+
 def test_free_port_is_bindable() -> None:
     import socket
 
