@@ -334,11 +334,12 @@ def check_backend(backend: str, nproc: int) -> None:
         raise ShardplanError(f"backend '{backend}' is not gloo or nccl")
 
 
-def _terminate(procs: list[Any]) -> None:
+def end_processes(procs: list[Any], grace_s: float = 5.0) -> None:
+    """Terminate the processes still alive, then kill what outlives ``grace_s`` (all together)."""
     for p in procs:
         if p.is_alive():
             p.terminate()
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + grace_s
     for p in procs:
         p.join(max(0.1, deadline - time.monotonic()))
         if p.is_alive():
@@ -438,7 +439,7 @@ def profile_comm(
                     errors[msg[1]] = (msg[2], msg[3])
             raise ShardplanError(_failure(procs, errors, where, backend, timeout_s))
     finally:
-        _terminate(procs)
+        end_processes(procs)
         q.close()
         del store
     fits = []

@@ -33,6 +33,7 @@ import torch
 import torch.multiprocessing as mp
 
 from profiler.errors import ShardplanError
+from profiler.measure_comm import end_processes
 
 FAIL_ENV = "SHARDPLAN_FAIL_RANK"
 SEP = "\n--- traceback ---\n"
@@ -188,18 +189,6 @@ def _stop_on_sigterm() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _end(procs: list[Any], grace_s: float = 5.0) -> None:
-    """Terminate the ranks still alive, then kill what outlives ``grace_s``."""
-    for p in procs:
-        if p.is_alive():
-            p.terminate()
-    for p in procs:
-        p.join(grace_s)
-        if p.is_alive():
-            p.kill()
-            p.join()
-
-
 def _all_done(out_dir: Path, nproc: int) -> bool:
     """Every rank passed the final barrier (and rank 0 wrote the results)."""
     return all((out_dir / f"{DONE}.{r}").exists() for r in range(nproc))
@@ -238,7 +227,7 @@ def launch(jobs: list[Job], nproc: int, start_method: str = "spawn") -> list[dic
                 how = f"signal {e.signal_name}" if e.signal_name else f"exit code {e.exit_code}"
                 raise LaunchError(_failure(out, e.error_index, f"rank {e.error_index} died ({how})")) from None
         finally:
-            _end(ctx.processes)
+            end_processes(ctx.processes)
         res = out / "results.json"
         if not res.exists():
             raise LaunchError("training ended without results (rank 0 wrote nothing)")
