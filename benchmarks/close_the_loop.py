@@ -224,11 +224,12 @@ def main(argv: list[str] | None = None) -> int:
     plain_pred = [x["plain_step_s"] for x in rows]
     fitting = [x for x in rows if x["fits_meas"]]
     fastest = min(fitting or rows, key=lambda x: x["meas_step_s"])
+    resolved, n_resolved = pairwise(pred, meas, spread)
     summary = {"model": model, "config": cfg.to_dict(), "params": graph.total_params, "workload": w.model_dump(),
                "memory_limit_gib": limit, "core_share": share,
                "profile_threads": prof.device.threads, "load_avg": os.getloadavg(),
                "spearman": spearman(pred, meas), "pairwise_agreement": pairwise(pred, meas)[0],
-               "resolved_pairwise_agreement": pairwise(pred, meas, spread)[0], "resolved_pairs": pairwise(pred, meas, spread)[1],
+               "resolved_pairwise_agreement": resolved, "resolved_pairs": n_resolved,
                "plain_spearman": spearman(plain_pred, meas), "plain_pairwise_agreement": pairwise(plain_pred, meas)[0],
                "fastest_measured": fastest["plan"], "any_fits_measured": bool(fitting),
                "planned_twin": twin, "planned_is_fastest": fastest["plan"] in ("planned", twin), "rows": rows}
