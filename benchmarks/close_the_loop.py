@@ -4,7 +4,8 @@
 
 1. Profile: ``shardplan profile compute --device cpu --quick --dtype fp32`` (``OMP_NUM_THREADS=1``,
    the runtime's per-rank thread count) and ``shardplan profile comm --nproc 4 --backend gloo
-   --quick``, merged into one file; an existing ``--profile`` is reused.
+   --quick``, merged into one file, measured afresh into the work directory on every run (a profile
+   left there by an earlier run, perhaps by older code, is never reused); ``--profile P`` reuses P.
 2. Model: a gpt2-shaped config (HF ``config.json`` keys) that ``shardplan train`` builds. The cost
    model gets the graph of what the runtime runs: SDPA attention, no dropout (the gpt2 loader says
    ``eager``; the runtime always runs SDPA). fp32 throughout.
@@ -152,7 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     a = ap.parse_args(argv)
     a.work.mkdir(parents=True, exist_ok=True)
-    prof = get_profile(a.profile or a.work / "profile.json")
+    if a.profile is None:
+        a.profile = a.work / "profile.json"
+        a.profile.unlink(missing_ok=True)  # measured afresh: never an earlier run's (or older code's) profile
+    prof = get_profile(a.profile)
     cfg_path = a.work / "gpt-small.json"
     cfg_path.write_text(json.dumps({"model_type": "gpt2", "n_layer": a.layers, "n_embd": a.hidden, "n_head": a.heads,
                                     "vocab_size": a.vocab, "n_positions": a.seq_len, "resid_pdrop": 0.0}))
@@ -170,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     peaks = sorted((r.memory_peak_gib for r in reports.values()), reverse=True)
     limit = a.memory_limit or (peaks[0] + peaks[1]) / 2
     planned = make_plan(cfg, cluster, a.seq_len, a.global_batch, memory_limit_gib=limit, precision="fp32",
-                        profile=a.profile or a.work / "profile.json")
+                        profile=a.profile)
     planned.inputs.model = model  # the runtime builds it from the config file (same architecture)
     strategies = {"planned": planned.strategy, **strategies}
     reports = {n: estimate(graph, cluster, s, w, profile=prof, memory_limit_gib=limit) for n, s in strategies.items()}
@@ -239,6 +243,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"\n{cfg.name}: {graph.total_params / 1e6:.1f}M params, seq {a.seq_len}, global batch {a.global_batch}, "
           f"fp32, {NPROC} ranks on {os.cpu_count()} cores; limit {limit:.3f} GiB; load {os.getloadavg()[0]:.2f}")
+    waits = [f.wait_s for f in prof.comm if f.wait_s > 0]
+    print(f"profile: collective wait {1e3 * max(waits, default=0.0):.2f} ms, sharing efficiency "
+          f"{min((f.sharing_efficiency for f in prof.comm), default=1.0):.3f}, CPU share per rank {share:.3f}")
     print(f"{'plan':<9}{'pred s':>8}{'meas s':>8}{'err':>6}{'plain s':>8}{'err':>6}"
           f"{'pred MiB':>9}{'meas MiB':>9}{'err':>6}{'RSS net':>8}{'err':>6}{'state':>7}{'base':>6}{'fits p/m':>9}"
           f"{'load':>6}")

@@ -12,9 +12,8 @@ virtual stages per rank.
 
 On a host whose ranks time-share fewer cores than they would use (CPU clusters; the device
 model's ``share`` < 1 scales every stage time by ``1/share``), a rank idle in the bubble leaves
-its cores to the others: the step is the longer of the schedule at full speed (``share`` × the
-formula above) and the node's total work on its cores (``m``·mean_i T_i) — see
-:func:`time_shared`. With ``share`` = 1 (GPUs) that is the formula above.
+its cores to the others, and the ranks still busy run faster: see :func:`time_shared`. With
+``share`` = 1 (GPUs) that is the formula above.
 """
 
 from __future__ import annotations
@@ -25,14 +24,52 @@ from typing import Any
 import numpy as np
 
 
-def time_shared(pipe: Any, m: Any, sum_t: Any, p: Any, share: float) -> Any:
-    """The pipeline part of a step when ``p`` ranks time-share cores at ``share`` of their speed:
-    ``max(share·pipe, m·Σ T_i / p)`` (scalars or numpy arrays, ``p`` too); ``pipe`` itself when
-    ``share`` is 1 or there is no pipeline (``p`` = 1). Lower bounds of ``pipe`` and ``Σ T`` give a
-    lower bound."""
+def time_shared(pipe: Any, m: Any, sum_t: Any, p: Any, share: float, ramp: Any) -> Any:
+    """The pipeline part of a step when ``p`` ranks time-share cores at ``share`` of their speed.
+
+    ``pipe`` is the schedule's time at ``share`` (the formulas above), ``sum_t`` the ranks' summed
+    micro-batch time ``Σ T``, ``ramp`` one step of the fill (and of the drain): ``Σ T / p`` for
+    GPipe and 1F1B, the slowest rank's ``T / v`` interleaved, the zero-bubble fill. Scalars or
+    numpy arrays, ``m`` and ``p`` too.
+
+    Under processor sharing every busy rank runs at the same rate, ``min(1, c / k)`` of its full
+    speed with ``k`` of a pipeline's ``p`` ranks busy and ``c = share·p`` ranks' worth of cores per
+    pipeline (replicas run the same phase at the same time), so the step is the full-speed
+    schedule with each stretch of ``k`` busy ranks slowed by ``max(1, k / c)``. The schedule's
+    ranks fill one ramp step at a time (``1, 2, …, K - 1`` busy, ``K = min(m, p)``), run a plateau
+    with ``K`` busy and drain the same way: ``2·ramp·Σ_{k<K} max(1, k / c)`` (full speed) plus the
+    plateau, the longer of its full-speed length and its work over ``c``. For equal stages that
+    is exactly GPipe or 1F1B simulated at those rates (interleaved idles more mid-schedule: up to
+    5% long; ``tests/test_plots.py``); the
+    result is never below the schedule at full speed (``share·pipe``) nor below the node's work on
+    its cores (``m·Σ T / p``). It grows with ``pipe``, ``Σ T`` and ``ramp`` (every branch does, the
+    ramp's negative terms outweighed), so lower bounds of them give a lower bound. ``pipe`` itself when ``share`` is 1 or ``p`` = 1.
+    """
     if share >= 1.0:
         return pipe
-    return np.where(np.asarray(p) > 1, np.maximum(share * pipe, m * sum_t / p), pipe)
+    p_arr = np.asarray(p, dtype=float)
+    k, stretch = ramp_stretch(m, p_arr, share)
+    full_ramp = share * ramp
+    plateau = np.maximum(share * pipe - 2 * (k - 1) * full_ramp, (m * sum_t - k * (k - 1) * ramp) / p_arr)
+    shared = np.maximum(2 * full_ramp * stretch + plateau, np.maximum(share * pipe, m * sum_t / p_arr))
+    return np.where(p_arr > 1, shared, pipe)
+
+
+def ramp_stretch(m: Any, p: Any, share: float) -> tuple[Any, Any]:
+    """(``K = min(m, p)``, ``Σ_{k=1}^{K-1} max(1, k / c)`` with ``c = share·p``): the busy ranks at
+    a time-shared pipeline's plateau and how much its fill (or drain) is slowed, in ramp steps."""
+    p = np.asarray(p, dtype=float)
+    k = np.minimum(np.asarray(m, dtype=float), p)
+    c = share * p
+    j = np.clip(np.floor(c), 0.0, k - 1)  # up to j busy ranks run at full speed
+    return k, j + (k * (k - 1) - j * (j + 1)) / (2 * c)
+
+
+def ramp_step(schedule: Any, sum_t: Any, worst: Any, fill: Any, p: Any, v: Any) -> Any:
+    """One step of a schedule's fill and drain (``ramp`` of :func:`time_shared`), per schedule:
+    ``Σ T / p`` (GPipe, 1F1B), ``max T / v`` (interleaved), the zero-bubble fill (at least 0)."""
+    return np.select([np.asarray(schedule) == "interleaved", np.asarray(schedule) == "zb"],
+                     [np.asarray(worst) / v, np.maximum(fill, 0.0)], np.asarray(sum_t) / p)
 
 
 def pipeline_time(
@@ -41,20 +78,12 @@ def pipeline_time(
 ) -> tuple[float, float]:
     """(step time of the pipeline part, bubble time) for ``m`` micro-batches (``share``: see
     :func:`time_shared`)."""
-    total, _ = _pipeline_time(schedule, stage_fb, m, v, stage_f, stage_w)
-    total = float(time_shared(total, m, sum(stage_fb), len(stage_fb), share))
-    return total, max(0.0, total - m * max(stage_fb))
-
-
-def _pipeline_time(
-    schedule: str, stage_fb: Sequence[float], m: int, v: int = 1,
-    stage_f: Sequence[float] | None = None, stage_w: Sequence[float] | None = None,
-) -> tuple[float, float]:
     p = len(stage_fb)
     worst = max(stage_fb)
     busy = m * worst
     if p == 1:
         return busy, 0.0
+    fill = 0.0
     if schedule in ("gpipe", "1f1b"):
         total = (m - 1) * worst + sum(stage_fb)
     elif schedule == "interleaved":
@@ -67,7 +96,9 @@ def _pipeline_time(
         total = busy + (p - 1) * max(fill, 0.0)
     else:
         raise ValueError(f"unknown schedule '{schedule}'")
-    return total, total - busy
+    ramp = ramp_step(schedule, sum(stage_fb), worst, fill, p, v)
+    total = float(time_shared(total, m, sum(stage_fb), p, share, ramp))
+    return total, max(0.0, total - busy)
 
 
 def in_flight(schedule: str, stage: int, p: int, m: int, v: int = 1) -> float:

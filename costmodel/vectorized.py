@@ -24,7 +24,7 @@ import numpy as np
 
 from costmodel.device import DeviceModel
 from costmodel.estimate import even_split, tied_table
-from costmodel.pipeline import time_shared
+from costmodel.pipeline import ramp_step, time_shared
 from costmodel.report import GIB
 from costmodel.strategy import LayerStrategy, Mesh, Strategy, Workload
 from costmodel.units import TP_SPLIT_ROLES, state_bytes
@@ -199,7 +199,7 @@ def _combine(sl: np.ndarray, p: int, v: int, blocks: list[int], pre: int | None,
         pipe = np.select([sched == "interleaved", sched == "zb"],
                          [mm * worst + (p - 1) * worst / v, mm * worst + (p - 1) * np.maximum(fill, 0.0)],
                          (mm - 1) * worst + sum_t)
-        pipe = time_shared(pipe, mm, sum_t, p, dev.share)
+        pipe = time_shared(pipe, mm, sum_t, p, dev.share, ramp_step(sched, sum_t, worst, fill, p, v))
     exposed = c.exposed(per_rank("step_comm"), c.dp_overlap * per_rank("window")).max(axis=2)
     step = pipe + exposed + per_rank("optim").max(axis=2) + per_rank("offload").max(axis=2)
     step = step + c.step_overhead_s
@@ -281,4 +281,5 @@ def compute_bound(graph: LayerGraph, cluster: Cluster, w: Workload, configs: Seq
     p, v = g.pp, g.vpp
     pipe = np.select([p == 1, g.sched == "interleaved", g.sched == "zb"],
                      [m * total, (m + (p - 1) / v) * total / p, m * total / p], ((m - 1) / p + 1) * total)
-    return time_shared(pipe, m, total, p, dev.share) + dev.c.step_overhead_s
+    ramp = ramp_step(g.sched, total, total / p, 0.0, p, v)  # balanced stages, no zero-bubble fill
+    return time_shared(pipe, m, total, p, dev.share, ramp) + dev.c.step_overhead_s

@@ -22,7 +22,7 @@ import numpy as np
 
 from costmodel.device import DeviceModel
 from costmodel.estimate import rank_blocks, rank_sends
-from costmodel.pipeline import in_flight, time_shared
+from costmodel.pipeline import in_flight, ramp_step, time_shared
 from costmodel.strategy import Workload
 from costmodel.vectorized import GridReport
 from solvers.chain import memory_budget
@@ -84,7 +84,8 @@ def grid_bounds(gr: GridReport, rows: MeshRows, dev: DeviceModel, layout: tuple,
         pipe = np.select([p == 1, sched == "interleaved", sched == "zb"],
                          [m * t, m * worst + (p - 1) * worst / v, m * worst + (p - 1) * fill],
                          (m - 1) * worst + t)
-        return time_shared(pipe, m, t, p, dev.share) + extra / p + dev.c.step_overhead_s
+        ramp = ramp_step(sched, t, worst, fill, p, v)
+        return time_shared(pipe, m, t, p, dev.share, ramp) + extra / p + dev.c.step_overhead_s
 
     worst = t / p
     if block is None or gr.p2p_total is None:

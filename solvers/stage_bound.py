@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from costmodel.estimate import rank_blocks, rank_sends
-from costmodel.pipeline import in_flight, time_shared
+from costmodel.pipeline import in_flight, ramp_step, time_shared
 from solvers.stage_tables import INF, PipelineProblem, best_splits, pareto_front
 
 __all__ = ["mixed_bound"]
@@ -55,7 +55,8 @@ def mixed_bound(qs: Sequence[PipelineProblem], nonuniform: bool = True) -> float
     one_f_one_b = sched not in ("interleaved", "zb")
     scale = {"interleaved": m + (p - 1) / v, "zb": float(m)}.get(sched, m - 1.0)
     pipe = scale * max_t + (sum_t if one_f_one_b else 0.0)
-    bound = float(time_shared(pipe, m, sum_t, p, pp.dev.share)) + _per_step(qs, fixed)
+    ramp = ramp_step(sched, sum_t, max_t, 0.0, p, v)  # the zero-bubble fill is at least 0
+    bound = float(time_shared(pipe, m, sum_t, p, pp.dev.share, ramp)) + _per_step(qs, fixed)
     if pp.dev.share >= 1.0:
         # the step is at least any rank's scale·T + optimizer + offload + exposed sync (1F1B: plus
         # Σ T), the exposed sync at least κ·S and at least S - (1-κ)·overlap·window

@@ -11,8 +11,9 @@ option on each stage, but for maxima, which are linearised:
   per-step gradient sync), ``Win_k`` (the backward that sync hides under), ``O_k`` (optimizer),
   ``F_k`` (offload copies): sums over the units it holds, plus its sends;
 * the pipeline: 1F1B/GPipe ``(m-1)·τ + Σ T``, zero-bubble ``m·τ + (p-1)·max(0, φ)``, interleaved
-  ``(m + (p-1)/v)·τ`` with ``τ >= T_k``, ``φ >= T_k - 2·W_k``; on time-shared cores
-  ``max(share·pipe, m·Σ T / p)`` (:func:`costmodel.pipeline.time_shared`);
+  ``(m + (p-1)/v)·τ`` with ``τ >= T_k``, ``φ >= T_k - 2·W_k``; on time-shared cores the
+  full-speed schedule stretched where more ranks are busy than there are cores, a maximum of
+  linear terms (:func:`costmodel.pipeline.time_shared`);
 * the exposed sync ``max_k (S_k - (1-κ)·min(S_k, overlap·Win_k))`` as ``ε >= κ·S_k`` and
   ``ε >= S_k - (1-κ)·overlap·Win_k``; ``o >= O_k``, ``f >= F_k``;
 * a stage's memory ``Σ (states + in-flight·activations) + G_k + R_k <= budget``, where the
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodel.estimate import rank_blocks, rank_sends
-from costmodel.pipeline import in_flight
+from costmodel.pipeline import in_flight, ramp_stretch
 from solvers.osdp_ilp import _Model
 from solvers.stage_tables import INF, PipelineProblem, UnitView
 from solvers.stages import PipelineSolution, pipeline_objective
@@ -228,7 +229,7 @@ class _Formulation:
             md.row({**e["optim"], opt: -1.0}, hi=0.0)
             md.row({**e["offload"], off: -1.0}, hi=0.0)
             sum_t = _plus(sum_t, e["time"], 1.0)
-        pipe_const = 0.0
+        pipe_const, fill = 0.0, None
         if sched == "interleaved":
             pipe = {tau: m + (p - 1) / v}
         elif sched == "zb":
@@ -240,13 +241,34 @@ class _Formulation:
             pipe = {**sum_t, tau: float(m - 1)}
             pipe_const = sum(base)
         if pp.dev.share < 1.0:  # time-shared cores (costmodel.pipeline.time_shared)
-            shared = md.var(cost=1.0)
-            md.row({**_scaled(pipe, pp.dev.share), shared: -1.0}, hi=-pp.dev.share * pipe_const)
-            md.row({**_scaled(sum_t, m / p), shared: -1.0}, hi=-m * sum(base) / p)
+            self._time_shared(pipe, pipe_const, sum_t, sum(base), tau, fill)
             return c.step_overhead_s / self.unit
         for col, a in pipe.items():
             md.cost[col] += a
         return c.step_overhead_s / self.unit + pipe_const
+
+    def _time_shared(self, pipe: dict[int, float], pipe_const: float, sum_t: dict[int, float],
+                     sum_const: float, tau: int, fill: int | None) -> None:
+        """The objective's ``max(2·share·stretch·ramp + plateau, share·pipe, m·Σ T / p)`` with
+        ``plateau >= share·(pipe - 2(K-1)·ramp)`` and ``plateau >= (m·Σ T - K(K-1)·ramp) / p``."""
+        pp, md, p, m, share = self.pp, self.md, self.p, self.pp.m, self.pp.dev.share
+        k, stretch = (float(x) for x in ramp_stretch(m, p, share))
+        if pp.cfg.schedule == "interleaved":
+            ramp, ramp_const = {tau: 1.0 / pp.v}, 0.0
+        elif fill is not None:
+            ramp, ramp_const = {fill: 1.0}, 0.0
+        else:
+            ramp, ramp_const = _scaled(sum_t, 1.0 / p), sum_const / p
+        shared, plateau = md.var(cost=1.0), md.var()
+        md.row({**_scaled(pipe, share), shared: -1.0}, hi=-share * pipe_const)
+        md.row({**_scaled(sum_t, m / p), shared: -1.0}, hi=-m * sum_const / p)
+        cut = 2 * (k - 1) * share
+        md.row({**_plus(_scaled(pipe, share), ramp, -cut), plateau: -1.0},
+               hi=-(share * pipe_const - cut * ramp_const))
+        cut = k * (k - 1) / p
+        md.row({**_plus(_scaled(sum_t, m / p), ramp, -cut), plateau: -1.0}, hi=-(m * sum_const / p - cut * ramp_const))
+        lift = 2 * share * stretch
+        md.row({**_scaled(ramp, lift), plateau: 1.0, shared: -1.0}, hi=-lift * ramp_const)
 
     def assignment(self, x: np.ndarray) -> tuple[list[Opt], list[list[int]], list[int] | None]:
         """Per unit (embedding, blocks, head) its option, the blocks of each rank, the stage sizes."""

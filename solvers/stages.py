@@ -34,7 +34,7 @@ import numpy as np
 
 from costmodel.constants import CostConstants
 from costmodel.estimate import rank_blocks, rank_sends
-from costmodel.pipeline import in_flight, time_shared
+from costmodel.pipeline import in_flight, ramp_step, time_shared
 from costmodel.strategy import LayerStrategy, Strategy
 from profiler.graph import LayerGraph
 from solvers.chain import option_strategy
@@ -77,7 +77,8 @@ def _objective(pp: PipelineProblem, max_t: float, sum_t: float, fill: float, ex:
         pipe = m * max_t + (p - 1) * max(fill, 0.0)
     else:
         pipe = (m - 1) * max_t + sum_t
-    return float(time_shared(pipe, m, sum_t, p, pp.dev.share)) + ex + opt + off + c.step_overhead_s
+    ramp = ramp_step(sched, sum_t, max_t, fill, p, v)
+    return float(time_shared(pipe, m, sum_t, p, pp.dev.share, ramp)) + ex + opt + off + c.step_overhead_s
 
 
 def _vals(sc: StageCost, consts: CostConstants) -> tuple[float, ...]:

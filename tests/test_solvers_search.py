@@ -265,7 +265,9 @@ def test_time_shared_cores_let_pipeline_bubbles_lend_their_cores() -> None:
 
     total, bubble = pipeline_time("1f1b", [1.0, 1.0], 4, share=0.5)  # 4 ranks' worth of work on 2 cores
     assert (total, bubble) == (4.0, 0.0)  # not 0.5 x 5 = 2.5: the node's work, 2 x 4 x 1 s, takes 4 s
-    assert pipeline_time("1f1b", [1.0, 1.0], 4, share=0.9)[0] == pytest.approx(4.5)  # the schedule's 0.9 x 5
+    # 0.9: fill and drain (one rank busy) at full speed, 2 x 0.9 s; the plateau's 3 x 0.9 s with both
+    # ranks busy on 1.8 ranks' worth of cores at 0.9 of that speed, 3 s
+    assert pipeline_time("1f1b", [1.0, 1.0], 4, share=0.9)[0] == pytest.approx(4.8)
     g = load_model(SMALL, 1024)
     cl, w = parse_cluster("4xh100"), Workload(seq_len=1024, global_batch=8)
     dev = DeviceModel(cl)

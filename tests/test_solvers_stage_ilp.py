@@ -67,6 +67,7 @@ def _check(g, cl, w, opts, cfg, dev, reps, limits, tied=False) -> None:  # type:
             continue
         assert mix.status == "optimal" and mix.solution is not None
         assert mix.solution.objective == pytest.approx(best, rel=1e-9)
+        assert mix.bound == pytest.approx(best, rel=1e-3)  # the MIP's own objective, not only its plan re-priced
         rep = estimate(g, cl, pipeline_strategy(g, cfg, mix.solution), w, memory_limit_gib=limit, device=dev)
         assert rep.fits and rep.step_time_s == pytest.approx(mix.solution.objective, rel=1e-12)
 
@@ -99,6 +100,19 @@ def test_layers_inside_stages_match_brute_force(schedule: str) -> None:
         best = min((r.step_time_s for r, st in zip(reps, staged, strict=True) if st and r.memory_peak_gib <= limit),
                    default=np.inf)
         assert (sol.objective if sol else np.inf) == pytest.approx(best, rel=1e-9)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "zb", "interleaved"])
+def test_time_shared_cores_match_brute_force(schedule: str) -> None:
+    """Ranks time-sharing cores (CPU hosts): the MIP's linearised stretch of the fill, drain and
+    plateau (:func:`costmodel.pipeline.time_shared`) is the estimator's, optimum for optimum, and
+    the search's bound stays below it."""
+    g, cl, w, opts, cfg, _, plans, _ = _instance(schedule)
+    dev = DeviceModel(cl)
+    dev.share = 0.75  # 1.5 ranks' worth of cores per pipeline: fill and drain at full speed, plateau not
+    reps = [estimate(g, cl, s, w, device=dev) for s in plans]
+    limits = sorted({r.memory_peak_gib * (1 + 1e-6) for r in reps})
+    _check(g, cl, w, opts, cfg, dev, reps, limits[::max(1, len(limits) // 6)] + [limits[0] * 0.9])
 
 
 def test_tied_head_and_embedding_stay_alike() -> None:
