@@ -53,6 +53,11 @@ class CostConstants:
         dp_bucket_bytes: gradient buckets in flight while data parallelism reduces gradients
             (PyTorch DDP and Megatron: two 25 MiB buckets); shardplan's own runtime reduces
             gradients in place and only coalesces small ones (1 MiB, its CPU accelerator file).
+        grad_coalesce_bytes: how a replicated (DDP) gradient all-reduce is cut into collectives.
+            0: one per unit, the unit's gradients bucketed together (DDP, Megatron: the bytes
+            are what counts, latency hides); > 0: one per gradient tensor of at least this many
+            bytes, smaller ones sharing flat buffers of this size (shardplan's own runtime,
+            ``runtime.zero.COALESCE_BYTES``; on gloo each collective costs milliseconds).
         fragmentation: allocator slack as a fraction of the peak tensor memory.
         step_overhead_s: per-step fixed cost (data loading, logging, launch).
     """
@@ -73,6 +78,7 @@ class CostConstants:
     moe_imbalance: float = 1.15
     context_bytes: float = 2.5 * 1024**3
     dp_bucket_bytes: float = 2 * 25 * 1024**2
+    grad_coalesce_bytes: float = 0.0
     fragmentation: float = 0.08
     step_overhead_s: float = 0.02
 

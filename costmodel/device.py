@@ -125,6 +125,12 @@ class DeviceModel:
         return nbytes / (self.acc.host_link_gbps * 1e9) if nbytes > 0 else 0.0
 
     # ---- communication ---------------------------------------------------------------------
+    def collective_latency(self, kind: str, group: AxisGroup) -> float:
+        """Seconds one more collective adds when the same bytes are cut into one more piece: the
+        constant part of :meth:`collective_time` (α and the wait; the spec's per-step latencies),
+        which is linear in the bytes."""
+        return 2 * self.collective_time(kind, 1.0, group) - self.collective_time(kind, 2.0, group)
+
     def collective_wait(self, kind: str, group: AxisGroup) -> float:
         """Seconds one more blocking collective waits for its partners beyond the bytes it moves:
         the profile's wait under load (ranks time-sharing cores), 0 without one (NCCL, spec sheets)."""

@@ -7,7 +7,11 @@ blocks are priced once and solvers can combine unit costs without re-walking the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
+
+from costmodel.constants import CostConstants
 from costmodel.device import AxisGroup, DeviceModel
 from costmodel.strategy import LayerStrategy, Strategy, Workload
 from profiler.graph import LayerNode
@@ -219,6 +223,34 @@ def sp_partial_grads(n: LayerNode) -> tuple[int, int]:
     return 0, 0
 
 
+def param_tensors(n: LayerNode, split: int = 1) -> list[int]:
+    """Sizes of ``n``'s parameter tensors in the whole model: its weight or table (``split``
+    slices of it when OSDP splits the operator) and what remains beside it (biases, the position
+    table beside the token table; a norm's weight and bias)."""
+    if n.kind == "norm":
+        k, _ = sp_partial_grads(n)
+        return [n.params // k] * k if k else []
+    dims = n.dims
+    main = int(dims.get("vocab", 0)) * int(dims.get("hidden", 0)) if n.kind == "embedding" else \
+        int(dims.get("in", 0)) * int(dims.get("out", 0)) if n.kind == "linear" else n.params
+    main = min(main, n.params) or n.params
+    rest = n.params - main
+    return [main // split] * split + ([rest] if rest > 0 else [])
+
+
+def grad_tensors(n: LayerNode, local: float, coalesce: float, split: int = 1) -> tuple[Any, Any]:
+    """(gradient tensors at least ``coalesce`` bytes, parameters of the smaller ones) of ``n``'s
+    ``local`` parameters on one rank (each tensor its share of them); ``(0, 0)`` when
+    ``coalesce`` is 0. Scalars or numpy arrays of ``local``."""
+    if coalesce <= 0:
+        return 0, 0.0
+    sizes = [x for x in param_tensors(n, split) if x > 0] or [1]  # [1]: none, or a tied head's own copy
+    ratio = np.asarray(local, dtype=float) / sum(sizes)
+    big = sum((x * ratio * GRAD_REDUCE_BYTES >= coalesce).astype(int) for x in sizes)
+    small = sum(np.where(x * ratio * GRAD_REDUCE_BYTES >= coalesce, 0.0, x * ratio) for x in sizes)
+    return big, small
+
+
 def unit_cost(
     name: str, nodes: list[LayerNode], dev: DeviceModel, s: Strategy, w: Workload, groups: Groups,
     ls: LayerStrategy | None = None,
@@ -262,7 +294,8 @@ def unit_cost(
             cp_bytes += 2 * 2 * b * n.dims.get("seq", w.seq_len) * kv / tp * aw  # K and V, all of the sequence
         local = _local_params(n, s)
         grp = states.setdefault((nls.sharding, nls.offload, n.kind == "experts"), StateGroup())
-        grp.add(local, split)
+        big, small = grad_tensors(n, local, c.grad_coalesce_bytes, split)
+        grp.add(local, split, (int(big), float(small)))
         if n.kind == "experts":
             tok = b * w.seq_len / cp / (tp if s.sequence_parallel else 1)
             ep_bytes += 2 * tok * n.dims.get("top_k", 1) * n.dims.get("in", 0)
@@ -330,8 +363,12 @@ class StateGroup:
     slices: int = 0
     rest: int = 0
     largest: int = 0  # the largest operator's parameters (one slice of a split one)
+    big: int = 0  # gradient tensors that are all-reduced alone (``grad_coalesce_bytes``)
+    small: float = 0.0  # parameters of the others, which share flat buffers
 
-    def add(self, local: int, split: int) -> None:
+    def add(self, local: int, split: int, tensors: tuple[int, float] = (0, 0.0)) -> None:
+        self.big += tensors[0]
+        self.small += tensors[1]
         self.params += local
         self.largest = max(self.largest, -(-local // max(split, 1)))
         if split > 1 and local:
@@ -356,6 +393,15 @@ def _hidden(nodes: list[LayerNode]) -> int:
         if "in" in n.dims:
             return int(n.dims["in"])
     return 0
+
+
+def _extra_all_reduces(sg: StateGroup, c: CostConstants) -> float:
+    """Collectives beyond the one a replicated group's gradient all-reduce is priced as: one per
+    tensor of at least ``grad_coalesce_bytes``, the small ones' share of the flat buffers they ride
+    in (coalesced across units, so a fraction); 0 when gradients are bucketed per unit."""
+    if c.grad_coalesce_bytes <= 0:
+        return 0.0
+    return sg.big + sg.small * GRAD_REDUCE_BYTES / c.grad_coalesce_bytes - 1
 
 
 def _data_parallel(
@@ -412,11 +458,14 @@ def _data_parallel(
     elif shard == "zero1":
         step += dev.collective_time("reduce_scatter", grads, grp) + dev.collective_time("all_gather", full, grp)
     else:
-        step += dev.collective_time("all_reduce", grads, grp)
+        step += dev.collective_time("all_reduce", grads, grp) + _extra_all_reduces(sg, c) * \
+            dev.collective_latency("all_reduce", grp)
     if shard in ("replicate", "zero1") and grads_held(s.mesh.pp, w.global_batch // (s.mesh.dp * s.micro_batch)):
         u.gathered += gb * sg.largest  # accumulating: an operator's new gradient beside the one held
     if g.replicate.size > 1:  # HSDP: all-reduce the (sharded) gradients across replicas
         step += dev.collective_time("all_reduce", grads / (d if shard != "replicate" else 1), g.replicate)
+        if shard == "replicate":
+            step += _extra_all_reduces(sg, c) * dev.collective_latency("all_reduce", g.replicate)
     if dp:
         u.comm["dp"] = dp
     if step:

@@ -25,6 +25,7 @@ from costmodel.units import (
     act_width,
     attention_times,
     gemm_shape,
+    grad_tensors,
     sp_partial_grads,
     state_bytes,
     traffic_width,
@@ -157,6 +158,10 @@ class _Net:
             t = np.where(m == 1, single, multi)
         return np.where((n <= 1) | (nbytes <= 0), 0.0, t)
 
+    def latency(self, kind: str, n: F, stride: F) -> F:
+        """:meth:`DeviceModel.collective_latency` over arrays of group sizes and strides."""
+        return 2 * self(kind, 1.0, n, stride) - self(kind, 2.0, n, stride)
+
     def wait(self, kind: str, n: F) -> F:
         """:meth:`DeviceModel.collective_wait` over an array of group sizes."""
         if not self.scalar:
@@ -265,6 +270,7 @@ def _unit(nodes: list[LayerNode], dev: DeviceModel, net: _Net, g: _Cfg, w: Workl
     attn_fwd, attn_time, cp_bytes, ep_bytes = z.copy(), z.copy(), z.copy(), z.copy()
     groups: dict[tuple[bool, bool], np.ndarray] = {}  # local parameters by (large operator, expert)
     largest: dict[tuple[bool, bool], np.ndarray] = {}  # its largest operator, by the same key
+    tensors: dict[tuple[bool, bool], tuple[Any, Any]] = {}  # (big gradient tensors, small ones' parameters)
     tp_msgs = sp_grads = sp_params = 0
     first_acts = z.copy()
     for i, n in enumerate(nodes):
@@ -293,6 +299,8 @@ def _unit(nodes: list[LayerNode], dev: DeviceModel, net: _Net, g: _Cfg, w: Workl
         key = (n.name in large, n.kind == "experts")
         groups[key] = groups.get(key, np.zeros(C, dtype=np.int64)) + _local(n, g)
         largest[key] = np.maximum(largest.get(key, np.zeros(C, dtype=np.int64)), _local(n, g))
+        big, small = grad_tensors(n, _local(n, g), c.grad_coalesce_bytes)
+        tensors[key] = (tensors.get(key, (0, 0.0))[0] + big, tensors.get(key, (0, 0.0))[1] + small)
         if n.kind == "experts":
             tok = b * w.seq_len / cp / np.where(g.sp, tp, 1.0)
             ep_bytes += 2 * tok * n.dims.get("top_k", 1) * n.dims.get("in", 0)
@@ -336,7 +344,7 @@ def _unit(nodes: list[LayerNode], dev: DeviceModel, net: _Net, g: _Cfg, w: Workl
         else:
             rc_cols[rc] = (acts, z, z, hw, comm)
     # ---- per option: parameter groups by (sharding, offload, expert), as units.py forms them ---
-    dp = _DataParallel(groups, net, g, dev, w, fwd, bwd, largest)
+    dp = _DataParallel(groups, net, g, dev, w, fwd, bwd, largest, tensors)
     cols = []
     for o in opts:
         a, rec, peak, hwf, comm = rc_cols[o.recompute]
@@ -354,9 +362,11 @@ class _DataParallel:
     """``units._data_parallel`` over configurations, per parameter group and per option."""
 
     def __init__(self, groups: dict[tuple[bool, bool], np.ndarray], net: _Net, g: _Cfg, dev: DeviceModel,
-                 w: Workload, fwd: F, bwd: F, largest: dict[tuple[bool, bool], np.ndarray]):
+                 w: Workload, fwd: F, bwd: F, largest: dict[tuple[bool, bool], np.ndarray],
+                 tensors: dict[tuple[bool, bool], tuple[Any, Any]]):
         self.groups, self.net, self.g, self.dev, self.w, self.fwd, self.bwd = groups, net, g, dev, w, fwd, bwd
         self.largest = largest  # the largest operator's local parameters, per group key
+        self.tensors = tensors  # units.StateGroup's big and small, per group key
         self.held = (g.pp > 1) | (w.global_batch // (g.dpr * g.dps * g.b) > 1)  # units.grads_held
         self.colls: dict[tuple, dict[str, Any]] = {}
         self.parts: dict[tuple, tuple[F, ...]] = {}
@@ -382,12 +392,15 @@ class _DataParallel:
             repl_n, repl_s = g.dpr, g.tp * g.cp * g.dps
             params = params_i.astype(float)
             full, grads = params * pb, params * GRAD_REDUCE_BYTES
+            coalesce = self.dev.c.grad_coalesce_bytes
+            extra = 0.0 if coalesce <= 0 else sum(self.tensors[k][0] + self.tensors[k][1] * GRAD_REDUCE_BYTES / coalesce
+                                                  for k in keys) - 1  # units._extra_all_reduces
             self.colls[keys] = {
                 "params": params, "has": params_i > 0, "d": d, "full": full,
                 "ag": net("all_gather", full, d, stride), "rs": net("reduce_scatter", grads, d, stride),
-                "ar": net("all_reduce", grads, d, stride), "repl_n": repl_n,
-                "repl_sharded": net("all_reduce", grads / d, repl_n, repl_s),
-                "repl_full": net("all_reduce", grads, repl_n, repl_s)}
+                "ar": net("all_reduce", grads, d, stride) + extra * net.latency("all_reduce", d, stride),
+                "repl_n": repl_n, "repl_sharded": net("all_reduce", grads / d, repl_n, repl_s),
+                "repl_full": net("all_reduce", grads, repl_n, repl_s) + extra * net.latency("all_reduce", repl_n, repl_s)}
         return self.colls[keys]
 
     def _part(self, keys: tuple, sharding: str, offload: str, expert: bool) -> tuple[F, ...]:

@@ -207,3 +207,38 @@ def test_sequence_parallel_prices_every_blocking_collective_the_runtime_issues()
     plain = 2 * 2 * (alpha + beta * act_msg + wait)  # 2 row-parallel all-reduces, forward and backward
     assert tp_comm(False) == pytest.approx(plain, rel=1e-12)
     assert tp_comm(True) == pytest.approx(plain + 2 * 2 * wait + 6 * (alpha + beta * 4608 / 6 * 4 + wait), rel=1e-12)
+
+
+def test_a_replicated_gradient_all_reduce_costs_what_the_runtime_issues() -> None:
+    """On CPU the runtime all-reduces every gradient of at least 1 MiB alone and the smaller ones
+    together in 1 MiB buffers (``runtime.zero``). The cost model counts the big tensors from the
+    graph: as many as the runtime's own GPT-2 holds, each one α + wait more; the small ones are
+    priced as their share of a buffer, within one collective of the runtime's whole buffers."""
+    import math
+
+    import torch
+
+    from costmodel.device import DeviceModel
+    from profiler.profile_schema import CommFit, DeviceInfo, Profile
+    from runtime.model import build, spec_for
+    from runtime.zero import COALESCE_BYTES
+
+    with torch.device("meta"):
+        model, _ = build(spec_for("gpt2"))
+    sizes = [p.numel() * 4 for p in model.parameters()]  # fp32 gradients
+    big = sum(b >= COALESCE_BYTES for b in sizes)
+    small = sum(b for b in sizes if b < COALESCE_BYTES)
+    assert big == 2 + 4 * 12  # token and position tables, four weights a layer
+    alpha, beta, wait = 1e-3, 1e-9, 2e-3
+    info = DeviceInfo(kind="cpu", name="test cpu", torch_version="x", threads=1, hostname="h", created="now")
+    prof = Profile(device=info, comm=[CommFit(collective="all_reduce", world=4, backend="gloo", alpha_s=alpha,
+                                              beta_s_per_byte=beta, median_rel_error=0.0, points=[(1.0, alpha)],
+                                              wait_s=wait)])
+    cl = parse_cluster("4xcpu")
+    assert DeviceModel(cl, prof).c.grad_coalesce_bytes == COALESCE_BYTES
+    s = Strategy(mesh=Mesh(dp_shard=4), micro_batch=2, default=LayerStrategy(sharding="replicate"))
+    w = Workload(seq_len=128, global_batch=8, precision="fp32")
+    dp = estimate(load_model("gpt2", 128), cl, s, w, profile=prof).time.comm["dp"]
+    collectives = (dp - beta * sum(sizes)) / (alpha + wait)
+    assert collectives == pytest.approx(big + small / COALESCE_BYTES, rel=1e-9)
+    assert 0 <= big + math.ceil(small / COALESCE_BYTES) - collectives < 1

@@ -102,6 +102,8 @@ def test_grid_equals_estimate_with_a_profile() -> None:
     strategies += [Strategy(mesh=Mesh(tp=2, dp_shard=2), sequence_parallel=sp, micro_batch=2,
                             default=LayerStrategy(sharding="zero2", recompute=rc))
                    for sp in (True, False) for rc in ("none", "full")]  # SP's extra waits and gradients
+    strategies += [Strategy(mesh=m, micro_batch=1, default=LayerStrategy(sharding="replicate"))
+                   for m in (Mesh(dp_shard=4), Mesh(dp_replicate=2, dp_shard=2), Mesh(tp=2, dp_replicate=2))]
     configs, options, cells = strategies_grid(strategies)
     gr = price_grid(g, cl, w, configs, options, profile=prof)
     lb = compute_bound(g, cl, w, configs, profile=prof)  # GEMMs priced by the same shapes
