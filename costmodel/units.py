@@ -395,6 +395,15 @@ def _hidden(nodes: list[LayerNode]) -> int:
     return 0
 
 
+def fsdp_copies(dev: DeviceModel, full: Any, grads: Any, gathers: int) -> Any:
+    """Seconds per micro-batch of FSDP2's copies around its collectives, which nothing hides (they
+    run on the compute stream or hold the memory bandwidth): each all-gather's flat output copied
+    out into the unsharded parameters, each reduce-scatter's input copied in from the unsharded
+    gradients — a read and a write of ``full`` (``grads``) bytes each. Scalars or numpy arrays."""
+    copy = np.vectorize(lambda x: dev.memory_time(float(x), "elementwise"), otypes=[float])
+    return gathers * copy(2 * np.asarray(full, dtype=float)) + copy(2 * np.asarray(grads, dtype=float))
+
+
 def _extra_all_reduces(sg: StateGroup, c: CostConstants) -> float:
     """Collectives beyond the one a replicated group's gradient all-reduce is priced as: one per
     tensor of at least ``grad_coalesce_bytes``, the small ones' share of the flat buffers they ride
@@ -444,8 +453,9 @@ def _data_parallel(
         k = sg.pieces
         ag = k * dev.collective_time("all_gather", full / k, grp)
         rs = k * dev.collective_time("reduce_scatter", grads / k, grp)
-        per_mb = ag * (1 if shard == "zero3_keep" else 2) + rs
-        dp += c.exposed(per_mb, c.fsdp_overlap * (u.fwd + u.bwd))
+        gathers = 1 if shard == "zero3_keep" else 2
+        per_mb = ag * gathers + rs
+        dp += c.exposed(per_mb, c.fsdp_overlap * (u.fwd + u.bwd)) + float(fsdp_copies(dev, full, grads, gathers))
         piece = min(sg.biggest_piece, params) if k > 1 else params
         u.gathered += gb * piece  # in backward: the piece's unsharded gradient, input of its reduce-scatter
         if shard == "zero3":  # current and prefetched piece

@@ -24,6 +24,7 @@ from costmodel.units import (
     TP_SPLIT_ROLES,
     act_width,
     attention_times,
+    fsdp_copies,
     gemm_shape,
     grad_tensors,
     sp_partial_grads,
@@ -424,7 +425,8 @@ class _DataParallel:
         else:
             off_t, opt_t = z, _each(lambda x: dev.memory_time(x, "optimizer"), local_opt * ADAM_BYTES_PER_PARAM)
         ag, rs = grp["ag"], grp["rs"]
-        z3_comm = c.exposed(ag * (1 if keep else 2) + rs, c.fsdp_overlap * (fwd + bwd))
+        z3_comm = c.exposed(ag * (1 if keep else 2) + rs, c.fsdp_overlap * (fwd + bwd)) + fsdp_copies(
+            dev, full, params * GRAD_REDUCE_BYTES, 1 if keep else 2)
         u_comm = np.select([sh == 3, sh == 2], [z3_comm, c.exposed(rs, c.fsdp_overlap * bwd)], 0.0)
         u_step = np.select([sh == 2, sh == 1, sh == 0], [ag, rs + ag, grp["ar"]], 0.0)
         repl = np.where(sh > 0, grp["repl_sharded"], grp["repl_full"])

@@ -242,3 +242,29 @@ def test_a_replicated_gradient_all_reduce_costs_what_the_runtime_issues() -> Non
     collectives = (dp - beta * sum(sizes)) / (alpha + wait)
     assert collectives == pytest.approx(big + small / COALESCE_BYTES, rel=1e-9)
     assert 0 <= big + math.ceil(small / COALESCE_BYTES) - collectives < 1
+
+
+@pytest.mark.parametrize("sharding,gathers", [("zero3", 2), ("zero3_keep", 1)])
+def test_fsdp_prices_its_copies_around_each_collective(sharding: str, gathers: int) -> None:
+    """FSDP2 copies each all-gather's flat output into the parameters and the gradients into each
+    reduce-scatter's flat input (a read and a write of the unsharded bytes), every micro-batch, at
+    the profile's memory bandwidth and unhidden."""
+    from profiler.profile_schema import BwPoint, CommFit, ComputeProfile, DeviceInfo, Profile
+
+    info = DeviceInfo(kind="cpu", name="test cpu", torch_version="x", threads=1, hostname="h", created="now")
+    bw = 2e9
+    compute = ComputeProfile(dtype="fp32", bandwidth={"elementwise": [BwPoint(bytes=1e6, seconds=1e6 / bw,
+                                                                              bytes_per_s=bw, bwd_s=2e6 / bw)]})
+    fits = [CommFit(collective=k, world=2, backend="gloo", alpha_s=1e-3, beta_s_per_byte=1e-9, median_rel_error=0.0,
+                    points=[(1.0, 1e-3)]) for k in ("all_gather", "reduce_scatter")]
+    prof = Profile(device=info, compute=compute, comm=fits)
+    g = _one_layer_graph(1_000_000)
+    cl = parse_cluster("2xcpu")
+    dev = DeviceModel(cl, prof)
+    w = Workload(seq_len=1, global_batch=4, precision="fp32")
+    s = Strategy(mesh=Mesh(dp_shard=2), micro_batch=1, default=LayerStrategy(sharding=sharding))
+    dp = estimate(g, cl, s, w, device=dev).time.comm["dp"]
+    full = grads = 4 * 1_000_000  # fp32 parameters gathered, fp32 gradients reduced
+    collectives = gathers * (1e-3 + 1e-9 * full) + (1e-3 + 1e-9 * grads)
+    copies = (gathers * 2 * full + 2 * grads) / (bw * dev.share)
+    assert dp == pytest.approx(2 * (collectives + copies), rel=1e-9)  # two micro-batches
