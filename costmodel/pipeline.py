@@ -40,10 +40,11 @@ def time_shared(pipe: Any, m: Any, sum_t: Any, p: Any, share: float, ramp: Any) 
     with ``K`` busy and drain the same way: ``2·ramp·Σ_{k<K} max(1, k / c)`` (full speed) plus the
     plateau, the longer of its full-speed length and its work over ``c``. For equal stages that
     is exactly GPipe or 1F1B simulated at those rates (interleaved idles more mid-schedule: up to
-    5% long; ``tests/test_plots.py``); the
-    result is never below the schedule at full speed (``share·pipe``) nor below the node's work on
-    its cores (``m·Σ T / p``). It grows with ``pipe``, ``Σ T`` and ``ramp`` (every branch does, the
-    ramp's negative terms outweighed), so lower bounds of them give a lower bound. ``pipe`` itself when ``share`` is 1 or ``p`` = 1.
+    5% long; ``tests/test_plots.py``). The result is never below the schedule at full speed
+    (``share·pipe``) nor below the node's work on its cores (``m·Σ T / p``). It grows with the
+    slowest stage, ``Σ T`` and the ramp (every branch does: the ramp's negative terms are
+    outweighed), so lower bounds of them give a lower bound. ``pipe`` itself when ``share`` is 1
+    or ``p`` = 1.
     """
     if share >= 1.0:
         return pipe

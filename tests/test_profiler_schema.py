@@ -212,3 +212,5 @@ def test_the_measured_sharing_efficiency_scales_the_fair_share(prof: Profile) ->
     assert DeviceModel(parse_cluster("4xcpu"), shared).share == pytest.approx(0.225, rel=1e-12)
     assert DeviceModel(parse_cluster("1xcpu"), shared).share == 1.0
     assert parse_profile(shared.to_json()).comm[0].sharing_efficiency == 0.9  # round-trips
+    noisy = prof.model_copy(update={"comm": [fit.model_copy(update={"sharing_efficiency": 1.006})]})
+    assert DeviceModel(parse_cluster("4xcpu"), noisy).share == pytest.approx(0.25, rel=1e-12)  # never above fair
