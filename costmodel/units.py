@@ -400,8 +400,8 @@ def fsdp_copies(dev: DeviceModel, full: Any, grads: Any, gathers: int) -> Any:
     run on the compute stream or hold the memory bandwidth): each all-gather's flat output copied
     out into the unsharded parameters, each reduce-scatter's input copied in from the unsharded
     gradients — a read and a write of ``full`` (``grads``) bytes each. Scalars or numpy arrays."""
-    copy = np.vectorize(lambda x: dev.memory_time(float(x), "elementwise"), otypes=[float])
-    return gathers * copy(2 * np.asarray(full, dtype=float)) + copy(2 * np.asarray(grads, dtype=float))
+    per_byte = dev.memory_time(1.0, "elementwise")  # linear in the bytes
+    return (gathers * 2 * np.asarray(full, dtype=float) + 2 * np.asarray(grads, dtype=float)) * per_byte
 
 
 def _extra_all_reduces(sg: StateGroup, c: CostConstants) -> float:

@@ -399,9 +399,12 @@ class _DataParallel:
             self.colls[keys] = {
                 "params": params, "has": params_i > 0, "d": d, "full": full,
                 "ag": net("all_gather", full, d, stride), "rs": net("reduce_scatter", grads, d, stride),
-                "ar": net("all_reduce", grads, d, stride) + extra * net.latency("all_reduce", d, stride),
-                "repl_n": repl_n, "repl_sharded": net("all_reduce", grads / d, repl_n, repl_s),
-                "repl_full": net("all_reduce", grads, repl_n, repl_s) + extra * net.latency("all_reduce", repl_n, repl_s)}
+                "ar": net("all_reduce", grads, d, stride), "repl_n": repl_n,
+                "repl_sharded": net("all_reduce", grads / d, repl_n, repl_s),
+                "repl_full": net("all_reduce", grads, repl_n, repl_s)}
+            if coalesce > 0:  # more collectives than one per unit
+                self.colls[keys]["ar"] += extra * net.latency("all_reduce", d, stride)
+                self.colls[keys]["repl_full"] += extra * net.latency("all_reduce", repl_n, repl_s)
         return self.colls[keys]
 
     def _part(self, keys: tuple, sharding: str, offload: str, expert: bool) -> tuple[F, ...]:
