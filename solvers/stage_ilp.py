@@ -259,7 +259,7 @@ class _Formulation:
             ramp, ramp_const = {fill: 1.0}, 0.0
         else:
             ramp, ramp_const = _scaled(sum_t, 1.0 / p), sum_const / p
-        shared, plateau = md.var(cost=1.0), md.var()
+        shared, plateau = md.var(cost=1.0), md.var(lo=-np.inf)  # as time_shared: no floor of its own
         md.row({**_scaled(pipe, share), shared: -1.0}, hi=-share * pipe_const)
         md.row({**_scaled(sum_t, m / p), shared: -1.0}, hi=-m * sum_const / p)
         cut = 2 * (k - 1) * share
