@@ -11,7 +11,6 @@ from typing import Any
 
 import numpy as np
 
-from costmodel.constants import CostConstants
 from costmodel.device import AxisGroup, DeviceModel
 from costmodel.strategy import LayerStrategy, Strategy, Workload
 from profiler.graph import LayerNode
@@ -404,13 +403,14 @@ def fsdp_copies(dev: DeviceModel, full: Any, grads: Any, gathers: int) -> Any:
     return (gathers * 2 * np.asarray(full, dtype=float) + 2 * np.asarray(grads, dtype=float)) * per_byte
 
 
-def _extra_all_reduces(sg: StateGroup, c: CostConstants) -> float:
-    """Collectives beyond the one a replicated group's gradient all-reduce is priced as: one per
-    tensor of at least ``grad_coalesce_bytes``, the small ones' share of the flat buffers they ride
-    in (coalesced across units, so a fraction); 0 when gradients are bucketed per unit."""
-    if c.grad_coalesce_bytes <= 0:
+def extra_all_reduces(big: Any, small: Any, coalesce: float) -> Any:
+    """Collectives beyond the one a replicated group's gradient all-reduce is priced as, for its
+    ``big`` tensors and ``small`` parameters (:func:`grad_tensors`): one per big tensor, the small
+    ones' share of the flat buffers of ``coalesce`` bytes they ride in (coalesced across units, so
+    a fraction); 0 when gradients are bucketed per unit (``coalesce`` 0)."""
+    if coalesce <= 0:
         return 0.0
-    return sg.big + sg.small * GRAD_REDUCE_BYTES / c.grad_coalesce_bytes - 1
+    return big + small * GRAD_REDUCE_BYTES / coalesce - 1
 
 
 def _data_parallel(
@@ -447,6 +447,7 @@ def _data_parallel(
         u.optim_time += dev.memory_time(local_opt * ADAM_BYTES_PER_PARAM, "optimizer")
     full = params * pb  # gathered in the compute dtype
     grads = params * GRAD_REDUCE_BYTES
+    extra = extra_all_reduces(sg.big, sg.small, c.grad_coalesce_bytes)  # replicated: per-tensor collectives
     dp = u.comm.get("dp", 0.0)
     step = u.step_comm.get("dp", 0.0)
     if shard in ("zero3", "zero3_keep"):
@@ -468,14 +469,13 @@ def _data_parallel(
     elif shard == "zero1":
         step += dev.collective_time("reduce_scatter", grads, grp) + dev.collective_time("all_gather", full, grp)
     else:
-        step += dev.collective_time("all_reduce", grads, grp) + _extra_all_reduces(sg, c) * \
-            dev.collective_latency("all_reduce", grp)
+        step += dev.collective_time("all_reduce", grads, grp) + extra * dev.collective_latency("all_reduce", grp)
     if shard in ("replicate", "zero1") and grads_held(s.mesh.pp, w.global_batch // (s.mesh.dp * s.micro_batch)):
         u.gathered += gb * sg.largest  # accumulating: an operator's new gradient beside the one held
     if g.replicate.size > 1:  # HSDP: all-reduce the (sharded) gradients across replicas
         step += dev.collective_time("all_reduce", grads / (d if shard != "replicate" else 1), g.replicate)
         if shard == "replicate":
-            step += _extra_all_reduces(sg, c) * dev.collective_latency("all_reduce", g.replicate)
+            step += extra * dev.collective_latency("all_reduce", g.replicate)
     if dp:
         u.comm["dp"] = dp
     if step:

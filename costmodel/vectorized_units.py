@@ -24,6 +24,7 @@ from costmodel.units import (
     TP_SPLIT_ROLES,
     act_width,
     attention_times,
+    extra_all_reduces,
     fsdp_copies,
     gemm_shape,
     grad_tensors,
@@ -301,7 +302,8 @@ def _unit(nodes: list[LayerNode], dev: DeviceModel, net: _Net, g: _Cfg, w: Workl
         groups[key] = groups.get(key, np.zeros(C, dtype=np.int64)) + _local(n, g)
         largest[key] = np.maximum(largest.get(key, np.zeros(C, dtype=np.int64)), _local(n, g))
         big, small = grad_tensors(n, _local(n, g), c.grad_coalesce_bytes)
-        tensors[key] = (tensors.get(key, (0, 0.0))[0] + big, tensors.get(key, (0, 0.0))[1] + small)
+        had_big, had_small = tensors.get(key, (0, 0.0))
+        tensors[key] = (had_big + big, had_small + small)
         if n.kind == "experts":
             tok = b * w.seq_len / cp / np.where(g.sp, tp, 1.0)
             ep_bytes += 2 * tok * n.dims.get("top_k", 1) * n.dims.get("in", 0)
@@ -394,8 +396,8 @@ class _DataParallel:
             params = params_i.astype(float)
             full, grads = params * pb, params * GRAD_REDUCE_BYTES
             coalesce = self.dev.c.grad_coalesce_bytes
-            extra = 0.0 if coalesce <= 0 else sum(self.tensors[k][0] + self.tensors[k][1] * GRAD_REDUCE_BYTES / coalesce
-                                                  for k in keys) - 1  # units._extra_all_reduces
+            extra = extra_all_reduces(sum(self.tensors[k][0] for k in keys), sum(self.tensors[k][1] for k in keys),
+                                      coalesce)
             self.colls[keys] = {
                 "params": params, "has": params_i > 0, "d": d, "full": full,
                 "ag": net("all_gather", full, d, stride), "rs": net("reduce_scatter", grads, d, stride),
