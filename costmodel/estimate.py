@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from costmodel.constants import CostConstants
 from costmodel.device import DeviceModel
-from costmodel.pipeline import in_flight, pipeline_time
+from costmodel.pipeline import in_flight, pipeline_time, weights_pending
 from costmodel.report import GIB, Report, StageMemory, TimeBreakdown
 from costmodel.strategy import LayerStrategy, Strategy, Workload
 from costmodel.units import Groups, UnitCost, grads_held, mesh_groups, state_bytes, unit_cost
@@ -236,7 +236,8 @@ def _stage_memory(r: int, units: list[UnitCost], costs: list[list[UnitCost]], s:
     """Peak of one rank: the larger of two moments of the step.
 
     * ``backward`` — its start, when the activations in flight are all saved: states (gradients
-      only if :func:`grads_held`) + activations + the largest gathered ZeRO-3 unit + the largest
+      only if :func:`grads_held`) + activations (with zero bubble, the output gradients that
+      micro-batches awaiting their weight gradients keep) + the largest gathered ZeRO-3 unit + the largest
       rematerialised unit + DP buckets + the loss's transients;
     * ``end of backward`` — every gradient made: states + the largest gathered unit + DP buckets +
       ``tail`` (:func:`tied_sum_bytes`).
@@ -244,7 +245,8 @@ def _stage_memory(r: int, units: list[UnitCost], costs: list[list[UnitCost]], s:
     """
     p, v = s.mesh.pp, s.vpp
     blocks = [u.block for u in units if u.block is not None]
-    acts = sum(u.activations for u in units) * in_flight(s.schedule, r, p, n_mb, v)
+    acts = (sum(u.activations for u in units) * in_flight(s.schedule, r, p, n_mb, v)
+            + sum(u.pending for u in units) * weights_pending(s.schedule, r, p, n_mb, v))
     gathered = max((u.gathered for u in units), default=0.0)
     remat = max((u.recompute_peak for u in units), default=0.0)
     bucket = bucket_bytes(c, s.mesh.dp)

@@ -105,9 +105,14 @@ def pipeline_time(
 def in_flight(schedule: str, stage: int, p: int, m: int, v: int = 1) -> float:
     """Micro-batches whose activations pipeline rank ``stage`` holds at its peak.
 
-    GPipe keeps all ``m``; 1F1B and ZB-H1 keep ``p - stage`` (at most ``m``); interleaved 1F1B
-    keeps ``p - stage + (p - 1)/v`` worth of its layers (Korthikanti et al., 2022: the first stage
-    holds ``p·(1 + (p-1)/(p·v))`` micro-batches).
+    GPipe keeps all ``m``; 1F1B keeps ``p - stage`` (at most ``m``); interleaved 1F1B keeps
+    ``p - stage + (p - 1)/v`` worth of its layers (Korthikanti et al., 2022: the first stage holds
+    ``p·(1 + (p-1)/(p·v))`` micro-batches). Zero bubble keeps ``min(m, p)`` on every rank: rank
+    ``stage`` runs ``p - 1 - stage`` warm-up forwards and then defers each micro-batch's weight
+    gradients by ``stage`` more, and until they are computed the micro-batch's autograd graph, its
+    saved activations included, stays alive (torch's ``ScheduleInterleavedZeroBubble`` retains it;
+    the ZB paper's bound, ``p`` micro-batches' worth on every rank, is the same). See
+    :func:`weights_pending` for what the deferred micro-batches hold besides.
     """
     if p == 1:
         return 1.0
@@ -115,4 +120,17 @@ def in_flight(schedule: str, stage: int, p: int, m: int, v: int = 1) -> float:
         return float(m)
     if schedule == "interleaved":
         return min(float(m), (p - stage) + (p - 1) / v)
+    if schedule == "zb":
+        return float(min(m, p))
     return float(min(m, p - stage))
+
+
+def weights_pending(schedule: str, stage: int, p: int, m: int, v: int = 1) -> float:
+    """Micro-batches (in units of the rank's layers) whose input gradients pipeline rank ``stage``
+    has computed and whose weight gradients wait, at its peak: ``min(m·v, stage + 1) / v`` under
+    zero bubble, none otherwise. Each holds, beyond its activations, the gradients at the outputs of
+    its weight-carrying ops (``UnitCost.pending``). Counted from torch's zero-bubble schedule
+    (``tests/test_runtime_memory_model.py`` replays it)."""
+    if p == 1 or schedule != "zb":
+        return 0.0
+    return min(float(m * v), stage + 1.0) / v

@@ -108,6 +108,7 @@ class UnitCost:
     grad_bytes: int = 0
     optim_bytes: int = 0
     activations: float = 0.0  # saved for backward, per micro-batch
+    pending: float = 0.0  # added while its weight gradients wait (zero bubble), per micro-batch
     gathered: float = 0.0  # transient: gathered parameters (ZeRO-3) live while it runs
     recompute_peak: float = 0.0  # transient: activations rematerialised in backward
     optim_time: float = 0.0  # optimizer step (per step)
@@ -128,6 +129,23 @@ def _tp_div(n: LayerNode, s: Strategy) -> int:
     if s.tp_mode == "tsp" or n.tp in TP_SPLIT_ROLES or n.kind in ("activation", "experts", "loss"):
         return tp
     return tp if s.sequence_parallel else 1
+
+
+def pending_bytes(n: LayerNode, s: Strategy, scale: float, aw: float, acts: float, held: bool = True) -> float:
+    """What a micro-batch whose weight gradients are deferred holds of ``n`` beyond its saved
+    activations ``acts``: the gradient at the op's output if the op has weights (torch keeps it for
+    the weight pass; a column-parallel or vocabulary-parallel output is split by TP, a row-parallel
+    or norm output only by sequence parallelism), less the loss's own saved activations, which go
+    with the detached loss once the input gradients are made (``held``: whether they were saved,
+    not recomputed). Measured per pending micro-batch of a GPT block and of the last stage, with and
+    without recomputation (``tests/test_runtime_memory_model.py``)."""
+    if n.kind == "loss":
+        return -acts if held else 0.0
+    if not n.params and not (n.kind == "linear" and n.tp == "vocab"):  # a tied head's copy has weights
+        return 0.0
+    tp = s.mesh.tp
+    split = tp if (s.tp_mode == "tsp" or s.sequence_parallel or n.tp in ("column", "heads", "vocab")) else 1
+    return n.out_bytes * scale / split * aw
 
 
 def _local_params(n: LayerNode, s: Strategy) -> int:
@@ -286,6 +304,7 @@ def unit_cost(
         if ls.recompute == "selective":
             acts -= n.act_selective_bytes * scale / _act_div(n, s) * aw
         u.activations += acts
+        u.pending += pending_bytes(n, s, scale, aw, acts, held=ls.recompute != "full")
         if n.kind == "attention":
             attn_fwd += f
             attn_time += f + bw

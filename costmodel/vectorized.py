@@ -141,8 +141,15 @@ def _groups(g: _Cfg) -> dict[tuple[int, int], list[int]]:
 def _in_flight(sched: np.ndarray, r: int, p: int, m: F, v: int) -> F:
     if p == 1:
         return np.ones_like(m)
-    return np.select([sched == "gpipe", sched == "interleaved"],
-                     [m, np.minimum(m, (p - r) + (p - 1) / v)], np.minimum(m, float(p - r)))
+    return np.select([sched == "gpipe", sched == "interleaved", sched == "zb"],
+                     [m, np.minimum(m, (p - r) + (p - 1) / v), np.minimum(m, float(p))], np.minimum(m, float(p - r)))
+
+
+def _pending(sched: np.ndarray, r: int, p: int, m: F, v: int) -> F:
+    """``pipeline.weights_pending`` over configurations."""
+    if p == 1:
+        return np.zeros_like(m)
+    return np.where(sched == "zb", np.minimum(m * v, r + 1.0) / v, 0.0)
 
 
 def _combine(sl: np.ndarray, p: int, v: int, blocks: list[int], pre: int | None, post: int | None,
@@ -170,9 +177,11 @@ def _combine(sl: np.ndarray, p: int, v: int, blocks: list[int], pre: int | None,
             if last is not None:
                 bounds[k % p, last] += 1
     # ranks holding the same units price alike: work on the distinct ones (weight = how many;
-    # memory at the first of them, which keeps the most micro-batches in flight)
+    # memory at the first of them, which keeps the most micro-batches in flight, and with zero
+    # bubble at the last, which defers the most weight gradients)
     sig, first, inv, mult = np.unique(np.concatenate([counts, bounds], axis=1), axis=0, return_index=True,
                                       return_inverse=True, return_counts=True)
+    last = np.array([np.flatnonzero(inv.reshape(-1) == j).max() for j in range(len(sig))])
     counts, bounds = sig[:, :K], sig[:, K:]
     dp = g.dpr[sl] * g.dps[sl]
     m = w.global_batch / (dp * g.b[sl])
@@ -206,6 +215,7 @@ def _combine(sl: np.ndarray, p: int, v: int, blocks: list[int], pre: int | None,
     present = counts > 0
     mem = np.zeros_like(step)
     states, acts, grads = per_rank("states"), per_rank("activations"), per_rank("grads")
+    pend = per_rank("pending")
     unheld = (m <= 1)[:, None] if p == 1 else np.zeros((len(sl), 1), dtype=bool)  # not grads_held
     bucket = np.where(dp > 1, c.dp_bucket_bytes, 0.0)[:, None]
     for u in range(len(sig)):
@@ -218,6 +228,7 @@ def _combine(sl: np.ndarray, p: int, v: int, blocks: list[int], pre: int | None,
             buf = buf + ua[post].activations[sl] * w.loss_buffer
         run = states[:, :, u] - np.where(unheld, grads[:, :, u], 0.0) + buf
         run = run + acts[:, :, u] * _in_flight(g.sched[sl], r, p, m, v)[:, None]
+        run = run + pend[:, :, u] * _pending(g.sched[sl], int(last[u]), p, m, v)[:, None]
         tot = np.maximum(run, states[:, :, u] + gath + bucket + tail[:, None])  # the end of backward
         mem = np.maximum(mem, tot + (c.context_bytes + c.fragmentation * tot))
     held = (counts * mult[:, None]).sum(axis=0)

@@ -202,6 +202,7 @@ class UnitArrays:
     states: F  # parameters, gradients and optimizer state
     grads: F  # the gradients among the states
     activations: F
+    pending: F  # added while its weight gradients wait (zero bubble): units.pending_bytes
     gathered: F
     remat: F
     hw_flops: F
@@ -274,7 +275,7 @@ def _unit(nodes: list[LayerNode], dev: DeviceModel, net: _Net, g: _Cfg, w: Workl
     largest: dict[tuple[bool, bool], np.ndarray] = {}  # its largest operator, by the same key
     tensors: dict[tuple[bool, bool], tuple[Any, Any]] = {}  # (big gradient tensors, small ones' parameters)
     tp_msgs = sp_grads = sp_params = 0
-    first_acts = z.copy()
+    first_acts, grads_out, loss_acts = z.copy(), z.copy(), z.copy()
     for i, n in enumerate(nodes):
         static = n.tp in TP_SPLIT_ROLES or n.kind in ("activation", "experts", "loss")
         tdiv = np.where(g.tsp | static | g.sp, tp, 1.0)
@@ -293,6 +294,11 @@ def _unit(nodes: list[LayerNode], dev: DeviceModel, net: _Net, g: _Cfg, w: Workl
         acts_sel += a - n.act_selective_bytes * scale / adiv * aw
         if i == 0:
             first_acts = a if n.kind == "norm" else z
+        if n.kind == "loss":
+            loss_acts = loss_acts + a
+        elif n.params or (n.kind == "linear" and n.tp == "vocab"):  # as units.pending_bytes
+            split = np.where(g.tsp | g.sp | (n.tp in ("column", "heads", "vocab")), tp, 1.0)
+            grads_out = grads_out + n.out_bytes * scale / split * aw
         if n.kind == "attention":
             attn_fwd += f
             attn_time += f + bw
@@ -341,24 +347,24 @@ def _unit(nodes: list[LayerNode], dev: DeviceModel, net: _Net, g: _Cfg, w: Workl
         a2a = 2 * net("all_to_all", ep_bytes, ep, ep_stride) * passes
         comm += np.where((ep_bytes > 0) & (ep > 1), c.exposed(a2a, a2a * c.ep_overlap), 0.0)
         if rc == "full":
-            rc_cols[rc] = (first_acts, fwd, acts, hw + fwd_flops, comm)
+            rc_cols[rc] = (first_acts, fwd, acts, hw + fwd_flops, comm, grads_out)
         elif rc == "selective":
-            rc_cols[rc] = (acts_sel, attn_fwd, z, hw, comm)
+            rc_cols[rc] = (acts_sel, attn_fwd, z, hw, comm, grads_out - loss_acts)
         else:
-            rc_cols[rc] = (acts, z, z, hw, comm)
+            rc_cols[rc] = (acts, z, z, hw, comm, grads_out - loss_acts)
     # ---- per option: parameter groups by (sharding, offload, expert), as units.py forms them ---
     dp = _DataParallel(groups, net, g, dev, w, fwd, bwd, largest, tensors)
     cols = []
     for o in opts:
-        a, rec, peak, hwf, comm = rc_cols[o.recompute]
+        a, rec, peak, hwf, comm, pend = rc_cols[o.recompute]
         st, dp_comm, step, opt_t, off_t, gath, grads = dp.option(o)
         win = bwd + (fwd if o.sharding in ("zero1", "zero2") else 0.0)
-        cols.append((fwd + bwd + rec + comm + dp_comm, step, opt_t, off_t, st, a, gath, peak, hwf, win, grads))
-    arr = [np.stack([col[k] for col in cols], axis=1) for k in range(11)]
+        cols.append((fwd + bwd + rec + comm + dp_comm, step, opt_t, off_t, st, a, gath, peak, hwf, win, grads, pend))
+    arr = [np.stack([col[k] for col in cols], axis=1) for k in range(12)]
     return UnitArrays(time=arr[0], fwd=np.repeat(fwd[:, None], len(opts), 1),
                       bwd_weight=np.repeat(bwd_w[:, None], len(opts), 1), step_comm=arr[1],
                       window=arr[9], optim=arr[2], offload=arr[3], states=arr[4], grads=arr[10],
-                      activations=arr[5], gathered=arr[6], remat=arr[7], hw_flops=arr[8], out_bytes=out_bytes)
+                      activations=arr[5], pending=arr[11], gathered=arr[6], remat=arr[7], hw_flops=arr[8], out_bytes=out_bytes)
 
 
 class _DataParallel:

@@ -134,7 +134,7 @@ def max_stage(tb: np.ndarray, te: np.ndarray, th: np.ndarray, hop: np.ndarray, p
 def sub_grid(gr: GridReport, rows: np.ndarray, more: GridReport | None = None) -> GridReport:
     """The grid's unit arrays of some rows only (what the bounds read), with the options of
     ``more`` (priced for exactly those rows) appended."""
-    fields = ("time", "optim", "offload", "states", "grads", "activations", "bwd_weight")
+    fields = ("time", "optim", "offload", "states", "grads", "activations", "bwd_weight", "pending")
 
     def pick(u: Any, k: int) -> dict[str, np.ndarray]:
         out = {f: getattr(u, f)[rows] for f in fields}
@@ -169,7 +169,9 @@ def pipeline_lagrange(gr: GridReport, rows: MeshRows, dev: DeviceModel, head: in
     The step is at least ``c·Σ T`` (1F1B: ``(m-1)·max T + Σ T`` with ``max T >= Σ T / p``; ZB-H1:
     ``m·max T``) plus the per-step maxima, at least their means; every stage keeps at least one
     micro-batch in flight, so the stages' memories sum to at least the units' states and
-    activations, and to at most ``p`` budgets. Each unit choosing its option alone relaxes the
+    activations (zero bubble: less what the loss frees once its micro-batch awaits weight
+    gradients, at most ``-pending`` per unit, as ``fly >= pending >= 1`` and activations plus
+    pending are never negative), and to at most ``p`` budgets. Each unit choosing its option alone relaxes the
     stages' (sharding, offload) and their boundaries."""
     out = np.zeros(len(rows))
     use = alive & (rows.p > 1) & ((rows.sched == "1f1b") | (rows.sched == "zb"))
@@ -183,6 +185,7 @@ def pipeline_lagrange(gr: GridReport, rows: MeshRows, dev: DeviceModel, head: in
     for k, u in enumerate(gr.units):
         time = coef * u.time[idx][:, mask] + (u.optim[idx][:, mask] + u.offload[idx][:, mask]) / p
         mem = u.states[idx][:, mask] + u.activations[idx][:, mask] * (1 + rows.loss_buffer if k == head else 1.0)
+        mem = mem + np.where(rows.sched[idx, None] == "zb", np.minimum(u.pending[idx][:, mask], 0.0), 0.0)
         parts.append((counts[k], time, mem))
     room = rows.p[idx] * rows.budget[idx]
     best = _dual(parts, room)

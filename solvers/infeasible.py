@@ -66,11 +66,9 @@ def _pipeline_min(qs: list[PipelineProblem], boundaries: bool) -> tuple[float, P
         return best[0], best[1] + (best[2],)
 
     def _stage_min(pp: PipelineProblem, r: int, n: int) -> tuple[float, tuple]:
-        from costmodel.pipeline import in_flight
-
         k = pp.kinds[0]
         rc = range(len(pp.recomputes))
-        fly = in_flight(pp.cfg.schedule, r, p, pp.m, pp.v)
+        fly = pp.held(r)
         fx = pp.fixed({k: n}, r == 0, r == p - 1)
         best = (np.inf, ())
         emb = [pp.costs[pp.emb][e] for e in rc] if r == 0 and pp.emb is not None else [None]
@@ -78,11 +76,7 @@ def _pipeline_min(qs: list[PipelineProblem], boundaries: bool) -> tuple[float, P
         for (e, ue), (h, uh), b in product(enumerate(emb), enumerate(head), rc):
             ub = pp.costs[k][b]
             units = [u for u in (ue, uh) if u is not None] + [ub]
-            acts = (
-                n * ub.activations * fly
-                + sum(u.activations * fly for u in (ue,) if u)
-                + (uh.activations * (fly + pp.w.loss_buffer) if uh else 0.0)
-            )
+            acts = n * ub.held(*fly) + pp.ends_held(ue, uh, *fly)
             x = fx.states + fx.gathered + pp.bucket + max(u.recompute_peak for u in units) + acts
             if x < best[0]:
                 best = (x, (e if ue else None, h if uh else None, b))

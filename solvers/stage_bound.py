@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from costmodel.estimate import rank_blocks, rank_sends
-from costmodel.pipeline import in_flight, ramp_step, time_shared
+from costmodel.pipeline import ramp_step, time_shared
 from solvers.stage_tables import INF, PipelineProblem, best_splits, pareto_front
 
 __all__ = ["mixed_bound"]
@@ -76,16 +76,17 @@ def _tables(qs: Sequence[PipelineProblem], value, send_scale: float) -> np.ndarr
     val = np.array([value(u) for u in blocks])
     states = np.array([u.states for u in blocks])
     acts = np.array([u.activations for u in blocks])
+    pend = np.array([u.pending for u in blocks])
     g_min = min(u.gathered for u in blocks)  # every rank holds a block: its transient is at least this
     budget = pp.budget - pp.bucket - g_min
     sends = rank_sends(p, pp.v)
     n = np.arange(L + 1, dtype=float)
     table = np.full((p, L + 1), INF)
     for r in range(p):
-        fly = in_flight(pp.cfg.schedule, r, p, pp.m, pp.v)
-        mem = states + fly * acts
+        fly, pe = pp.held(r)
+        mem = states + fly * acts + pe * pend
         hull = _lower_hull(val, mem)  # the relaxation only ever uses these
-        ends = np.array(_ends(qs, r, fly, value, g_min))  # (options of the embedding/head, 2)
+        ends = np.array(_ends(qs, r, (fly, pe), value, g_min))  # (options of the embedding/head, 2)
         lp = _relaxed_blocks(val[hull], mem[hull], n, budget - ends[:, 1])  # (ends, counts)
         table[r] = (ends[:, :1] + lp).min(axis=0) + send_scale * sends[r] * pp.p2p
     table[:, 0] = INF  # every stage holds a block
@@ -115,14 +116,15 @@ def _per_step(qs: Sequence[PipelineProblem], fixed: bool) -> float:
             + max(c.exposed(x[2], c.dp_overlap * x[3]) for x in per_rank))
 
 
-def _ends(qs: Sequence[PipelineProblem], r: int, fly: float, value, g_min: float) -> list[tuple[float, float]]:  # type: ignore[no-untyped-def]
+def _ends(qs: Sequence[PipelineProblem], r: int, fly: tuple[float, float], value, g_min: float  # type: ignore[no-untyped-def]
+          ) -> list[tuple[float, float]]:
     """(value, memory) of the embedding and head options rank ``r`` may hold, none dominated;
     the memory counts what their transient adds above ``g_min`` (the blocks' least)."""
     pp = qs[0]
     R = len(pp.recomputes)
-    emb = [(value(u), u.states + fly * u.activations, u.gathered) for q in qs for i in range(R)
+    emb = [(value(u), u.states + pp.ends_held(u, None, *fly), u.gathered) for q in qs for i in range(R)
            for u in [q.costs[pp.emb][i]]] if r == 0 and pp.emb is not None else [(0.0, 0.0, 0.0)]
-    head = [(value(u), u.states + (fly + pp.w.loss_buffer) * u.activations, u.gathered) for q in qs for i in range(R)
+    head = [(value(u), u.states + pp.ends_held(None, u, *fly), u.gathered) for q in qs for i in range(R)
             for u in [q.costs[pp.head][i]]] if r == pp.p - 1 and pp.head is not None else [(0.0, 0.0, 0.0)]
     front = pareto_front([(a[0] + b[0], a[1] + b[1] + max(0.0, a[2] - g_min, b[2] - g_min), ())
                           for a in emb for b in head])

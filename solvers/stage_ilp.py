@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodel.estimate import rank_blocks, rank_sends
-from costmodel.pipeline import in_flight, ramp_stretch
+from costmodel.pipeline import ramp_stretch
 from solvers.osdp_ilp import _Model
 from solvers.stage_tables import INF, PipelineProblem, UnitView
 from solvers.stages import PipelineSolution, pipeline_objective
@@ -62,7 +62,7 @@ _FIELDS = ("time", "weight", "sync", "window", "optim", "offload", "memory")
 
 def _dominated(a: UnitView, b: UnitView, zb: bool) -> bool:
     """``b`` is no better than ``a`` in anything the objective or memory reads."""
-    le = (a.time <= b.time and a.states <= b.states and a.activations <= b.activations
+    le = (a.time <= b.time and a.states <= b.states and a.activations <= b.activations and a.pending <= b.pending
           and a.gathered <= b.gathered and a.recompute_peak <= b.recompute_peak and a.sync <= b.sync
           and a.optim <= b.optim and a.offload <= b.offload and a.window >= b.window)
     return le and (not zb or a.time - 2 * a.weight <= b.time - 2 * b.weight)
@@ -119,7 +119,7 @@ class _Formulation:
         # time in units that make the step about 1e4: HiGHS's absolute tolerances (1e-7) would
         # otherwise treat plans a fraction of a microsecond apart as equal
         self.unit = _time_unit(qs)
-        self.fly = [in_flight(pp.cfg.schedule, k, pp.p, pp.m, pp.v) for k in range(pp.p)]
+        self.fly = [pp.held(k) for k in range(pp.p)]  # (in flight, awaiting weight gradients) per stage
         # per stage: linear expressions (column -> coefficient) of what the step reads
         self.ex: list[dict[str, dict[int, float]]] = [{f: {} for f in _FIELDS} for _ in range(pp.p)]
         self.gathered = [self.md.var() for _ in range(pp.p)]  # the largest gathered ZeRO-3 unit
@@ -128,14 +128,14 @@ class _Formulation:
         self.stage_of: dict[tuple[int, int], int] = {}  # (block, stage) -> binary (several classes, free)
         self.end_cols: dict[str, list[tuple[Opt, int]]] = {}
 
-    def _unit(self, k: int, col: int, u: UnitView, mult: float, hi: int) -> None:
-        """Column ``col`` counts units costing ``u`` on stage ``k`` (``mult`` micro-batches of
-        activations in flight), at most ``hi`` of them."""
+    def _unit(self, k: int, col: int, u: UnitView, held: float, hi: int) -> None:
+        """Column ``col`` counts units costing ``u`` on stage ``k`` (``held`` bytes of micro-batches
+        in flight each), at most ``hi`` of them."""
         vals = (u.time, u.weight, u.sync, u.window, u.optim, u.offload)
         for f, val in zip(_FIELDS[:-1], vals, strict=True):  # all but memory
             if val:
                 self.ex[k][f][col] = self.ex[k][f].get(col, 0.0) + val / self.unit
-        mem = (u.states + mult * u.activations) * self.scale
+        mem = (u.states + held) * self.scale
         if mem:
             self.ex[k]["memory"][col] = self.ex[k]["memory"].get(col, 0.0) + mem
         if u.gathered <= 0 and u.recompute_peak <= 0:
@@ -182,7 +182,8 @@ class _Formulation:
                 continue
             cols = [(o, self.md.var(hi=hi, integer=True)) for o in kept[kind]]
             for o, col in cols:
-                self._unit(k, col, self.qs[o[0]].costs[kind][o[1]], self.fly[k], hi)
+                u = self.qs[o[0]].costs[kind][o[1]]
+                self._unit(k, col, u, u.held(*self.fly[k]), hi)
             self.ycols[(k, kind)] = cols
             row = dict.fromkeys((col for _, col in cols), 1.0)
             if isinstance(cnt, int):
@@ -194,13 +195,14 @@ class _Formulation:
         """The embedding (first stage) and head (last) take one option each; tied, the same pair."""
         pp, md = self.pp, self.md
         opts = [(s, r) for s in range(len(self.qs)) for r in range(len(pp.recomputes))]
-        for name, kind, k, mult in (("embedding", pp.emb, 0, self.fly[0]),
-                                    ("head", pp.head, self.p - 1, self.fly[-1] + pp.w.loss_buffer)):
+        for name, kind, k in (("embedding", pp.emb, 0), ("head", pp.head, self.p - 1)):
             if kind is None:
                 continue
             cols = [(o, md.var(hi=1, integer=True)) for o in opts]
             for o, col in cols:
-                self._unit(k, col, self.qs[o[0]].costs[kind][o[1]], mult, 1)
+                u = self.qs[o[0]].costs[kind][o[1]]
+                held = pp.ends_held(u, None, *self.fly[k]) if name == "embedding" else pp.ends_held(None, u, *self.fly[k])
+                self._unit(k, col, u, held, 1)
             md.row({col: 1.0 for _, col in cols}, lo=1, hi=1)
             self.end_cols[name] = cols
         if tied and len(self.end_cols) == 2:

@@ -20,7 +20,7 @@ import numpy as np
 from costmodel.constants import CostConstants
 from costmodel.device import DeviceModel
 from costmodel.estimate import bucket_bytes
-from costmodel.pipeline import in_flight
+from costmodel.pipeline import in_flight, weights_pending
 from costmodel.strategy import Workload
 from costmodel.units import UnitCost, mesh_groups
 from costmodel.vectorized import block_classes, unit_classes, unit_names
@@ -99,6 +99,12 @@ class UnitView:
     offload: float
     weight: float
     out_bytes: float
+    pending: float = 0.0  # added while its weight gradients wait (zero bubble)
+
+    def held(self, fly: float, pend: float) -> float:
+        """Bytes of this unit's micro-batches in flight: ``fly`` of activations, ``pend`` of them
+        also awaiting weight gradients (:func:`costmodel.pipeline.weights_pending`)."""
+        return self.activations * fly + self.pending * pend
 
     def __iter__(self):  # type: ignore[no-untyped-def]
         return iter(astuple(self))
@@ -107,7 +113,7 @@ class UnitView:
     def of(cls, u: UnitCost) -> UnitView:
         return cls(u.time, u.activations, u.recompute_peak, u.state_params + u.state_grads + u.state_optim,
                    u.gathered, sum(u.step_comm.values()), u.step_comm_window, u.optim_time, u.offload_time,
-                   u.bwd_weight, u.out_bytes)
+                   u.bwd_weight, u.out_bytes, u.pending)
 
 
 class PipelineProblem:
@@ -158,6 +164,16 @@ class PipelineProblem:
         return PipelineProblem(self.graph, self.dev, self.cfg, self.w, self.sharding, self.offload, self.recomputes,
                                self.limit_gib, costs, self.split, self.mixed)
 
+    def held(self, r: int) -> tuple[float, float]:
+        """Rank ``r``'s micro-batches in flight and those of them awaiting weight gradients."""
+        return (in_flight(self.cfg.schedule, r, self.p, self.m, self.v),
+                weights_pending(self.cfg.schedule, r, self.p, self.m, self.v))
+
+    def ends_held(self, ue: UnitView | None, uh: UnitView | None, fly: float, pend: float) -> float:
+        """What the embedding ``ue`` and the head ``uh`` (with the loss's transients) hold."""
+        return ((ue.held(fly, pend) if ue else 0.0)
+                + (uh.held(fly, pend) + uh.activations * self.w.loss_buffer if uh else 0.0))
+
     def fixed(self, counts: dict[int, int], emb: bool, head: bool) -> Fixed:
         f = Fixed()
         held = [(k, n) for k, n in counts.items() if n]
@@ -177,15 +193,15 @@ class PipelineProblem:
     def _single(self, r: int, emb: bool, head: bool, bounds: int, n_max: int) -> _Table:
         """Least stage time of rank ``r`` for 0..n_max blocks of the only block class."""
         k = self.kinds[0]
-        fly = in_flight(self.cfg.schedule, r, self.p, self.m, self.v)
+        fly, pend = self.held(r)
         opts = self.costs[k]
         f, rest = self._split()
         n = np.arange(n_max + 1)[:, None].astype(float)
         nf = np.arange(n_max + 1)[None, :].astype(float)
         valid = nf <= n
-        ta, ma = (opts[rest[0]].time, opts[rest[0]].activations * fly) if rest else (0.0, 0.0)
-        tb, mb = (opts[rest[1]].time, opts[rest[1]].activations * fly) if len(rest) > 1 else (ta, ma)
-        tf, mf, rf = opts[f].time, opts[f].activations * fly, opts[f].recompute_peak
+        ta, ma = (opts[rest[0]].time, opts[rest[0]].held(fly, pend)) if rest else (0.0, 0.0)
+        tb, mb = (opts[rest[1]].time, opts[rest[1]].held(fly, pend)) if len(rest) > 1 else (ta, ma)
+        tf, mf, rf = opts[f].time, opts[f].held(fly, pend), opts[f].recompute_peak
         tab = _Table(self, k, emb, head, n_max, f, rest)
         e_opts = range(len(self.costs[self.emb])) if emb and self.emb is not None else [None]
         h_opts = range(len(self.costs[self.head])) if head and self.head is not None else [None]
@@ -198,11 +214,11 @@ class PipelineProblem:
                 ue = self.costs[self.emb][e] if e is not None else None  # type: ignore[index]
                 uh = self.costs[self.head][h] if h is not None else None  # type: ignore[index]
                 base_t = (ue.time if ue else 0.0) + (uh.time if uh else 0.0) + bounds * self.p2p
-                base_m = (ue.activations * fly if ue else 0.0) + (uh.activations * (fly + self.w.loss_buffer) if uh else 0.0)
+                base_m = self.ends_held(ue, uh, fly, pend)
                 r_eh = max(ue.recompute_peak if ue else 0.0, uh.recompute_peak if uh else 0.0)
                 remat = np.where(nf > 0, max(r_eh, rf), r_eh)
                 if len(rest) == 1 and ta <= tf and ma > mf:  # two options: the fewest slow blocks that fit
-                    self._two(tab, n[:, 0], states[:, 0] + fx.gathered + base_m, r_eh, base_t, e, h, fly)
+                    self._two(tab, n[:, 0], states[:, 0] + fx.gathered + base_m, r_eh, base_t, e, h, fly, pend)
                     continue
                 room = self.budget - self.bucket - states - fx.gathered - remat - base_m - nf * mf
                 left = n - nf
@@ -229,11 +245,11 @@ class PipelineProblem:
         return tab
 
     def _two(self, tab: _Table, n: np.ndarray, fixed: np.ndarray, r_eh: float, base_t: float, e: int | None,
-             h: int | None, fly: float) -> None:
+             h: int | None, fly: float, pend: float) -> None:
         """Faster option ``a`` and leaner ``f``: per block count, the fewest ``f`` blocks that fit."""
         opts = self.costs[self.kinds[0]]
         a, f = opts[tab.rest[0]], opts[tab.f]
-        ta, ma, tf, mf = a.time, a.activations * fly, f.time, f.activations * fly
+        ta, ma, tf, mf = a.time, a.held(fly, pend), f.time, f.held(fly, pend)
         room0 = self.budget - self.bucket - fixed - r_eh  # no block recomputes fully
         room1 = self.budget - self.bucket - fixed - max(r_eh, f.recompute_peak)
         need = np.maximum(1.0, np.ceil((n * ma - room1) / (ma - mf)))
@@ -266,23 +282,23 @@ class PipelineProblem:
         opts = self.costs[k]
         a, fo = opts[rest[0]], opts[f]
         # rows: rank 0 under each embedding option, the middle ranks, rank p-1 under each head option
-        flies = np.array([in_flight(self.cfg.schedule, r, p, self.m, self.v) for r in range(p)])
+        flies, pends = np.array([self.held(r) for r in range(p)]).T
         base_b = {kind: (fx.states - opts[0].states + fx.gathered)
                   for kind in {(r == 0, r == p - 1) for r in (0, p // 2, p - 1)}
                   for fx in [self.fixed({k: 1}, *kind)]}
-        rank, es, hs, fly_l, base_l, reh_l, bt_l = [], [], [], [], [], [], []
+        rank, es, hs, fly_l, pend_l, base_l, reh_l, bt_l = [], [], [], [], [], [], [], []
         emb = list(enumerate(self.costs[self.emb])) if self.emb is not None else [(None, None)]
         head = list(enumerate(self.costs[self.head])) if self.head is not None else [(None, None)]
         for r in (0, p - 1):
             for e, ue in emb if r == 0 else [(None, None)]:
                 for h, uh in head if r == p - 1 else [(None, None)]:
-                    fl = flies[r]
+                    fl, pe = flies[r], pends[r]
                     rank.append(r)
                     es.append(-1 if e is None else e)
                     hs.append(-1 if h is None else h)
                     fly_l.append(fl)
-                    base_l.append(base_b[(r == 0, r == p - 1)] + (ue.activations * fl if ue else 0.0)
-                                  + (uh.activations * (fl + self.w.loss_buffer) if uh else 0.0))
+                    pend_l.append(pe)
+                    base_l.append(base_b[(r == 0, r == p - 1)] + self.ends_held(ue, uh, fl, pe))
                     reh_l.append(max(ue.recompute_peak if ue else 0.0, uh.recompute_peak if uh else 0.0))
                     bt_l.append((ue.time if ue else 0.0) + (uh.time if uh else 0.0)
                                 + (self.p2p if r < p - 1 else 0.0))
@@ -290,7 +306,7 @@ class PipelineProblem:
         rank_a = np.concatenate([rank, mid])
         order = np.argsort(rank_a, kind="stable")
         col = lambda xs, midv: np.concatenate([np.array(xs, dtype=float), midv])[order][:, None]  # noqa: E731
-        fly = col(fly_l, flies[1:p - 1])
+        fly, pend = col(fly_l, flies[1:p - 1]), col(pend_l, pends[1:p - 1])
         base = col(base_l, np.full(len(mid), base_b.get((False, False), 0.0)))
         r_eh = col(reh_l, np.zeros(len(mid)))
         base_t = col(bt_l, np.full(len(mid), self.p2p))
@@ -298,7 +314,7 @@ class PipelineProblem:
         rows_e = np.concatenate([es, -np.ones(len(mid), dtype=int)])[order]
         rows_h = np.concatenate([hs, -np.ones(len(mid), dtype=int)])[order]
         n = np.arange(L + 1, dtype=float)[None, :]
-        ma, mf = a.activations * fly, fo.activations * fly
+        ma, mf = a.held(fly, pend), fo.held(fly, pend)
         fixed = base + n * opts[0].states
         room0 = self.budget - self.bucket - fixed - r_eh
         room1 = self.budget - self.bucket - fixed - np.maximum(r_eh, fo.recompute_peak)
@@ -368,7 +384,7 @@ class PipelineProblem:
     def _general(self, r: int, counts: dict[int, int], emb: bool, head: bool, bounds: int
                  ) -> StageCost | None:
         """Several block classes: Pareto frontiers of (time, memory) per class, merged."""
-        fly = in_flight(self.cfg.schedule, r, self.p, self.m, self.v)
+        fly, pend = self.held(r)
         fx = self.fixed(counts, emb, head)
         self.evaluated += 1
         groups: list[tuple[int, int, bool]] = [(k, n, False) for k, n in sorted(counts.items()) if n]
@@ -386,7 +402,8 @@ class PipelineProblem:
                 pts = []
                 for comp in _compositions(n, len(allowed)):
                     t = sum(c * self.costs[k][allowed[i]].time for i, c in enumerate(comp))
-                    mm = sum(c * self.costs[k][allowed[i]].activations * (fly + (self.w.loss_buffer if is_head else 0.0))
+                    mm = sum(c * (self.costs[k][allowed[i]].held(fly, pend)
+                                  + (self.costs[k][allowed[i]].activations * self.w.loss_buffer if is_head else 0.0))
                              for i, c in enumerate(comp))
                     pts.append((t, mm, ((k, tuple((allowed[i], c) for i, c in enumerate(comp) if c)),)))
                 front = pareto_front([(a[0] + b[0], a[1] + b[1], a[2] + b[2])

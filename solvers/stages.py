@@ -34,7 +34,7 @@ import numpy as np
 
 from costmodel.constants import CostConstants
 from costmodel.estimate import rank_blocks, rank_sends
-from costmodel.pipeline import in_flight, ramp_step, time_shared
+from costmodel.pipeline import ramp_step, time_shared
 from costmodel.strategy import LayerStrategy, Strategy
 from profiler.graph import LayerGraph
 from solvers.chain import option_strategy
@@ -173,15 +173,18 @@ def pipeline_objective(qs: Sequence[PipelineProblem], per_unit: Sequence[tuple[i
     objective reads it, with ``status`` "infeasible" when a rank's memory does not fit."""
     pp = qs[0]
     c, p, v = pp.dev.c, pp.p, pp.v
-    fly = [in_flight(pp.cfg.schedule, r, p, pp.m, v) for r in range(p)]
+    fly = [pp.held(r) for r in range(p)]
     emb = 1 if pp.emb is not None else 0
-    units: list[list[tuple[UnitView, float]]] = [[] for _ in range(p)]
+    units: list[list[tuple[UnitView, float]]] = [[] for _ in range(p)]  # (unit, bytes in flight)
     for r, held in enumerate(ranks):
-        units[r] = [(qs[per_unit[emb + i][0]].costs[pp.block_cls[i]][per_unit[emb + i][1]], fly[r]) for i in held]
+        units[r] = [(u, u.held(*fly[r])) for i in held
+                    for u in [qs[per_unit[emb + i][0]].costs[pp.block_cls[i]][per_unit[emb + i][1]]]]
     if pp.emb is not None:
-        units[0].append((qs[per_unit[0][0]].costs[pp.emb][per_unit[0][1]], fly[0]))
+        ue = qs[per_unit[0][0]].costs[pp.emb][per_unit[0][1]]
+        units[0].append((ue, pp.ends_held(ue, None, *fly[0])))
     if pp.head is not None:
-        units[-1].append((qs[per_unit[-1][0]].costs[pp.head][per_unit[-1][1]], fly[-1] + pp.w.loss_buffer))
+        uh = qs[per_unit[-1][0]].costs[pp.head][per_unit[-1][1]]
+        units[-1].append((uh, pp.ends_held(None, uh, *fly[-1])))
     sends = rank_sends(p, v)
     vals, fits = [], True
     for r in range(p):
@@ -190,7 +193,7 @@ def pipeline_objective(qs: Sequence[PipelineProblem], per_unit: Sequence[tuple[i
         f = Fixed(sync=sum(u.sync for u in us), window=sum(u.window for u in us), optim=sum(u.optim for u in us),
                   offload=sum(u.offload for u in us), weight=sum(u.weight for u in us))
         vals.append(_vals(StageCost(t, (), f), c))
-        mem = (sum(u.states + k * u.activations for u, k in units[r]) + max((u.gathered for u in us), default=0.0)
+        mem = (sum(u.states + held for u, held in units[r]) + max((u.gathered for u in us), default=0.0)
                + max((u.recompute_peak for u in us), default=0.0))
         fits = fits and mem <= pp.budget - pp.bucket
     total = vals[0]

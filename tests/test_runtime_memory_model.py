@@ -1,0 +1,133 @@
+"""Zero-bubble memory: the cost model counts what torch's schedule and autograd keep alive.
+
+Torch's ``ScheduleInterleavedZeroBubble`` computes a micro-batch's input gradients
+(``stage_backward_input``, graph retained) and its weight gradients later. Until then the
+micro-batch keeps its saved activations and, for the weight pass, the gradients at the outputs of
+its weight-carrying ops; the loss's own saved activations go with the detached loss. These tests
+replay the schedule's op lists and measure those bytes op by op, no process group needed.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+from torch.distributed.pipelining.schedules import ScheduleInterleavedZeroBubble, _ComputationType
+
+from costmodel.device import DeviceModel
+from costmodel.estimate import UnitPricer, estimate, stage_units
+from costmodel.pipeline import in_flight, weights_pending
+from costmodel.strategy import LayerStrategy, Mesh, Strategy, Workload
+from costmodel.vectorized import price_grid, strategies_grid
+from profiler.hardware import parse_cluster
+from profiler.model_config import TransformerConfig
+from profiler.models import load_model
+from profiler.transformer import build_graph
+from runtime.memory import TensorPeak
+from runtime.model import Transformer, lm_loss
+from runtime.pipeline import stage_module
+
+CFG = TransformerConfig(name="zb-gpt", layers=4, hidden=64, heads=4, vocab=512, max_seq=32, bias=True,
+                        position="learned", tied_embeddings=True, activation="gelu", norm="layernorm",
+                        attention_impl="flash")
+SEQ = 32
+
+
+def _rank_ops(p: int, m: int, v: int, rank: int) -> list:
+    """Rank ``rank``'s op list as ``ScheduleInterleavedZeroBubble`` computes it (its own method,
+    on an instance given only what the method reads)."""
+    sched = object.__new__(ScheduleInterleavedZeroBubble)
+    sched.pp_group_size, sched.n_local_stages, sched._n_microbatches = p, v, m
+    sched.number_of_rounds = max(1, m // p)
+    sched.microbatches_per_round = m // sched.number_of_rounds
+    return sched._calculate_single_rank_operations(rank)
+
+
+def _peak_held(ops: list) -> tuple[int, int]:
+    """(micro-batch stages with their graph alive, of them with input gradients made) at the peak."""
+    graphs = pending = 0
+    peak = (0, 0)
+    for a in ops:
+        if a is None:
+            continue
+        t = a.computation_type
+        graphs += t == _ComputationType.FORWARD
+        pending += t == _ComputationType.BACKWARD_INPUT
+        if t == _ComputationType.BACKWARD_WEIGHT:
+            graphs, pending = graphs - 1, pending - 1
+        peak = max(peak, (graphs, pending))
+    return peak
+
+
+@pytest.mark.parametrize("p,v", [(2, 1), (4, 1), (8, 1), (2, 2), (4, 2)])
+def test_in_flight_and_pending_count_torch_zero_bubble_schedule(p: int, v: int) -> None:
+    for m in (1, 2, 4, 8, 16):
+        if v > 1 and m < p:
+            continue  # interleaving needs a micro-batch per rank
+        for r in range(p):
+            graphs, pending = _peak_held(_rank_ops(p, m, v, r))
+            assert graphs / v == in_flight("zb", r, p, m, v), (p, m, v, r)
+            assert pending / v == weights_pending("zb", r, p, m, v), (p, m, v, r)
+    assert weights_pending("1f1b", 1, 4, 8) == 0.0 and in_flight("1f1b", 1, 4, 8) == 3.0
+
+
+def _unit_pending(stage: str, recompute: str) -> float:
+    """The cost model's pending bytes of the last stage (block, final norm, head, loss) or of a block."""
+    s = Strategy(mesh=Mesh(pp=4), micro_batch=1, schedule="zb", default=LayerStrategy(recompute=recompute))
+    w = Workload(seq_len=SEQ, global_batch=4, precision="fp32")
+    price = UnitPricer(DeviceModel(parse_cluster("4xcpu")), s, w)
+    units = stage_units(build_graph(CFG, SEQ), s)[3 if stage == "last" else 1]
+    return sum(price(name, nodes).pending for name, nodes in units)
+
+
+@pytest.mark.parametrize("stage,recompute", [("block", "none"), ("block", "full"), ("last", "none")])
+def test_pending_bytes_equal_what_autograd_keeps_for_the_weight_pass(stage: str, recompute: str) -> None:
+    """Per micro-batch awaiting its weight gradients, live tensor bytes after its input gradients
+    less those after its forward (its activations): exactly the cost model's ``pending``."""
+    torch.manual_seed(0)
+    model = Transformer(CFG)
+    mod = stage_module(model, 3 if stage == "last" else 1, [1, 1, 1, 1])
+    if recompute == "full":
+        from runtime.checkpointing import wrap
+
+        wrap(mod.layers["1"], "full", "cpu")
+    params = list(mod.parameters())
+    held = []
+    with TensorPeak(params) as tp:
+        for _ in range(3):
+            x = torch.randn(1, SEQ, CFG.hidden, requires_grad=True)
+            targets = torch.randint(0, CFG.vocab, (1, SEQ))  # the runtime keeps its micro-batches' targets
+            out = mod(x)
+            if stage == "last":
+                out = lm_loss(out, targets)
+            after_forward = tp.live
+            # the gradient received from the next stage is the last op's output gradient: the
+            # weight pass keeps it, as it would keep one computed here
+            grads = None if stage == "last" else [torch.randn_like(out)]
+            dx, groups = stage_backward_input([out], grads, [x], iter(params))
+            del grads
+            added = tp.live - after_forward - dx[0].nbytes
+            # exact but for the loss's 4-byte total weight, which goes with the loss
+            assert added == pytest.approx(_unit_pending(stage, recompute), abs=4)
+            held.append((x, targets, groups))
+        for _, _, groups in held:  # the weight pass still finds what it needs
+            stage_backward_weight(iter(params), groups)
+    assert all(p.grad is not None for p in params)
+
+
+def test_zero_bubble_memory_grid_equals_estimate_on_every_rank_shape() -> None:
+    """Ranks holding the same units price alike in the grid, which must take the last of them
+    (the one deferring the most weight gradients) under zero bubble."""
+    g, cl = load_model("gpt2", 128), parse_cluster("8xcpu")
+    w = Workload(seq_len=128, global_batch=16, precision="fp32")
+    strategies = [Strategy(mesh=Mesh(pp=p, dp_shard=8 // p), micro_batch=1, schedule=sched,
+                           default=LayerStrategy(recompute=rc))
+                  for p in (2, 4, 8) for sched in ("zb", "1f1b") for rc in ("none", "full")]
+    configs, options, cells = strategies_grid(strategies)
+    gr = price_grid(g, cl, w, configs, options)
+    for s, (i, j) in zip(strategies, cells, strict=True):
+        r = estimate(g, cl, s, w)
+        assert gr.memory_peak_gib[i, j] == pytest.approx(r.memory_peak_gib, rel=1e-9), s
+    zb = estimate(g, cl, strategies[4], w)  # pp 4: every rank keeps 4 micro-batches, rank r r+1 pending
+    one = estimate(g, cl, strategies[6], w)
+    assert [st.activations > o.activations for st, o in zip(zb.stages, one.stages, strict=True)] == [True] * 4
