@@ -169,10 +169,9 @@ def pipeline_lagrange(gr: GridReport, rows: MeshRows, dev: DeviceModel, head: in
     The step is at least ``c·Σ T`` (1F1B: ``(m-1)·max T + Σ T`` with ``max T >= Σ T / p``; ZB-H1:
     ``m·max T``) plus the per-step maxima, at least their means; every stage keeps at least one
     micro-batch in flight, so the stages' memories sum to at least the units' states and
-    activations (zero bubble: less what the loss frees once its micro-batch awaits weight
-    gradients, at most ``-pending`` per unit, as ``fly >= pending >= 1`` and activations plus
-    pending are never negative), and to at most ``p`` budgets. Each unit choosing its option alone relaxes the
-    stages' (sharding, offload) and their boundaries."""
+    activations (zero bubble: ``fly·A + pend·P >= A + min(P, 0)``, as ``fly >= max(1, pend)`` and
+    ``A + P >= 0``: the loss frees no more than it saved), and to at most ``p`` budgets. Each unit
+    choosing its option alone relaxes the stages' (sharding, offload) and their boundaries."""
     out = np.zeros(len(rows))
     use = alive & (rows.p > 1) & ((rows.sched == "1f1b") | (rows.sched == "zb"))
     if not use.any() or gr.p2p_total is None:
