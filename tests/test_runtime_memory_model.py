@@ -9,6 +9,8 @@ replay the schedule's op lists and measure those bytes op by op, no process grou
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
@@ -118,16 +120,19 @@ def test_pending_bytes_equal_what_autograd_keeps_for_the_weight_pass(stage: str,
 def test_zero_bubble_memory_grid_equals_estimate_on_every_rank_shape() -> None:
     """Ranks holding the same units price alike in the grid, which must take the last of them
     (the one deferring the most weight gradients) under zero bubble."""
-    g, cl = load_model("gpt2", 128), parse_cluster("8xcpu")
-    w = Workload(seq_len=128, global_batch=16, precision="fp32")
+    cl, w = parse_cluster("8xcpu"), Workload(seq_len=SEQ, global_batch=16, precision="fp32")
+    # 15 blocks on 4 stages: 4, 4, 4, 3; ranks 1 and 2 hold the same units and, the head being
+    # small, rank 2 (3 micro-batches pending) is the peak
+    small = build_graph(replace(CFG, layers=15, vocab=64), SEQ)
     strategies = [Strategy(mesh=Mesh(pp=p, dp_shard=8 // p), micro_batch=1, schedule=sched,
                            default=LayerStrategy(recompute=rc))
                   for p in (2, 4, 8) for sched in ("zb", "1f1b") for rc in ("none", "full")]
     configs, options, cells = strategies_grid(strategies)
-    gr = price_grid(g, cl, w, configs, options)
-    for s, (i, j) in zip(strategies, cells, strict=True):
-        r = estimate(g, cl, s, w)
-        assert gr.memory_peak_gib[i, j] == pytest.approx(r.memory_peak_gib, rel=1e-9), s
-    zb = estimate(g, cl, strategies[4], w)  # pp 4: every rank keeps 4 micro-batches, rank r r+1 pending
-    one = estimate(g, cl, strategies[6], w)
+    for g in (small, load_model("gpt2", SEQ)):
+        gr = price_grid(g, cl, w, configs, options)
+        for s, (i, j) in zip(strategies, cells, strict=True):
+            r = estimate(g, cl, s, w)
+            assert gr.memory_peak_gib[i, j] == pytest.approx(r.memory_peak_gib, rel=1e-9), s
+    zb, one = estimate(small, cl, strategies[4], w), estimate(small, cl, strategies[6], w)  # pp 4, ZB and 1F1B
     assert [st.activations > o.activations for st, o in zip(zb.stages, one.stages, strict=True)] == [True] * 4
+    assert max(zb.stages, key=lambda st: st.total).stage == 2
