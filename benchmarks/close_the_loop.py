@@ -12,10 +12,13 @@
 3. Baselines (DDP, FSDP everywhere, TP2xDP2, PP2xDP2) priced with ``estimate(..., profile)``; the
    memory limit is set between the two hungriest baselines' predicted peaks, so that at least one is
    excluded; ``planner.api.plan`` plans under it.
-4. Every plan runs ``shardplan train --nproc 4 --steps N --json``: median step time of the steps after
-   the first, leaving out the step whose memory was tracked. Memory compared: predicted tensor
-   memory (worst stage's params + grads + optimizer + activations + buffers, *without* the
-   context/fragmentation overhead) against the measured peak of live tensor bytes (the runtime's
+4. Every plan runs ``shardplan train --nproc 4 --steps N --json``, ``--repeats`` times (default 2),
+   round robin over the plans so that the host's drift falls on every plan alike: median step time
+   of all launches' steps after the first, leaving out the step whose memory was tracked; a pair of
+   plans counts as told apart when their difference exceeds the sum of their spreads (each the
+   larger of a launch's half-range and half the range between its launches' medians). Memory
+   compared: predicted tensor memory (worst stage's params + grads + optimizer + activations +
+   buffers, *without* the context/fragmentation overhead) against the measured peak of live tensor bytes (the runtime's
    ``tensor_peak_bytes``: what ``torch.cuda.max_memory_allocated`` reports on a GPU, counted op by op
    on CPU). Also shown: peak RSS minus the baseline RSS of the same launch path (tiny-gpt under the
    same mesh, less its own predicted tensor memory), which adds what is not a tensor (gloo buffers,
@@ -100,10 +103,24 @@ def train(model: str, plan_json: str, path: Path, steps: int) -> dict[str, Any]:
              or [rep["steps"][0]["step_time_s"]])
     tracked = [r["tensor_peak_bytes"] for s in rep["steps"] if s.get("memory_tracked") for r in s["ranks"]]
     return {"step_time_s": statistics.median(times), "load_before": load, "step_times_s": [s["step_time_s"] for s in rep["steps"]],
-            "step_spread_s": (max(times) - min(times)) / 2,
+            "timed_s": times, "step_spread_s": (max(times) - min(times)) / 2,
             "peak_bytes": max(r["peak_bytes"] for r in last),
             "tensor_peak_bytes": max(tracked) if tracked else None,
             "state_bytes": max(r["param_bytes"] + r["grad_bytes"] + r["optim_bytes"] for r in last)}
+
+
+def pooled(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One plan's repeated launches as one measurement: the median of all their timed steps; the
+    spread the larger of the launches' own half-range (median over launches) and half the range of
+    their medians (the host's drift between launches); memory from the first launch (tensor bytes
+    are the same in every launch)."""
+    meds = [r["step_time_s"] for r in runs]
+    out = dict(runs[0])
+    out["step_time_s"] = statistics.median([t for r in runs for t in r["timed_s"]])
+    out["step_spread_s"] = max((max(meds) - min(meds)) / 2, statistics.median(r["step_spread_s"] for r in runs))
+    out["launch_medians_s"] = meds
+    out["step_times_s"] = [t for r in runs for t in r["step_times_s"]]
+    return out
 
 
 def ranks(xs: list[float]) -> list[float]:
@@ -149,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--global-batch", type=int, default=8)
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--repeats", type=int, default=2,
+                    help="launches per plan, round robin over the plans (the host's speed drifts)")
     ap.add_argument("--memory-limit", type=float, default=None, help="GiB (default: excludes the hungriest baseline)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     a = ap.parse_args(argv)
@@ -193,15 +212,25 @@ def main(argv: list[str] | None = None) -> int:
         return m["peak_bytes"] - tensor_bytes(estimate(tiny_graph, cluster, s, tiny_w, profile=prof))
 
     rows: list[dict[str, Any]] = []
-    measured: dict[str, dict[str, Any]] = {}
     twin = next((m for m, t in strategies.items() if m != "planned" and t == strategies["planned"]), None)
+    names = list(strategies)
+    first_of = {n: next(m for m in names if strategies[m] == strategies[n]) for n in names}
+    runs: dict[str, list[dict[str, Any]]] = {}
+    failed: set[str] = set()
+    for rep in range(a.repeats):  # round robin: drift in the host's speed falls on every plan alike
+        for n in names:
+            if first_of[n] != n or n in failed:
+                continue
+            try:
+                runs.setdefault(n, []).append(train(model, plan_docs[n], a.work / (n if rep == 0 else f"{n}-{rep}"), a.steps))
+            except subprocess.CalledProcessError as e:
+                print(f"error: {n} did not run ({e})", file=sys.stderr)
+                failed.add(n)
+    measured = {n: pooled(runs[first_of[n]]) for n in names if first_of[n] not in failed}
     for n, s in strategies.items():
-        same = next((m for m, t in strategies.items() if m in measured and t == s), None)
-        try:
-            measured[n] = measured[same] if same else train(model, plan_docs[n], a.work / n, a.steps)
-        except subprocess.CalledProcessError as e:
-            print(f"error: {n} did not run ({e})", file=sys.stderr)
+        if n not in measured:
             continue
+        same = first_of[n] if first_of[n] != n else None
         r, m = reports[n], measured[n]
         plain = estimate(graph, cluster, s, w, device=plain_dev)
         base = measured[same]["baseline_rss"] if same else baseline_rss(n, s)
@@ -221,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
                      "load_before": m["load_before"], "meas_peak_rss_mib": m["peak_bytes"] / MIB,
                      "fits_pred": r.fits, "fits_meas": (meas_t + overhead) / 1024**3 <= limit,
                      "pred_time": r.to_dict()["time"], "plain_time": plain.to_dict()["time"],
-                     "step_times_s": m["step_times_s"], "step_spread_s": m["step_spread_s"]})
+                     "step_times_s": m["step_times_s"], "step_spread_s": m["step_spread_s"],
+                     "launch_medians_s": m["launch_medians_s"]})
     pred = [x["pred_step_s"] for x in rows]
     meas = [x["meas_step_s"] for x in rows]
     spread = [x["step_spread_s"] for x in rows]
@@ -255,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{x['mem_err']:>6.0%}{x['meas_rss_net_mib']:>8.0f}{x['rss_err']:>6.0%}"
               f"{x['pred_state_mib'] / x['meas_state_mib'] - 1:>7.0%}{x['baseline_rss_mib']:>6.0f}"
               f"{'yes' if x['fits_pred'] else 'no':>5}/{'yes' if x['fits_meas'] else 'no':<3}{x['load_before']:>6.1f}")
+    print("each launch's median step (s): " + "; ".join(
+        f"{x['plan']} " + " ".join(f"{t:.3f}" for t in x["launch_medians_s"]) for x in rows))
     print(f"planned = {planned.strategy.mesh.axes()} {planned.strategy.default.sharding} mb "
           f"{planned.strategy.micro_batch} {planned.strategy.schedule}, {len(planned.strategy.layers)} per-unit "
           f"entries; same as {twin or 'no baseline'}")
