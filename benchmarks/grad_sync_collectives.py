@@ -8,8 +8,9 @@ Builds the runtime's own model for close_the_loop's GPT (4 layers, hidden 512, 8
 ``runtime.zero.ReplicatedParams.reduce_grads`` (one all-reduce per gradient of at least
 ``COALESCE_BYTES``, the smaller ones together in flat buffers of at most that size, then the
 average) against one all-reduce and average of a flat buffer of all the gradients' bytes. The difference per
-extra collective is what the cost model prices as α + wait per collective (``grad_coalesce_bytes``
-in ``cpu.yaml``; README, Cost model).
+extra collective is what the cost model prices as α per collective (back to back, they wait for
+their partners once: ``DeviceModel.collective_latency``; ``grad_coalesce_bytes`` in ``cpu.yaml``;
+README, Cost model).
 """
 
 from __future__ import annotations

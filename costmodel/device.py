@@ -128,10 +128,13 @@ class DeviceModel:
 
     # ---- communication ---------------------------------------------------------------------
     def collective_latency(self, kind: str, group: AxisGroup) -> float:
-        """Seconds one more collective adds when the same bytes are cut into one more piece: the
-        constant part of :meth:`collective_time` (α and the wait; the spec's per-step latencies),
-        which is linear in the bytes."""
-        return 2 * self.collective_time(kind, 1.0, group) - self.collective_time(kind, 2.0, group)
+        """Seconds one more collective adds when the same bytes are cut into one more piece issued
+        back to back: the constant part of :meth:`collective_time` (α; the spec's per-step
+        latencies), which is linear in the bytes, without the wait for partners — pieces that
+        follow each other wait once, as ``benchmarks/grad_sync_collectives.py`` measures (about α
+        per extra all-reduce of DDP's per-tensor sync)."""
+        return (2 * self.collective_time(kind, 1.0, group) - self.collective_time(kind, 2.0, group)
+                - self.collective_wait(kind, group))
 
     def collective_wait(self, kind: str, group: AxisGroup) -> float:
         """Seconds one more blocking collective waits for its partners beyond the bytes it moves:

@@ -162,7 +162,7 @@ class _Net:
 
     def latency(self, kind: str, n: F, stride: F) -> F:
         """:meth:`DeviceModel.collective_latency` over arrays of group sizes and strides."""
-        return 2 * self(kind, 1.0, n, stride) - self(kind, 2.0, n, stride)
+        return 2 * self(kind, 1.0, n, stride) - self(kind, 2.0, n, stride) - self.wait(kind, n)
 
     def wait(self, kind: str, n: F) -> F:
         """:meth:`DeviceModel.collective_wait` over an array of group sizes."""

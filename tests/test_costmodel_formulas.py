@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from costmodel.device import DeviceModel
-from costmodel.estimate import UnitPricer, estimate
+from costmodel.estimate import UnitPricer, estimate, stage_units
 from costmodel.strategy import LayerStrategy, Mesh, Strategy, Workload
 from profiler.errors import ShardplanError
 from profiler.graph import LayerGraph, LayerNode
@@ -212,8 +212,9 @@ def test_sequence_parallel_prices_every_blocking_collective_the_runtime_issues()
 def test_a_replicated_gradient_all_reduce_costs_what_the_runtime_issues() -> None:
     """On CPU the runtime all-reduces every gradient of at least 1 MiB alone and the smaller ones
     together in 1 MiB buffers (``runtime.zero``). The cost model counts the big tensors from the
-    graph: as many as the runtime's own GPT-2 holds, each one α + wait more; the small ones are
-    priced as their share of a buffer, within one collective of the runtime's whole buffers."""
+    graph: as many as the runtime's own GPT-2 holds, each one α more (back to back, the sync waits
+    for its partners once); the small ones are priced as their share of a buffer, within one
+    collective of the runtime's whole buffers."""
     import math
 
     import torch
@@ -229,19 +230,26 @@ def test_a_replicated_gradient_all_reduce_costs_what_the_runtime_issues() -> Non
     big = sum(b >= COALESCE_BYTES for b in sizes)
     small = sum(b for b in sizes if b < COALESCE_BYTES)
     assert big == 2 + 4 * 12  # token and position tables, four weights a layer
-    alpha, beta, wait = 1e-3, 1e-9, 2e-3
+    alpha, beta = 1e-3, 1e-9
     info = DeviceInfo(kind="cpu", name="test cpu", torch_version="x", threads=1, hostname="h", created="now")
-    prof = Profile(device=info, comm=[CommFit(collective="all_reduce", world=4, backend="gloo", alpha_s=alpha,
-                                              beta_s_per_byte=beta, median_rel_error=0.0, points=[(1.0, alpha)],
-                                              wait_s=wait)])
-    cl = parse_cluster("4xcpu")
-    assert DeviceModel(cl, prof).c.grad_coalesce_bytes == COALESCE_BYTES
+
+    def sync(wait: float) -> float:
+        prof = Profile(device=info, comm=[CommFit(collective="all_reduce", world=4, backend="gloo", alpha_s=alpha,
+                                                  beta_s_per_byte=beta, median_rel_error=0.0, points=[(1.0, alpha)],
+                                                  wait_s=wait)])
+        assert DeviceModel(cl, prof).c.grad_coalesce_bytes == COALESCE_BYTES
+        return estimate(graph, cl, s, w, profile=prof).time.comm["dp"]
+
+    cl, graph = parse_cluster("4xcpu"), load_model("gpt2", 128)
     s = Strategy(mesh=Mesh(dp_shard=4), micro_batch=2, default=LayerStrategy(sharding="replicate"))
     w = Workload(seq_len=128, global_batch=8, precision="fp32")
-    dp = estimate(load_model("gpt2", 128), cl, s, w, profile=prof).time.comm["dp"]
-    collectives = (dp - beta * sum(sizes)) / (alpha + wait)
+    collectives = (sync(0.0) - beta * sum(sizes)) / alpha
     assert collectives == pytest.approx(big + small / COALESCE_BYTES, rel=1e-9)
     assert 0 <= big + math.ceil(small / COALESCE_BYTES) - collectives < 1
+    # the wait is paid by each unit's own sync, not again by the collectives it is cut into
+    units = sum(any(n.params for n in nodes) for st in stage_units(graph, s) for _, nodes in st)
+    assert units == 14  # embedding, 12 blocks, the final norm with the (tied) head
+    assert sync(2e-3) - sync(0.0) == pytest.approx(units * 2e-3, rel=1e-9)
 
 
 @pytest.mark.parametrize("sharding,gathers", [("zero3", 2), ("zero3_keep", 1)])
