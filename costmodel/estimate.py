@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from costmodel.constants import CostConstants
 from costmodel.device import DeviceModel
-from costmodel.pipeline import in_flight, pipeline_time, weights_pending
+from costmodel.pipeline import in_flight, pipeline_time, recv_buffers, weights_pending
 from costmodel.report import GIB, Report, StageMemory, TimeBreakdown
 from costmodel.strategy import LayerStrategy, Strategy, Workload
 from costmodel.units import Groups, UnitCost, grads_held, mesh_groups, state_bytes, unit_cost
@@ -200,7 +200,8 @@ def combine(
         comm=comm, bubble=bubble, optimizer=optim + c.step_overhead_s, offload=offload,
     )
     tail = tied_sum_bytes(graph, s, w)
-    stages = [_stage_memory(r, ranks[r], costs, s, w, n_mb, c, tail) for r in range(p)]
+    stages = [_stage_memory(r, ranks[r], costs, s, w, n_mb, c, tail, recv_bytes(costs, s, r, n_mb))
+              for r in range(p)]
     tokens = w.global_batch * graph.seq_len
     model_flops = graph.train_flops * w.global_batch
     hw_flops = sum(u.hw_flops for st in costs for u in st) * n_mb * s.mesh.dp_replicate * s.mesh.dp_shard
@@ -214,6 +215,18 @@ def combine(
         time=time, stages=stages, memory_limit_gib=limit, model_flops_per_step=model_flops,
         hardware_flops_per_step=hw_flops, num_microbatches=n_mb, fits=mem_peak <= limit,
     )
+
+
+def recv_bytes(costs: list[list[UnitCost]], s: Strategy, r: int, n_mb: int) -> float:
+    """Bytes of the receive buffers pipeline rank ``r`` keeps beyond its activations
+    (:func:`costmodel.pipeline.recv_buffers`): each virtual stage's inputs and output gradients are
+    the size of the activation at its boundaries."""
+    p, v = s.mesh.pp, s.vpp
+    n = p * v
+    fwd, grad = recv_buffers(s.schedule, r, p, n_mb, v)
+    out = [st[-1].out_bytes if st else 0.0 for st in costs]
+    return (fwd * sum(out[k - 1] for k in range(r, n, p) if k > 0)
+            + grad * sum(out[k] for k in range(r, n, p) if k < n - 1))
 
 
 def tied_table(graph: LayerGraph) -> int:
@@ -232,7 +245,7 @@ def tied_sum_bytes(graph: LayerGraph, s: Strategy, w: Workload) -> float:
 
 
 def _stage_memory(r: int, units: list[UnitCost], costs: list[list[UnitCost]], s: Strategy, w: Workload,
-                  n_mb: int, c: CostConstants, tail: float = 0.0) -> StageMemory:
+                  n_mb: int, c: CostConstants, tail: float = 0.0, recv: float = 0.0) -> StageMemory:
     """Peak of one rank: the larger of two moments of the step.
 
     * ``backward`` — its start, when the activations in flight are all saved: states (gradients
@@ -240,7 +253,8 @@ def _stage_memory(r: int, units: list[UnitCost], costs: list[list[UnitCost]], s:
       micro-batches awaiting their weight gradients keep) + the largest gathered ZeRO-3 unit + the largest
       rematerialised unit + DP buckets + the loss's transients;
     * ``end of backward`` — every gradient made: states + the largest gathered unit + DP buckets +
-      ``tail`` (:func:`tied_sum_bytes`).
+      ``tail`` (:func:`tied_sum_bytes`);
+    and at both the pipeline's receive buffers ``recv`` (:func:`recv_bytes`), kept between steps.
     Between the two, backward trades activations for gradients unit by unit.
     """
     p, v = s.mesh.pp, s.vpp
@@ -253,8 +267,8 @@ def _stage_memory(r: int, units: list[UnitCost], costs: list[list[UnitCost]], s:
     loss = units[-1].activations * w.loss_buffer if units and units[-1].name == "head" else 0.0
     grads = sum(u.state_grads for u in units)
     live = grads if grads_held(p, n_mb) else 0.0
-    run = live + acts + gathered + remat + bucket + loss
-    end = grads + gathered + bucket + tail
+    run = live + acts + gathered + remat + bucket + loss + recv
+    end = grads + gathered + bucket + tail + recv
     phase, live, acts, buffers = (("backward", live, acts, run - live - acts) if run >= end
                                   else ("end of backward", grads, 0.0, end - grads))
     st = StageMemory(

@@ -125,6 +125,20 @@ def in_flight(schedule: str, stage: int, p: int, m: int, v: int = 1) -> float:
     return float(min(m, p - stage))
 
 
+def recv_buffers(schedule: str, stage: int, p: int, m: int, v: int = 1) -> tuple[float, float]:
+    """(forward, gradient) receive buffers pipeline rank ``stage`` holds beyond what the activations
+    count, per virtual stage with a previous (forward) or next (gradient) stage.
+
+    torch's ``PipelineStage`` allocates one activation-sized buffer per micro-batch for the inputs it
+    receives and one per micro-batch for the output gradients, and keeps them between steps. The
+    ``in_flight`` micro-batches' input buffers are already counted (the stage's first op saves its
+    input), as are the output gradients of those awaiting weight gradients (``weights_pending``:
+    the last op's output gradient is the received one)."""
+    if p == 1:
+        return 0.0, 0.0
+    return m - in_flight(schedule, stage, p, m, v), m - weights_pending(schedule, stage, p, m, v)
+
+
 def weights_pending(schedule: str, stage: int, p: int, m: int, v: int = 1) -> float:
     """Micro-batches (in units of the rank's layers) whose input gradients pipeline rank ``stage``
     has computed and whose weight gradients wait, at its peak: ``min(m·v, stage + 1) / v`` under

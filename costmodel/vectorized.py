@@ -177,8 +177,9 @@ def _combine(sl: np.ndarray, p: int, v: int, blocks: list[int], pre: int | None,
             if last is not None:
                 bounds[k % p, last] += 1
     # ranks holding the same units price alike: work on the distinct ones (weight = how many;
-    # memory at the first of them, which keeps the most micro-batches in flight, and with zero
-    # bubble at the last, which defers the most weight gradients)
+    # memory at the first and the last of them: the first keeps the most micro-batches in flight,
+    # the last, with zero bubble, defers the most weight gradients; between them memory is monotone)
+    sends_by_rank = bounds.copy()
     sig, first, inv, mult = np.unique(np.concatenate([counts, bounds], axis=1), axis=0, return_index=True,
                                       return_inverse=True, return_counts=True)
     last = np.array([np.flatnonzero(inv.reshape(-1) == j).max() for j in range(len(sig))])
@@ -216,21 +217,24 @@ def _combine(sl: np.ndarray, p: int, v: int, blocks: list[int], pre: int | None,
     mem = np.zeros_like(step)
     states, acts, grads = per_rank("states"), per_rank("activations"), per_rank("grads")
     pend = per_rank("pending")
+    # bytes each rank sends (a block's output per boundary), which its neighbour keeps receive buffers for
+    sent = np.einsum("nk,rk->nr", np.stack([u.out_bytes[sl] for u in ua], axis=1), sends_by_rank)
     unheld = (m <= 1)[:, None] if p == 1 else np.zeros((len(sl), 1), dtype=bool)  # not grads_held
     bucket = np.where(dp > 1, c.dp_bucket_bytes, 0.0)[:, None]
     for u in range(len(sig)):
-        r = int(first[u])
         ks = np.flatnonzero(present[u])
         gath = np.max(np.stack([ua[k].gathered[sl] for k in ks]), axis=0)
         remat = np.max(np.stack([ua[k].remat[sl] for k in ks]), axis=0)
         buf = gath + remat + bucket
         if post is not None and counts[u, post] > 0:  # the head ends the last rank
             buf = buf + ua[post].activations[sl] * w.loss_buffer
-        run = states[:, :, u] - np.where(unheld, grads[:, :, u], 0.0) + buf
-        run = run + acts[:, :, u] * _in_flight(g.sched[sl], r, p, m, v)[:, None]
-        run = run + pend[:, :, u] * _pending(g.sched[sl], int(last[u]), p, m, v)[:, None]
-        tot = np.maximum(run, states[:, :, u] + gath + bucket + tail[:, None])  # the end of backward
-        mem = np.maximum(mem, tot + (c.context_bytes + c.fragmentation * tot))
+        for r in {int(first[u]), int(last[u])}:
+            fly, waiting = _in_flight(g.sched[sl], r, p, m, v), _pending(g.sched[sl], r, p, m, v)
+            recv = ((m - fly) * sent[:, (r - 1) % p] + (m - waiting) * sent[:, r])[:, None] if p > 1 else 0.0
+            run = states[:, :, u] - np.where(unheld, grads[:, :, u], 0.0) + buf + recv
+            run = run + acts[:, :, u] * fly[:, None] + pend[:, :, u] * waiting[:, None]
+            tot = np.maximum(run, states[:, :, u] + gath + bucket + tail[:, None] + recv)  # the end of backward
+            mem = np.maximum(mem, tot + (c.context_bytes + c.fragmentation * tot))
     held = (counts * mult[:, None]).sum(axis=0)
     hw = np.einsum("nok,k->no", np.stack([u.hw_flops[sl] for u in ua], axis=2), held)
     out["step"][sl] = step

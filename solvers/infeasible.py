@@ -77,7 +77,7 @@ def _pipeline_min(qs: list[PipelineProblem], boundaries: bool) -> tuple[float, P
             ub = pp.costs[k][b]
             units = [u for u in (ue, uh) if u is not None] + [ub]
             acts = n * ub.held(*fly) + pp.ends_held(ue, uh, *fly)
-            x = fx.states + fx.gathered + pp.bucket + max(u.recompute_peak for u in units) + acts
+            x = fx.states + fx.gathered + pp.bucket + max(u.recompute_peak for u in units) + acts + pp.recv(r)
             if x < best[0]:
                 best = (x, (e if ue else None, h if uh else None, b))
         return best

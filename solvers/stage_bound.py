@@ -87,7 +87,7 @@ def _tables(qs: Sequence[PipelineProblem], value, send_scale: float) -> np.ndarr
         mem = states + fly * acts + pe * pend
         hull = _lower_hull(val, mem)  # the relaxation only ever uses these
         ends = np.array(_ends(qs, r, (fly, pe), value, g_min))  # (options of the embedding/head, 2)
-        lp = _relaxed_blocks(val[hull], mem[hull], n, budget - ends[:, 1])  # (ends, counts)
+        lp = _relaxed_blocks(val[hull], mem[hull], n, budget - pp.recv(r) - ends[:, 1])  # (ends, counts)
         table[r] = (ends[:, :1] + lp).min(axis=0) + send_scale * sends[r] * pp.p2p
     table[:, 0] = INF  # every stage holds a block
     return table

@@ -212,7 +212,8 @@ class _Formulation:
 
     def memory(self) -> None:
         for k in range(self.p):
-            self.md.row({**self.ex[k]["memory"], self.gathered[k]: 1.0, self.remat[k]: 1.0}, hi=1.0 - MEMORY_MARGIN)
+            self.md.row({**self.ex[k]["memory"], self.gathered[k]: 1.0, self.remat[k]: 1.0},
+                        hi=1.0 - MEMORY_MARGIN - self.pp.recv(k) * self.scale)
 
     def step(self) -> float:
         """The objective's rows and costs; returns its constant."""

@@ -20,7 +20,7 @@ import numpy as np
 from costmodel.constants import CostConstants
 from costmodel.device import DeviceModel
 from costmodel.estimate import bucket_bytes
-from costmodel.pipeline import in_flight, weights_pending
+from costmodel.pipeline import in_flight, recv_buffers, weights_pending
 from costmodel.strategy import Workload
 from costmodel.units import UnitCost, mesh_groups
 from costmodel.vectorized import block_classes, unit_classes, unit_names
@@ -169,6 +169,14 @@ class PipelineProblem:
         return (in_flight(self.cfg.schedule, r, self.p, self.m, self.v),
                 weights_pending(self.cfg.schedule, r, self.p, self.m, self.v))
 
+    def recv(self, r: int) -> float:
+        """Bytes of rank ``r``'s pipeline receive buffers (``estimate.recv_bytes``): every stage
+        boundary carries a block's output."""
+        fwd, grad = recv_buffers(self.cfg.schedule, r, self.p, self.m, self.v)
+        n = self.p * self.v
+        out = self.costs[self.block_cls[-1]][0].out_bytes
+        return out * (fwd * sum(k > 0 for k in range(r, n, self.p)) + grad * sum(k < n - 1 for k in range(r, n, self.p)))
+
     def ends_held(self, ue: UnitView | None, uh: UnitView | None, fly: float, pend: float) -> float:
         """What the embedding ``ue`` and the head ``uh`` (with the loss's transients) hold."""
         return ((ue.held(fly, pend) if ue else 0.0)
@@ -214,7 +222,7 @@ class PipelineProblem:
                 ue = self.costs[self.emb][e] if e is not None else None  # type: ignore[index]
                 uh = self.costs[self.head][h] if h is not None else None  # type: ignore[index]
                 base_t = (ue.time if ue else 0.0) + (uh.time if uh else 0.0) + bounds * self.p2p
-                base_m = self.ends_held(ue, uh, fly, pend)
+                base_m = self.ends_held(ue, uh, fly, pend) + self.recv(r)
                 r_eh = max(ue.recompute_peak if ue else 0.0, uh.recompute_peak if uh else 0.0)
                 remat = np.where(nf > 0, max(r_eh, rf), r_eh)
                 if len(rest) == 1 and ta <= tf and ma > mf:  # two options: the fewest slow blocks that fit
@@ -298,7 +306,7 @@ class PipelineProblem:
                     hs.append(-1 if h is None else h)
                     fly_l.append(fl)
                     pend_l.append(pe)
-                    base_l.append(base_b[(r == 0, r == p - 1)] + self.ends_held(ue, uh, fl, pe))
+                    base_l.append(base_b[(r == 0, r == p - 1)] + self.ends_held(ue, uh, fl, pe) + self.recv(r))
                     reh_l.append(max(ue.recompute_peak if ue else 0.0, uh.recompute_peak if uh else 0.0))
                     bt_l.append((ue.time if ue else 0.0) + (uh.time if uh else 0.0)
                                 + (self.p2p if r < p - 1 else 0.0))
@@ -307,7 +315,7 @@ class PipelineProblem:
         order = np.argsort(rank_a, kind="stable")
         col = lambda xs, midv: np.concatenate([np.array(xs, dtype=float), midv])[order][:, None]  # noqa: E731
         fly, pend = col(fly_l, flies[1:p - 1]), col(pend_l, pends[1:p - 1])
-        base = col(base_l, np.full(len(mid), base_b.get((False, False), 0.0)))
+        base = col(base_l, np.array([base_b.get((False, False), 0.0) + self.recv(int(r)) for r in mid]))
         r_eh = col(reh_l, np.zeros(len(mid)))
         base_t = col(bt_l, np.full(len(mid), self.p2p))
         rows_rank = rank_a[order]
@@ -395,7 +403,7 @@ class PipelineProblem:
         caps = sorted({0.0} | {u.recompute_peak for k, _, _ in groups for u in self.costs[k]})
         best: StageCost | None = None
         for cap in caps:
-            room = self.budget - self.bucket - fx.states - fx.gathered - cap
+            room = self.budget - self.bucket - fx.states - fx.gathered - cap - self.recv(r)
             front = [(bounds * self.p2p, 0.0, ())]
             for k, n, is_head in groups:
                 allowed = [i for i, u in enumerate(self.costs[k]) if u.recompute_peak <= cap]

@@ -193,7 +193,7 @@ def pipeline_objective(qs: Sequence[PipelineProblem], per_unit: Sequence[tuple[i
         f = Fixed(sync=sum(u.sync for u in us), window=sum(u.window for u in us), optim=sum(u.optim for u in us),
                   offload=sum(u.offload for u in us), weight=sum(u.weight for u in us))
         vals.append(_vals(StageCost(t, (), f), c))
-        mem = (sum(u.states + held for u, held in units[r]) + max((u.gathered for u in us), default=0.0)
+        mem = (sum(u.states + held for u, held in units[r]) + max((u.gathered for u in us), default=0.0) + pp.recv(r)
                + max((u.recompute_peak for u in us), default=0.0))
         fits = fits and mem <= pp.budget - pp.bucket
     total = vals[0]

@@ -136,3 +136,39 @@ def test_zero_bubble_memory_grid_equals_estimate_on_every_rank_shape() -> None:
     zb, one = estimate(small, cl, strategies[4], w), estimate(small, cl, strategies[6], w)  # pp 4, ZB and 1F1B
     assert [st.activations > o.activations for st, o in zip(zb.stages, one.stages, strict=True)] == [True] * 4
     assert max(zb.stages, key=lambda st: st.total).stage == 2
+
+
+def test_receive_buffers_are_the_ones_torch_keeps(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """``PipelineStage`` keeps an input buffer and an output-gradient buffer per micro-batch after
+    a step; the cost model counts them less those its activations (the in-flight inputs) and its
+    pending weight gradients (their received output gradients) already hold, each a block's output."""
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage, ScheduleInterleaved1F1B
+
+    from costmodel.pipeline import recv_buffers
+
+    m = 4
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = Transformer(CFG)
+        mods = [stage_module(model, k, [2, 2]) for k in range(2)]
+        stages = [PipelineStage(mod, k, 2, torch.device("cpu")) for k, mod in enumerate(mods)]
+        sched = ScheduleInterleaved1F1B(stages, n_microbatches=m, loss_fn=lm_loss)
+        sched.step(torch.randint(0, CFG.vocab, (m, SEQ)), target=torch.randint(0, CFG.vocab, (m, SEQ)))
+        inputs = [i.buffer for mb in stages[1].args_recv_info.values() for i in mb if i.buffer is not None]
+        grads = [i.buffer for mb in stages[0].grad_recv_info.values() for i in mb if i.buffer is not None]
+    finally:
+        dist.destroy_process_group()
+    assert len({id(b.untyped_storage()) for b in inputs}) == len(inputs) == m
+    assert len({id(b.untyped_storage()) for b in grads}) == len(grads) == m
+    s = Strategy(mesh=Mesh(pp=2), micro_batch=1, schedule="1f1b")
+    w = Workload(seq_len=SEQ, global_batch=m, precision="fp32")
+    price = UnitPricer(DeviceModel(parse_cluster("2xcpu")), s, w)
+    block = price(*stage_units(build_graph(CFG, SEQ), s)[0][1])
+    assert all(b.nbytes == block.out_bytes for b in inputs + grads)
+    for sched_name in ("1f1b", "gpipe", "zb"):
+        fwd, _ = recv_buffers(sched_name, 1, 2, m)  # the last stage receives inputs
+        _, grad = recv_buffers(sched_name, 0, 2, m)  # the first receives gradients
+        assert fwd + in_flight(sched_name, 1, 2, m) == len(inputs)
+        assert grad + weights_pending(sched_name, 0, 2, m) == len(grads)
