@@ -18,6 +18,7 @@ from profiler.profile_schema import ADAM_BYTES_PER_PARAM
 
 GEMM_KINDS = ("linear", "router", "experts")
 TP_SPLIT_ROLES = ("column", "row", "heads", "vocab")
+TP_SPLIT_OUTPUTS = ("column", "heads", "vocab")  # roles whose output Megatron TP alone splits
 
 # Bytes per parameter by precision: (compute copy, gradient, optimizer incl. fp32 master), with the
 # ZeRO paper's 16-bit gradients; ``state_bytes`` applies the workload's gradient dtype.
@@ -131,6 +132,12 @@ def _tp_div(n: LayerNode, s: Strategy) -> int:
     return tp if s.sequence_parallel else 1
 
 
+def carries_weights(n: LayerNode) -> bool:
+    """Whether ``n`` has weights of its own on a rank (a tied head's copy on the last pipeline stage
+    too): the ops whose output gradients a deferred weight pass keeps (:func:`pending_bytes`)."""
+    return bool(n.params) or (n.kind == "linear" and n.tp == "vocab")
+
+
 def pending_bytes(n: LayerNode, s: Strategy, scale: float, aw: float, acts: float, held: bool = True) -> float:
     """What a micro-batch whose weight gradients are deferred holds of ``n`` beyond its saved
     activations ``acts``: the gradient at the op's output if the op has weights (torch keeps it for
@@ -141,10 +148,9 @@ def pending_bytes(n: LayerNode, s: Strategy, scale: float, aw: float, acts: floa
     without recomputation (``tests/test_runtime_memory_model.py``)."""
     if n.kind == "loss":
         return -acts if held else 0.0
-    if not n.params and not (n.kind == "linear" and n.tp == "vocab"):  # a tied head's copy has weights
+    if not carries_weights(n):
         return 0.0
-    tp = s.mesh.tp
-    split = tp if (s.tp_mode == "tsp" or s.sequence_parallel or n.tp in ("column", "heads", "vocab")) else 1
+    split = s.mesh.tp if (s.tp_mode == "tsp" or s.sequence_parallel or n.tp in TP_SPLIT_OUTPUTS) else 1
     return n.out_bytes * scale / split * aw
 
 

@@ -21,9 +21,11 @@ from costmodel.units import (
     GEMM_KINDS,
     GRAD_REDUCE_BYTES,
     MEMORY_OPS,
+    TP_SPLIT_OUTPUTS,
     TP_SPLIT_ROLES,
     act_width,
     attention_times,
+    carries_weights,
     extra_all_reduces,
     fsdp_copies,
     gemm_shape,
@@ -296,8 +298,8 @@ def _unit(nodes: list[LayerNode], dev: DeviceModel, net: _Net, g: _Cfg, w: Workl
             first_acts = a if n.kind == "norm" else z
         if n.kind == "loss":
             loss_acts = loss_acts + a
-        elif n.params or (n.kind == "linear" and n.tp == "vocab"):  # as units.pending_bytes
-            split = np.where(g.tsp | g.sp | (n.tp in ("column", "heads", "vocab")), tp, 1.0)
+        elif carries_weights(n):  # as units.pending_bytes
+            split = np.where(g.tsp | g.sp | (n.tp in TP_SPLIT_OUTPUTS), tp, 1.0)
             grads_out = grads_out + n.out_bytes * scale / split * aw
         if n.kind == "attention":
             attn_fwd += f

@@ -148,6 +148,16 @@ class PipelineProblem:
         self.cache: dict[tuple, Any] = {}
         self.batch: dict[str, Any] | None = None
         self.evaluated = 0
+        # per rank, read in the stage DP's inner loops: (in flight, awaiting weight gradients) and
+        # the receive buffers' bytes (``estimate.recv_bytes``; every stage boundary carries a block's output)
+        self._held = [(in_flight(cfg.schedule, r, self.p, self.m, self.v),
+                       weights_pending(cfg.schedule, r, self.p, self.m, self.v)) for r in range(self.p)]
+        n = self.p * self.v
+        self._recv = []
+        for r in range(self.p):
+            fwd, grad = recv_buffers(cfg.schedule, r, self.p, self.m, self.v)
+            ks = range(r, n, self.p)  # the rank's virtual stages: with a previous one, with a next one
+            self._recv.append(out * (fwd * sum(k > 0 for k in ks) + grad * sum(k < n - 1 for k in ks)))
 
     @classmethod
     def lazy(cls, graph: LayerGraph, dev: DeviceModel, cfg: MeshConfig, w: Workload, sharding: str, offload: str,
@@ -166,16 +176,11 @@ class PipelineProblem:
 
     def held(self, r: int) -> tuple[float, float]:
         """Rank ``r``'s micro-batches in flight and those of them awaiting weight gradients."""
-        return (in_flight(self.cfg.schedule, r, self.p, self.m, self.v),
-                weights_pending(self.cfg.schedule, r, self.p, self.m, self.v))
+        return self._held[r]
 
     def recv(self, r: int) -> float:
-        """Bytes of rank ``r``'s pipeline receive buffers (``estimate.recv_bytes``): every stage
-        boundary carries a block's output."""
-        fwd, grad = recv_buffers(self.cfg.schedule, r, self.p, self.m, self.v)
-        n = self.p * self.v
-        out = self.costs[self.block_cls[-1]][0].out_bytes
-        return out * (fwd * sum(k > 0 for k in range(r, n, self.p)) + grad * sum(k < n - 1 for k in range(r, n, self.p)))
+        """Bytes of rank ``r``'s pipeline receive buffers."""
+        return self._recv[r]
 
     def ends_held(self, ue: UnitView | None, uh: UnitView | None, fly: float, pend: float) -> float:
         """What the embedding ``ue`` and the head ``uh`` (with the loss's transients) hold."""
