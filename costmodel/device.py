@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from costmodel.constants import CostConstants, constants_for
 from profiler.errors import ShardplanError
@@ -121,6 +123,28 @@ class DeviceModel:
             return t * self.profile.bwd_fwd_ratio(op) if backward else t
         t = nbytes / (self.acc.hbm_tbps * 1e12 * self.c.memory_efficiency)
         return 2 * t if backward else t
+
+    def dtensor_host(self, role: str) -> tuple[float, float]:
+        """(forward, backward) host seconds DTensor tensor parallelism adds to one module of
+        ``role`` (``linear``, ``norm``, ``loss``) on one rank: the profile's measurement, stretched
+        like compute where ranks share cores; (0, 0) without one (spec sheets say nothing of the
+        host: on a GPU the host runs ahead of the kernels, and at scale they hide it)."""
+        d = self.profile.compute.dtensor if self.profile is not None and self.profile.compute is not None else None
+        if d is None:
+            return 0.0, 0.0
+        f, b = d.host(role)
+        return f / self.share, b / self.share
+
+    def loss_traffic_ratio(self) -> float:
+        """Vocabulary-parallel cross-entropy's time per logit over plain cross-entropy's (1 unmeasured)."""
+        d = self.profile.compute.dtensor if self.profile is not None and self.profile.compute is not None else None
+        return d.loss_traffic_ratio if d is not None else 1.0
+
+    def with_host(self, device_s: Any, host_s: Any) -> Any:
+        """Time of work that takes ``device_s`` on the device and ``host_s`` of the host's Python
+        (scalars or numpy arrays): one thread does both on a CPU; a GPU's host runs ahead, so the
+        slower of the two sets the pace."""
+        return device_s + host_s if self.acc.kind == "cpu" else np.maximum(device_s, host_s)
 
     def host_time(self, nbytes: float) -> float:
         """Seconds to move ``nbytes`` between device and host memory."""

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from costmodel.device import AxisGroup, DeviceModel
+from costmodel.host import with_dtensor
 from costmodel.strategy import LayerStrategy, Strategy, Workload
 from profiler.graph import LayerNode
 from profiler.profile_schema import ADAM_BYTES_PER_PARAM
@@ -224,13 +225,17 @@ def node_times(n: LayerNode, dev: DeviceModel, s: Strategy, w: Workload, split: 
             flops *= dev.c.moe_imbalance
             calls = max(1.0, n.dims.get("experts", 1) / s.mesh.ep) * split
         shape = gemm_shape(n, s.micro_batch / s.mesh.cp, _tp_div(n, s), calls)
-        return (dev.gemm_time(flops / calls, prec, calls, shape=shape),
-                dev.gemm_time(flops / calls, prec, calls, backward=True, shape=shape))
-    if n.kind == "attention":
-        return attention_times(n, dev, flops, n.mem_bytes * scale * act_width(n, prec), prec, w.attention_kernel)
-    op = MEMORY_OPS.get(n.kind, "elementwise")
-    nbytes = n.mem_bytes * scale * traffic_width(n, prec)
-    return dev.memory_time(nbytes, op), dev.memory_time(nbytes, op, backward=True)
+        f = dev.gemm_time(flops / calls, prec, calls, shape=shape)
+        b = dev.gemm_time(flops / calls, prec, calls, backward=True, shape=shape)
+    elif n.kind == "attention":
+        f, b = attention_times(n, dev, flops, n.mem_bytes * scale * act_width(n, prec), prec, w.attention_kernel)
+    else:
+        op = MEMORY_OPS.get(n.kind, "elementwise")
+        nbytes = n.mem_bytes * scale * traffic_width(n, prec)
+        f, b = dev.memory_time(nbytes, op), dev.memory_time(nbytes, op, backward=True)
+    if s.mesh.tp > 1 and s.tp_mode == "megatron":
+        return with_dtensor(n, dev, f, b, s.sequence_parallel, split)
+    return f, b
 
 
 def sp_partial_grads(n: LayerNode) -> tuple[int, int]:

@@ -15,6 +15,7 @@ import os
 import platform
 import socket
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -26,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from profiler.errors import ShardplanError
+from profiler.measure_dtensor import measure_dtensor_overhead
 from profiler.profile_schema import (
     ADAM_BYTES_PER_PARAM,
     AttnPoint,
@@ -419,8 +421,10 @@ def profile_compute(
     device: str | torch.device = "cpu", dtype: str | None = None, quick: bool = False, *,
     gemm_shapes: list[GemmShape] | None = None, attn_shapes: list[AttnShape] | None = None,
     bw_cases: list[BwCase] | None = None, timing: Timing | None = None, progress: bool = True,
+    dtensor: bool = True,
 ) -> tuple[DeviceInfo, ComputeProfile]:
-    """Run the compute sweeps; grids default to :func:`gemm_grid`, :func:`attn_grid`, :func:`bw_grid`."""
+    """Run the compute sweeps; grids default to :func:`gemm_grid`, :func:`attn_grid`, :func:`bw_grid`;
+    ``dtensor`` also measures DTensor TP's host overhead (:mod:`profiler.measure_dtensor`)."""
     dev = device if isinstance(device, torch.device) else resolve_device(device)
     dname = resolve_dtype(dtype, dev)
     dt = DTYPES[dname]
@@ -467,6 +471,12 @@ def profile_compute(
                         out.bandwidth.setdefault(op, []).append(
                             measure_bw(op, variant, tuple(shape), dt, dev, clock, tm()))
                     adv()
+            if dtensor:
+                adv = new_task("DTensor TP overhead", 1)
+                out.dtensor, why = measure_dtensor_overhead(dev, reps=10 if quick else 30)
+                if why:
+                    print(f"note: DTensor overhead not measured: {why}", file=sys.stderr)
+                adv()
     except RuntimeError as e:  # torch.OutOfMemoryError (CUDA) is a RuntimeError too
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         if isinstance(e, torch.OutOfMemoryError) or "allocate" in msg:

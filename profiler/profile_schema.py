@@ -119,6 +119,26 @@ class BwPoint(_Doc):
     spread: float = Field(0.0, ge=0)
 
 
+class DTensorOverhead(_Doc):
+    """Host seconds DTensor tensor parallelism adds per module call beyond the plain module's,
+    forward and backward, measured on a one-rank mesh (``profiler/measure_dtensor.py``): a column-
+    or row-parallel linear (or vocabulary-parallel embedding), a sequence-parallel norm, the
+    vocabulary-parallel loss; and that loss's device time per logit over plain cross-entropy's."""
+
+    linear_fwd_s: float = Field(..., ge=0)
+    linear_bwd_s: float = Field(..., ge=0)
+    norm_fwd_s: float = Field(..., ge=0)
+    norm_bwd_s: float = Field(..., ge=0)
+    loss_fwd_s: float = Field(..., ge=0)
+    loss_bwd_s: float = Field(..., ge=0)
+    loss_traffic_ratio: float = Field(1.0, ge=1, description="loss_parallel cross-entropy's time per logit "
+                                      "over F.cross_entropy's (its decomposed passes)")
+
+    def host(self, role: str) -> tuple[float, float]:
+        """(forward, backward) seconds of one module of ``role``: linear, norm or loss."""
+        return getattr(self, f"{role}_fwd_s"), getattr(self, f"{role}_bwd_s")
+
+
 class ComputeProfile(_Doc):
     dtype: str = Field(..., description="bf16, fp16 or fp32")
     gemm: list[GemmPoint] = Field(default_factory=list)
@@ -127,6 +147,7 @@ class ComputeProfile(_Doc):
                     list[BwPoint]] = Field(default_factory=dict)
     wall_s: float = Field(0.0, ge=0, description="time the sweep took")
     skipped: int = Field(0, ge=0, description="grid points left out to keep the time limit (busy host)")
+    dtensor: DTensorOverhead | None = Field(None, description="DTensor TP's host overhead (None: not measured)")
 
 
 class CommFit(_Doc):

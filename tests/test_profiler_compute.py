@@ -37,6 +37,8 @@ def test_tiny_sweep_makes_a_valid_profile() -> None:
     assert set(comp.bandwidth) == {"norm", "softmax", "activation", "elementwise", "embedding", "cross_entropy"}
     assert comp.bandwidth["norm"][0].bytes == 2 * 64 * 32 * 4  # read and write, fp32
     assert comp.bandwidth["activation"][1].bytes == 3 * 16 * 64 * 4  # swiglu: two inputs, one output
+    d = comp.dtensor  # DTensor's dispatch: several times a tiny linear's own forward and backward
+    assert d is not None and d.linear_fwd_s > 0 and d.linear_bwd_s > 0 and d.loss_traffic_ratio >= 1
     prof = Profile(device=info, compute=comp)
     again = parse_profile(prof.to_json())
     assert again == prof
@@ -49,7 +51,7 @@ def test_optimizer_step_is_measured_and_prices_the_cost_models_adam_bytes() -> N
     elementwise add, as before, and the step never stands in for a tensor op."""
     def prof(cases: list) -> Profile:
         info, comp = profile_compute("cpu", "fp32", gemm_shapes=[(32, 48, 16)], attn_shapes=[], bw_cases=cases,
-                                     timing=TINY, progress=False)
+                                     timing=TINY, progress=False, dtensor=False)
         return Profile(device=info, compute=comp)
 
     add = ("elementwise", "add", (16, 32))
@@ -100,14 +102,14 @@ def test_spread_and_accelerator_names() -> None:
 def test_past_the_budget_points_get_a_single_run() -> None:
     _, comp = profile_compute("cpu", "fp32", gemm_shapes=[(16, 16, 16), (32, 32, 32)], attn_shapes=[], bw_cases=[],
                               timing=Timing(warmup=1, min_reps=5, max_reps=5, target_s=1.0, budget_s=0.0),
-                              progress=False)
+                              progress=False, dtensor=False)
     assert [p.spread for p in comp.gemm] == [0.0, 0.0]  # one timed run each: no spread
 
 
 def test_past_the_deadline_only_unmeasured_ops_run() -> None:
     cases = [("norm", "layernorm", (8, 16)), ("softmax", "softmax", (8, 16)), ("norm", "layernorm", (16, 16))]
     _, comp = profile_compute("cpu", "fp32", gemm_shapes=[(16, 16, 16), (32, 32, 32)], attn_shapes=[],
-                              bw_cases=cases, timing=Timing(deadline_s=0.0), progress=False)
+                              bw_cases=cases, timing=Timing(deadline_s=0.0), progress=False, dtensor=False)
     assert len(comp.gemm) == 1 and {k: len(v) for k, v in comp.bandwidth.items()} == {"norm": 1, "softmax": 1}
     assert comp.skipped == 2
 

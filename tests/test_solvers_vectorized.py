@@ -67,6 +67,7 @@ def test_grid_equals_estimate_with_a_profile() -> None:
         CommFit,
         ComputeProfile,
         DeviceInfo,
+        DTensorOverhead,
         GemmPoint,
         Profile,
     )
@@ -88,7 +89,9 @@ def test_grid_equals_estimate_with_a_profile() -> None:
     compute = ComputeProfile(
         dtype="bf16", gemm=[gemm(128, 768, 768, 1e9), gemm(128, 2304, 768, 2e9), gemm(512, 3072, 768, 4e9)],
         attention=[attn(1e6, 1e9, False), attn(1e8, 2e9, True)],
-        bandwidth={"norm": [BwPoint(bytes=1e6, seconds=1e-3, bytes_per_s=1e9, bwd_s=2e-3)]})
+        bandwidth={"norm": [BwPoint(bytes=1e6, seconds=1e-3, bytes_per_s=1e9, bwd_s=2e-3)]},
+        dtensor=DTensorOverhead(linear_fwd_s=1e-3, linear_bwd_s=2e-3, norm_fwd_s=3e-4, norm_bwd_s=4e-4,
+                                loss_fwd_s=5e-3, loss_bwd_s=6e-3, loss_traffic_ratio=2.0))  # TP's host time
     prof = Profile(device=DeviceInfo(kind="cpu", name="test cpu", torch_version="2.13.0", threads=2, hostname="h",
                                      created="2026-01-01T00:00:00+00:00"), compute=compute,
                    comm=[fit(c, n) for c in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")

@@ -110,6 +110,7 @@ def compute(
                          "fwd_gflops": big.flops / big.fwd_s / 1e9} if big else None,
         "attention_best_gflops": max((p.flops_per_s for p in comp.attention), default=0) / 1e9,
         "bandwidth_gbps": {op: prof.bytes_per_s(op) / 1e9 for op in comp.bandwidth},
+        "dtensor_overhead": comp.dtensor.model_dump() if comp.dtensor else None,
     }
     if as_json:
         print_json(summary)
@@ -128,6 +129,12 @@ def compute(
     for op, pts in comp.bandwidth.items():
         t.add_row(f"{op} GB/s (fwd)", str(len(pts)), f"{prof.bytes_per_s(op) / 1e9:.2f}",
                   f"{max(p.bytes_per_s for p in pts) / 1e9:.2f}")
+    if comp.dtensor:
+        d = comp.dtensor
+        for role in ("linear", "norm", "loss"):
+            f, b = d.host(role)
+            t.add_row(f"DTensor TP {role}: host ms (fwd+bwd)", "1", f"{1e3 * (f + b):.2f}", "")
+        t.add_row("DTensor parallel loss: traffic ratio", "1", f"{d.loss_traffic_ratio:.2f}", "")
     console.print(t)
 
 
