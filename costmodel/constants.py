@@ -58,6 +58,11 @@ class CostConstants:
             are what counts, latency hides); > 0: one per gradient tensor of at least this many
             bytes, smaller ones sharing flat buffers of this size (shardplan's own runtime,
             ``runtime.zero.COALESCE_BYTES``; on gloo each collective costs milliseconds).
+        grad_accumulate_passes: memory passes over the held gradients each micro-batch after a
+            step's first costs where gradients accumulate by a separate add (PyTorch autograd's
+            ``AccumulateGrad``: read both, write one = 3; shardplan's runtime, DDP, DeepSpeed);
+            0 where the weight-gradient GEMM accumulates in place (Megatron's gradient
+            accumulation fusion into ``main_grad``), the default.
         fragmentation: allocator slack as a fraction of the peak tensor memory.
         step_overhead_s: per-step fixed cost (data loading, logging, launch).
     """
@@ -79,6 +84,7 @@ class CostConstants:
     context_bytes: float = 2.5 * 1024**3
     dp_bucket_bytes: float = 2 * 25 * 1024**2
     grad_coalesce_bytes: float = 0.0
+    grad_accumulate_passes: float = 0.0
     fragmentation: float = 0.08
     step_overhead_s: float = 0.02
 

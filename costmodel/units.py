@@ -114,13 +114,14 @@ class UnitCost:
     gathered: float = 0.0  # transient: gathered parameters (ZeRO-3) live while it runs
     recompute_peak: float = 0.0  # transient: activations rematerialised in backward
     optim_time: float = 0.0  # optimizer step (per step)
+    accumulate: float = 0.0  # adding later micro-batches' gradients into the held ones, per micro-batch
     offload_time: float = 0.0  # host transfers not hidden (per step)
     hw_flops: float = 0.0  # hardware FLOPs per micro-batch incl. recomputation
     out_bytes: float = 0.0  # activation sent to the next stage, per micro-batch
 
     @property
     def time(self) -> float:
-        return self.fwd + self.bwd + self.recompute + sum(self.comm.values())
+        return self.fwd + self.bwd + self.recompute + self.accumulate + sum(self.comm.values())
 
 
 def _tp_div(n: LayerNode, s: Strategy) -> int:
@@ -433,6 +434,16 @@ def fsdp_copies(dev: DeviceModel, full: Any, grads: Any, gathers: int) -> Any:
     return (gathers * 2 * np.asarray(full, dtype=float) + 2 * np.asarray(grads, dtype=float)) * per_byte
 
 
+def accumulate_time(dev: DeviceModel, grad_bytes: Any, n_mb: Any) -> Any:
+    """Seconds per micro-batch of adding each micro-batch's gradients after the step's first into
+    the ``grad_bytes`` held (whole, or the shards FSDP2 reduce-scatters each micro-batch into):
+    ``grad_accumulate_passes`` passes at an add's bandwidth, averaged over the ``n_mb``
+    micro-batches. Scalars or numpy arrays."""
+    n_mb = np.asarray(n_mb, dtype=float)
+    later = np.maximum(n_mb - 1.0, 0.0) / np.maximum(n_mb, 1.0)
+    return dev.c.grad_accumulate_passes * grad_bytes * dev.memory_time(1.0, "add") * later
+
+
 def extra_all_reduces(big: Any, small: Any, coalesce: float) -> Any:
     """Collectives beyond the one a replicated group's gradient all-reduce is priced as, for its
     ``big`` tensors and ``small`` parameters (:func:`grad_tensors`): one per big tensor, the small
@@ -469,6 +480,8 @@ def _data_parallel(
     u.state_grads += 0.0 if on_host_optim and g_div > 1 else params * gb / g_div
     u.state_optim += 0.0 if on_host_optim else params * ob / o_div
     local_opt = params / o_div
+    u.accumulate += float(accumulate_time(dev, 0.0 if on_host_optim and g_div > 1 else params * gb / g_div,
+                                          w.global_batch // (s.mesh.dp * s.micro_batch)))
     # Adam reads and writes master, moments and gradient, and writes the compute copy.
     if on_host_optim:
         u.offload_time += dev.host_time(local_opt * (GRAD_REDUCE_BYTES + GATHER_BYTES)) * (1 - c.dp_overlap)

@@ -24,6 +24,7 @@ from costmodel.units import (
     MEMORY_OPS,
     TP_SPLIT_OUTPUTS,
     TP_SPLIT_ROLES,
+    accumulate_time,
     act_width,
     attention_times,
     carries_weights,
@@ -372,9 +373,9 @@ def _unit(nodes: list[LayerNode], dev: DeviceModel, net: _Net, g: _Cfg, w: Workl
     cols = []
     for o in opts:
         a, rec, peak, hwf, comm, pend = rc_cols[o.recompute]
-        st, dp_comm, step, opt_t, off_t, gath, grads = dp.option(o)
+        st, dp_comm, step, opt_t, off_t, gath, grads, acc = dp.option(o)
         win = bwd + (fwd if o.sharding in ("zero1", "zero2") else 0.0)
-        cols.append((fwd + bwd + rec + comm + dp_comm, step, opt_t, off_t, st, a, gath, peak, hwf, win, grads, pend))
+        cols.append((fwd + bwd + rec + comm + dp_comm + acc, step, opt_t, off_t, st, a, gath, peak, hwf, win, grads, pend))
     arr = [np.stack([col[k] for col in cols], axis=1) for k in range(12)]
     return UnitArrays(time=arr[0], fwd=np.repeat(fwd[:, None], len(opts), 1),
                       bwd_weight=np.repeat(bwd_w[:, None], len(opts), 1), step_comm=arr[1],
@@ -391,7 +392,8 @@ class _DataParallel:
         self.groups, self.net, self.g, self.dev, self.w, self.fwd, self.bwd = groups, net, g, dev, w, fwd, bwd
         self.largest = largest  # the largest operator's local parameters, per group key
         self.tensors = tensors  # units.StateGroup's big and small, per group key
-        self.held = (g.pp > 1) | (w.global_batch // (g.dpr * g.dps * g.b) > 1)  # units.grads_held
+        self.n_mb = w.global_batch // (g.dpr * g.dps * g.b)
+        self.held = (g.pp > 1) | (self.n_mb > 1)  # units.grads_held
         self.colls: dict[tuple, dict[str, Any]] = {}
         self.parts: dict[tuple, tuple[F, ...]] = {}
 
@@ -400,7 +402,7 @@ class _DataParallel:
         for key in sorted(self.groups):
             shard = "zero3" if (o.large and key[0]) else o.sharding
             by.setdefault((shard, key[1]), []).append(key)
-        total = [np.zeros(len(self.fwd)) for _ in range(7)]
+        total = [np.zeros(len(self.fwd)) for _ in range(8)]
         for (shard, expert), keys in sorted(by.items()):
             part = self._part(tuple(keys), shard, o.offload, expert)
             for acc, val in zip(total, part, strict=True):
@@ -463,6 +465,7 @@ class _DataParallel:
         grads_on_gpu = np.where(on_host & (g_div > 1), 0.0, params * gb / g_div)  # sharded ones stream to host
         u_states = sp_ + grads_on_gpu + (0.0 if on_host else params * ob / o_div) + np.where(
             (sh == 3) & keep, full - params * pb / p_div, 0.0)
-        out = tuple(np.where(has, v, 0.0) for v in (u_states, u_comm, u_step, opt_t, off_t, u_gath, grads_on_gpu))
+        acc = accumulate_time(dev, grads_on_gpu, self.n_mb)
+        out = tuple(np.where(has, v, 0.0) for v in (u_states, u_comm, u_step, opt_t, off_t, u_gath, grads_on_gpu, acc))
         self.parts[ck] = out
         return out

@@ -279,7 +279,7 @@ def _stage_times_model(plan: Plan) -> StageTimes:
     s = plan.strategy
     costs, dev = priced_units(plan)
     fwd = [sum(u.fwd for u in st) for st in costs]
-    bwd = [sum(u.bwd + u.recompute for u in st) for st in costs]
+    bwd = [sum(u.bwd + u.recompute + u.accumulate for u in st) for st in costs]
     wgt = [sum(u.bwd_weight for u in st) for st in costs]
     comm = [sum(sum(u.comm.values()) for u in st) for st in costs]
     p2p = []

@@ -276,3 +276,28 @@ def test_fsdp_prices_its_copies_around_each_collective(sharding: str, gathers: i
     collectives = gathers * (1e-3 + 1e-9 * full) + (1e-3 + 1e-9 * grads)
     copies = (gathers * 2 * full + 2 * grads) / (bw * dev.share)
     assert dp == pytest.approx(2 * (collectives + copies), rel=1e-9)  # two micro-batches
+
+
+@pytest.mark.parametrize("sharding,held", [("replicate", 1), ("zero1", 1), ("zero2", 4), ("zero3", 4)])
+def test_gradient_accumulation_adds_three_passes_over_the_held_gradients(sharding: str, held: int) -> None:
+    """Where autograd accumulates (``grad_accumulate_passes`` 3, the CPU file: the runtime's
+    AccumulateGrad reads both gradients and writes one), every micro-batch after a step's first
+    adds 3 passes over the gradients the rank holds — whole, or the ZeRO-2/3 shards — at an add's
+    bandwidth; none with one micro-batch, none where GEMMs accumulate in place (GPU default)."""
+    from costmodel.constants import CostConstants
+
+    g = _one_layer_graph(1_000_000)
+    cl = parse_cluster("4xcpu")
+    dev = DeviceModel(cl)
+    assert dev.c.grad_accumulate_passes == 3 and CostConstants().grad_accumulate_passes == 0
+    node = g.nodes[0]
+    for batch, n_mb in ((4, 1), (16, 4)):
+        s = Strategy(mesh=Mesh(dp_shard=4), micro_batch=1, default=LayerStrategy(sharding=sharding))
+        w = Workload(seq_len=1, global_batch=batch, precision="fp32")
+        u = UnitPricer(dev, s, w)("layers.0", [node])
+        expect = 3 * 1_000_000 * 4 / held * dev.memory_time(1.0, "add") * (n_mb - 1) / n_mb
+        assert u.accumulate == pytest.approx(expect, rel=1e-12)
+        assert u.time == pytest.approx(u.fwd + u.bwd + u.recompute + u.accumulate + sum(u.comm.values()), rel=1e-12)
+    gpu = DeviceModel(parse_cluster("8xh100"))
+    s = Strategy(mesh=Mesh(dp_shard=8), micro_batch=1)
+    assert UnitPricer(gpu, s, Workload(seq_len=1, global_batch=64))("layers.0", [node]).accumulate == 0.0
