@@ -135,8 +135,13 @@ def measure_dtensor_overhead(device: torch.device, reps: int = 30) -> tuple[DTen
         return None, "torch.distributed is not available"
     if dist.is_initialized():
         return None, "this process already belongs to a process group"
-    dist.init_process_group(_backend(device), store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        dist.init_process_group(_backend(device), store=dist.HashStore(), rank=0, world_size=1)
+    except (RuntimeError, ValueError) as e:  # a backend this build lacks: the rest of the profile stands
+        return None, f"no one-rank process group ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
     try:
         return _measure(device, reps), ""
+    except RuntimeError as e:  # not run on a GPU here yet: a failure must not cost the whole sweep
+        return None, f"the measurement failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
     finally:
         dist.destroy_process_group()
