@@ -215,6 +215,15 @@ def gemm_shape(n: LayerNode, per_sample: float, tdiv: float, calls: float) -> tu
     return m, nn / calls, k
 
 
+def embedding_table_bytes(n: LayerNode, tdiv: float, precision: str) -> float:
+    """Bytes of the dense gradient an embedding's backward zeroes on one rank: its tables (token,
+    and position where learned) in the parameter dtype, the token table split ``tdiv`` ways by
+    vocabulary-parallel TP."""
+    table = float(n.dims.get("vocab", 0)) * float(n.dims.get("hidden", 0))
+    table = min(table, n.params) or n.params
+    return (table / tdiv + (n.params - table)) * 2 * act_width(None, precision)
+
+
 def node_times(n: LayerNode, dev: DeviceModel, s: Strategy, w: Workload, split: int = 1) -> tuple[float, float]:
     """Forward and backward seconds of one node for one micro-batch on one rank."""
     scale = s.micro_batch / s.mesh.cp / _tp_div(n, s)
@@ -234,6 +243,8 @@ def node_times(n: LayerNode, dev: DeviceModel, s: Strategy, w: Workload, split: 
         op = MEMORY_OPS.get(n.kind, "elementwise")
         nbytes = n.mem_bytes * scale * traffic_width(n, prec)
         f, b = dev.memory_time(nbytes, op), dev.memory_time(nbytes, op, backward=True)
+        if n.kind == "embedding":
+            b = dev.embedding_backward_time(nbytes, embedding_table_bytes(n, _tp_div(n, s), prec))
     if s.mesh.tp > 1 and s.tp_mode == "megatron":
         return with_dtensor(n, dev, f, b, s.sequence_parallel, split)
     return f, b

@@ -28,6 +28,7 @@ from costmodel.units import (
     act_width,
     attention_times,
     carries_weights,
+    embedding_table_bytes,
     extra_all_reduces,
     fsdp_copies,
     gemm_shape,
@@ -223,7 +224,7 @@ def _times(dev: DeviceModel, n: LayerNode, scale: F, calls: F, tdiv: F, prec: st
            ) -> tuple[F, F]:
     """Forward and backward seconds of ``n`` per distinct (scale, calls, TP division), via the device model."""
     by_shape = dev.profile is not None and dev.profile.compute is not None and bool(dev.profile.compute.gemm)
-    if by_shape and n.kind in GEMM_KINDS:  # a profile prices GEMMs by shape
+    if (by_shape and n.kind in GEMM_KINDS) or n.kind == "embedding":  # GEMMs by shape, tables by TP
         uniq, inv = np.unique(np.stack([scale, calls, np.broadcast_to(tdiv, scale.shape)]), axis=1,
                               return_inverse=True)
     else:  # one sortable complex key per (scale, calls): much faster than unique rows
@@ -244,6 +245,8 @@ def _times(dev: DeviceModel, n: LayerNode, scale: F, calls: F, tdiv: F, prec: st
         else:
             nbytes = n.mem_bytes * sc * traffic_width(n, prec)
             fwd[i], bwd[i] = dev.memory_time(nbytes, op), dev.memory_time(nbytes, op, backward=True)
+            if n.kind == "embedding":
+                bwd[i] = dev.embedding_backward_time(nbytes, embedding_table_bytes(n, td, prec))
     inv = inv.reshape(-1)
     return fwd[inv], bwd[inv]
 

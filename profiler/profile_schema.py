@@ -25,6 +25,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from profiler.errors import ShardplanError, describe_validation_error
@@ -266,6 +267,25 @@ class Profile(_Doc):
             pts = [p for p in pts if p.variant == op] or pts
         ratios = [p.bwd_s / p.seconds for p in _upper_half(pts) if p.bwd_s]
         return statistics.median(ratios) if ratios else 2.0
+
+    def embedding_backward(self) -> tuple[float, float] | None:
+        """(seconds per forward byte, seconds per byte of the table) of an embedding's backward,
+        fitted to the measured points: PyTorch's dense backward zeroes a gradient of the whole
+        table and then adds each looked-up row's gradient, so its time is a part proportional to
+        the lookups and one to the table (``bwd = a·bytes + b·table``, both ≥ 0). ``None``
+        without two points of different lookup sizes (the ratio to the forward stands in)."""
+        pts = [p for p in self._compute("bandwidth").bandwidth.get("embedding", []) if p.bwd_s and len(p.shape) == 3]
+        if len({p.bytes for p in pts}) < 2:
+            return None
+        es = {"fp32": 4, "bf16": 2, "fp16": 2}.get(self._compute("dtype").dtype, 4)
+        x = np.array([[p.bytes, p.shape[1] * p.shape[2] * es] for p in pts], dtype=float)
+        y = np.array([p.bwd_s for p in pts], dtype=float)
+        (a, b), *_ = np.linalg.lstsq(x, y, rcond=None)
+        if a < 0:  # the lookups cost nothing measurable: all of it is the table
+            a, b = 0.0, float(np.linalg.lstsq(x[:, 1:], y, rcond=None)[0][0])
+        elif b < 0:
+            a, b = float(np.linalg.lstsq(x[:, :1], y, rcond=None)[0][0]), 0.0
+        return float(a), float(b)
 
     def comm_alpha_beta(self, collective: str, world: int | None = None) -> tuple[float, float]:
         """(alpha seconds, beta seconds per byte) of ``collective`` from the fit with the nearest

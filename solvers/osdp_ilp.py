@@ -112,7 +112,10 @@ class _Model:
         has = info.primal_solution_status == 2  # kSolutionStatusFeasible
         x = np.array(h.getSolution().col_value) if has else None
         bound = float(info.mip_dual_bound) if any(self.integer) else float(info.objective_function_value)
-        if status == S.kObjectiveBound or (
+        # With an objective bound HiGHS may report a model whose every solution it cuts off as
+        # infeasible (seen when the optimum lies exactly at the bound): either way no plan beats
+        # the cutoff, which stays a valid lower bound.
+        if status == S.kObjectiveBound or (cutoff is not None and status == S.kInfeasible) or (
             cutoff is not None and status == S.kOptimal and float(info.objective_function_value) >= cutoff
         ):
             return "cutoff", None, np.inf, float(cutoff)  # type: ignore[arg-type]

@@ -301,3 +301,41 @@ def test_gradient_accumulation_adds_three_passes_over_the_held_gradients(shardin
     gpu = DeviceModel(parse_cluster("8xh100"))
     s = Strategy(mesh=Mesh(dp_shard=8), micro_batch=1)
     assert UnitPricer(gpu, s, Workload(seq_len=1, global_batch=64))("layers.0", [node]).accumulate == 0.0
+
+
+def test_embedding_backward_zeroes_the_whole_table_each_micro_batch() -> None:
+    """PyTorch's dense embedding backward zeroes a gradient of the whole (local) table before adding
+    the looked-up rows: a profile's points give the two slopes (a fit, both ≥ 0), the cost model
+    charges the table part per micro-batch on every rank that holds the table — a quarter of it per
+    rank under vocabulary-parallel TP 4 — and spec sheets one write of the table."""
+    from profiler.profile_schema import BwPoint, ComputeProfile, DeviceInfo, Profile
+
+    def prof(points: list[tuple[float, float]]) -> Profile:  # (forward bytes, backward s), table 1000 x 512 fp32
+        bw = [BwPoint(bytes=b, seconds=b / 1e9, bytes_per_s=1e9, bwd_s=t, shape=[int(b // 4096), 1000, 512])
+              for b, t in points]
+        return Profile(device=DeviceInfo(kind="cpu", name="t", torch_version="2.13.0", threads=1, hostname="h",
+                                         created="2026-01-01T00:00:00+00:00"),
+                       compute=ComputeProfile(dtype="fp32", bandwidth={"embedding": bw}))
+
+    table = 1000 * 512 * 4
+    fit = prof([(1e6, 2e-9 * 1e6 + 3e-9 * table), (4e6, 2e-9 * 4e6 + 3e-9 * table)]).embedding_backward()
+    assert fit == pytest.approx((2e-9, 3e-9), rel=1e-9)
+    assert prof([(1e6, 1e-3)]).embedding_backward() is None  # one size: no fit, the ratio stands in
+    a, b = prof([(1e6, 2e-3), (4e6, 1e-3)]).embedding_backward()  # backward shrinking with the lookups
+    assert a == 0.0 and b > 0
+    g = load_model("gpt2", 128)
+    embed = next(n for n in g.nodes if n.kind == "embedding")
+    w = Workload(seq_len=128, global_batch=8, precision="fp32")
+    tables = 50257 * 768 // 4 + 1024 * 768  # the token table split four ways, the position table whole
+    for dev in (DeviceModel(parse_cluster("4xcpu"), prof([(1e6, 1e-3), (4e6, 2e-3)])), DeviceModel(parse_cluster("4xh100"))):
+        s = Strategy(mesh=Mesh(tp=4), micro_batch=2)
+        from costmodel.units import node_times, traffic_width
+
+        nbytes = embed.mem_bytes * 2 / 4 * traffic_width(embed, "fp32")
+        f, bwd = node_times(embed, dev, s, w)
+        if dev.profile is not None:
+            a, b = dev.profile.embedding_backward()
+            assert bwd == pytest.approx((a * nbytes + b * tables * 4) / dev.share, rel=1e-12)
+        else:
+            assert bwd == pytest.approx(dev.memory_time(nbytes, "embedding", backward=True)
+                                        + dev.memory_time(tables * 4, "elementwise"), rel=1e-12)

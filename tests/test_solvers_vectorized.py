@@ -89,7 +89,9 @@ def test_grid_equals_estimate_with_a_profile() -> None:
     compute = ComputeProfile(
         dtype="bf16", gemm=[gemm(128, 768, 768, 1e9), gemm(128, 2304, 768, 2e9), gemm(512, 3072, 768, 4e9)],
         attention=[attn(1e6, 1e9, False), attn(1e8, 2e9, True)],
-        bandwidth={"norm": [BwPoint(bytes=1e6, seconds=1e-3, bytes_per_s=1e9, bwd_s=2e-3)]},
+        bandwidth={"norm": [BwPoint(bytes=1e6, seconds=1e-3, bytes_per_s=1e9, bwd_s=2e-3)],
+                   "embedding": [BwPoint(bytes=b, seconds=b / 1e9, bytes_per_s=1e9, bwd_s=b * 1e-9 + 5e-3,
+                                         shape=[int(b // 4096), 1000, 1024]) for b in (1e6, 4e6)]},
         dtensor=DTensorOverhead(linear_fwd_s=1e-3, linear_bwd_s=2e-3, norm_fwd_s=3e-4, norm_bwd_s=4e-4,
                                 loss_fwd_s=5e-3, loss_bwd_s=6e-3, loss_traffic_ratio=2.0))  # TP's host time
     prof = Profile(device=DeviceInfo(kind="cpu", name="test cpu", torch_version="2.13.0", threads=2, hostname="h",
