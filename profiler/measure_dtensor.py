@@ -14,9 +14,9 @@ collectives are the comm profile's):
 * ``loss_traffic_ratio``: the device time of ``loss_parallel`` cross-entropy per logit over plain
   ``F.cross_entropy``'s, from a large and a tiny size (its fixed part taken out).
 
-On this CPU (one thread) a TP linear adds about 1.2 ms per forward and backward, a sequence-parallel
-norm 0.45 ms, the vocabulary-parallel loss about 4 ms and twice plain cross-entropy's traffic
-(README, Cost model). The cost model adds them to each TP operator's time on a CPU (one thread does
+On this CPU (one thread) a TP linear adds about 1.1 ms per forward and backward, a sequence-parallel
+norm 0.45 ms, the vocabulary-parallel loss about 2 ms and 1.6–2.7 times plain cross-entropy's time
+per logit (README, Cost model). The cost model adds them to each TP operator's time on a CPU (one thread does
 both) and takes the larger of device and host time on a GPU, whose host runs ahead.
 """
 
