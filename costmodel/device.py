@@ -128,14 +128,15 @@ class DeviceModel:
         """Seconds of an embedding's backward whose forward moves ``nbytes``, over a table of
         ``table_bytes`` (this rank's): the dense gradient of the whole table is zeroed, then the
         looked-up rows' gradients added. A profile's fit (:meth:`Profile.embedding_backward`)
-        prices both; spec sheets the backward of the lookups plus one write of the table; a
-        profile without the fit, its backward-to-forward ratio."""
+        prices both; spec sheets the backward of the lookups plus one write of the table at peak
+        memory bandwidth (a memset streams at close to it, unlike the small ops the fitted
+        ``memory_efficiency`` describes); a profile without the fit, its backward-to-forward ratio."""
         if self.profile is not None and self.profile.compute is not None and self.profile.compute.bandwidth:
             fit = self.profile.embedding_backward()
             if fit is None:
                 return self.memory_time(nbytes, "embedding", backward=True)
             return (fit[0] * nbytes + fit[1] * table_bytes) / self.share
-        return self.memory_time(nbytes, "embedding", backward=True) + self.memory_time(table_bytes, "elementwise")
+        return self.memory_time(nbytes, "embedding", backward=True) + table_bytes / (self.acc.hbm_tbps * 1e12)
 
     def dtensor_host(self, role: str) -> tuple[float, float]:
         """(forward, backward) host seconds DTensor tensor parallelism adds to one module of

@@ -15,25 +15,27 @@ from typing import Any, Protocol
 import numpy as np
 
 from costmodel.device import COLLECTIVE_FACTORS, DeviceModel
+from costmodel.gradients import (
+    GATHER_BYTES,
+    GRAD_REDUCE_BYTES,
+    accumulate_time,
+    extra_all_reduces,
+    fsdp_copies,
+    grad_tensors,
+    sp_partial_grads,
+)
 from costmodel.host import dtensor_role
 from costmodel.strategy import LayerStrategy, Workload
 from costmodel.units import (
-    GATHER_BYTES,
     GEMM_KINDS,
-    GRAD_REDUCE_BYTES,
     MEMORY_OPS,
     TP_SPLIT_OUTPUTS,
     TP_SPLIT_ROLES,
-    accumulate_time,
     act_width,
     attention_times,
     carries_weights,
     embedding_table_bytes,
-    extra_all_reduces,
-    fsdp_copies,
     gemm_shape,
-    grad_tensors,
-    sp_partial_grads,
     state_bytes,
     traffic_width,
 )

@@ -338,4 +338,4 @@ def test_embedding_backward_zeroes_the_whole_table_each_micro_batch() -> None:
             assert bwd == pytest.approx((a * nbytes + b * tables * 4) / dev.share, rel=1e-12)
         else:
             assert bwd == pytest.approx(dev.memory_time(nbytes, "embedding", backward=True)
-                                        + dev.memory_time(tables * 4, "elementwise"), rel=1e-12)
+                                        + tables * 4 / (3.35e12), rel=1e-12)  # H100: 3.35 TB/s
