@@ -50,6 +50,10 @@ class DeviceModel:
         self.profile = profile
         self.c = constants or constants_for(self.acc.name).with_overrides(self.acc.cost_constants)
         self.share = self._compute_share()
+        compute = profile.compute if profile is not None else None
+        self._dtensor = compute.dtensor if compute is not None else None
+        # the embedding backward's two slopes, fitted once (None: no fit, or no bandwidth curves)
+        self._embedding_fit = profile.embedding_backward() if compute is not None and compute.bandwidth else None
         if profile is not None:
             kind = profile.device.kind
             if kind != self.acc.kind:
@@ -132,7 +136,7 @@ class DeviceModel:
         memory bandwidth (a memset streams at close to it, unlike the small ops the fitted
         ``memory_efficiency`` describes); a profile without the fit, its backward-to-forward ratio."""
         if self.profile is not None and self.profile.compute is not None and self.profile.compute.bandwidth:
-            fit = self.profile.embedding_backward()
+            fit = self._embedding_fit
             if fit is None:
                 return self.memory_time(nbytes, "embedding", backward=True)
             return (fit[0] * nbytes + fit[1] * table_bytes) / self.share
@@ -143,16 +147,14 @@ class DeviceModel:
         ``role`` (``linear``, ``norm``, ``loss``) on one rank: the profile's measurement, stretched
         like compute where ranks share cores; (0, 0) without one (spec sheets say nothing of the
         host: on a GPU the host runs ahead of the kernels, and at scale they hide it)."""
-        d = self.profile.compute.dtensor if self.profile is not None and self.profile.compute is not None else None
-        if d is None:
+        if self._dtensor is None:
             return 0.0, 0.0
-        f, b = d.host(role)
+        f, b = self._dtensor.host(role)
         return f / self.share, b / self.share
 
     def loss_traffic_ratio(self) -> float:
         """Vocabulary-parallel cross-entropy's time per logit over plain cross-entropy's (1 unmeasured)."""
-        d = self.profile.compute.dtensor if self.profile is not None and self.profile.compute is not None else None
-        return d.loss_traffic_ratio if d is not None else 1.0
+        return self._dtensor.loss_traffic_ratio if self._dtensor is not None else 1.0
 
     def with_host(self, device_s: Any, host_s: Any) -> Any:
         """Time of work that takes ``device_s`` on the device and ``host_s`` of the host's Python

@@ -12,6 +12,10 @@ kernels and only the slower of the two counts (:meth:`DeviceModel.with_host`).
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
+
 from costmodel.device import DeviceModel
 from profiler.graph import LayerNode
 
@@ -30,17 +34,19 @@ def dtensor_role(n: LayerNode) -> str | None:
     return None
 
 
-def with_dtensor(n: LayerNode, dev: DeviceModel, fwd: float, bwd: float, sequence_parallel: bool,
-                 split: int = 1) -> tuple[float, float]:
-    """``n``'s forward and backward seconds under Megatron TP (tp > 1) with DTensor's host time:
-    the loss's traffic scaled by the parallel loss's measured ratio, each DTensor module's (every
-    OSDP slice one) dispatch added on a CPU, the slower of host and device on a GPU."""
+def with_dtensor(n: LayerNode, dev: DeviceModel, fwd: Any, bwd: Any, tp_on: Any, sequence_parallel: Any,
+                 split: int = 1) -> tuple[Any, Any]:
+    """``n``'s forward and backward seconds with DTensor's host time where ``tp_on`` (Megatron TP,
+    tp > 1): the loss's traffic scaled by the parallel loss's measured ratio, each DTensor module's
+    (every OSDP slice one) dispatch added on a CPU, the slower of host and device on a GPU.
+    Scalars (one strategy) or numpy arrays over configurations, ``tp_on`` and
+    ``sequence_parallel`` booleans or masks alike."""
     role = dtensor_role(n)
-    if role is None or (role == "norm" and not sequence_parallel):
+    on = np.asarray(tp_on) & (np.asarray(sequence_parallel) if role == "norm" else True)
+    if role is None or not on.any():
         return fwd, bwd
-    if role == "loss":
-        ratio = dev.loss_traffic_ratio()
-        fwd, bwd = fwd * ratio, bwd * ratio
+    ratio = dev.loss_traffic_ratio() if role == "loss" else 1.0
     hf, hb = dev.dtensor_host(role)
     k = split if role == "linear" else 1
-    return float(dev.with_host(fwd, k * hf)), float(dev.with_host(bwd, k * hb))
+    return (np.where(on, dev.with_host(fwd * ratio, k * hf), fwd),
+            np.where(on, dev.with_host(bwd * ratio, k * hb), bwd))

@@ -249,9 +249,8 @@ def node_times(n: LayerNode, dev: DeviceModel, s: Strategy, w: Workload, split: 
         f, b = dev.memory_time(nbytes, op), dev.memory_time(nbytes, op, backward=True)
         if n.kind == "embedding":
             b = dev.embedding_backward_time(nbytes, embedding_table_bytes(n, _tp_div(n, s), prec))
-    if s.mesh.tp > 1 and s.tp_mode == "megatron":
-        return with_dtensor(n, dev, f, b, s.sequence_parallel, split)
-    return f, b
+    f, b = with_dtensor(n, dev, f, b, s.mesh.tp > 1 and s.tp_mode == "megatron", s.sequence_parallel, split)
+    return float(f), float(b)
 
 
 def unit_cost(

@@ -24,7 +24,7 @@ from costmodel.gradients import (
     grad_tensors,
     sp_partial_grads,
 )
-from costmodel.host import dtensor_role
+from costmodel.host import with_dtensor
 from costmodel.strategy import LayerStrategy, Workload
 from costmodel.units import (
     GEMM_KINDS,
@@ -253,17 +253,6 @@ def _times(dev: DeviceModel, n: LayerNode, scale: F, calls: F, tdiv: F, prec: st
     return fwd[inv], bwd[inv]
 
 
-def _with_dtensor(n: LayerNode, dev: DeviceModel, g: _Cfg, f: F, bw: F) -> tuple[F, F]:
-    """``host.with_dtensor`` over configurations: where Megatron TP runs (tp > 1, not TSP)."""
-    role = dtensor_role(n)
-    on = (g.tp > 1) & ~g.tsp & (g.sp if role == "norm" else True)
-    if role is None or not on.any():
-        return f, bw
-    ratio = dev.loss_traffic_ratio() if role == "loss" else 1.0
-    hf, hb = dev.dtensor_host(role)
-    return (np.where(on, dev.with_host(f * ratio, hf), f), np.where(on, dev.with_host(bw * ratio, hb), bw))
-
-
 def _local(n: LayerNode, g: _Cfg) -> np.ndarray:
     """``units._local_params`` over configurations: parameters on one rank after TP and EP."""
     tp = g.tp.astype(np.int64)
@@ -302,7 +291,7 @@ def _unit(nodes: list[LayerNode], dev: DeviceModel, net: _Net, g: _Cfg, w: Workl
         adiv = np.where(g.tsp | g.sp | n.act_tp_sharded, tp, 1.0)
         calls = np.maximum(1.0, n.dims.get("experts", 1) / ep) if n.kind == "experts" else np.ones(C)
         f, bw = _times(dev, n, b / cp / tdiv, calls, tdiv, w.precision, w.attention_kernel)
-        f, bw = _with_dtensor(n, dev, g, f, bw)
+        f, bw = with_dtensor(n, dev, f, bw, (g.tp > 1) & ~g.tsp, g.sp)
         fwd += f
         bwd += bw
         if n.kind in GEMM_KINDS:
