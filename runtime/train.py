@@ -113,7 +113,9 @@ def run(model: nn.Module, vocab: int, s: TrainSettings, n_microbatches: int = 1)
     ``optim_bytes`` (after the step), ``peak_bytes`` (process peak: ``max_memory_allocated`` on GPU,
     RSS on CPU) and ``tensor_peak_bytes`` (the peak of live tensor bytes: ``max_memory_allocated``
     on GPU; on CPU measured by :class:`TensorPeak` on one step — the second, when there is one —,
-    which is then marked ``memory_tracked`` and runs slower for the bookkeeping; ``None`` on the others).
+    which is then marked ``memory_tracked`` and runs slower for the bookkeeping; ``None`` on the others),
+    ``step_time_s`` (its own wall-clock time) and ``cpu_time_s`` (its process's CPU time over the
+    step: where ranks time-share cores, their sum over the wall time is how busy the cores were).
     """
     info = applied(model)
     rt = info.mesh
@@ -135,19 +137,20 @@ def run(model: nn.Module, vocab: int, s: TrainSettings, n_microbatches: int = 1)
         if rt.device_type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         tracker = TensorPeak() if k == tracked else nullcontext()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         with tracker:
             loss = train_step(model, x, y, n_microbatches)
             opt.step()
             opt.zero_grad(set_to_none=True)
         if rt.device_type == "cuda":
             torch.cuda.synchronize()
-        dt = time.perf_counter() - t0
+        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
         after = state_bytes(model, opt)
         peak = peak_bytes(rt.device_type)
         tensor_peak = peak if rt.device_type == "cuda" else (tracker.peak if isinstance(tracker, TensorPeak) else None)
         mine = {"rank": dist.get_rank(), "param_bytes": seen["param_bytes"], "grad_bytes": seen["grad_bytes"],
-                "optim_bytes": after["optim_bytes"], "peak_bytes": peak, "tensor_peak_bytes": tensor_peak}
+                "optim_bytes": after["optim_bytes"], "peak_bytes": peak, "tensor_peak_bytes": tensor_peak,
+                "step_time_s": dt, "cpu_time_s": cpu}
         if isinstance(tracker, TensorPeak):
             mine["tensor_peak_op"] = tracker.peak_op  # the op whose outputs set the peak
         ranks: list[Any] = [None] * dist.get_world_size()

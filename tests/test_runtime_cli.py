@@ -85,7 +85,9 @@ def test_train_reports_losses_memory_and_parity(plan2: Path, tmp_path: Path) -> 
     for st in rep["steps"]:
         assert st["step_time_s"] > 0
         assert [r["rank"] for r in st["ranks"]] == [0, 1]
+        assert st["step_time_s"] == max(r["step_time_s"] for r in st["ranks"])  # the slowest rank's
         for r in st["ranks"]:
+            assert r["cpu_time_s"] > 0
             assert (r["param_bytes"], r["grad_bytes"], r["optim_bytes"]) == (4 * n, 2 * n, 4 * n)
             assert r["peak_bytes"] > 0
     first, second = rep["steps"]

@@ -37,12 +37,12 @@ def _table(report: dict[str, Any]) -> None:
     from rich.table import Table
 
     t = Table(title=f"shardplan train: {report['model']} on {report['nproc']} processes ({report['device']})",
-              caption="per-rank memory in MB: parameters, gradients, optimizer state (local shards), process "
-                      "peak, and the peak of live tensors (GPU: max allocated; CPU: measured on the step marked *, "
-                      "which runs slower for it)")
+              caption="per rank: its process's CPU seconds over the step; memory in MB: parameters, "
+                      "gradients, optimizer state (local shards), process peak, and the peak of live tensors (GPU: "
+                      "max allocated; CPU: measured on the step marked *, which runs slower for it)")
     ref = report.get("reference_losses") or []
-    cols = ["step", "loss"] + (["ref loss"] if ref else []) + ["time s", "rank", "params", "grads", "optim", "peak",
-                                                                 "tensors"]
+    cols = ["step", "loss"] + (["ref loss"] if ref else []) + ["time s", "rank", "cpu s", "params", "grads",
+                                                                 "optim", "peak", "tensors"]
     for col in cols:
         t.add_column(col, justify="right", no_wrap=True, min_width=7 if "loss" in col else None)
     for st in report["steps"]:
@@ -52,7 +52,8 @@ def _table(report: dict[str, Any]) -> None:
             row = [f"{st['step']}{mark}" if first else "", f"{st['loss']:.5f}" if first else ""]
             if ref:
                 row.append(f"{ref[st['step']]:.5f}" if first else "")
-            row += [f"{st['step_time_s']:.3f}" if first else "", str(r["rank"]), f"{r['param_bytes'] / 1e6:.2f}",
+            row += [f"{st['step_time_s']:.3f}" if first else "", str(r["rank"]), f"{r['cpu_time_s']:.3f}",
+                    f"{r['param_bytes'] / 1e6:.2f}",
                     f"{r['grad_bytes'] / 1e6:.2f}", f"{r['optim_bytes'] / 1e6:.2f}", f"{r['peak_bytes'] / 1e6:.0f}",
                     "-" if r.get("tensor_peak_bytes") is None else f"{r['tensor_peak_bytes'] / 1e6:.1f}"]
             t.add_row(*row)
