@@ -12,11 +12,15 @@
 3. Baselines (DDP, FSDP everywhere, TP2xDP2, PP2xDP2) priced with ``estimate(..., profile)``; the
    memory limit is set between the two hungriest baselines' predicted peaks, so that at least one is
    excluded; ``planner.api.plan`` plans under it.
-4. Every plan runs ``shardplan train --nproc 4 --steps N --json``, ``--repeats`` times (default 2),
-   round robin over the plans so that the host's drift falls on every plan alike: median step time
-   of all launches' steps after the first, leaving out the step whose memory was tracked; a pair of
-   plans counts as told apart when their difference exceeds the sum of their spreads (each the
-   larger of a launch's half-range and half the range between its launches' medians). Memory
+4. Every plan runs ``shardplan train --nproc 4 --steps N --json``, ``--repeats`` times (default 4),
+   round robin over the plans, every other round in reverse order (A B C, C B A, A B C, ...): with an
+   even number of rounds every plan's launches sit at the same mean time, so a drift of the host's
+   speed that is linear over the run cancels. A launch's figure is the median of its steps after
+   the first, leaving out the step whose memory was tracked; a plan's the mean of its launches'. A
+   pair of plans counts as told apart when their difference exceeds the sum of their spreads (each
+   the larger of a launch's half-range and half the range between its launches' medians). Each
+   launch also gives how busy the cores were: the ranks' CPU time over the step's wall time and the
+   host's cores (the model's pipelines on shared cores assume they stay busy). Memory
    compared: predicted tensor memory (worst stage's params + grads + optimizer + activations +
    buffers, *without* the context/fragmentation overhead) against the measured peak of live tensor bytes (the runtime's
    ``tensor_peak_bytes``: what ``torch.cuda.max_memory_allocated`` reports on a GPU, counted op by op
@@ -99,24 +103,28 @@ def train(model: str, plan_json: str, path: Path, steps: int) -> dict[str, Any]:
         "--steps", str(steps), "--json", "-o", str(out)], env={"OMP_NUM_THREADS": "1"}, quiet=True)
     rep = json.loads(out.read_text())
     last = rep["steps"][-1]["ranks"]
-    times = ([s["step_time_s"] for s in rep["steps"][1:] if not s.get("memory_tracked")]
-             or [rep["steps"][0]["step_time_s"]])
+    timed = [s for s in rep["steps"][1:] if not s.get("memory_tracked")] or rep["steps"][:1]
+    times = [s["step_time_s"] for s in timed]
     tracked = [r["tensor_peak_bytes"] for s in rep["steps"] if s.get("memory_tracked") for r in s["ranks"]]
-    return {"step_time_s": statistics.median(times), "load_before": load, "step_times_s": [s["step_time_s"] for s in rep["steps"]],
-            "timed_s": times, "step_spread_s": (max(times) - min(times)) / 2,
+    busy = statistics.median(sum(r["cpu_time_s"] for r in s["ranks"]) / s["step_time_s"] for s in timed)
+    return {"step_time_s": statistics.median(times), "load_before": load, "cores_busy": busy / (os.cpu_count() or 1),
+            "step_times_s": [s["step_time_s"] for s in rep["steps"]], "timed_s": times,
+            "step_spread_s": (max(times) - min(times)) / 2,
             "peak_bytes": max(r["peak_bytes"] for r in last),
             "tensor_peak_bytes": max(tracked) if tracked else None,
             "state_bytes": max(r["param_bytes"] + r["grad_bytes"] + r["optim_bytes"] for r in last)}
 
 
 def pooled(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """One plan's repeated launches as one measurement: the median of all their timed steps; the
-    spread the larger of the launches' own half-range (median over launches) and half the range of
-    their medians (the host's drift between launches); memory from the first launch (tensor bytes
-    are the same in every launch)."""
+    """One plan's repeated launches as one measurement: the mean of the launches' medians (under the
+    alternating round robin a linear drift of the host cancels in it); the spread the larger of the
+    launches' own half-range (median over launches) and half the range of their medians (the host's
+    drift between launches); memory from the first launch (tensor bytes are the same in every
+    launch)."""
     meds = [r["step_time_s"] for r in runs]
     out = dict(runs[0])
-    out["step_time_s"] = statistics.median([t for r in runs for t in r["timed_s"]])
+    out["step_time_s"] = statistics.mean(meds)
+    out["cores_busy"] = statistics.mean(r["cores_busy"] for r in runs)
     out["step_spread_s"] = max((max(meds) - min(meds)) / 2, statistics.median(r["step_spread_s"] for r in runs))
     out["launch_medians_s"] = meds
     out["step_times_s"] = [t for r in runs for t in r["step_times_s"]]
@@ -165,9 +173,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vocab", type=int, default=8192)
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--global-batch", type=int, default=8)
-    ap.add_argument("--steps", type=int, default=6)
-    ap.add_argument("--repeats", type=int, default=2,
-                    help="launches per plan, round robin over the plans (the host's speed drifts)")
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=4,
+                    help="launches per plan, round robin over the plans, every other round reversed (the host's "
+                         "speed drifts; an even number cancels a linear drift)")
     ap.add_argument("--memory-limit", type=float, default=None, help="GiB (default: excludes the hungriest baseline)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     a = ap.parse_args(argv)
@@ -217,8 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     first_of = {n: next(m for m in names if strategies[m] == strategies[n]) for n in names}
     runs: dict[str, list[dict[str, Any]]] = {}
     failed: set[str] = set()
-    for rep in range(a.repeats):  # round robin: drift in the host's speed falls on every plan alike
-        for n in names:
+    for rep in range(a.repeats):  # round robin, alternating: drift in the host's speed falls on every plan alike
+        for n in names if rep % 2 == 0 else names[::-1]:
             if first_of[n] != n or n in failed:
                 continue
             try:
@@ -251,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
                      "fits_pred": r.fits, "fits_meas": (meas_t + overhead) / 1024**3 <= limit,
                      "pred_time": r.to_dict()["time"], "plain_time": plain.to_dict()["time"],
                      "step_times_s": m["step_times_s"], "step_spread_s": m["step_spread_s"],
-                     "launch_medians_s": m["launch_medians_s"]})
+                     "launch_medians_s": m["launch_medians_s"], "cores_busy": m["cores_busy"]})
     pred = [x["pred_step_s"] for x in rows]
     meas = [x["meas_step_s"] for x in rows]
     spread = [x["step_spread_s"] for x in rows]
@@ -278,13 +287,14 @@ def main(argv: list[str] | None = None) -> int:
           f"{min((f.sharing_efficiency for f in prof.comm), default=1.0):.3f}, CPU share per rank {share:.3f}")
     print(f"{'plan':<9}{'pred s':>8}{'meas s':>8}{'err':>6}{'plain s':>8}{'err':>6}"
           f"{'pred MiB':>9}{'meas MiB':>9}{'err':>6}{'RSS net':>8}{'err':>6}{'state':>7}{'base':>6}{'fits p/m':>9}"
-          f"{'load':>6}")
+          f"{'load':>6}{'busy':>6}")
     for x in rows:
         print(f"{x['plan']:<9}{x['pred_step_s']:>8.3f}{x['meas_step_s']:>8.3f}{x['step_err']:>6.0%}"
               f"{x['plain_step_s']:>8.3f}{x['plain_step_err']:>6.0%}{x['pred_mem_mib']:>9.0f}{x['meas_mem_mib']:>9.0f}"
               f"{x['mem_err']:>6.0%}{x['meas_rss_net_mib']:>8.0f}{x['rss_err']:>6.0%}"
               f"{x['pred_state_mib'] / x['meas_state_mib'] - 1:>7.0%}{x['baseline_rss_mib']:>6.0f}"
-              f"{'yes' if x['fits_pred'] else 'no':>5}/{'yes' if x['fits_meas'] else 'no':<3}{x['load_before']:>6.1f}")
+              f"{'yes' if x['fits_pred'] else 'no':>5}/{'yes' if x['fits_meas'] else 'no':<3}{x['load_before']:>6.1f}"
+              f"{x['cores_busy']:>6.0%}")
     print("each launch's median step (s): " + "; ".join(
         f"{x['plan']} " + " ".join(f"{t:.3f}" for t in x["launch_medians_s"]) for x in rows))
     print(f"planned = {planned.strategy.mesh.axes()} {planned.strategy.default.sharding} mb "
