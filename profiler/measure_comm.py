@@ -196,12 +196,15 @@ def wait_under_load(rank: int, world: int, iters: int, chunk_s: float = LOAD_CHU
     return float(extra[0]), float(extra[1])
 
 
-def sharing_efficiency(rank: int, world: int, seconds: float = 0.3, trials: int = 3) -> float:
+def sharing_efficiency(rank: int, world: int, seconds: float = 0.1, trials: int = 15) -> float:
     """The fraction of its fair share of the cores (``cores / world``) rank 0's compute gets while
     every rank computes at once: a small MLP block's forward and backward (linear 512 -> 2048,
     GELU, linear back, LayerNorm, 512 tokens: GEMMs and memory-bound ops as in training), timed
-    alone (the other ranks wait in a barrier) and together; the median of ``trials``. 1 when the
-    ranks do not outnumber the cores."""
+    alone (the other ranks wait in a barrier) and together. Each loaded window is set against the
+    mean of the alone windows just before and after it, which cancels a drift of the host's speed
+    over the three; the median of ``trials`` such ratios. Many short windows rather than a few long
+    ones: repeated on this host, 3 unbracketed windows of 0.3 s gave 0.88–1.10 (sd 0.09), 15
+    bracketed ones of 0.1 s 0.89–0.97 (sd 0.03). 1 when the ranks do not outnumber the cores."""
     import torch
     import torch.distributed as dist
 
@@ -228,14 +231,20 @@ def sharing_efficiency(rank: int, world: int, seconds: float = 0.3, trials: int 
             step()
         return time.perf_counter() - t0
 
+    def alone() -> float:
+        dist.barrier()
+        t = timed() if rank == 0 else 0.0
+        dist.barrier()
+        return t
+
     ratios = []
+    before = alone()
     for _ in range(trials):
-        dist.barrier()
-        alone = timed() if rank == 0 else 0.0
-        dist.barrier()
         loaded = torch.tensor([timed()], dtype=torch.float64)
         dist.all_reduce(loaded)  # the ranks' mean: what each got of the cores
-        ratios.append(alone / (float(loaded) / world))
+        after = alone()
+        ratios.append((before + after) / 2 / (float(loaded) / world))
+        before = after
     eff = torch.tensor([statistics.median(ratios) / fair if rank == 0 else 0.0], dtype=torch.float64)
     dist.broadcast(eff, 0)
     return float(eff)
