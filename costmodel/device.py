@@ -50,10 +50,9 @@ class DeviceModel:
         self.profile = profile
         self.c = constants or constants_for(self.acc.name).with_overrides(self.acc.cost_constants)
         self.share = self._compute_share()
-        compute = profile.compute if profile is not None else None
-        self._dtensor = compute.dtensor if compute is not None else None
+        self._dtensor = profile.compute.dtensor if profile is not None and profile.compute is not None else None
         # the embedding backward's two slopes, fitted once (None: no fit, or no bandwidth curves)
-        self._embedding_fit = profile.embedding_backward() if compute is not None and compute.bandwidth else None
+        self._embedding_fit = profile.embedding_backward() if self.measured("bandwidth") else None
         if profile is not None:
             kind = profile.device.kind
             if kind != self.acc.kind:
@@ -61,6 +60,11 @@ class DeviceModel:
                     f"profile was measured on a {kind} device ({profile.device.name}) but the cluster's "
                     f"accelerator '{self.acc.name}' is a {self.acc.kind}: profile and cluster must match"
                 )
+
+    def measured(self, curves: str) -> bool:
+        """Whether the profile holds measured ``curves`` (``gemm``, ``attention``, ``bandwidth``),
+        which then price that kind of work instead of the spec sheet."""
+        return self.profile is not None and self.profile.compute is not None and bool(getattr(self.profile.compute, curves))
 
     def _compute_share(self) -> float:
         """The fraction of its measured speed a rank gets when a node's ranks share fewer cores
@@ -96,7 +100,7 @@ class DeviceModel:
         ``shape`` (m, n, k) of one call, when known, lets a measured profile price it by shape."""
         if flops <= 0:
             return 0.0
-        if self.profile is not None and self.profile.compute is not None and self.profile.compute.gemm:
+        if self.measured("gemm"):
             phase = "bwd" if backward else "fwd"
             rate = self.profile.gemm_flops_per_s(flops, phase, shape) * self.share
             return calls * flops * (2 if backward else 1) / rate
@@ -111,7 +115,7 @@ class DeviceModel:
         if flops <= 0:
             return 0.0
         work = flops * (0.5 if causal else 1.0)
-        if self.profile is not None and self.profile.compute is not None and self.profile.compute.attention:
+        if self.measured("attention"):
             if backward:  # the measured backward rate counts 2x the forward FLOPs
                 return 2 * work / (self.profile.attention_flops_per_s(flops, phase="bwd") * self.share)
             return work / (self.profile.attention_flops_per_s(flops, phase="fwd") * self.share)
@@ -122,7 +126,7 @@ class DeviceModel:
         """Seconds to move ``nbytes`` (the forward's traffic) through memory in a bandwidth-bound op."""
         if nbytes <= 0:
             return 0.0
-        if self.profile is not None and self.profile.compute is not None and self.profile.compute.bandwidth:
+        if self.measured("bandwidth"):
             t = nbytes / (self.profile.bytes_per_s(op) * self.share)
             return t * self.profile.bwd_fwd_ratio(op) if backward else t
         t = nbytes / (self.acc.hbm_tbps * 1e12 * self.c.memory_efficiency)
@@ -135,7 +139,7 @@ class DeviceModel:
         prices both; spec sheets the backward of the lookups plus one write of the table at peak
         memory bandwidth (a memset streams at close to it, unlike the small ops the fitted
         ``memory_efficiency`` describes); a profile without the fit, its backward-to-forward ratio."""
-        if self.profile is not None and self.profile.compute is not None and self.profile.compute.bandwidth:
+        if self.measured("bandwidth"):
             fit = self._embedding_fit
             if fit is None:
                 return self.memory_time(nbytes, "embedding", backward=True)

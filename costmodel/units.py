@@ -230,7 +230,8 @@ def embedding_table_bytes(n: LayerNode, tdiv: float, precision: str) -> float:
 
 def node_times(n: LayerNode, dev: DeviceModel, s: Strategy, w: Workload, split: int = 1) -> tuple[float, float]:
     """Forward and backward seconds of one node for one micro-batch on one rank."""
-    scale = s.micro_batch / s.mesh.cp / _tp_div(n, s)
+    tdiv = _tp_div(n, s)
+    scale = s.micro_batch / s.mesh.cp / tdiv
     flops = n.fwd_flops * scale
     prec = w.precision
     if n.kind in GEMM_KINDS:
@@ -238,7 +239,7 @@ def node_times(n: LayerNode, dev: DeviceModel, s: Strategy, w: Workload, split: 
         if n.kind == "experts":
             flops *= dev.c.moe_imbalance
             calls = max(1.0, n.dims.get("experts", 1) / s.mesh.ep) * split
-        shape = gemm_shape(n, s.micro_batch / s.mesh.cp, _tp_div(n, s), calls)
+        shape = gemm_shape(n, s.micro_batch / s.mesh.cp, tdiv, calls)
         f = dev.gemm_time(flops / calls, prec, calls, shape=shape)
         b = dev.gemm_time(flops / calls, prec, calls, backward=True, shape=shape)
     elif n.kind == "attention":
@@ -248,7 +249,7 @@ def node_times(n: LayerNode, dev: DeviceModel, s: Strategy, w: Workload, split: 
         nbytes = n.mem_bytes * scale * traffic_width(n, prec)
         f, b = dev.memory_time(nbytes, op), dev.memory_time(nbytes, op, backward=True)
         if n.kind == "embedding":
-            b = dev.embedding_backward_time(nbytes, embedding_table_bytes(n, _tp_div(n, s), prec))
+            b = dev.embedding_backward_time(nbytes, embedding_table_bytes(n, tdiv, prec))
     f, b = with_dtensor(n, dev, f, b, s.mesh.tp > 1 and s.tp_mode == "megatron", s.sequence_parallel, split)
     return float(f), float(b)
 
@@ -421,11 +422,12 @@ def _data_parallel(
     u.optim_bytes += int(params * ob // o_div)
     u.state_params += 0.0 if offload == "params" else params * pb / p_div
     # ZeRO-Offload / FSDP2's CPU offload: reduced gradient shards stream to the host optimizer
-    u.state_grads += 0.0 if on_host_optim and g_div > 1 else params * gb / g_div
+    grads_on_device = 0.0 if on_host_optim and g_div > 1 else params * gb / g_div
+    u.state_grads += grads_on_device
     u.state_optim += 0.0 if on_host_optim else params * ob / o_div
     local_opt = params / o_div
-    u.accumulate += float(accumulate_time(dev, 0.0 if on_host_optim and g_div > 1 else params * gb / g_div,
-                                          w.global_batch // (s.mesh.dp * s.micro_batch)))
+    n_mb = s.num_microbatches(w.global_batch)
+    u.accumulate += float(accumulate_time(dev, grads_on_device, n_mb))
     # Adam reads and writes master, moments and gradient, and writes the compute copy.
     if on_host_optim:
         u.offload_time += dev.host_time(local_opt * (GRAD_REDUCE_BYTES + GATHER_BYTES)) * (1 - c.dp_overlap)
@@ -457,7 +459,7 @@ def _data_parallel(
         step += dev.collective_time("reduce_scatter", grads, grp) + dev.collective_time("all_gather", full, grp)
     else:
         step += dev.collective_time("all_reduce", grads, grp) + extra * dev.collective_latency("all_reduce", grp)
-    if shard in ("replicate", "zero1") and grads_held(s.mesh.pp, w.global_batch // (s.mesh.dp * s.micro_batch)):
+    if shard in ("replicate", "zero1") and grads_held(s.mesh.pp, n_mb):
         u.gathered += gb * sg.largest  # accumulating: an operator's new gradient beside the one held
     if g.replicate.size > 1:  # HSDP: all-reduce the (sharded) gradients across replicas
         step += dev.collective_time("all_reduce", grads / (d if shard != "replicate" else 1), g.replicate)

@@ -225,7 +225,7 @@ def _each(fn: Any, x: F) -> F:
 def _times(dev: DeviceModel, n: LayerNode, scale: F, calls: F, tdiv: F, prec: str, kernel: str
            ) -> tuple[F, F]:
     """Forward and backward seconds of ``n`` per distinct (scale, calls, TP division), via the device model."""
-    by_shape = dev.profile is not None and dev.profile.compute is not None and bool(dev.profile.compute.gemm)
+    by_shape = dev.measured("gemm")
     if (by_shape and n.kind in GEMM_KINDS) or n.kind == "embedding":  # GEMMs by shape, tables by TP
         uniq, inv = np.unique(np.stack([scale, calls, np.broadcast_to(tdiv, scale.shape)]), axis=1,
                               return_inverse=True)

@@ -31,3 +31,8 @@ def describe_validation_error(err: Any, limit: int = 5) -> str:
         parts.append(f"{loc}: {e['msg']}")
     more = f" (and {err.error_count() - limit} more)" if err.error_count() > limit else ""
     return "; ".join(parts) + more
+
+
+def first_line(err: BaseException) -> str:
+    """An exception's message in one line: its first, or its type's name when it has none."""
+    return str(err).splitlines()[0] if str(err) else type(err).__name__

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from profiler.errors import ShardplanError
+from profiler.errors import ShardplanError, first_line
 from profiler.measure_dtensor import measure_dtensor_overhead
 from profiler.profile_schema import (
     ADAM_BYTES_PER_PARAM,
@@ -478,7 +478,7 @@ def profile_compute(
                     print(f"note: DTensor overhead not measured: {why}", file=sys.stderr)
                 adv()
     except RuntimeError as e:  # torch.OutOfMemoryError (CUDA) is a RuntimeError too
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        msg = first_line(e)
         if isinstance(e, torch.OutOfMemoryError) or "allocate" in msg:
             raise ShardplanError(f"out of memory on {dev} during the compute sweep: {msg}") from None
         raise

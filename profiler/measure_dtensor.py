@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from profiler.errors import first_line
 from profiler.profile_schema import DTensorOverhead
 
 #: logits of the large cross-entropy case: (tokens, vocabulary)
@@ -138,10 +139,10 @@ def measure_dtensor_overhead(device: torch.device, reps: int = 30) -> tuple[DTen
     try:
         dist.init_process_group(_backend(device), store=dist.HashStore(), rank=0, world_size=1)
     except (RuntimeError, ValueError) as e:  # a backend this build lacks: the rest of the profile stands
-        return None, f"no one-rank process group ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+        return None, f"no one-rank process group ({first_line(e)})"
     try:
         return _measure(device, reps), ""
     except RuntimeError as e:  # not run on a GPU here yet: a failure must not cost the whole sweep
-        return None, f"the measurement failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+        return None, f"the measurement failed: {first_line(e)}"
     finally:
         dist.destroy_process_group()

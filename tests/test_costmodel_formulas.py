@@ -308,6 +308,7 @@ def test_embedding_backward_zeroes_the_whole_table_each_micro_batch() -> None:
     the looked-up rows: a profile's points give the two slopes (a fit, both ≥ 0), the cost model
     charges the table part per micro-batch on every rank that holds the table — a quarter of it per
     rank under vocabulary-parallel TP 4 — and spec sheets one write of the table."""
+    from costmodel.units import node_times, traffic_width
     from profiler.profile_schema import BwPoint, ComputeProfile, DeviceInfo, Profile
 
     def prof(points: list[tuple[float, float]]) -> Profile:  # (forward bytes, backward s), table 1000 x 512 fp32
@@ -329,8 +330,6 @@ def test_embedding_backward_zeroes_the_whole_table_each_micro_batch() -> None:
     tables = 50257 * 768 // 4 + 1024 * 768  # the token table split four ways, the position table whole
     for dev in (DeviceModel(parse_cluster("4xcpu"), prof([(1e6, 1e-3), (4e6, 2e-3)])), DeviceModel(parse_cluster("4xh100"))):
         s = Strategy(mesh=Mesh(tp=4), micro_batch=2)
-        from costmodel.units import node_times, traffic_width
-
         nbytes = embed.mem_bytes * 2 / 4 * traffic_width(embed, "fp32")
         f, bwd = node_times(embed, dev, s, w)
         if dev.profile is not None:
