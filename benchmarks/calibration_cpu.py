@@ -25,13 +25,14 @@ from pathlib import Path
 
 import torch
 
-from profiler.errors import ShardplanError
+from costmodel.compute import with_predicted_times
+from profiler.hardware import accelerator
 from profiler.measure_compute import Timing, profile_compute
-from profiler.measure_model import cut_config, measure_layers, with_predictions
+from profiler.measure_model import layers_graph, measure_layers
 from profiler.model_config import TransformerConfig
 from profiler.models import preset
 from profiler.profile_schema import LayerMeasurement, Profile, load_profile
-from profiler.transformer import build_graph
+from vocab.errors import ShardplanError
 
 LLAMA_SMALL = TransformerConfig(name="llama-small", layers=2, hidden=1024, heads=16, kv_heads=4, ffn_hidden=2816,
                                 vocab=32000, activation="swiglu", norm="rmsnorm", position="rope", max_seq=2048)
@@ -76,15 +77,15 @@ def rel_errors(rows: list[LayerMeasurement]) -> dict[str, dict[str, float | None
 def measure_model(cfg: TransformerConfig, layers: int, seq_len: int, micro_batch: int, repeats: int,
                   dtype: str) -> list[LayerMeasurement]:
     """Measured per-node and per-block times, with the spec-sheet predictions (*before*)."""
-    return measure_layers(cfg, torch.device("cpu"), layers=layers, micro_batch=micro_batch, seq_len=seq_len,
+    rows = measure_layers(cfg, torch.device("cpu"), layers=layers, micro_batch=micro_batch, seq_len=seq_len,
                           dtype=dtype, repeats=repeats)
+    return with_predicted_times(rows, layers_graph(cfg, layers, seq_len), accelerator("cpu"))
 
 
 def calibrated(cfg: TransformerConfig, before: list[LayerMeasurement], prof: Profile, layers: int, seq_len: int,
                micro_batch: int, dtype: str) -> dict:
     """The measurements next to the predictions from ``prof`` (*after*)."""
-    graph = build_graph(cut_config(cfg, layers), seq_len)
-    after = with_predictions(before, graph, torch.device("cpu"), profile=prof)
+    after = with_predicted_times(before, layers_graph(cfg, layers, seq_len), accelerator("cpu"), prof)
     return {"model": cfg.name, "dtype": dtype, "layers": layers, "seq_len": seq_len, "micro_batch": micro_batch,
             "error_before": rel_errors(before), "error_after": rel_errors(after),
             "rows": [{**b.model_dump(), "calibrated_fwd_s": a.predicted_fwd_s, "calibrated_bwd_s": a.predicted_bwd_s}

@@ -49,7 +49,6 @@ from costmodel.constants import constants_for
 from costmodel.device import DeviceModel
 from costmodel.estimate import estimate
 from costmodel.report import Report
-from costmodel.strategy import LayerStrategy, Mesh, Strategy, Workload
 from planner.api import plan as make_plan
 from profiler.hardware import parse_cluster
 from profiler.models import resolve_config
@@ -57,6 +56,7 @@ from profiler.profile_schema import Profile, load_profile
 from profiler.transformer import build_graph
 from runtime.model import resolve_config as runtime_config
 from runtime.plans import hand_plan
+from vocab.strategy import LayerStrategy, Mesh, Strategy, Workload
 
 MIB = 1024**2
 NPROC = 4

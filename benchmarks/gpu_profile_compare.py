@@ -15,9 +15,9 @@ import json
 import sys
 from pathlib import Path
 
-from profiler.errors import ShardplanError
 from profiler.hardware import accelerator
 from profiler.profile_schema import load_profile
+from vocab.errors import ShardplanError
 
 
 def compare(profile_path: str, acc_name: str | None = None) -> dict:

@@ -16,8 +16,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from costmodel.device import DeviceModel  # noqa: E402
-from costmodel.strategy import Workload  # noqa: E402
-from profiler.errors import ShardplanError  # noqa: E402
 from profiler.hardware import parse_cluster  # noqa: E402
 from profiler.models import load_model  # noqa: E402
 from solvers.chain import mesh_problem  # noqa: E402
@@ -25,6 +23,8 @@ from solvers.hybrid import search  # noqa: E402
 from solvers.osdp_dp import solve_dp  # noqa: E402
 from solvers.osdp_ilp import solve_ilp  # noqa: E402
 from solvers.space import SPACES, MeshConfig  # noqa: E402
+from vocab.errors import ShardplanError  # noqa: E402
+from vocab.strategy import Workload  # noqa: E402
 
 MODEL, CLUSTER, SEQ, BATCH = "gpt2-xl", "8xh100", 1024, 64
 LIMITS = (8.0, 10.0, 12.0, 16.0, 24.0)

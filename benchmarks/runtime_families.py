@@ -14,12 +14,12 @@ import json
 import statistics
 from pathlib import Path
 
-from costmodel.strategy import LayerStrategy as L
-from costmodel.strategy import Mesh, Strategy
-from planner.schema import write_atomic
 from runtime.launch import Job, launch
 from runtime.model import spec_for
 from runtime.train import TrainSettings
+from vocab.io import write_atomic
+from vocab.strategy import LayerStrategy as L
+from vocab.strategy import Mesh, Strategy
 
 
 def families(n: int) -> dict[str, Strategy]:

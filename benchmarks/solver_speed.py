@@ -19,12 +19,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from costmodel.strategy import OFFLOADS, RECOMPUTES, SHARDINGS, LayerStrategy, Workload  # noqa: E402
 from costmodel.vectorized import price_grid  # noqa: E402
 from profiler.hardware import parse_cluster  # noqa: E402
 from profiler.models import load_model  # noqa: E402
 from solvers.hybrid import search  # noqa: E402
 from solvers.space import SPACES, mesh_configs  # noqa: E402
+from vocab.strategy import OFFLOADS, RECOMPUTES, SHARDINGS, LayerStrategy, Workload  # noqa: E402
 
 CASES = {  # name: (model, cluster, seq_len, global batch, target seconds)
     "70b": ("llama3-70b", "1024xh100", 8192, 1024, 5.0),

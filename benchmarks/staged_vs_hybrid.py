@@ -20,11 +20,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from costmodel.device import DeviceModel  # noqa: E402
-from costmodel.strategy import Strategy, Workload  # noqa: E402
-from profiler.errors import ShardplanError  # noqa: E402
 from profiler.hardware import parse_cluster  # noqa: E402
 from profiler.models import load_model  # noqa: E402
 from solvers.hybrid import search  # noqa: E402
+from vocab.errors import ShardplanError  # noqa: E402
+from vocab.strategy import Strategy, Workload  # noqa: E402
 
 
 def describe(s: Strategy) -> str:

@@ -5,13 +5,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from costmodel.device import DeviceModel
-from costmodel.strategy import Strategy, Workload
 from costmodel.units import node_times
 from profiler.graph import LayerGraph
 from profiler.hardware import Accelerator, Cluster
+from vocab.strategy import Strategy, Workload
 
 if TYPE_CHECKING:
-    from profiler.profile_schema import Profile
+    from profiler.profile_schema import LayerMeasurement, Profile
 
 
 def layer_times(
@@ -23,3 +23,20 @@ def layer_times(
     s = Strategy(micro_batch=micro_batch)
     w = Workload(seq_len=graph.seq_len, global_batch=micro_batch, precision=precision)  # type: ignore[arg-type]
     return {n.name: node_times(n, dev, s, w) for n in graph.nodes}
+
+
+def with_predicted_times(rows: list[LayerMeasurement], graph: LayerGraph, accelerator: Accelerator,
+                         profile: Profile | None = None) -> list[LayerMeasurement]:
+    """``rows`` (``profiler.measure_model.measure_layers``) with the predicted forward and backward
+    time of the same nodes (a block: the sum of its nodes) at the rows' micro-batch; fp16 rows are
+    priced like bf16."""
+    if not rows:
+        return rows
+    precision = "fp32" if rows[0].dtype == "fp32" else "bf16"
+    pred = layer_times(graph, accelerator, profile=profile, micro_batch=rows[0].micro_batch, precision=precision)
+    out = []
+    for r in rows:
+        members = graph.members(r.layer)
+        out.append(r.model_copy(update={"predicted_fwd_s": sum(pred.get(n.name, (0.0, 0.0))[0] for n in members),
+                                        "predicted_bwd_s": sum(pred.get(n.name, (0.0, 0.0))[1] for n in members)}))
+    return out

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from profiler.errors import ShardplanError
+from vocab.errors import ShardplanError
 
 CONSTANTS_PATH = Path(__file__).parent / "data" / "constants.yaml"
 

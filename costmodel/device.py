@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from costmodel.constants import CostConstants, constants_for
-from profiler.errors import ShardplanError
 from profiler.hardware import Cluster
+from vocab.errors import ShardplanError
 
 if TYPE_CHECKING:  # the profile document belongs to the profiler
     from profiler.profile_schema import Profile

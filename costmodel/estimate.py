@@ -11,11 +11,11 @@ from costmodel.constants import CostConstants
 from costmodel.device import DeviceModel
 from costmodel.pipeline import in_flight, pipeline_time, recv_buffers, weights_pending
 from costmodel.report import GIB, Report, StageMemory, TimeBreakdown
-from costmodel.strategy import LayerStrategy, Strategy, Workload
 from costmodel.units import Groups, UnitCost, grads_held, mesh_groups, state_bytes, unit_cost
-from profiler.errors import ShardplanError
 from profiler.graph import LayerGraph, LayerNode
 from profiler.hardware import Cluster
+from vocab.errors import ShardplanError
+from vocab.strategy import LayerStrategy, Strategy, Workload
 
 if TYPE_CHECKING:
     from profiler.profile_schema import Profile
@@ -71,25 +71,6 @@ def check(graph: LayerGraph, cluster: Cluster, s: Strategy, w: Workload) -> int:
     return n_mb
 
 
-def even_split(blocks: int, stages: int) -> list[int]:
-    """Blocks per stage, as even as possible, the extra blocks on the middle stages."""
-    base, extra = divmod(blocks, stages)
-    order = sorted(range(stages), key=lambda i: abs(i - (stages - 1) / 2))
-    bonus = set(order[:extra])
-    return [base + (1 if i in bonus else 0) for i in range(stages)]
-
-
-def rank_blocks(blocks: int, p: int, v: int = 1, layout: list[int] | None = None) -> list[list[int]]:
-    """Block indices each pipeline rank holds: virtual stage ``k`` (blocks per stage from ``layout``,
-    or the even split into ``p·v``) lives on rank ``k mod p``, as :func:`stage_units` lays them out."""
-    out: list[list[int]] = [[] for _ in range(p)]
-    start = 0
-    for k, n in enumerate(layout if layout is not None else even_split(blocks, p * v)):
-        out[k % p].extend(range(start, start + n))
-        start += n
-    return out
-
-
 def rank_sends(p: int, v: int = 1) -> list[int]:
     """Stage boundaries each pipeline rank sends across per micro-batch (virtual stage ``k`` sends
     to ``k + 1``; the last one sends nothing)."""
@@ -97,23 +78,14 @@ def rank_sends(p: int, v: int = 1) -> list[int]:
 
 
 def stage_units(graph: LayerGraph, s: Strategy) -> list[list[tuple[str, list[LayerNode]]]]:
-    """Units of each *virtual* stage; embedding on the first, head on the last."""
+    """Units of each *virtual* stage (:meth:`Strategy.stage_blocks`); embedding on the first, head on the last."""
     units = list(graph.blocks())
     blocks = [u for u in units if u[0].startswith("layers.")]
     pre = [u for u in units if u[0] == "embedding"]
     post = [u for u in units if u[0] == "head"]
-    n_stages = s.mesh.pp * s.vpp
-    sizes = s.stage_layers or even_split(len(blocks), n_stages)
-    out: list[list[tuple[str, list[LayerNode]]]] = []
-    i = 0
-    for k, n in enumerate(sizes):
-        stage = blocks[i:i + n]
-        i += n
-        if k == 0:
-            stage = pre + stage
-        if k == n_stages - 1:
-            stage = stage + post
-        out.append(stage)
+    out = [[blocks[i] for i in held] for held in s.stage_blocks(len(blocks))]
+    out[0] = pre + out[0]
+    out[-1] = out[-1] + post
     return out
 
 
@@ -164,9 +136,7 @@ def combine(
     """Assemble unit costs of each virtual stage into the step time and per-rank memory."""
     p, v, c = s.mesh.pp, s.vpp, dev.c
     groups = mesh_groups(dev, s)
-    ranks: list[list[UnitCost]] = [[] for _ in range(p)]
-    for k, st in enumerate(costs):
-        ranks[k % p].extend(st)
+    ranks = [[u for k in s.rank_stages(r) for u in costs[k]] for r in range(p)]
     p2p = []
     for st in costs[:-1]:
         nbytes = st[-1].out_bytes if st else 0.0

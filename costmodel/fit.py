@@ -24,7 +24,7 @@ from costmodel.constants import CONSTANTS_PATH, CostConstants
 from costmodel.published import TIME_METRICS, PublishedRow
 from costmodel.report import GIB
 from costmodel.validate import ConstantsFor, predict, source_label
-from profiler.errors import ShardplanError
+from vocab.errors import ShardplanError
 
 #: Constants fitted on time-like metrics, with bounds. ``fsdp_overlap`` is not among them: the only
 #: runs whose FSDP traffic is not hidden anyway are one source's slow-network runs, and without them

@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-from costmodel.strategy import LayerStrategy, Mesh, Strategy, Workload
-from profiler.errors import ShardplanError
 from profiler.graph import LayerGraph
 from profiler.hardware import Cluster, accelerator, parse_cluster
 from profiler.model_config import TransformerConfig
 from profiler.models import presets
 from profiler.transformer import build_graph as _build_graph
+from vocab.errors import ShardplanError
+from vocab.strategy import LayerStrategy, Mesh, Strategy, Workload
 
 CALIBRATION_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "calibration"
 COLUMNS = ("source", "model", "params_B", "layers", "hidden", "heads", "ffn_hidden", "seq_len", "vocab",

@@ -19,9 +19,9 @@ from costmodel.gradients import (
     sp_partial_grads,
 )
 from costmodel.host import with_dtensor
-from costmodel.strategy import LayerStrategy, Strategy, Workload
 from profiler.graph import LayerNode
 from profiler.profile_schema import ADAM_BYTES_PER_PARAM
+from vocab.strategy import LayerStrategy, Strategy, Workload
 
 GEMM_KINDS = ("linear", "router", "experts")
 TP_SPLIT_ROLES = ("column", "row", "heads", "vocab")
@@ -79,14 +79,15 @@ class Groups:
 
 
 def mesh_groups(dev: DeviceModel, strategy: Strategy) -> Groups:
-    m = strategy.mesh
-    g = dev.axis_groups(m.axes())
-    shard = AxisGroup(m.dp_shard * m.cp, g["cp"].stride)
+    """The groups of :meth:`Strategy.group_sizes` with their strides on ``dev``'s cluster."""
+    size = strategy.group_sizes()
+    g = dev.axis_groups(strategy.mesh.axes())
+    stride = g["cp"].stride  # the shard groups start at the cp axis
     return Groups(
-        tp=g["tp"], cp=g["cp"], shard=shard,
-        expert_shard=AxisGroup(shard.size // m.ep, shard.stride * m.ep),
-        ep=AxisGroup(m.ep, shard.stride), replicate=g["dp_replicate"],
-        dp_all=AxisGroup(shard.size * m.dp_replicate, shard.stride), pp=g["pp"],
+        tp=g["tp"], cp=g["cp"], shard=AxisGroup(size["shard"], stride),
+        expert_shard=AxisGroup(size["expert_shard"], stride * size["ep"]),
+        ep=AxisGroup(size["ep"], stride), replicate=g["dp_replicate"],
+        dp_all=AxisGroup(size["dp_all"], stride), pp=g["pp"],
     )
 
 

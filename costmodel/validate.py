@@ -24,9 +24,9 @@ from costmodel.estimate import _signature, check, combine, stage_units
 from costmodel.published import MEMORY_METRICS, TIME_METRICS, PublishedRow, Skipped, build_graph
 from costmodel.report import Report
 from costmodel.units import UnitCost, mesh_groups, unit_cost
-from profiler.errors import ShardplanError
 from profiler.graph import LayerGraph, LayerNode
 from profiler.hardware import accelerator
+from vocab.errors import ShardplanError
 
 if TYPE_CHECKING:
     from profiler.profile_schema import Profile

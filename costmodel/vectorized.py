@@ -23,10 +23,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from costmodel.device import DeviceModel
-from costmodel.estimate import even_split, tied_table
+from costmodel.estimate import tied_table
 from costmodel.pipeline import ramp_step, time_shared
 from costmodel.report import GIB
-from costmodel.strategy import LayerStrategy, Mesh, Strategy, Workload
 from costmodel.units import TP_SPLIT_ROLES, state_bytes
 from costmodel.vectorized_units import (
     GridOption,
@@ -42,6 +41,7 @@ from costmodel.vectorized_units import (
 )
 from profiler.graph import LayerGraph, LayerNode
 from profiler.hardware import Cluster
+from vocab.strategy import LayerStrategy, Mesh, Strategy, Workload, even_split
 
 if TYPE_CHECKING:
     from profiler.profile_schema import Profile

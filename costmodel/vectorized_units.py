@@ -25,7 +25,6 @@ from costmodel.gradients import (
     sp_partial_grads,
 )
 from costmodel.host import with_dtensor
-from costmodel.strategy import LayerStrategy, Workload
 from costmodel.units import (
     GEMM_KINDS,
     MEMORY_OPS,
@@ -41,6 +40,7 @@ from costmodel.units import (
 )
 from profiler.graph import LayerGraph, LayerNode
 from profiler.profile_schema import ADAM_BYTES_PER_PARAM
+from vocab.strategy import LayerStrategy, Workload
 
 F = np.ndarray
 

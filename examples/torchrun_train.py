@@ -18,11 +18,11 @@ import os
 import torch
 import torch.distributed as dist
 
-from costmodel.strategy import LayerStrategy, Mesh, Strategy
-from planner.schema import load_plan
 from runtime import apply_plan, build_optimizer, state_bytes, train_step
 from runtime.mesh import backend_for, device_type
 from runtime.model import TINY_MODELS, Transformer
+from vocab.plan import load_plan
+from vocab.strategy import LayerStrategy, Mesh, Strategy
 
 
 def make_model() -> torch.nn.Module:

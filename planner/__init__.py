@@ -1,4 +1,21 @@
 """Wires the pipeline (model → profile → cost model → solvers → plan) and owns the CLI.
 
-Importing ``planner`` is light: the plan schema and the CLI import heavy packages lazily.
+Importing ``planner`` is light: the plan schema and the CLI import heavy packages lazily. It makes
+:class:`planner.notebook.PlanView` the notebook view of every :class:`vocab.plan.Plan`.
 """
+
+from __future__ import annotations
+
+from typing import Any
+
+from vocab.plan import Plan, register_viewer
+
+
+def _plan_view(plan: Plan) -> Any:
+    """The notebook view of ``plan`` (pandas and matplotlib load on its first use)."""
+    from planner.notebook import PlanView
+
+    return PlanView(plan)
+
+
+register_viewer(_plan_view)

@@ -17,15 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from costmodel.device import DeviceModel
-from costmodel.strategy import Workload, check_workload_choices
-from planner.schema import Alternative, ClusterRef, Plan, PlanInputs, Predicted, SolverInfo
-from profiler.errors import ShardplanError
 from profiler.graph import LayerGraph
 from profiler.hardware import Cluster, parse_cluster
 from profiler.models import load_model
 from solvers.hybrid import Progress, search
 from solvers.result import SearchResult
 from solvers.space import SPACES
+from vocab.errors import ShardplanError
+from vocab.plan import Alternative, ClusterRef, Plan, PlanInputs, Predicted, SolverInfo
+from vocab.strategy import Workload, check_workload_choices
 
 PRECISIONS = ("bf16", "fp8", "fp32")
 

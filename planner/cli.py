@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from profiler.errors import ShardplanError
+from vocab.errors import ShardplanError
 
 app = typer.Typer(
     name="shardplan",

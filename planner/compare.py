@@ -10,9 +10,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from costmodel.strategy import Strategy
 from planner.reprice import block_index, memory_limit_gib, predicted_dict, unit_split, units_of
-from planner.schema import Plan
+from vocab.plan import Plan
+from vocab.strategy import Strategy
 
 GLOBAL_FIELDS = (
     "mesh.pp", "mesh.dp_replicate", "mesh.dp_shard", "mesh.cp", "mesh.tp", "mesh.ep", "micro_batch",

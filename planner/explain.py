@@ -9,31 +9,22 @@ from its runner-up.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from costmodel.strategy import MESH_AXES
 from planner.compare import describe_diff, describe_run, diff_strategies, label_units, runs
 from planner.reprice import memory_limit_gib, plan_cluster, predicted_dict, unit_key, units_of
-from planner.schema import Plan, PlanError, load_plan
-from profiler.errors import ShardplanError
+from vocab.errors import ShardplanError
+from vocab.plan import Plan
+from vocab.strategy import MESH_AXES
 
 AXIS_ROLE = {"pp": "pipeline stages", "dp_replicate": "data-parallel replicas", "dp_shard": "ZeRO/FSDP shards",
              "cp": "context parallel (sequence split)", "tp": "tensor parallel", "ep": "expert parallel"}
 TIME_PARTS = (("compute", "compute_s"), ("recompute", "recompute_s"), ("bubble", "bubble_s"),
               ("optimizer", "optimizer_s"), ("offload", "offload_s"))
-
-
-def read_plan(path: str | Path) -> Plan:
-    """:func:`load_plan`, with any unreadable file (a directory, binary data) a :class:`PlanError`."""
-    try:
-        return load_plan(path)
-    except UnicodeDecodeError:
-        raise PlanError(f"plan '{path}' is not a text (JSON) file") from None
 
 
 def mesh_placement(plan: Plan) -> dict[str, Any]:

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from planner.reprice import GIB, memory_limit_gib, plan_from_strategy, predicted_dict, unit_stages, units_of
-from planner.schema import Plan, parse_plan
-from profiler.errors import ShardplanError
+from vocab.errors import ShardplanError
+from vocab.plan import Plan, load_plan, parse_plan
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -32,7 +32,7 @@ __all__ = ["PlanView", "PlanViewMixin", "plan_from_strategy"]
 
 
 class PlanViewMixin:
-    """Notebook helpers over ``self._plan`` (a :class:`~planner.schema.Plan` mixing this in is its own plan)."""
+    """Notebook helpers over ``self._plan`` (a :class:`~vocab.plan.Plan` mixing this in is its own plan)."""
 
     @property
     def _plan(self) -> Plan:
@@ -159,9 +159,7 @@ class PlanView(PlanViewMixin):
         elif isinstance(plan, dict):
             self.plan = parse_plan(plan)
         else:
-            from planner.explain import read_plan
-
-            self.plan = read_plan(plan)
+            self.plan = load_plan(plan)
 
     @property
     def _plan(self) -> Plan:

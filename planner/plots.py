@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from planner.compare import label_units, short_strategy, unit_choices
 from planner.reprice import StageTimes, memory_limit_gib, predicted_dict, stage_times, unit_stages, units_of
-from planner.schema import Plan
-from profiler.errors import ShardplanError, UnknownNameError
+from vocab.errors import ShardplanError, UnknownNameError
+from vocab.plan import Plan
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -12,9 +12,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from costmodel.strategy import Strategy, Workload
-from planner.schema import Alternative, ClusterRef, Plan, PlanInputs, Predicted, SolverInfo
-from profiler.errors import ShardplanError
+from vocab.errors import ShardplanError
+from vocab.plan import Alternative, ClusterRef, Plan, PlanInputs, Predicted, SolverInfo
+from vocab.strategy import Strategy, Workload
 
 if TYPE_CHECKING:
     from costmodel.report import Report
@@ -98,24 +98,12 @@ def _unit_of(op: str) -> str:
     return ".".join(parts[:2]) if parts[0] == "layers" and len(parts) > 1 else parts[0]
 
 
-def stage_sizes(strategy: Strategy, blocks: int) -> list[int]:
-    """Blocks per virtual stage."""
-    from costmodel.estimate import even_split
-
-    return list(strategy.stage_layers or even_split(blocks, strategy.mesh.pp * strategy.vpp))
-
-
 def unit_stages(strategy: Strategy, units: Sequence[str]) -> dict[str, tuple[int, int]]:
     """``unit -> (virtual stage, pipeline rank)``; embedding on the first stage, head on the last."""
     blocks = [u for u in units if block_index(u) is not None]
-    sizes = stage_sizes(strategy, len(blocks))
-    p, last = strategy.mesh.pp, len(sizes) - 1
-    out: dict[str, tuple[int, int]] = {}
-    i = 0
-    for k, n in enumerate(sizes):
-        for u in blocks[i:i + n]:
-            out[u] = (k, k % p)
-        i += n
+    stages = strategy.stage_blocks(len(blocks))
+    p, last = strategy.mesh.pp, len(stages) - 1
+    out = {blocks[i]: (k, k % p) for k, held in enumerate(stages) for i in held}
     for u in units:
         if u not in out:
             k = 0 if unit_key(u)[0] == 0 else last
@@ -288,10 +276,7 @@ def _stage_times_model(plan: Plan) -> StageTimes:
         nbytes = st[-1].out_bytes if st else 0.0
         t = dev.collective_time("send_recv", nbytes, pp_group)
         p2p.append(dev.c.exposed(t, t * dev.c.pp_overlap))
-    p = s.mesh.pp
-    ranks: list[list[Any]] = [[] for _ in range(p)]
-    for k, st in enumerate(costs):
-        ranks[k % p].extend(st)
+    ranks = [[u for k in s.rank_stages(r) for u in costs[k]] for r in range(s.mesh.pp)]
     sync = max(dev.c.exposed(sum(sum(u.step_comm.values()) for u in rk),
                              dev.c.dp_overlap * sum(u.step_comm_window for u in rk)) for rk in ranks)
     optim = max(sum(u.optim_time for u in rk) for rk in ranks) + dev.c.step_overhead_s

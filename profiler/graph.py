@@ -168,6 +168,13 @@ class LayerGraph:
             units.setdefault(key, []).append(n)
         yield from units.items()
 
+    def members(self, name: str) -> list[LayerNode]:
+        """The nodes ``name`` covers: the node of that name, or every node of block ``layers.<i>``."""
+        for n in self.nodes:
+            if n.name == name:
+                return [n]
+        return [n for n in self.nodes if n.block is not None and f"layers.{n.block}" == name]
+
     def content_hash(self) -> str:
         """A stable hash of the graph's contents (names, kinds, sizes, seq_len)."""
         payload = json.dumps(

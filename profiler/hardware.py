@@ -18,7 +18,8 @@ from typing import Any
 
 import yaml
 
-from profiler.errors import ShardplanError, UnknownNameError
+from vocab.errors import ShardplanError, UnknownNameError
+from vocab.io import read_text
 
 ACCELERATOR_DIR = Path(__file__).parent / "data" / "accelerators"
 DTYPES = ("fp32", "tf32", "bf16", "fp8")
@@ -245,10 +246,7 @@ def parse_cluster(spec: str | dict[str, Any] | Cluster, gpus_per_node: int | Non
         return Cluster(acc, total // per, per)
     path = Path(spec)
     if path.suffix in (".yaml", ".yml", ".json") or path.exists():
-        try:
-            text = path.read_text()
-        except OSError as e:
-            raise ShardplanError(f"cannot read cluster file '{spec}': {e.strerror}") from None
+        text = read_text(path, "cluster file")
         try:
             data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
         except (json.JSONDecodeError, yaml.YAMLError) as e:

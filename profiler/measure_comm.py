@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from profiler.errors import ShardplanError
 from profiler.profile_schema import COLLECTIVES, CommFit, DeviceInfo
+from vocab.errors import ShardplanError
 
 KIB, MIB = 1024, 1024**2
 FULL_SIZES = [KIB * 4**i for i in range(10)]  # 1 KiB .. 256 MiB

@@ -26,7 +26,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from profiler.errors import ShardplanError, first_line
 from profiler.measure_dtensor import measure_dtensor_overhead
 from profiler.profile_schema import (
     ADAM_BYTES_PER_PARAM,
@@ -36,6 +35,7 @@ from profiler.profile_schema import (
     DeviceInfo,
     GemmPoint,
 )
+from vocab.errors import ShardplanError, first_line
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 GemmShape = tuple[int, int, int, str]  # m, n, k, tag

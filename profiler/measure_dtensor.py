@@ -31,8 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from profiler.errors import first_line
 from profiler.profile_schema import DTensorOverhead
+from vocab.errors import first_line
 
 #: logits of the large cross-entropy case: (tokens, vocabulary)
 LOSS_SHAPE = (512, 8192)

@@ -22,12 +22,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from profiler.errors import ShardplanError
 from profiler.graph import LayerGraph
-from profiler.measure_compute import DTYPES, Clock
+from profiler.hardware import Accelerator, accelerator
+from profiler.measure_compute import DTYPES, Clock, guess_accelerator
 from profiler.model_config import TransformerConfig
-from profiler.profile_schema import LayerMeasurement, Profile
+from profiler.profile_schema import LayerMeasurement
 from profiler.transformer import build_graph
+from vocab.errors import ShardplanError
 
 # ---- a minimal transformer block with the layer graph's node names --------------------------------
 
@@ -287,33 +288,28 @@ class _Recorder:
             h.remove()
 
 
-def _predict(graph: LayerGraph, device: torch.device, micro_batch: int, dtype: str,
-             profile: Profile | None, accelerator: str | None) -> dict[str, tuple[float, float]] | None:
-    try:
-        from costmodel.compute import layer_times
-    except ImportError:
-        return None
-    from profiler.hardware import accelerator as get_accelerator
-
-    acc = get_accelerator(accelerator or ("cpu" if device.type == "cpu" else
-                                          _guess_gpu(device) or "h100-sxm"))
-    precision = "fp32" if dtype == "fp32" else "bf16"  # the cost model prices fp16 like bf16
-    return layer_times(graph, acc, profile=profile, micro_batch=micro_batch, precision=precision)
+def accelerator_for(device: torch.device, name: str | None = None) -> Accelerator:
+    """The accelerator that predictions for ``device`` assume: ``name``, else ``cpu`` on a CPU, else
+    the GPU's own (an H100 SXM when it is not recognised)."""
+    return accelerator(name or ("cpu" if device.type == "cpu" else _guess_gpu(device) or "h100-sxm"))
 
 
 def _guess_gpu(device: torch.device) -> str | None:
-    from profiler.measure_compute import guess_accelerator
-
     props = torch.cuda.get_device_properties(device)
     return guess_accelerator(props.name, props.total_memory / 1e9)
 
 
+def layers_graph(cfg: TransformerConfig, layers: int, seq_len: int) -> LayerGraph:
+    """The layer graph of the ``layers`` blocks of ``cfg`` that :func:`measure_layers` runs."""
+    return build_graph(cut_config(cfg, layers), seq_len)
+
+
 def measure_layers(
     cfg: TransformerConfig, device: torch.device, *, layers: int = 2, micro_batch: int = 1,
-    seq_len: int = 128, dtype: str = "bf16", warmup: int = 2, repeats: int = 5,
-    profile: Profile | None = None, accelerator: str | None = None, model_name: str | None = None,
+    seq_len: int = 128, dtype: str = "bf16", warmup: int = 2, repeats: int = 5, model_name: str | None = None,
 ) -> list[LayerMeasurement]:
-    """Per-node and per-block measurements of ``layers`` blocks of ``cfg``, with predictions."""
+    """Per-node and per-block measurements of ``layers`` blocks of ``cfg``, with the layer graph's
+    saved bytes beside them (``costmodel.compute.with_predicted_times`` adds predicted times)."""
     if micro_batch < 1 or seq_len < 1 or repeats < 1:
         raise ShardplanError("--micro-batch, --seq-len and --repeats must be positive")
     cut = cut_config(cfg, layers)
@@ -371,31 +367,15 @@ def measure_layers(
             fwd_s=statistics.median(r.get(name, (0.0, 0.0))[0] for r in runs),
             bwd_s=statistics.median(r.get(name, (0.0, 0.0))[1] for r in runs),
             saved_bytes=sv, kind=kind, dtype=dtype, allocated_bytes=rec.allocated.get(name)))
-    return with_predictions(rows, graph, device, profile=profile, accelerator=accelerator)
+    return with_saved_predictions(rows, graph)
 
 
-def with_predictions(rows: list[LayerMeasurement], graph: LayerGraph, device: torch.device, *,
-                     profile: Profile | None = None, accelerator: str | None = None) -> list[LayerMeasurement]:
-    """``rows`` with the cost model's predictions for the same nodes (blocks: the sum of their nodes).
-
-    Times are left None when :func:`costmodel.compute.layer_times` is not importable. Saved bytes
-    come from the layer graph (16-bit activations), scaled to the rows' dtype.
-    """
-    if not rows:
-        return rows
-    micro_batch, dtype = rows[0].micro_batch, rows[0].dtype or "bf16"
-    pred = _predict(graph, device, micro_batch, dtype, profile, accelerator)
-    scale = micro_batch * torch.tensor([], dtype=DTYPES[dtype]).element_size() / 2
-    nodes = {n.name: n for n in graph.nodes}
+def with_saved_predictions(rows: list[LayerMeasurement], graph: LayerGraph) -> list[LayerMeasurement]:
+    """``rows`` with the layer graph's saved bytes for the same nodes (a block: the sum of its nodes),
+    counted as 16-bit activations and scaled to the rows' dtype."""
     out = []
     for r in rows:
-        members = [nodes[r.layer]] if r.layer in nodes else \
-            [n for n in graph.nodes if n.block is not None and f"layers.{n.block}" == r.layer]
-        pf = pb = None
-        if pred is not None:
-            pf = sum(pred.get(n.name, (0.0, 0.0))[0] for n in members)
-            pb = sum(pred.get(n.name, (0.0, 0.0))[1] for n in members)
-        out.append(r.model_copy(update={
-            "predicted_fwd_s": pf, "predicted_bwd_s": pb,
-            "predicted_saved_bytes": sum(n.act_saved_bytes for n in members) * scale}))
+        scale = r.micro_batch * torch.tensor([], dtype=DTYPES[r.dtype or "bf16"]).element_size() / 2
+        saved = sum(n.act_saved_bytes for n in graph.members(r.layer)) * scale
+        out.append(r.model_copy(update={"predicted_saved_bytes": saved}))
     return out

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from profiler.errors import ShardplanError
+from vocab.errors import ShardplanError
 
 ARCHS = ("decoder", "encoder", "vit")
 ACTIVATIONS = ("gelu", "swiglu")

@@ -11,17 +11,17 @@ Three ways in, chosen by the shape of the name:
 
 from __future__ import annotations
 
-import json
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from profiler.errors import ShardplanError, UnknownNameError
 from profiler.graph import LayerGraph
 from profiler.model_config import TransformerConfig
 from profiler.transformer import build_graph
+from vocab.errors import ShardplanError, UnknownNameError
+from vocab.io import decode_json, read_text
 
 PRESET_DIR = Path(__file__).parent / "data" / "models"
 
@@ -107,14 +107,7 @@ def config_from_hf(d: dict[str, Any], name: str = "hf-model") -> TransformerConf
 
 def load_hf_config(path: str | Path) -> dict[str, Any]:
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise ShardplanError(f"cannot read model config '{p}': {e.strerror}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ShardplanError(f"model config '{p}' is not valid JSON: {e.msg} at line {e.lineno}") from None
+    data = decode_json(read_text(p, "model config"), f"model config '{p}'")
     if not isinstance(data, dict):
         raise ShardplanError(f"model config '{p}' must hold a JSON object")
     return data

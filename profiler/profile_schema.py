@@ -14,21 +14,21 @@ The cost model reads it through :meth:`Profile.gemm_flops_per_s`,
 :meth:`Profile.comm_alpha_beta`. ``profiler/profile.schema.json`` is generated from these models
 (``python -m profiler.profile_schema``) and a test keeps it in step. Reading a file that is
 truncated, of another schema version or with a bad field raises :class:`ProfileError` (a
-:class:`~profiler.errors.ShardplanError`) naming the file, the field and the reason.
+:class:`~vocab.errors.ShardplanError`) naming the file, the field and the reason.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from profiler.errors import ShardplanError, describe_validation_error
+from vocab.errors import ShardplanError
+from vocab.io import canonical_json, decode_json, document_schema, read_text, validate_document, write_atomic
 
 SCHEMA_VERSION = "1.0"
 SCHEMA_PATH = Path(__file__).parent / "profile.schema.json"
@@ -334,12 +334,11 @@ class Profile(_Doc):
 
     # ---- files -------------------------------------------------------------------------------
     def to_json(self) -> str:
-        return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
+        """Canonical JSON: same profile, same bytes."""
+        return canonical_json(self.model_dump(mode="json"))
 
     def save(self, path: str | Path) -> None:
         """Write atomically (temporary file renamed over the target): never half a profile."""
-        from planner.schema import write_atomic
-
         write_atomic(Path(path), self.to_json())
 
 
@@ -400,39 +399,10 @@ def _large_bw(pts: list[BwPoint]) -> float:
 
 # ---- reading ---------------------------------------------------------------------------------
 
-def _unclosed(text: str) -> bool:
-    """Whether JSON text ends inside a string, an object or an array (a cut-off file)."""
-    depth, in_str, esc = 0, False, False
-    for ch in text:
-        if in_str:
-            if esc:
-                esc = False
-            elif ch == "\\":
-                esc = True
-            elif ch == '"':
-                in_str = False
-        elif ch == '"':
-            in_str = True
-        elif ch in "{[":
-            depth += 1
-        elif ch in "}]":
-            depth -= 1
-    return in_str or depth > 0
-
-
 def parse_profile(data: dict[str, Any] | str, origin: str = "profile") -> Profile:
     """Validate a profile from a dict or JSON text; errors name the field and the reason."""
     if isinstance(data, str):
-        text = data
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            if not text.strip():
-                raise ProfileError(f"{origin} is empty") from None
-            if e.pos >= len(text.rstrip()) or _unclosed(text):
-                raise ProfileError(f"{origin} is truncated: the JSON ends early ({e.msg} at line "
-                                   f"{e.lineno} column {e.colno}); measure again") from None
-            raise ProfileError(f"{origin} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+        data = decode_json(data, origin, ProfileError, truncated_advice="measure again")
     if not isinstance(data, dict):
         raise ProfileError(f"{origin} must hold a JSON object, not {type(data).__name__}")
     if data.get("kind") != "shardplan-profile":
@@ -442,36 +412,23 @@ def parse_profile(data: dict[str, Any] | str, origin: str = "profile") -> Profil
     if version != SCHEMA_VERSION:
         raise ProfileError(f"{origin}: schema_version {version!r} is not supported (this shardplan reads "
                            f"{SCHEMA_VERSION}); measure again with 'shardplan profile'")
-    try:
-        return Profile.model_validate(data)
-    except ValidationError as e:
-        raise ProfileError(f"{origin} is not a valid profile: {describe_validation_error(e)}") from None
+    return validate_document(Profile, data, origin, "profile", ProfileError)
 
 
 def load_profile(path: str | Path) -> Profile:
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise ProfileError(f"cannot read profile '{p}': {e.strerror}") from None
-    except UnicodeDecodeError:
-        raise ProfileError(f"profile '{p}' is not a text (JSON) file") from None
-    return parse_profile(text, origin=f"profile '{p}'")
+    """The profile in the JSON file at ``path``; an unreadable or invalid file raises :class:`ProfileError`."""
+    return parse_profile(read_text(path, "profile", ProfileError), origin=f"profile '{Path(path)}'")
 
 
 def json_schema() -> dict[str, Any]:
-    schema = Profile.model_json_schema()
-    schema["$id"] = f"https://shardplan.dev/schema/profile-{SCHEMA_VERSION}.json"
-    schema["title"] = "shardplan profile"
-    return schema
+    """The JSON schema of a profile document."""
+    return document_schema(Profile, "profile", SCHEMA_VERSION, "shardplan profile")
 
 
 def json_schema_text() -> str:
-    return json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"
+    return canonical_json(json_schema())
 
 
 if __name__ == "__main__":  # regenerate profiler/profile.schema.json
-    from planner.schema import write_atomic
-
     write_atomic(SCHEMA_PATH, json_schema_text())
     print(f"wrote {SCHEMA_PATH}")

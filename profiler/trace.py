@@ -47,8 +47,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count, shape_wrapper
 
-from profiler.errors import ShardplanError
 from profiler.graph import LayerGraph, LayerNode
+from vocab.errors import ShardplanError
 
 aten = torch.ops.aten
 

@@ -14,9 +14,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from profiler.errors import ShardplanError
 from profiler.graph import LayerGraph
 from profiler.trace import trace_module
+from vocab.errors import ShardplanError
 
 _MOE_KEYS = {"num_local_experts", "num_experts", "n_routed_experts"}
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from profiler.errors import ShardplanError
+from vocab.errors import ShardplanError
 
 #: Units of a plan that are not blocks, and the graph operators each one holds.
 UNIT_OPS = {"embedding": ("embed",), "head": ("final_norm", "head")}

@@ -28,8 +28,6 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.tensor import DTensor
 
-from costmodel.strategy import Strategy
-from profiler.errors import ShardplanError
 from runtime import checkpointing, splitting, tensor_parallel
 from runtime.adapters import ModelAdapter, adapt
 from runtime.mesh import RuntimeMesh, build_mesh, device_type, wrap_mesh
@@ -38,6 +36,9 @@ from runtime.sharding import shard
 from runtime.units import resolve, split_targets, unit_of
 from runtime.validate import check
 from runtime.zero import ReplicatedParams, local
+from vocab.errors import ShardplanError
+from vocab.plan import Plan
+from vocab.strategy import Strategy
 
 
 @dataclass
@@ -74,14 +75,13 @@ def applied(model: nn.Module) -> AppliedPlan:
 
 
 def _strategy_of(plan: Any) -> tuple[Strategy, dict[str, Any] | None]:
-    from planner.schema import Plan
-
+    """The strategy of a plan document or a bare strategy, and the model facts a document records."""
     if isinstance(plan, Strategy):
         return plan, None
     if isinstance(plan, Plan):
         return plan.strategy, {"name": plan.inputs.model, "hash": plan.inputs.model_hash,
                                "seq_len": plan.inputs.workload.seq_len}
-    raise ShardplanError(f"apply_plan needs a planner.schema.Plan or a costmodel Strategy, got {type(plan).__name__}")
+    raise ShardplanError(f"apply_plan needs a vocab.plan.Plan or a vocab.strategy.Strategy, got {type(plan).__name__}")
 
 
 ARCH_FIELDS = ("layers", "hidden", "heads", "kv_heads", "head_dim", "ffn_hidden", "vocab", "activation", "norm",
@@ -140,8 +140,8 @@ def check_plan(spec: dict[str, Any], plan: Any, world_size: int, dev: str, seq_l
         raise ShardplanError(f"seq_len {seq_len} exceeds the model's {cfg.max_seq} learned positions")
     m = strategy.mesh
     if global_batch and m.pp > 1:
-        dp = m.dp_replicate * m.dp_shard
-        n_mb = global_batch // dp // strategy.micro_batch
+        dp = m.dp
+        n_mb = strategy.num_microbatches(global_batch)
         if n_mb < m.pp:
             raise ShardplanError(
                 f"a pipeline of {m.pp} stages needs at least {m.pp} micro-batches per step "
@@ -196,7 +196,7 @@ def _splits(ad: ModelAdapter, stage: nn.Module, strategy: Strategy) -> list[tupl
 
 def apply_plan(model: nn.Module, plan: Any, mesh: DeviceMesh | RuntimeMesh | None = None, *,
                mixed_precision: MixedPrecisionPolicy | None = None, n_microbatches: int | None = None) -> nn.Module:
-    """Apply ``plan`` (a :class:`planner.schema.Plan` or a :class:`Strategy`) to ``model``.
+    """Apply ``plan`` (a :class:`vocab.plan.Plan` or a :class:`Strategy`) to ``model``.
 
     Runs on every rank of an initialised default process group whose size is the plan's world
     size; every rank must have built ``model`` identically (same seed). Returns the model changed

@@ -2,7 +2,7 @@
 
 One launch runs one or more *jobs* (a plan to apply to a freshly built model, then K steps) in
 the same process group, so that tests pay the start-up once for several plans. Rank 0 writes the
-results with :func:`planner.schema.write_atomic`; the parent reads them. A rank that raises or
+results with :func:`vocab.io.write_atomic`; the parent reads them. A rank that raises or
 dies ends the launch: ``torch.multiprocessing`` terminates the other ranks, and the parent raises a
 :class:`LaunchError` with one line saying which rank failed and why.
 
@@ -32,8 +32,11 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
-from profiler.errors import ShardplanError
 from profiler.measure_comm import end_processes
+from vocab.errors import ShardplanError
+from vocab.io import write_atomic
+from vocab.plan import parse_plan
+from vocab.strategy import Strategy
 
 FAIL_ENV = "SHARDPLAN_FAIL_RANK"
 SEP = "\n--- traceback ---\n"
@@ -63,9 +66,7 @@ class Job:
 
 
 def _load_plan(text: str) -> Any:
-    from costmodel.strategy import Strategy
-    from planner.schema import parse_plan
-
+    """A plan document's :class:`Plan`, or the :class:`Strategy` a bare strategy's JSON holds."""
     data = json.loads(text)
     if "strategy" in data and "inputs" in data:
         return parse_plan(data)
@@ -123,7 +124,6 @@ def _worker(rank: int, world: int, port: int, jobs: list[Job], out_dir: str) -> 
 
     import torch.distributed as dist
 
-    from planner.schema import write_atomic
     from runtime.mesh import backend_for, device_type
 
     warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")  # split slices: cat

@@ -1,9 +1,9 @@
 """The named :class:`DeviceMesh` of a plan, and the process groups the runtime needs from it.
 
-The mesh always has the five axes of :data:`costmodel.strategy.MESH_AXES` in that order
+The mesh always has the five axes of :data:`vocab.strategy.MESH_AXES` in that order
 (``pp, dp_replicate, dp_shard, cp, tp``), size-1 axes included: slicing a size-1 axis is cheap
 and keeps every coordinate well defined. ``ep`` is not an axis of its own (see
-:mod:`costmodel.strategy`); the runtime rejects plans with ``ep > 1``.
+:mod:`vocab.strategy`); the runtime rejects plans with ``ep > 1``.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from costmodel.strategy import MESH_AXES, Mesh
-from profiler.errors import ShardplanError
+from vocab.errors import ShardplanError
+from vocab.strategy import MESH_AXES, Mesh
 
 
 def device_type() -> str:

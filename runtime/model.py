@@ -34,8 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from profiler.errors import ShardplanError
 from profiler.model_config import TransformerConfig
+from vocab.errors import ShardplanError
 
 #: Small decoders for tests and for ``shardplan train --model tiny-*`` (no download needed).
 TINY_MODELS: dict[str, TransformerConfig] = {

@@ -1,9 +1,11 @@
 """Pipeline parallelism with ``torch.distributed.pipelining`` at the plan's stage boundaries.
 
-Stages are cut from the reference model: ``stage_layers`` (or an even split) gives the blocks of
-each of the ``pp * vpp`` (virtual) stages; stage 0 also holds ``embed``, the last stage
-``final_norm`` and ``head``. Virtual stage ``s`` lives on pipeline rank ``s % pp`` (the looping
-layout the interleaved schedules expect). Each stage is a hand-built ``PipelineStage``.
+Stages are cut from the reference model at :meth:`Strategy.stage_layout` (``stage_layers``, or
+the even split with the extra blocks on the middle stages: the layout the cost model prices),
+which gives the blocks of each of the ``pp * vpp`` (virtual) stages; stage 0 also holds ``embed``,
+the last stage ``final_norm`` and ``head``. Virtual stage ``s`` lives on pipeline rank ``s % pp``
+(:meth:`Strategy.rank_stages`, the looping layout the interleaved schedules expect). Each stage is
+a hand-built ``PipelineStage``.
 
 Plan schedule → PyTorch schedule:
 
@@ -39,27 +41,19 @@ from torch.distributed.pipelining import (
     ScheduleInterleavedZeroBubble,
 )
 
-from costmodel.strategy import Strategy
 from runtime.mesh import RuntimeMesh
 from runtime.model import Transformer, lm_loss
 from runtime.tensor_parallel import loss_context, plain
+from vocab.strategy import Strategy
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B,
              "zb": ScheduleInterleavedZeroBubble}
 MULTI_STAGE = ("interleaved", "zb")
 
 
-def stage_layer_counts(strategy: Strategy, num_layers: int) -> list[int]:
-    """Blocks per (virtual) stage: the plan's ``stage_layers`` or an even split."""
-    n = strategy.mesh.pp * strategy.vpp
-    if strategy.stage_layers is not None:
-        return list(strategy.stage_layers)
-    base, extra = divmod(num_layers, n)
-    return [base + (1 if s < extra else 0) for s in range(n)]
-
-
 def stage_module(model: Transformer, stage: int, counts: list[int]) -> Transformer:
-    """A ``Transformer`` sharing ``model``'s submodules that holds only stage ``stage``'s parts."""
+    """A ``Transformer`` sharing ``model``'s submodules that holds only stage ``stage``'s parts, of
+    the layout ``counts`` (blocks per virtual stage, :meth:`Strategy.stage_layout`)."""
     first, last = stage == 0, stage == len(counts) - 1
     lo = sum(counts[:stage])
     keys = [str(i) for i in range(lo, lo + counts[stage])]
@@ -125,13 +119,17 @@ class PipelineRunner:
 
 def build_pipeline(model: Transformer, strategy: Strategy, rt: RuntimeMesh) -> tuple[list[Transformer], list[int], bool, bool]:
     """Cut this rank's stage modules; returns (modules, their stage ids, has_first, has_last)."""
-    pp, vpp = strategy.mesh.pp, strategy.vpp
-    counts = stage_layer_counts(strategy, model.cfg.layers)
-    rank = rt.coord("pp")
-    ids = [rank + v * pp for v in range(vpp)]
-    mods = [stage_module(model, s, counts) for s in ids]
+    mods, ids = rank_stage_modules(model, strategy, rt.coord("pp"))
     release_unheld(model, mods)
-    return mods, ids, 0 in ids, (pp * vpp - 1) in ids
+    return mods, ids, 0 in ids, (strategy.num_stages - 1) in ids
+
+
+def rank_stage_modules(model: Transformer, strategy: Strategy, rank: int) -> tuple[list[Transformer], list[int]]:
+    """The stage modules pipeline rank ``rank`` runs and their virtual stage ids: the stages of
+    :meth:`Strategy.rank_stages`, cut at :meth:`Strategy.stage_layout` (the layout the cost model prices)."""
+    counts = strategy.stage_layout(model.cfg.layers)
+    ids = strategy.rank_stages(rank)
+    return [stage_module(model, s, counts) for s in ids], ids
 
 
 def release_unheld(model: nn.Module, held: list[nn.Module]) -> None:
@@ -149,8 +147,8 @@ def release_unheld(model: nn.Module, held: list[nn.Module]) -> None:
 
 def make_runner(mods: list[Transformer], ids: list[int], strategy: Strategy, rt: RuntimeMesh,
                 n_microbatches: int, device: torch.device) -> PipelineRunner:
-    pp, vpp = strategy.mesh.pp, strategy.vpp
-    n_stages = pp * vpp
+    """This rank's ``PipelineStage``s over ``mods`` (virtual stages ``ids``) and the plan's schedule."""
+    n_stages = strategy.num_stages
     group = rt.group("pp")
     stages = [PipelineStage(m, s, n_stages, device, group=group) for m, s in zip(mods, ids, strict=True)]
     cls = SCHEDULES[strategy.schedule]

@@ -1,4 +1,4 @@
-"""Hand-made plan documents: wrap a :class:`Strategy` into a :class:`planner.schema.Plan`.
+"""Hand-made plan documents: wrap a :class:`Strategy` into a :class:`vocab.plan.Plan`.
 
 Useful for tests, examples and trying a strategy without running a solver. The ``predicted``
 block holds placeholders (``solver.name == "user"``, status ``given``): nothing was priced.
@@ -6,10 +6,10 @@ block holds placeholders (``solver.name == "user"``, status ``given``): nothing 
 
 from __future__ import annotations
 
-from costmodel.strategy import Strategy, Workload
-from planner.schema import ClusterRef, Plan, PlanInputs, Predicted, SolverInfo
 from profiler.transformer import build_graph
 from runtime.model import resolve_config
+from vocab.plan import ClusterRef, Plan, PlanInputs, Predicted, SolverInfo
+from vocab.strategy import Strategy, Workload
 
 
 def hand_plan(model: str, strategy: Strategy, seq_len: int = 32, global_batch: int = 8,

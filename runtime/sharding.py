@@ -36,11 +36,11 @@ from dataclasses import dataclass
 from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
-from costmodel.strategy import LayerStrategy, Strategy
 from runtime.adapters import ModelAdapter
 from runtime.mesh import RuntimeMesh
 from runtime.units import graph_name, resolve, unit_of
 from runtime.zero import STAGES, ReplicatedParams
+from vocab.strategy import LayerStrategy, Strategy
 
 FSDP_VALUES = ("zero3", "zero3_keep")
 

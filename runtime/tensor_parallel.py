@@ -15,7 +15,7 @@ Plans exist for the reference model, Hugging Face ``LlamaForCausalLM`` and ``GPT
 GPT-2's ``Conv1D`` layers are converted to ``nn.Linear`` first (same function, transposed weight),
 and its fused ``c_attn`` output is permuted so that each rank's column shard holds its own heads'
 ``[q, k, v]``; ``attn.split_size`` becomes the local width. Any module of an unexpected type at a
-place the plan shards raises a :class:`~profiler.errors.ShardplanError` naming it.
+place the plan shards raises a :class:`~vocab.errors.ShardplanError` naming it.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from profiler.errors import ShardplanError
 from runtime.adapters import ModelAdapter
+from vocab.errors import ShardplanError
 
 NORM_TYPES = ("LayerNorm", "RMSNorm", "LlamaRMSNorm")
 

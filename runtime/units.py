@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from costmodel.strategy import LayerStrategy, Strategy
 from runtime.adapters import ModelAdapter
+from vocab.strategy import LayerStrategy, Strategy
 
 
 def unit_of(gname: str) -> str:

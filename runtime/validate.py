@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from torch import nn
 
-from costmodel.strategy import Strategy
-from profiler.errors import ShardplanError
 from runtime.adapters import ModelAdapter
 from runtime.units import resolve, split_targets
+from vocab.errors import ShardplanError
+from vocab.strategy import Strategy
 
 
 class PlanMismatchError(ShardplanError):
@@ -70,7 +70,7 @@ def check(ad: ModelAdapter, strategy: Strategy, world_size: int, device: str, mo
     if m.pp > 1:
         if ad.kind != "reference":
             problems.append(f"pipeline parallelism (pp={m.pp}) is implemented for the reference model only, not {ad.kind}")
-        n_stages = m.pp * strategy.vpp
+        n_stages = strategy.num_stages
         if strategy.stage_layers is not None and sum(strategy.stage_layers) != ad.num_layers:
             problems.append(f"stage_layers {strategy.stage_layers} sum to {sum(strategy.stage_layers)}, "
                             f"the model has {ad.num_layers} layers")

@@ -21,12 +21,12 @@ from typing import Any
 import numpy as np
 
 from costmodel.device import DeviceModel
-from costmodel.estimate import rank_blocks, rank_sends
+from costmodel.estimate import rank_sends
 from costmodel.pipeline import in_flight, ramp_step, time_shared
-from costmodel.strategy import Workload
 from costmodel.vectorized import GridReport
 from solvers.chain import memory_budget
 from solvers.space import MeshConfig
+from vocab.strategy import Workload, rank_blocks
 
 #: multipliers (seconds per byte) tried by the Lagrangian bounds; 0 is the memory-free bound
 LAMBDAS = np.concatenate([[0.0], np.logspace(-16, -6, 31)])

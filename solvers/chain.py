@@ -30,11 +30,11 @@ from costmodel.constants import CostConstants
 from costmodel.device import DeviceModel
 from costmodel.estimate import bucket_bytes, grads_held, tied_sum_bytes
 from costmodel.report import GIB
-from costmodel.strategy import LayerStrategy, Strategy, Workload
 from costmodel.units import UnitCost, mesh_groups, unit_cost
 from costmodel.vectorized import unit_classes
 from profiler.graph import LayerGraph, LayerNode
 from solvers.space import MeshConfig, SpaceOptions, unit_options
+from vocab.strategy import LayerStrategy, Strategy, Workload
 
 BUDGET_SAFETY = 1e-12  # relative: keeps the floating-point sum of a plan that fits below the limit
 

@@ -9,11 +9,11 @@ import numpy as np
 
 from costmodel.device import DeviceModel
 from costmodel.estimate import estimate
-from costmodel.strategy import LayerStrategy, Strategy, Workload
 from profiler.graph import LayerGraph
 from profiler.hardware import Cluster
 from solvers.chain import ChainProblem, ChainSolution, large_ops, option_strategy
 from solvers.space import SpaceOptions, mesh_configs, pipeline_combos, sharding_offloads, unit_options
+from vocab.strategy import LayerStrategy, Strategy, Workload
 
 
 def solve_chain(prob: ChainProblem) -> ChainSolution:

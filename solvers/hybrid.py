@@ -31,7 +31,6 @@ import numpy as np
 from costmodel.device import DeviceModel
 from costmodel.estimate import estimate
 from costmodel.report import GIB
-from costmodel.strategy import Strategy, Workload
 from costmodel.vectorized import (
     GridOption,
     GridReport,
@@ -41,7 +40,6 @@ from costmodel.vectorized import (
     unit_classes,
     unit_names,
 )
-from profiler.errors import ShardplanError
 from profiler.graph import LayerGraph
 from profiler.hardware import Cluster
 from solvers.bounds import (
@@ -68,6 +66,8 @@ from solvers.space import (
 from solvers.stage_bound import mixed_bound
 from solvers.stage_ilp import solve_layers
 from solvers.stages import PipelineProblem, UnitView, pipeline_strategy, solve_pipeline
+from vocab.errors import ShardplanError
+from vocab.strategy import Strategy, Workload
 
 Progress = Callable[[str, int, int], None]
 CHUNK = 4096

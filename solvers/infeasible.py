@@ -20,17 +20,17 @@ from itertools import product
 import numpy as np
 
 from costmodel.device import DeviceModel
-from costmodel.estimate import UnitPricer, estimate, grads_held, rank_blocks, stage_units
+from costmodel.estimate import UnitPricer, estimate, grads_held, stage_units
 from costmodel.report import GIB, Report
-from costmodel.strategy import Strategy, Workload
 from costmodel.vectorized import price_grid
-from profiler.errors import ShardplanError
 from profiler.graph import LayerGraph
 from profiler.hardware import Cluster
 from solvers.chain import ChainProblem, chain_strategy, large_ops, mesh_problem
 from solvers.osdp_ilp import least_memory
 from solvers.space import MeshConfig, SpaceOptions, grid_options, operator_options, pipeline_combos
 from solvers.stages import PipelineProblem, PipelineSolution, pipeline_strategy, unit_problems, with_problems
+from vocab.errors import ShardplanError
+from vocab.strategy import Strategy, Workload, rank_blocks
 
 
 def chain_min_memory(prob: ChainProblem) -> tuple[float, list[int]]:

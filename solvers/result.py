@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from costmodel.report import Report
-from costmodel.strategy import Strategy
+from vocab.strategy import Strategy
 
 
 @dataclass

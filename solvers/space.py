@@ -39,11 +39,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from itertools import product
 
-from costmodel.strategy import OFFLOADS, RECOMPUTES, SHARDINGS, LayerStrategy, Mesh, Strategy, Workload
 from costmodel.vectorized import GridOption
-from profiler.errors import ShardplanError
 from profiler.graph import LayerGraph
 from profiler.hardware import Cluster
+from vocab.errors import ShardplanError
+from vocab.strategy import OFFLOADS, RECOMPUTES, SHARDINGS, LayerStrategy, Mesh, Strategy, Workload
 
 
 @dataclass(frozen=True)

@@ -23,9 +23,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from costmodel.estimate import rank_blocks, rank_sends
+from costmodel.estimate import rank_sends
 from costmodel.pipeline import ramp_step, time_shared
 from solvers.stage_tables import INF, PipelineProblem, best_splits, pareto_front
+from vocab.strategy import rank_blocks
 
 __all__ = ["mixed_bound"]
 

@@ -33,11 +33,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from costmodel.estimate import rank_blocks, rank_sends
+from costmodel.estimate import rank_sends
 from costmodel.pipeline import ramp_stretch
 from solvers.osdp_ilp import _Model
 from solvers.stage_tables import INF, PipelineProblem, UnitView
 from solvers.stages import PipelineSolution, pipeline_objective
+from vocab.strategy import rank_blocks
 
 __all__ = ["LayerMix", "solve_layers"]
 

@@ -21,12 +21,12 @@ from costmodel.constants import CostConstants
 from costmodel.device import DeviceModel
 from costmodel.estimate import bucket_bytes
 from costmodel.pipeline import in_flight, recv_buffers, weights_pending
-from costmodel.strategy import Workload
 from costmodel.units import UnitCost, mesh_groups
 from costmodel.vectorized import block_classes, unit_classes, unit_names
 from profiler.graph import LayerGraph
 from solvers.chain import memory_budget, price_option
 from solvers.space import MeshConfig
+from vocab.strategy import Workload
 
 INF = float("inf")
 

@@ -33,13 +33,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodel.constants import CostConstants
-from costmodel.estimate import rank_blocks, rank_sends
+from costmodel.estimate import rank_sends
 from costmodel.pipeline import ramp_step, time_shared
-from costmodel.strategy import LayerStrategy, Strategy
 from profiler.graph import LayerGraph
 from solvers.chain import option_strategy
 from solvers.space import MeshConfig
 from solvers.stage_tables import INF, Fixed, PipelineProblem, StageCost, UnitView, best_splits
+from vocab.strategy import LayerStrategy, Strategy, rank_blocks
 
 __all__ = ["PipelineProblem", "PipelineSolution", "UnitView", "pipeline_objective", "pipeline_strategy",
            "solve_pipeline"]

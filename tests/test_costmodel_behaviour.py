@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from costmodel.device import AxisGroup, DeviceModel
-from costmodel.estimate import UnitPricer, estimate, even_split, stage_units
-from costmodel.strategy import LayerStrategy, Mesh, Strategy, Workload
-from profiler.errors import ShardplanError
+from costmodel.estimate import UnitPricer, estimate, stage_units
 from profiler.hardware import parse_cluster
 from profiler.models import load_model
+from vocab.errors import ShardplanError
+from vocab.strategy import LayerStrategy, Mesh, Strategy, Workload, even_split
 
 G = load_model("llama3-8b", 4096)
 C = parse_cluster("16xh100")

@@ -9,12 +9,12 @@ import torch
 
 from costmodel.device import DeviceModel
 from costmodel.estimate import UnitPricer, estimate
-from costmodel.strategy import LayerStrategy, Mesh, Strategy, Workload
 from costmodel.units import node_times
 from profiler.hardware import parse_cluster
 from profiler.measure_dtensor import measure_dtensor_overhead
 from profiler.models import load_model
 from profiler.profile_schema import BwPoint, ComputeProfile, DeviceInfo, DTensorOverhead, GemmPoint, Profile
+from vocab.strategy import LayerStrategy, Mesh, Strategy, Workload
 
 OVERHEAD = DTensorOverhead(linear_fwd_s=1e-3, linear_bwd_s=2e-3, norm_fwd_s=3e-4, norm_bwd_s=4e-4,
                            loss_fwd_s=5e-3, loss_bwd_s=6e-3, loss_traffic_ratio=2.0)

@@ -6,13 +6,13 @@ import pytest
 
 from costmodel.device import DeviceModel
 from costmodel.estimate import UnitPricer, estimate, stage_units
-from costmodel.strategy import LayerStrategy, Mesh, Strategy, Workload
-from profiler.errors import ShardplanError
 from profiler.graph import LayerGraph, LayerNode
 from profiler.hardware import parse_cluster
 from profiler.model_config import TransformerConfig
 from profiler.models import load_model
 from profiler.transformer import build_graph
+from vocab.errors import ShardplanError
+from vocab.strategy import LayerStrategy, Mesh, Strategy, Workload
 
 
 def _one_layer_graph(params: int) -> LayerGraph:

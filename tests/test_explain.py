@@ -12,11 +12,11 @@ import pytest
 from typer.testing import CliRunner
 
 import planner.commands  # noqa: F401  (registers the subcommands)
-from costmodel.strategy import Strategy, Workload
 from planner.cli import app
 from planner.compare import compare, diff_strategies, label_units, runs
 from planner.explain import explain_data, mesh_placement
-from planner.schema import Alternative, ClusterRef, Plan, PlanInputs, Predicted, SolverInfo
+from vocab.plan import Alternative, ClusterRef, Plan, PlanInputs, Predicted, SolverInfo
+from vocab.strategy import Strategy, Workload
 
 runner = CliRunner()
 MODEL = "llama3-8b"

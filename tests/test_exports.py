@@ -21,8 +21,8 @@ from typer.testing import CliRunner
 import planner.commands  # noqa: F401  (registers the subcommands)
 from planner.cli import app
 from planner.exports import TARGETS, export, keys
-from planner.schema import Plan, parse_plan
 from tests.test_explain import make_plan
+from vocab.plan import Plan, parse_plan
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]

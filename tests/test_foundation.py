@@ -11,8 +11,12 @@ import networkx as nx
 import pytest
 import yaml
 
-from costmodel.strategy import LayerStrategy, Mesh, Strategy, Workload
-from planner.schema import (
+from profiler import hardware
+from profiler.hardware import parse_cluster
+from profiler.models import config_from_hf, load_model, preset, presets, resolve_config
+from profiler.transformer import build_graph
+from vocab.errors import ShardplanError, UnknownNameError
+from vocab.plan import (
     SCHEMA_PATH,
     ClusterRef,
     Plan,
@@ -22,11 +26,7 @@ from planner.schema import (
     json_schema_text,
     parse_plan,
 )
-from profiler import hardware
-from profiler.errors import ShardplanError, UnknownNameError
-from profiler.hardware import parse_cluster
-from profiler.models import config_from_hf, load_model, preset, presets, resolve_config
-from profiler.transformer import build_graph
+from vocab.strategy import LayerStrategy, Mesh, Strategy, Workload
 
 DATA = Path(__file__).parent / "data"
 
@@ -201,8 +201,17 @@ def test_invalid_plans_name_the_field_and_reason() -> None:
         parse_plan(d)
 
 
+def test_a_plan_delegates_its_notebook_view_to_the_planner() -> None:
+    import planner  # noqa: F401  (importing it registers PlanView)
+    from planner.notebook import PlanView
+
+    p = _plan()
+    assert isinstance(p.view(), PlanView) and p.view().plan is p
+    assert p.report == p.predicted.model_dump()
+
+
 def test_exported_json_schema_is_in_sync() -> None:
-    assert SCHEMA_PATH.read_text() == json_schema_text(), "run: python -m planner.schema"
+    assert SCHEMA_PATH.read_text() == json_schema_text(), "run: python -m vocab.plan"
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -13,9 +13,9 @@ from costmodel.pipeline import pipeline_time
 from planner.cli import app
 from planner.plots import KINDS, plot, save_plot, schedule_order, simulate
 from planner.reprice import StageTimes, stage_times
-from planner.schema import Plan
-from profiler.errors import ShardplanError
 from tests.test_explain import FSDP, make_plan
+from vocab.errors import ShardplanError
+from vocab.plan import Plan
 
 runner = CliRunner()
 PIPE = {"mesh": {"pp": 4, "dp_shard": 2, "tp": 2}, "schedule": "interleaved", "vpp": 2,

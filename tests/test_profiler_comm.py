@@ -7,9 +7,9 @@ import os
 import psutil
 import pytest
 
-from profiler.errors import ShardplanError
 from profiler.measure_comm import check_backend, fit_alpha_beta, parse_sizes, profile_comm
 from profiler.profile_schema import COLLECTIVES, Profile, parse_profile
+from vocab.errors import ShardplanError
 
 
 def test_fit_recovers_alpha_beta_exactly() -> None:
@@ -75,10 +75,10 @@ def test_real_gloo_run_with_two_processes() -> None:
 def test_the_wait_under_load_is_priced_per_collective() -> None:
     """A profile's measured wait adds to every collective the cost model prices with it."""
     from costmodel.device import DeviceModel
-    from costmodel.strategy import Mesh, Strategy
     from costmodel.units import mesh_groups
     from profiler.hardware import parse_cluster
     from profiler.profile_schema import CommFit, DeviceInfo
+    from vocab.strategy import Mesh, Strategy
 
     info = DeviceInfo(kind="cpu", name="test cpu", torch_version="x", threads=1, hostname="h", created="now")
 

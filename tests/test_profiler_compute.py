@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from profiler.errors import ShardplanError
 from profiler.measure_compute import (
     Timing,
     attn_grid,
@@ -17,6 +16,7 @@ from profiler.measure_compute import (
     spread,
 )
 from profiler.profile_schema import Profile, parse_profile
+from vocab.errors import ShardplanError
 
 TINY = Timing(warmup=1, min_reps=2, max_reps=3, target_s=0.001)
 

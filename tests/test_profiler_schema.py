@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from profiler.errors import ShardplanError
 from profiler.profile_schema import (
     SCHEMA_PATH,
     AttnPoint,
@@ -23,6 +22,7 @@ from profiler.profile_schema import (
     load_profile,
     parse_profile,
 )
+from vocab.errors import ShardplanError
 
 DEV = DeviceInfo(kind="cpu", name="test cpu", torch_version="2.13.0", threads=2, hostname="h",
                  created="2026-01-01T00:00:00+00:00")

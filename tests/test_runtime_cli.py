@@ -10,11 +10,11 @@ import pytest
 from typer.testing import CliRunner
 
 import planner.commands  # noqa: F401  (registers ``train``)
-from costmodel.strategy import LayerStrategy as L
-from costmodel.strategy import Mesh, Strategy
 from planner.cli import app
 from runtime.launch import FAIL_ENV, free_port
 from runtime.plans import hand_plan
+from vocab.strategy import LayerStrategy as L
+from vocab.strategy import Mesh, Strategy
 
 runner = CliRunner()
 

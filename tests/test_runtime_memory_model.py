@@ -19,7 +19,6 @@ from torch.distributed.pipelining.schedules import ScheduleInterleavedZeroBubble
 from costmodel.device import DeviceModel
 from costmodel.estimate import UnitPricer, estimate, stage_units
 from costmodel.pipeline import in_flight, weights_pending
-from costmodel.strategy import LayerStrategy, Mesh, Strategy, Workload
 from costmodel.vectorized import price_grid, strategies_grid
 from profiler.hardware import parse_cluster
 from profiler.model_config import TransformerConfig
@@ -28,6 +27,7 @@ from profiler.transformer import build_graph
 from runtime.memory import TensorPeak
 from runtime.model import Transformer, lm_loss
 from runtime.pipeline import stage_module
+from vocab.strategy import LayerStrategy, Mesh, Strategy, Workload
 
 CFG = TransformerConfig(name="zb-gpt", layers=4, hidden=64, heads=4, vocab=512, max_seq=32, bias=True,
                         position="learned", tied_embeddings=True, activation="gelu", norm="layernorm",

@@ -7,9 +7,6 @@ import pytest
 import torch
 from torch import nn
 
-from costmodel.strategy import LayerStrategy as L
-from costmodel.strategy import Mesh, Strategy
-from profiler.errors import ShardplanError
 from profiler.model_config import TransformerConfig
 from profiler.transformer import build_graph
 from runtime import checkpointing
@@ -17,11 +14,14 @@ from runtime.adapters import adapt
 from runtime.apply import check_plan, model_problem
 from runtime.memory import state_bytes, tensor_bytes
 from runtime.model import TINY_MODELS, Transformer, build, count_params, lm_loss, resolve_config, spec_for
-from runtime.pipeline import release_unheld, stage_layer_counts, stage_module
+from runtime.pipeline import rank_stage_modules, release_unheld, stage_module
 from runtime.plans import hand_plan
 from runtime.splitting import SplitEmbedding, SplitLinear, split_module
 from runtime.units import graph_name, resolve
 from runtime.validate import PlanMismatchError, check
+from vocab.errors import ShardplanError
+from vocab.strategy import LayerStrategy as L
+from vocab.strategy import Mesh, Strategy
 
 GPT_LIKE = TransformerConfig(name="gpt-like", layers=2, hidden=64, heads=4, vocab=256, max_seq=32, bias=True,
                              position="learned", tied_embeddings=True, activation="gelu", norm="layernorm")
@@ -123,10 +123,11 @@ def test_pipeline_stages_compose_to_the_model() -> None:
         x = _tokens()
         ref = m(x)
         s = Strategy(mesh=Mesh(pp=2), stage_layers=[1, 3])
-        counts = stage_layer_counts(s, cfg.layers)
+        counts = s.stage_layout(cfg.layers)
         assert counts == [1, 3]
-        assert stage_layer_counts(Strategy(mesh=Mesh(pp=2), schedule="interleaved", vpp=2), 6) == [2, 2, 1, 1]
-        first, last = stage_module(m, 0, counts), stage_module(m, 1, counts)
+        assert Strategy(mesh=Mesh(pp=2), schedule="interleaved", vpp=2).stage_layout(6) == [1, 2, 2, 1]
+        (first,), _ = rank_stage_modules(m, s, 0)
+        (last,), _ = rank_stage_modules(m, s, 1)
         assert list(first.layers) == ["0"] and list(last.layers) == ["1", "2", "3"]
         assert first.head is None and last.embed is None
         assert (last.head is m.head) == (not cfg.tied_embeddings)  # tied: the last stage holds a copy
@@ -275,10 +276,10 @@ def test_a_pipeline_needs_as_many_micro_batches_as_stages() -> None:
 
 
 def test_searched_pipelines_have_at_least_as_many_micro_batches_as_stages() -> None:
-    from costmodel.strategy import Workload
     from profiler.hardware import parse_cluster
     from profiler.models import load_model
     from solvers.space import SPACES, mesh_configs
+    from vocab.strategy import Workload
 
     g, w = load_model("gpt2", 128), Workload(seq_len=128, global_batch=8)
     cfgs = [c for c in mesh_configs(g, parse_cluster("8xh100"), w, SPACES["full"]) if c.pp > 1]

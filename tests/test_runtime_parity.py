@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from costmodel.strategy import LayerStrategy as L
-from costmodel.strategy import Mesh, Strategy
 from runtime.launch import Job, launch
 from runtime.model import TINY_MODELS, spec_for
 from runtime.train import TrainSettings, reference_losses
+from vocab.strategy import LayerStrategy as L
+from vocab.strategy import Mesh, Strategy
 
 pytestmark = pytest.mark.slow
 SETTINGS = TrainSettings(steps=3, global_batch=8, seq_len=32, seed=0)
@@ -230,9 +230,9 @@ def test_four_process_meshes_match_single_process(w4: dict, key: tuple[str, str]
 def _predicted(model: str, s: Strategy, world: int) -> list[tuple[int, int, int]]:
     """Per-rank (param, grad, optimizer) bytes the cost model predicts for the plan, rank order."""
     from costmodel.estimate import estimate
-    from costmodel.strategy import Workload
     from profiler.hardware import parse_cluster
     from profiler.transformer import build_graph
+    from vocab.strategy import Workload
 
     g = build_graph(TINY_MODELS[model], SETTINGS.seq_len)
     w = Workload(seq_len=SETTINGS.seq_len, global_batch=SETTINGS.global_batch, precision="fp32")

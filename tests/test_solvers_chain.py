@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 
 from costmodel.device import DeviceModel
 from costmodel.estimate import estimate
-from costmodel.strategy import Workload
 from profiler.hardware import parse_cluster
 from profiler.models import load_model
 from solvers.chain import ChainProblem, Option, chain_strategy, mesh_problem
@@ -19,6 +18,7 @@ from solvers.exhaustive import solve_chain
 from solvers.osdp_dp import solve_dp
 from solvers.osdp_ilp import solve_ilp
 from solvers.space import SPACES, MeshConfig
+from vocab.strategy import Workload
 
 
 @st.composite

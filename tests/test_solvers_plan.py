@@ -14,10 +14,10 @@ import planner.commands  # noqa: F401  (registers the commands)
 from costmodel.estimate import estimate
 from planner.api import plan, search_plan
 from planner.cli import app
-from planner.schema import parse_plan
-from profiler.errors import ShardplanError
 from profiler.hardware import parse_cluster
 from profiler.models import load_model
+from vocab.errors import ShardplanError
+from vocab.plan import parse_plan
 
 runner = CliRunner()
 

@@ -7,8 +7,6 @@ import pytest
 
 from costmodel.device import DeviceModel
 from costmodel.estimate import estimate
-from costmodel.strategy import Workload
-from profiler.errors import ShardplanError
 from profiler.hardware import parse_cluster
 from profiler.models import load_model
 from solvers.chain import mesh_problem
@@ -16,6 +14,8 @@ from solvers.exhaustive import search_space, space_plans
 from solvers.hybrid import search
 from solvers.osdp_dp import solve_dp
 from solvers.space import SPACES, mesh_configs
+from vocab.errors import ShardplanError
+from vocab.strategy import Workload
 
 SMALL = {"name": "small", "layers": 3, "hidden": 1024, "heads": 8, "vocab": 8192, "max_seq": 1024}
 LIMITED = dict(
@@ -132,8 +132,8 @@ def test_pipeline_three_recompute_options_equal_exhaustive() -> None:
 
 
 def test_infeasible_description_names_every_choice() -> None:
-    from costmodel.strategy import LayerStrategy, Mesh, Strategy
     from solvers.infeasible import _describe
+    from vocab.strategy import LayerStrategy, Mesh, Strategy
 
     g = load_model("llama3-8b", 4096)
     s = Strategy(mesh=Mesh(pp=2, dp_shard=4), micro_batch=2, schedule="1f1b",
@@ -260,8 +260,8 @@ def test_time_shared_cores_let_pipeline_bubbles_lend_their_cores() -> None:
     others. The estimator, the vectorised grid and the stage solver agree, and the search is still
     exact."""
     from costmodel.pipeline import pipeline_time
-    from costmodel.strategy import LayerStrategy, Mesh, Strategy
     from costmodel.vectorized import compute_bound, price_grid, strategies_grid
+    from vocab.strategy import LayerStrategy, Mesh, Strategy
 
     total, bubble = pipeline_time("1f1b", [1.0, 1.0], 4, share=0.5)  # 4 ranks' worth of work on 2 cores
     assert (total, bubble) == (4.0, 0.0)  # not 0.5 x 5 = 2.5: the node's work, 2 x 4 x 1 s, takes 4 s

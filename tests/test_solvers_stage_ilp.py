@@ -7,7 +7,6 @@ import pytest
 
 from costmodel.device import DeviceModel
 from costmodel.estimate import estimate
-from costmodel.strategy import Workload
 from profiler.hardware import parse_cluster
 from profiler.models import load_model
 from solvers.exhaustive import space_plans
@@ -15,6 +14,7 @@ from solvers.space import SPACES, mesh_configs, operator_options
 from solvers.stage_bound import mixed_bound
 from solvers.stage_ilp import solve_layers
 from solvers.stages import PipelineProblem, pipeline_strategy, solve_pipeline
+from vocab.strategy import Workload
 
 BASE = {"name": "small", "hidden": 4096, "heads": 16, "vocab": 32000, "max_seq": 512}
 

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from costmodel.estimate import estimate
-from costmodel.strategy import OFFLOADS, RECOMPUTES, SHARDINGS, LayerStrategy, Mesh, Strategy, Workload
 from costmodel.vectorized import compute_bound, price_grid, strategies_grid
 from profiler.hardware import parse_cluster
 from profiler.models import load_model
 from solvers.space import SPACES, mesh_configs
+from vocab.strategy import OFFLOADS, RECOMPUTES, SHARDINGS, LayerStrategy, Mesh, Strategy, Workload
 
 CASES = [
     ("llama3-70b", "64xh100", 4096, 256, "auto"),

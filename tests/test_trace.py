@@ -8,12 +8,12 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from profiler.errors import ShardplanError
 from profiler.models import config_from_hf
 from profiler.trace import EXTRA_FLOP_FORMULAS, trace_module
 from profiler.trace_factories import hf_inputs, trace_factory, trace_hf_config
 from profiler.transformer import build_graph
 from tests.fixtures_models import D_HID, D_IN, D_OUT, LLAMA_KW
+from vocab.errors import ShardplanError
 
 try:
     import transformers

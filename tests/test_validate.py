@@ -17,7 +17,7 @@ from costmodel.fit import _multi_start, fit_memory, fit_time, levenberg_marquard
 from costmodel.published import COLUMNS, PublishedRow, Skipped, load_published
 from costmodel.validate import estimate_row, graph_of, predict, spearman, summarize, validate
 from planner.cli import app
-from profiler.errors import ShardplanError
+from vocab.errors import ShardplanError
 
 runner = CliRunner()
 

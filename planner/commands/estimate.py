@@ -22,7 +22,7 @@ import typer
 from rich.table import Table
 
 from planner.cli import app, console, guard, print_json
-from profiler.errors import ShardplanError
+from vocab.errors import ShardplanError
 
 GIB = 1024**3
 KEYS = (
@@ -70,7 +70,7 @@ def _pydantic_message(e: Exception) -> str:
 
 def _precheck(cfg: dict[str, Any], a: dict[str, Any], blocks: int) -> None:
     """The constraints a flag can break on its own, named with their values (before any arithmetic)."""
-    from costmodel.strategy import RECOMPUTES, SCHEDULES
+    from vocab.strategy import RECOMPUTES, SCHEDULES
 
     for key, known in (
         ("schedule", SCHEDULES),
@@ -128,7 +128,9 @@ def price_args(a: dict[str, Any]) -> dict[str, Any]:
     from pydantic import ValidationError
 
     from costmodel.estimate import estimate
-    from costmodel.strategy import (
+    from profiler.hardware import parse_cluster
+    from profiler.models import load_model
+    from vocab.strategy import (
         ZERO_TO_SHARDING,
         LayerStrategy,
         Mesh,
@@ -136,15 +138,13 @@ def price_args(a: dict[str, Any]) -> dict[str, Any]:
         Workload,
         check_workload_choices,
     )
-    from profiler.hardware import parse_cluster
-    from profiler.models import load_model
 
     unknown = sorted(set(a) - set(KEYS))
     if unknown:
         raise ShardplanError(f"unknown key(s) {unknown}; known: {', '.join(KEYS)}")
     plan = None
     if a.get("plan"):
-        from planner.schema import load_plan
+        from vocab.plan import load_plan
 
         plan = load_plan(a["plan"])
     model = a.get("model") or (plan.inputs.model if plan else None)

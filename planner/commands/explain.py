@@ -12,7 +12,7 @@ from pathlib import Path
 import typer
 
 from planner.cli import app, console, err_console, guard, print_json
-from profiler.errors import ShardplanError
+from vocab.errors import ShardplanError
 
 
 @app.command("explain")
@@ -22,9 +22,10 @@ def explain_cmd(
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
     """Explain a plan: mesh on the nodes, schedule, per-stage memory, step time, solver, vs runner-up."""
-    from planner.explain import explain_data, read_plan, render_explain
+    from planner.explain import explain_data, render_explain
+    from vocab.plan import load_plan
 
-    data = explain_data(read_plan(plan))
+    data = explain_data(load_plan(plan))
     if as_json:
         print_json(data)
     else:
@@ -44,11 +45,11 @@ def compare_cmd(
 ) -> None:
     """Compare plans side by side, the differences first."""
     from planner.compare import compare, render_compare
-    from planner.explain import read_plan
+    from vocab.plan import load_plan
 
     if len(plans) < 2:
         raise ShardplanError(f"compare needs at least two plans, got {len(plans)}")
-    data = compare([read_plan(p) for p in plans], _names(plans))
+    data = compare([load_plan(p) for p in plans], _names(plans))
     if as_json:
         print_json(data)
     else:
@@ -63,14 +64,14 @@ def plot_cmd(
     output: Path = typer.Option(..., "--output", "-o", help="image to write: .png or .svg"),
 ) -> None:
     """Draw a plan: memory per stage, a step timeline, the per-layer strategy map or the Pareto frontier."""
-    from planner.explain import read_plan
     from planner.plots import KINDS, check_output, save_plot
-    from profiler.errors import UnknownNameError
+    from vocab.errors import UnknownNameError
+    from vocab.plan import load_plan
 
     if kind not in KINDS:
         raise UnknownNameError("plot kind", kind, KINDS)
     check_output(output)
-    save_plot(read_plan(plan), kind, output)
+    save_plot(load_plan(plan), kind, output)
     err_console.print(f"wrote {output}", highlight=False)
 
 
@@ -82,15 +83,15 @@ def export_cmd(
     output: Path | None = typer.Option(None, "--output", "-o", help="file to write (default: stdout)"),
 ) -> None:
     """Write a plan as a framework's configuration; warn (with the predicted cost) where it cannot express it."""
-    from planner.explain import read_plan
     from planner.exports import check_target, export
-    from planner.schema import write_atomic
+    from vocab.io import write_atomic
+    from vocab.plan import load_plan
 
     target = check_target(to)
     if output is not None and (output.is_dir() or not output.parent.is_dir()):
         raise ShardplanError(f"output '{output}': " + ("is a folder" if output.is_dir() else
                                                        f"folder '{output.parent}' does not exist"))
-    result = export(read_plan(plan), target)
+    result = export(load_plan(plan), target)
     for i, line in enumerate(result.warnings()):
         err_console.print(("warning: " if i == 0 else "") + line, markup=False, highlight=False, soft_wrap=True)
     for note in result.notes:

@@ -14,7 +14,7 @@ import typer
 from rich.table import Table
 
 from planner.cli import app, console, err_console, guard, print_json
-from profiler.errors import ShardplanError
+from vocab.errors import ShardplanError
 
 GIB = 1024**3
 

@@ -16,7 +16,7 @@ import typer
 from rich.table import Table
 
 from planner.cli import app, console, err_console, guard, print_json
-from profiler.errors import ShardplanError
+from vocab.errors import ShardplanError
 
 profile_app = typer.Typer(
     name="profile", no_args_is_help=True,
@@ -206,8 +206,9 @@ def model(
     as_json: bool = AS_JSON,
 ) -> None:
     """Run a few real layers; record per-layer time and saved bytes beside the cost model's prediction."""
+    from costmodel.compute import with_predicted_times
     from profiler.measure_compute import device_info, resolve_device, resolve_dtype
-    from profiler.measure_model import measure_layers
+    from profiler.measure_model import accelerator_for, layers_graph, measure_layers
     from profiler.models import resolve_config
     from profiler.profile_schema import Profile, load_profile
 
@@ -222,13 +223,12 @@ def model(
     base = _base(output, merge, "gpu" if dev.type == "cuda" else "cpu")
     load = _warn_if_busy(dev.type == "cpu")
     rows = measure_layers(cfg, dev, layers=layers, micro_batch=micro_batch, seq_len=seq_len, dtype=dtype,
-                          repeats=repeats, profile=calib, accelerator=accelerator, model_name=model_name)
+                          repeats=repeats, model_name=model_name)
+    rows = with_predicted_times(rows, layers_graph(cfg, layers, seq_len), accelerator_for(dev, accelerator), calib)
     _write(Profile(device=device_info(dev, load), model=rows), base, output)
     if as_json:
         print_json({"output": str(output), "layers": [r.model_dump() for r in rows]})
         return
-    if rows[0].predicted_fwd_s is None:
-        err_console.print("note: no cost-model prediction (costmodel.compute.layer_times is not available)")
 
     def ms(x: float | None) -> str:
         return "-" if x is None else f"{x * 1e3:.3f}"

@@ -8,7 +8,7 @@ from typing import Any
 import typer
 
 from planner.cli import app, console, guard, print_json
-from profiler.errors import ShardplanError
+from vocab.errors import ShardplanError
 
 PARITY_RTOL = 1e-4
 
@@ -79,13 +79,12 @@ def train(
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
     """Train a model with a plan on N local processes (gloo on CPU, NCCL on GPUs); report loss, time, memory."""
-    import json
-
-    from planner.schema import load_plan, write_atomic
     from runtime.apply import check_plan
     from runtime.launch import Job, launch
     from runtime.mesh import device_type
     from runtime.model import spec_for
+    from vocab.io import canonical_json, write_atomic
+    from vocab.plan import load_plan
 
     if steps < 1:
         raise ShardplanError(f"--steps must be at least 1, got {steps}")
@@ -112,7 +111,7 @@ def train(
         ok, diff = _parity([st["loss"] for st in res["steps"]], ref)
         report.update(reference_losses=ref, parity=ok, max_loss_diff=diff)
     if output is not None:
-        write_atomic(output, json.dumps(report, indent=2, sort_keys=True) + "\n")
+        write_atomic(output, canonical_json(report))
     if as_json:
         print_json(report)
     else:

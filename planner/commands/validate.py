@@ -13,7 +13,7 @@ import typer
 from rich.table import Table
 
 from planner.cli import app, console, err_console, guard, print_json
-from profiler.errors import ShardplanError
+from vocab.errors import ShardplanError
 
 
 def _load(csvs: list[Path]) -> tuple[list[Any], list[Any]]:

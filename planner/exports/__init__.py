@@ -14,8 +14,8 @@ import importlib
 from planner.exports.base import Exported, change_lines, normalize
 from planner.exports.keys import VERSIONS
 from planner.reprice import reprice, units_of
-from planner.schema import Plan
-from profiler.errors import UnknownNameError
+from vocab.errors import UnknownNameError
+from vocab.plan import Plan
 
 TARGETS = ("torchtitan", "megatron", "deepspeed", "nanotron", "python")
 

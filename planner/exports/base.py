@@ -16,11 +16,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from costmodel.strategy import OFFLOADS, RECOMPUTES, SCHEDULES, SHARDINGS, Strategy, Workload
 from planner.compare import describe_diff, diff_strategies, label_units, unit_choices
 from planner.reprice import Repriced, block_index
-from planner.schema import Plan
-from profiler.errors import ShardplanError
+from vocab.errors import ShardplanError
+from vocab.plan import Plan
+from vocab.strategy import OFFLOADS, RECOMPUTES, SCHEDULES, SHARDINGS, Strategy, Workload, split_blocks
 
 ORDER: dict[str, tuple[str, ...]] = {"sharding": ("replicate", "zero1", "zero2", "zero3_keep", "zero3"),
                                      "recompute": RECOMPUTES, "offload": OFFLOADS}
@@ -79,11 +79,8 @@ class Nearest:
         return [u for u in self.units if block_index(u) is not None]
 
     def stage_sizes(self) -> list[int]:
-        """Blocks per virtual stage under the current fields."""
-        from costmodel.estimate import even_split
-
-        sl = self.fields["stage_layers"]
-        return list(sl) if sl else even_split(len(self.blocks), self.mesh["pp"] * self.fields["vpp"])
+        """Blocks per virtual stage under the current fields (:meth:`Strategy.stage_layout`'s rule)."""
+        return split_blocks(len(self.blocks), self.mesh["pp"] * self.fields["vpp"], self.fields["stage_layers"])
 
     def values(self, f: str, units: list[str] | None = None) -> list[Any]:
         return [self.choice[u][f] for u in (self.units if units is None else units)]

@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from costmodel.strategy import Strategy
 from planner.compare import label_units
 from planner.exports.base import Caps, Nearest
 from planner.exports.keys import DEEPSPEED, DEEPSPEED_ZERO_STAGE
+from vocab.strategy import Strategy
 
 SUFFIX = ".json"
 CAPS = Caps(

@@ -6,8 +6,6 @@ The output parses with ``shlex.split(text, comments=True)``; pass it as
 
 from __future__ import annotations
 
-from costmodel.estimate import even_split
-from costmodel.strategy import Strategy
 from planner.exports.base import Caps, Nearest, header, runs_text
 from planner.exports.keys import (
     MEGATRON,
@@ -16,7 +14,8 @@ from planner.exports.keys import (
     MEGATRON_FSDP_STRATEGY,
     MEGATRON_VERSION,
 )
-from planner.reprice import block_index, stage_sizes
+from planner.reprice import block_index
+from vocab.strategy import Strategy
 
 SUFFIX = ".args"
 CAPS = Caps(
@@ -51,7 +50,7 @@ def _stages(n: Nearest) -> None:
             return
         n.lose("schedule", f"interleaved → 1f1b ({blocks} layers do not split evenly over pp*vpp = {p * v})")
         n.fields.update(schedule="1f1b", vpp=1, stage_layers=None)
-        sizes = even_split(blocks, p)
+        sizes = n.stage_sizes()
     if len(set(sizes)) == 1:
         return
     if p == 2 or len(set(sizes[1:-1])) == 1:
@@ -99,7 +98,7 @@ def render(n: Nearest, s: Strategy, cost: str) -> str:
     K, m, w = MEGATRON, s.mesh, n.workload_model()
     flags: list[tuple[str | None, object]] = [(K["num_layers"], len(n.blocks) or None), (K["tp"], m.tp),
                                              (K["pp"], m.pp)]
-    sizes = stage_sizes(s, len(n.blocks))
+    sizes = s.stage_layout(len(n.blocks))
     if s.vpp > 1:
         flags.append((K["vpp_layers"], sizes[0]))
     elif "first_last" in n.extra and len(set(sizes)) > 1:

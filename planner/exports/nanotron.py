@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import yaml
 
-from costmodel.strategy import Strategy
 from planner.exports.base import Caps, Nearest, header
 from planner.exports.keys import NANOTRON, NANOTRON_PP_ENGINES, NANOTRON_TP_MODES, NANOTRON_VERSION
+from vocab.strategy import Strategy
 
 SUFFIX = ".yaml"
 CAPS = Caps(

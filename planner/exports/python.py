@@ -7,9 +7,9 @@ its alternatives) so that the script runs on its own:
 
 from __future__ import annotations
 
-from costmodel.strategy import Strategy
 from planner.exports.base import Caps, Nearest, header
 from planner.exports.keys import PYTHON, PYTHON_VERSION
+from vocab.strategy import Strategy
 
 SUFFIX = ".py"
 CAPS = Caps(tool="python", per_layer=frozenset({"sharding", "recompute", "offload"}), tsp=True, split=True)
@@ -21,7 +21,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from planner.schema import parse_plan
+from vocab.plan import parse_plan
 from {apply_module} import {apply}, {optimizer}
 from {model_module} import {model_cls}, {config}
 from {train_module} import {step}

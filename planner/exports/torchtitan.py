@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from costmodel.strategy import Strategy
 from planner.exports.base import Caps, Nearest, collapse, header
 from planner.exports.keys import (
     TORCHTITAN,
@@ -16,7 +15,8 @@ from planner.exports.keys import (
     TORCHTITAN_SCHEDULES,
     TORCHTITAN_VERSION,
 )
-from planner.reprice import block_index, stage_sizes
+from planner.reprice import block_index
+from vocab.strategy import Strategy
 
 SUFFIX = ".toml"
 CAPS = Caps(
@@ -59,15 +59,10 @@ def _table(name: str, items: list[tuple[str | None, Any]]) -> str:
 
 
 def fqns_per_part(s: Strategy, n_blocks: int) -> list[list[str]]:
-    sizes = stage_sizes(s, n_blocks)
-    parts, i = [], 0
-    for k, size in enumerate(sizes):
-        part = list(TORCHTITAN_FQN["embedding"]) if k == 0 else []
-        part += [str(TORCHTITAN_FQN["block"]).format(i=j) for j in range(i, i + size)]
-        i += size
-        if k == len(sizes) - 1:
-            part += list(TORCHTITAN_FQN["head"])
-        parts.append(part)
+    """torchtitan's module FQNs of each virtual stage (:meth:`Strategy.stage_blocks`)."""
+    parts = [[str(TORCHTITAN_FQN["block"]).format(i=j) for j in held] for held in s.stage_blocks(n_blocks)]
+    parts[0] = list(TORCHTITAN_FQN["embedding"]) + parts[0]
+    parts[-1] = parts[-1] + list(TORCHTITAN_FQN["head"])
     return parts
 
 

@@ -8,15 +8,21 @@ over the remaining ``dp_shard·cp/ep``.
 Per-layer choices (:class:`LayerStrategy`) apply to *units*: ``embedding``, ``layers.<i>``,
 ``head``, or any operator inside them (``layers.3.mlp.up``); the most specific unit wins and
 ``Strategy.default`` covers the rest.
+
+A strategy owns the facts derived from it that the cost model, the solvers, the exporters and the
+runtime share: the pipeline layout (:meth:`Strategy.stage_layout`, :meth:`Strategy.rank_blocks`:
+virtual stage ``k`` holds the next ``stage_layout[k]`` blocks and lives on pipeline rank
+``k mod pp``), the process-group sizes (:meth:`Strategy.group_sizes`) and the micro-batches per step.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from profiler.errors import ShardplanError
+from vocab.errors import ShardplanError
 
 SHARDINGS = ("replicate", "zero1", "zero2", "zero3", "zero3_keep")
 RECOMPUTES = ("none", "selective", "full")
@@ -50,6 +56,30 @@ def check_workload_choices(**values: str) -> None:
         what, known = WORKLOAD_CHOICES[name]
         if value not in known:
             raise ShardplanError(f"unknown {what} '{value}'; known: {', '.join(known)}")
+
+
+def even_split(blocks: int, stages: int) -> list[int]:
+    """Blocks per stage, as even as possible, the extra blocks on the middle stages."""
+    base, extra = divmod(blocks, stages)
+    order = sorted(range(stages), key=lambda i: abs(i - (stages - 1) / 2))
+    bonus = set(order[:extra])
+    return [base + (1 if i in bonus else 0) for i in range(stages)]
+
+
+def split_blocks(blocks: int, stages: int, stage_layers: Sequence[int] | None = None) -> list[int]:
+    """Blocks per virtual stage: ``stage_layers`` when given, else :func:`even_split`."""
+    return list(stage_layers) if stage_layers is not None else even_split(blocks, stages)
+
+
+def rank_blocks(blocks: int, p: int, v: int = 1, layout: Sequence[int] | None = None) -> list[list[int]]:
+    """Block indices each of ``p`` pipeline ranks holds: virtual stage ``k`` (blocks per stage from
+    ``layout``, or the even split of ``blocks`` into ``p·v``) lives on rank ``k mod p``."""
+    out: list[list[int]] = [[] for _ in range(p)]
+    start = 0
+    for k, n in enumerate(layout if layout is not None else even_split(blocks, p * v)):
+        out[k % p].extend(range(start, start + n))
+        start += n
+    return out
 
 
 class _Strict(BaseModel):
@@ -172,8 +202,49 @@ class Strategy(_Strict):
         return self
 
     def num_microbatches(self, global_batch: int) -> int:
+        """Micro-batches per step on each data-parallel rank."""
         per_step = self.mesh.dp * self.micro_batch
         return global_batch // per_step
+
+    @property
+    def num_stages(self) -> int:
+        """Virtual pipeline stages: ``pp * vpp``."""
+        return self.mesh.pp * self.vpp
+
+    def stage_layout(self, num_blocks: int) -> list[int]:
+        """Blocks per virtual stage: ``stage_layers`` when set, else :func:`even_split` (the extra
+        blocks on the middle stages). The cost model prices and the runtime cuts this layout."""
+        return split_blocks(num_blocks, self.num_stages, self.stage_layers)
+
+    def stage_blocks(self, num_blocks: int) -> list[range]:
+        """Block indices of each virtual stage, in order."""
+        out: list[range] = []
+        start = 0
+        for n in self.stage_layout(num_blocks):
+            out.append(range(start, start + n))
+            start += n
+        return out
+
+    def rank_stages(self, rank: int) -> list[int]:
+        """Virtual stages pipeline rank ``rank`` runs: ``rank, rank + pp, ...`` (the looping layout)."""
+        return list(range(rank, self.num_stages, self.mesh.pp))
+
+    def rank_blocks(self, num_blocks: int) -> list[list[int]]:
+        """Block indices each pipeline rank holds."""
+        return rank_blocks(num_blocks, self.mesh.pp, self.vpp, self.stage_layout(num_blocks))
+
+    def group_sizes(self) -> dict[str, int]:
+        """Ranks in each process group the strategy communicates over.
+
+        ``tp``, ``cp``, ``pp``, ``dp_shard``, ``dp_replicate`` and ``ep`` are the mesh degrees;
+        ``shard`` (``dp_shard * cp``) is the group ZeRO/FSDP shards dense states over,
+        ``expert_shard`` (``shard / ep``) the one expert states are sharded over, and ``dp_all``
+        (``shard * dp_replicate``) the whole data-parallel group gradients are reduced over.
+        """
+        m = self.mesh
+        shard = m.dp_shard * m.cp
+        return {"tp": m.tp, "cp": m.cp, "pp": m.pp, "dp_shard": m.dp_shard, "dp_replicate": m.dp_replicate,
+                "ep": m.ep, "shard": shard, "expert_shard": shard // m.ep, "dp_all": shard * m.dp_replicate}
 
     def _match(self, name: str) -> LayerStrategy | None:
         best: LayerStrategy | None = None

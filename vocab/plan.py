@@ -1,25 +1,29 @@
 """The plan document: versioned JSON that solvers write and explain/export/runtime read.
 
-``planner/plan.schema.json`` is generated from these models (``python -m planner.schema``) and a
-test keeps it in step. A document that does not validate raises :class:`PlanError` naming the
-field and the reason.
+``vocab/plan.schema.json`` is generated from these models (``python -m vocab.plan``) and a test
+keeps it in step. A document that does not validate raises :class:`PlanError` naming the field and
+the reason.
+
+A plan's notebook conveniences (``to_dataframe``, ``plot``, ``export``, the HTML view) delegate to
+the view that :func:`register_viewer` installs; importing ``planner`` installs
+``planner.notebook.PlanView``.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from costmodel.strategy import Strategy, Workload
-from profiler.errors import ShardplanError, describe_validation_error
+from vocab.errors import ShardplanError
+from vocab.io import canonical_json, decode_json, document_schema, read_text, validate_document, write_atomic
+from vocab.strategy import Strategy, Workload
 
 SCHEMA_VERSION = "1.0"
 SCHEMA_PATH = Path(__file__).parent / "plan.schema.json"
+_VIEWER: list[Callable[[Plan], Any]] = []
 
 
 class PlanError(ShardplanError):
@@ -80,6 +84,8 @@ class Alternative(_Doc):
     predicted: Predicted
 
 
+# What the plan was made for, the strategy, the cost model's prediction, the solver, runners-up. (No
+# docstring: it would become the schema's description.)
 class Plan(_Doc):
     schema_version: Literal["1.0"] = SCHEMA_VERSION
     inputs: PlanInputs
@@ -90,94 +96,71 @@ class Plan(_Doc):
 
     def to_json(self) -> str:
         """Canonical JSON: same plan, same bytes."""
-        return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
+        return canonical_json(self.model_dump(mode="json"))
 
     def save(self, path: str | Path) -> None:
         """Write atomically: a temporary file renamed over the target, never half a file."""
         write_atomic(Path(path), self.to_json())
 
-    # ---- notebook conveniences (delegating to planner.notebook, imported on use) ---------
+    # ---- notebook conveniences (delegating to the registered view) -------------------------
     @property
     def report(self) -> dict[str, Any]:
         """The cost model's report for the plan (``predicted`` as a dict)."""
         return self.predicted.model_dump()
 
+    def view(self) -> Any:
+        """The registered notebook view of this plan (``planner.notebook.PlanView``)."""
+        if not _VIEWER:
+            raise ShardplanError("notebook views of a plan need the planner: import planner")
+        return _VIEWER[-1](self)
+
     def to_dataframe(self) -> Any:
         """One row per unit: stage, sharding, recompute, offload, split, memory and time."""
-        from planner.notebook import PlanView
-
-        return PlanView(self).to_dataframe()
+        return self.view().to_dataframe()
 
     def plot(self, kind: str = "memory", ax: Any = None) -> Any:
         """A matplotlib figure: ``memory``, ``timeline``, ``layers`` or ``pareto``."""
-        from planner.notebook import PlanView
-
-        return PlanView(self).plot(kind, ax=ax)
+        return self.view().plot(kind, ax=ax)
 
     def export(self, target: str) -> Any:
         """The plan for ``torchtitan``, ``megatron``, ``deepspeed``, ``nanotron`` or ``python``."""
-        from planner.notebook import PlanView
-
-        return PlanView(self).export(target)
+        return self.view().export(target)
 
     def _repr_html_(self) -> str:
-        from planner.notebook import PlanView
-
-        return PlanView(self)._repr_html_()
+        return self.view()._repr_html_()
 
 
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+def register_viewer(factory: Callable[[Plan], Any]) -> None:
+    """Make ``factory(plan)`` the view :class:`Plan`'s notebook conveniences delegate to."""
+    _VIEWER.append(factory)
 
 
 def parse_plan(data: dict[str, Any] | str, origin: str = "plan") -> Plan:
     """Validate a plan from a dict or JSON text; errors name the field and the reason."""
     if isinstance(data, str):
-        try:
-            data = json.loads(data)
-        except json.JSONDecodeError as e:
-            raise PlanError(f"{origin} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+        data = decode_json(data, origin, PlanError)
     if not isinstance(data, dict):
         raise PlanError(f"{origin} must be a JSON object")
     version = data.get("schema_version")
     if version is not None and version != SCHEMA_VERSION:
         raise PlanError(f"{origin}: schema_version '{version}' is not supported (this shardplan reads {SCHEMA_VERSION})")
-    try:
-        return Plan.model_validate(data)
-    except ValidationError as e:
-        raise PlanError(f"{origin} is not a valid plan: {describe_validation_error(e)}") from None
+    return validate_document(Plan, data, origin, "plan", PlanError)
 
 
 def load_plan(path: str | Path) -> Plan:
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise PlanError(f"cannot read plan '{p}': {e.strerror}") from None
-    except UnicodeDecodeError:
-        raise PlanError(f"plan '{p}' is not a text (JSON) file") from None
-    return parse_plan(text, origin=f"plan '{p}'")
+    """The plan in the JSON file at ``path``; an unreadable or invalid file raises :class:`PlanError`."""
+    return parse_plan(read_text(path, "plan", PlanError), origin=f"plan '{Path(path)}'")
 
 
 def json_schema() -> dict[str, Any]:
-    schema = Plan.model_json_schema()
-    schema["$id"] = f"https://shardplan.dev/schema/plan-{SCHEMA_VERSION}.json"
-    schema["title"] = "shardplan plan"
-    return schema
+    """The JSON schema of a plan document."""
+    return document_schema(Plan, "plan", SCHEMA_VERSION, "shardplan plan")
 
 
 def json_schema_text() -> str:
-    return json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"
+    return canonical_json(json_schema())
 
 
-if __name__ == "__main__":  # regenerate planner/plan.schema.json
+if __name__ == "__main__":  # regenerate vocab/plan.schema.json
     write_atomic(SCHEMA_PATH, json_schema_text())
     print(f"wrote {SCHEMA_PATH}")
