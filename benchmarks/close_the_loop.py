@@ -5,7 +5,7 @@
 1. Profile: ``shardplan profile compute --device cpu --quick --dtype fp32`` (``OMP_NUM_THREADS=1``,
    the runtime's per-rank thread count) and ``shardplan profile comm --nproc 4 --backend gloo
    --quick``, merged into one file, measured afresh into the work directory on every run (a profile
-   left there by an earlier run, perhaps by older code, is never reused); ``--profile P`` reuses P.
+   already there is never reused); ``--profile P`` reuses P.
 2. Model: a gpt2-shaped config (HF ``config.json`` keys) that ``shardplan train`` builds. The cost
    model gets the graph of what the runtime runs: SDPA attention, no dropout (the gpt2 loader says
    ``eager``; the runtime always runs SDPA). fp32 throughout.
@@ -30,7 +30,7 @@
    stays under the limit.
 5. A comparison column (``plain``) re-prices without the CPU physics the accelerator file gives
    (``cpu.yaml``: no communication/computation overlap under gloo, a process-sized context, ranks
-   sharing the host's cores): what the model predicted before it had them.
+   sharing the host's cores): what the model predicts without them.
 """
 
 from __future__ import annotations
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     a.work.mkdir(parents=True, exist_ok=True)
     if a.profile is None:
         a.profile = a.work / "profile.json"
-        a.profile.unlink(missing_ok=True)  # measured afresh: never an earlier run's (or older code's) profile
+        a.profile.unlink(missing_ok=True)  # measured afresh: never a profile already in the work directory
     prof = get_profile(a.profile)
     cfg_path = a.work / "gpt-small.json"
     cfg_path.write_text(json.dumps({"model_type": "gpt2", "n_layer": a.layers, "n_embd": a.hidden, "n_head": a.heads,

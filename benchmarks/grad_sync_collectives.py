@@ -10,7 +10,7 @@ Builds the runtime's own model for close_the_loop's GPT (4 layers, hidden 512, 8
 average) against one all-reduce and average of a flat buffer of all the gradients' bytes. The difference per
 extra collective is what the cost model prices as α per collective (back to back, they wait for
 their partners once: ``DeviceModel.collective_latency``; ``grad_coalesce_bytes`` in ``cpu.yaml``;
-README, Cost model).
+docs/costmodel.md).
 """
 
 from __future__ import annotations

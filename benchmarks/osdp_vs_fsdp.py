@@ -22,9 +22,9 @@ from solvers.chain import mesh_problem  # noqa: E402
 from solvers.hybrid import search  # noqa: E402
 from solvers.osdp_dp import solve_dp  # noqa: E402
 from solvers.osdp_ilp import solve_ilp  # noqa: E402
-from solvers.space import SPACES, MeshConfig  # noqa: E402
+from solvers.space import SPACES  # noqa: E402
 from vocab.errors import ShardplanError  # noqa: E402
-from vocab.strategy import Workload  # noqa: E402
+from vocab.strategy import MeshConfig, Workload  # noqa: E402
 
 MODEL, CLUSTER, SEQ, BATCH = "gpt2-xl", "8xh100", 1024, 64
 LIMITS = (8.0, 10.0, 12.0, 16.0, 24.0)

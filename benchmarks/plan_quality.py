@@ -23,8 +23,9 @@ from costmodel.estimate import estimate  # noqa: E402
 from costmodel.published import build_graph, load_published  # noqa: E402
 from costmodel.report import GIB  # noqa: E402
 from solvers.hybrid import search  # noqa: E402
-from solvers.space import SPACES, MeshConfig, mesh_configs  # noqa: E402
+from solvers.space import SPACES, mesh_configs  # noqa: E402
 from vocab.errors import ShardplanError  # noqa: E402
+from vocab.strategy import MeshConfig  # noqa: E402
 
 
 def in_space(graph, cluster, w, s) -> bool:  # type: ignore[no-untyped-def]

@@ -3,6 +3,11 @@
     python benchmarks/solver_speed.py              # everything
     python benchmarks/solver_speed.py --cases 70b  # one case
     python benchmarks/solver_speed.py --space staged  # every unit of a pipeline its own sharding
+    python benchmarks/solver_speed.py --against /tmp/old  # side by side with another checkout
+
+``--against DIR`` runs every measurement in a fresh process per checkout (this one and DIR, a git
+worktree of another commit), alternating which goes first, ``--rounds`` times, and prints the
+medians and their ratio: the host's drift hits both alike.
 
 Targets (full space, default memory): Llama-3 70B on 1,024 H100 <= 5 s; Llama-3.1 405B on 16,384
 H100 <= 30 s; GPT-3 175B on 1,024 A100-80GB <= 5 s; Mixtral 8x22B on 256 H100 (with EP) <= 10 s;
@@ -13,7 +18,11 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
+import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -78,12 +87,91 @@ def run_case(name: str, space: str = "full") -> float:
     return wall
 
 
+ROOT = Path(__file__).resolve().parents[1]
+_PROBE = """
+import json, sys, time, itertools
+sys.path.insert(0, {root!r})
+from profiler.hardware import parse_cluster
+from profiler.models import load_model
+try:
+    from vocab.strategy import OFFLOADS, RECOMPUTES, SHARDINGS, LayerStrategy, Workload
+except ImportError:  # a checkout from before the vocab package
+    from costmodel.strategy import OFFLOADS, RECOMPUTES, SHARDINGS, LayerStrategy, Workload
+g, cl = load_model({model!r}, {seq}), parse_cluster({cluster!r})
+w = Workload(seq_len={seq}, global_batch={gb})
+if {space!r} == "grid":
+    from costmodel.vectorized import price_grid
+    from solvers.space import SPACES, mesh_configs
+    configs = list(mesh_configs(g, cl, w, SPACES["hybrid"]))[:4000]
+    options = [LayerStrategy(sharding=a, recompute=b, offload=c) for a, b, c in itertools.product(SHARDINGS, RECOMPUTES, OFFLOADS)]
+    times = []
+    for _ in range(3):
+        t = time.perf_counter(); gr = price_grid(g, cl, w, configs, options); times.append(time.perf_counter() - t)
+    print(json.dumps({{"seconds": min(times), "rate": gr.size / min(times), "objective": float(gr.step_time_s.min())}}))
+else:
+    from solvers.hybrid import search
+    t = time.perf_counter(); r = search(g, cl, w, {space!r}, top_k=5); t = time.perf_counter() - t
+    print(json.dumps({{"seconds": t, "objective": r.objective, "status": r.status}}))
+"""
+
+
+def _probe(root: Path, case: tuple, space: str) -> dict:
+    model, cluster, seq, gb = case[:4]
+    code = _PROBE.format(root=str(root), model=model, cluster=cluster, seq=seq, gb=gb, space=space)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _command(root: Path, case: tuple, space: str) -> float:
+    """Wall seconds of the whole ``shardplan plan`` command (start-up, search, writing the plan)."""
+    model, cluster, seq, gb = case[:4]
+    with tempfile.TemporaryDirectory() as tmp:
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "planner.cli", "plan", "--model", model, "--cluster", cluster,
+                        "--seq-len", str(seq), "--global-batch", str(gb), "--space", space, "-o",
+                        str(Path(tmp) / "p.json")], capture_output=True, cwd=root, check=True,
+                       env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
+        return time.perf_counter() - t
+
+
+def compare(other: Path, names: list[str], space: str, rounds: int) -> None:
+    """Every case and the pricing throughput in this checkout and ``other``, alternating."""
+    cases = [("grid", CASES["70b"], "grid")] + [(n, CASES[n], space) for n in names]
+    print(f"this checkout {ROOT} against {other}; {rounds} rounds, alternating; medians")
+    print(f"{'case':10s} {'this':>9s} {'other':>9s} {'ratio':>7s}  {'this cmd':>9s} {'other cmd':>9s}  same result")
+    for name, case, sp in cases:
+        mine, theirs, cmd_mine, cmd_theirs = [], [], [], []
+        for k in range(rounds):
+            order = [(ROOT, mine, cmd_mine), (other, theirs, cmd_theirs)]
+            for root, acc, cmds in (order if k % 2 == 0 else order[::-1]):
+                res = _probe(root, case, sp)
+                acc.append(res)
+                if sp != "grid":
+                    cmds.append(_command(root, case, sp))
+        same = all(abs(a["objective"] - b["objective"]) <= 1e-9 * abs(b["objective"]) for a, b in zip(mine, theirs, strict=True))
+        t_m = statistics.median(r["seconds"] for r in mine)
+        t_o = statistics.median(r["seconds"] for r in theirs)
+        if sp == "grid":
+            rate_m = statistics.median(r["rate"] for r in mine)
+            rate_o = statistics.median(r["rate"] for r in theirs)
+            print(f"{'pricing':10s} {rate_m:9,.0f} {rate_o:9,.0f} {rate_m / rate_o:7.2f}  candidates/s (80 layers), "
+                  f"cheapest step equal: {same}")
+            continue
+        c_m, c_o = statistics.median(cmd_mine), statistics.median(cmd_theirs)
+        print(f"{name:10s} {t_m:8.2f}s {t_o:8.2f}s {t_m / t_o:7.2f}  {c_m:8.2f}s {c_o:8.2f}s  {same}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES))
     ap.add_argument("--no-vectorized", action="store_true")
     ap.add_argument("--space", default="full", choices=list(SPACES), help="search space (targets are for full)")
+    ap.add_argument("--against", type=Path, help="another checkout to compare with, side by side")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of --against (alternating order)")
     a = ap.parse_args()
+    if a.against:
+        compare(a.against.resolve(), a.cases, a.space, a.rounds)
+        return
     if not a.no_vectorized:
         vectorized_throughput()
     for name in a.cases:

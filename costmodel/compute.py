@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from costmodel.configs import ConfigArrays
 from costmodel.device import DeviceModel
-from costmodel.units import node_times
+from costmodel.node_costs import node_times
 from profiler.graph import LayerGraph
 from profiler.hardware import Accelerator, Cluster
 from vocab.strategy import Strategy, Workload
@@ -22,7 +23,12 @@ def layer_times(
     dev = DeviceModel(Cluster(accelerator, 1, 1), profile)
     s = Strategy(micro_batch=micro_batch)
     w = Workload(seq_len=graph.seq_len, global_batch=micro_batch, precision=precision)  # type: ignore[arg-type]
-    return {n.name: node_times(n, dev, s, w) for n in graph.nodes}
+    cfg = ConfigArrays.of_strategy(s)
+    out = {}
+    for n in graph.nodes:
+        f, b = node_times(n, dev, cfg, w)
+        out[n.name] = (float(f[0]), float(b[0]))
+    return out
 
 
 def with_predicted_times(rows: list[LayerMeasurement], graph: LayerGraph, accelerator: Accelerator,

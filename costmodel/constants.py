@@ -63,6 +63,10 @@ class CostConstants:
             ``AccumulateGrad``: read both, write one = 3; shardplan's runtime, DDP, DeepSpeed);
             0 where the weight-gradient GEMM accumulates in place (Megatron's gradient
             accumulation fusion into ``main_grad``), the default.
+        host_adam_bytes_per_s: optimizer state a host-side Adam step streams per second for one
+            GPU's parameters under optimizer offload (fp32 master, two moments and the gradient,
+            16 bytes per parameter): a few GB/s, a vectorised CPU Adam on a GPU's share of the
+            host's cores (ZeRO-Offload, Ren et al. 2021, section 5: CPU-Adam).
         fragmentation: allocator slack as a fraction of the peak tensor memory.
         step_overhead_s: per-step fixed cost (data loading, logging, launch).
     """
@@ -85,6 +89,7 @@ class CostConstants:
     dp_bucket_bytes: float = 2 * 25 * 1024**2
     grad_coalesce_bytes: float = 0.0
     grad_accumulate_passes: float = 0.0
+    host_adam_bytes_per_s: float = 4e9
     fragmentation: float = 0.08
     step_overhead_s: float = 0.02
 

@@ -10,12 +10,11 @@ scale-out part carried by each GPU's own NIC share.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from costmodel.configs import AxisGroup
 from costmodel.constants import CostConstants, constants_for
 from profiler.hardware import Cluster
 from vocab.errors import ShardplanError
@@ -30,14 +29,6 @@ COLLECTIVE_FACTORS = {  # bytes on the wire per rank, over the buffer size, for 
     "all_to_all": lambda n: (n - 1) / n,
     "send_recv": lambda n: 1.0,
 }
-
-
-@dataclass(frozen=True)
-class AxisGroup:
-    """A communication group: ``size`` ranks ``stride`` apart in the global rank order."""
-
-    size: int
-    stride: int
 
 
 class DeviceModel:
@@ -79,7 +70,7 @@ class DeviceModel:
         if fair >= 1.0:
             return 1.0
         # ranks that all compute at once get at most their fair share: a measured efficiency
-        # above 1 (seen once, 1.006) is the noise of timing the rank alone
+        # above 1 is the noise of timing the rank alone
         eff = min((f.sharing_efficiency for f in self.profile.comm), default=1.0)
         return fair * min(eff, 1.0)
 
@@ -171,7 +162,8 @@ class DeviceModel:
         return nbytes / (self.acc.host_link_gbps * 1e9) if nbytes > 0 else 0.0
 
     # ---- communication ---------------------------------------------------------------------
-    def collective_latency(self, kind: str, group: AxisGroup) -> float:
+    # One α–β model for every caller: scalars (one group) or numpy arrays over configurations.
+    def collective_latency(self, kind: str, group: AxisGroup) -> Any:
         """Seconds one more collective adds when the same bytes are cut into one more piece issued
         back to back: the constant part of :meth:`collective_time` (α; the spec's per-step
         latencies), which is linear in the bytes, without the wait for partners — pieces that
@@ -180,41 +172,63 @@ class DeviceModel:
         return (2 * self.collective_time(kind, 1.0, group) - self.collective_time(kind, 2.0, group)
                 - self.collective_wait(kind, group))
 
-    def collective_wait(self, kind: str, group: AxisGroup) -> float:
+    def collective_wait(self, kind: str, group: AxisGroup) -> Any:
         """Seconds one more blocking collective waits for its partners beyond the bytes it moves:
         the profile's wait under load (ranks time-sharing cores), 0 without one (NCCL, spec sheets)."""
-        if group.size <= 1 or self.profile is None or not self.profile.comm:
-            return 0.0
-        return self.profile.comm_fit(kind, group.size).wait_s
+        n = np.asarray(group.size, dtype=float)
+        if self.profile is None or not self.profile.comm:
+            out = np.zeros(n.shape)
+        else:
+            out = _per_size(n, lambda x: self.profile.comm_fit(kind, x).wait_s)
+        return _scalar_or(np.where(n <= 1, 0.0, out))
 
-    def collective_time(self, kind: str, nbytes: float, group: AxisGroup) -> float:
+    def collective_time(self, kind: str, nbytes: Any, group: AxisGroup) -> Any:
         """Seconds for one collective over ``group`` of a buffer of ``nbytes`` (full size)."""
-        n = group.size
-        if n <= 1 or nbytes <= 0:
-            return 0.0
         if kind not in COLLECTIVE_FACTORS:
             raise ShardplanError(f"unknown collective '{kind}'")
+        n = np.asarray(group.size, dtype=float)
+        stride = np.asarray(group.stride, dtype=float)
+        nbytes = np.asarray(nbytes, dtype=float)
+        n, stride, nbytes = np.broadcast_arrays(n, stride, nbytes)
+        moves = (n > 1) & (nbytes > 0)
+        if not moves.any():
+            return _scalar_or(np.zeros(n.shape))
         if self.profile is not None and self.profile.comm:
-            fit = self.profile.comm_fit(kind, n)
-            return fit.alpha_s + fit.beta_s_per_byte * nbytes + fit.wait_s
-        factor = COLLECTIVE_FACTORS[kind](n)
+            alpha = _per_size(n, lambda x: self.profile.comm_fit(kind, x).alpha_s + self.profile.comm_fit(kind, x).wait_s)
+            beta = _per_size(n, lambda x: self.profile.comm_fit(kind, x).beta_s_per_byte)
+            t = alpha + beta * nbytes
+        else:
+            t = self._alpha_beta(kind, nbytes, n, stride)
+        return _scalar_or(np.where(moves, t, 0.0))
+
+    def _alpha_beta(self, kind: str, nbytes: np.ndarray, n: np.ndarray, stride: np.ndarray) -> np.ndarray:
+        """Spec-sheet collective time: a ring within one scale-up domain; across domains the
+        scale-up part and the scale-out part (each GPU's NIC share, on 1/k of the data) pipelined."""
+        fac = COLLECTIVE_FACTORS[kind]
         up, out = self.acc.scale_up, self.acc.scale_out
         eff = self.acc.busbw_efficiency
-        steps = 1.0 if kind == "send_recv" else math.ceil(math.log2(n)) * (2 if kind == "all_reduce" else 1)
+        up_bw, out_bw = up.gbps * 1e9 * eff, out.gbps * 1e9 * eff
         domain = self.cluster.scale_up_domain
-        k = 1 if group.stride >= domain else math.gcd(min(n, domain // group.stride), n)  # ranks per domain
-        m = n // k  # scale-up domains the group spans
-        if m == 1:
-            return steps * up.latency_us * 1e-6 + factor * nbytes / (up.gbps * 1e9 * eff)
-        if kind == "send_recv":
-            return out.latency_us * 1e-6 + nbytes / (out.gbps * 1e9 * eff)
-        # hierarchical: within the domain over k ranks, across domains over m ranks on 1/k of the data
-        intra = COLLECTIVE_FACTORS[kind](k) * nbytes / (up.gbps * 1e9 * eff) if k > 1 else 0.0
-        inter = COLLECTIVE_FACTORS[kind](m) * (nbytes / k) / (out.gbps * 1e9 * eff)
-        if kind == "all_to_all":  # no hierarchy to exploit: every rank sends (n-1)/n across
-            inter = factor * nbytes * (1 - (k - 1) / max(n - 1, 1)) / (out.gbps * 1e9 * eff)
-        lat = steps * (up.latency_us if k > 1 else 0.0) * 1e-6 + math.ceil(math.log2(m)) * out.latency_us * 1e-6
-        return lat + max(intra, inter)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            size = np.maximum(n, 1)
+            factor = fac(size)
+            log_n = np.ceil(np.log2(size))
+            steps = np.ones_like(n) if kind == "send_recv" else log_n * (2 if kind == "all_reduce" else 1)
+            dom_k = np.minimum(size, np.maximum(domain // np.maximum(stride, 1), 1))
+            k = np.where(stride >= domain, 1, np.gcd(dom_k.astype(np.int64), size.astype(np.int64)))
+            m = size // k  # scale-up domains the group spans
+            single = steps * up.latency_us * 1e-6 + factor * nbytes / up_bw
+            if kind == "send_recv":
+                multi = out.latency_us * 1e-6 + nbytes / out_bw
+            else:
+                intra = np.where(k > 1, fac(np.maximum(k, 1)) * nbytes / up_bw, 0.0)
+                inter = fac(m) * (nbytes / k) / out_bw
+                if kind == "all_to_all":  # no hierarchy to exploit: every rank sends (n-1)/n across
+                    inter = factor * nbytes * (1 - (k - 1) / np.maximum(size - 1, 1)) / out_bw
+                lat = steps * np.where(k > 1, up.latency_us, 0.0) * 1e-6 + np.ceil(
+                    np.log2(np.maximum(m, 1))) * out.latency_us * 1e-6
+                multi = lat + np.maximum(intra, inter)
+            return np.where(m == 1, single, multi)
 
     def axis_groups(self, axes: dict[str, int]) -> dict[str, AxisGroup]:
         """Group size and rank stride of each mesh axis, outermost first as in ``axes``."""
@@ -224,3 +238,15 @@ class DeviceModel:
             out[name] = AxisGroup(axes[name], stride)
             stride *= axes[name]
         return out
+
+
+def _per_size(n: np.ndarray, fn: Any) -> np.ndarray:
+    """``fn`` of every group size in ``n`` above 1 (0 for the others), called once per distinct size."""
+    uniq, inv = np.unique(n, return_inverse=True)
+    vals = np.array([fn(int(x)) if x > 1 else 0.0 for x in uniq])
+    return vals[inv.reshape(-1)].reshape(n.shape)
+
+
+def _scalar_or(x: np.ndarray) -> Any:
+    """A float for a 0-d array, the array otherwise."""
+    return float(x) if x.ndim == 0 else x

@@ -1,29 +1,32 @@
 """From (layer graph, cluster, strategy, workload) to a :class:`Report`: the cost model's one
-pure entry point. Solvers reuse its pieces (:func:`check`, :func:`stage_units`, unit costs).
+pure entry point, the array pricer (:func:`costmodel.units.price_unit`) and the assembly
+(:func:`costmodel.assemble.assemble`) on one configuration. Solvers reuse its pieces
+(:func:`check`, :func:`stage_units`, :class:`UnitPricer`).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+from weakref import WeakKeyDictionary
 
+import numpy as np
+
+from costmodel.assemble import Assembled, Layout, RankMemory, assemble
+from costmodel.configs import ConfigArrays
 from costmodel.constants import CostConstants
 from costmodel.device import DeviceModel
-from costmodel.pipeline import in_flight, pipeline_time, recv_buffers, weights_pending
 from costmodel.report import GIB, Report, StageMemory, TimeBreakdown
-from costmodel.units import Groups, UnitCost, grads_held, mesh_groups, state_bytes, unit_cost
+from costmodel.state_groups import state_bytes
+from costmodel.unit_classes import class_keys, unit_class_key, unit_names
+from costmodel.units import UnitCost, UnitOption, price_unit
 from profiler.graph import LayerGraph, LayerNode
 from profiler.hardware import Cluster
 from vocab.errors import ShardplanError
-from vocab.strategy import LayerStrategy, Strategy, Workload
+from vocab.strategy import LayerStrategy, MeshConfig, Strategy, Workload
 
 if TYPE_CHECKING:
     from profiler.profile_schema import Profile
-
-
-def bucket_bytes(c: CostConstants, dp: int) -> float:
-    """Gradient buckets in flight on a rank with ``dp`` data-parallel replicas (see ``dp_bucket_bytes``)."""
-    return c.dp_bucket_bytes if dp > 1 else 0.0
 
 
 def check(graph: LayerGraph, cluster: Cluster, s: Strategy, w: Workload) -> int:
@@ -89,94 +92,119 @@ def stage_units(graph: LayerGraph, s: Strategy) -> list[list[tuple[str, list[Lay
     return out
 
 
-def _signature(nodes: list[LayerNode]) -> tuple:
-    """Equal for identical blocks: everything but the block index in the names."""
-    return tuple((n.name.split(".", 2)[-1], n.kind, n.params, n.fwd_flops, n.act_saved_bytes) for n in nodes)
+#: units priced on a device model, by (unit class, choices, configuration, workload): plans priced
+#: one after another on one device (a brute-force search, a sweep) share most of their units
+_PRICED: WeakKeyDictionary[DeviceModel, dict[tuple, UnitCost]] = WeakKeyDictionary()
 
 
 class UnitPricer:
-    """Prices units, once per distinct (block shape, layer strategy)."""
+    """Prices the units of one strategy, once per distinct (unit kind, choices)."""
 
     def __init__(self, dev: DeviceModel, s: Strategy, w: Workload):
         self.dev, self.s, self.w = dev, s, w
-        self.groups: Groups = mesh_groups(dev, s)
-        self._cache: dict[tuple, UnitCost] = {}
+        self.cfg = ConfigArrays.of_strategy(s)
+        self.priced: list[UnitCost] = []  # (1, 1) arrays, one per distinct unit
+        self._index: dict[tuple, int] = {}
+        self._known = _PRICED.setdefault(dev, {})
+        self._flat = (MeshConfig.of(s), w)
+
+    def index(self, name: str, nodes: list[LayerNode], ls: LayerStrategy | None = None,
+              class_key: tuple | None = None) -> int:
+        """Index into :attr:`priced` of the unit under its entries in the strategy (or ``ls``);
+        ``class_key``: the unit's :func:`unit_class_key`, when known."""
+        option = UnitOption.of_strategy(name, nodes, self.s, ls)
+        key = (class_key or unit_class_key(name, nodes), option)
+        if key not in self._index:
+            self._index[key] = len(self.priced)
+            known = key + self._flat
+            if known not in self._known:
+                self._known[known] = price_unit(name, nodes, self.dev, self.cfg, self.w, [option])
+            self.priced.append(self._known[known])
+        return self._index[key]
 
     def __call__(self, name: str, nodes: list[LayerNode], ls: LayerStrategy | None = None) -> UnitCost:
-        eff = ls or self.s.for_unit(name)
-        op_overrides = tuple(  # operator entries inside this unit (outside the stack: all such entries)
-            o for o in self.s.layers
-            if o.unit.startswith(name + ".") or (not name.startswith("layers.") and not o.unit.startswith("layers."))
-        ) if ls is None else ()
-        key = (name.startswith("layers."), _signature(nodes), eff, op_overrides)
-        hit = self._cache.get(key)
-        if hit is None:
-            hit = unit_cost(name, nodes, self.dev, self.s, self.w, self.groups, ls)
-            self._cache[key] = hit
-        return hit if hit.name == name else replace(hit, name=name, block=nodes[0].block)
+        """The unit's cost as floats."""
+        return self.priced[self.index(name, nodes, ls)].at(0, 0, name, nodes[0].block)
+
+
+@dataclass
+class PricedPlan:
+    """One strategy priced: its distinct units, the units of each virtual stage (as indices into
+    them) and the assembly with every rank's parts."""
+
+    pricer: UnitPricer
+    vstages: list[list[tuple[str, list[LayerNode]]]]
+    layout: Layout
+    assembled: Assembled
+    n_mb: int
+
+    @property
+    def units(self) -> list[list[UnitCost]]:
+        """Every virtual stage's unit costs, as floats."""
+        return [[self.pricer.priced[k].at(0, 0, name, nodes[0].block) for k, (name, nodes) in zip(ks, st, strict=True)]
+                for ks, st in zip(self.layout.stages, self.vstages, strict=True)]
+
+
+def price_plan(graph: LayerGraph, cluster: Cluster, strategy: Strategy, workload: Workload,
+               profile: Profile | None = None, device: DeviceModel | None = None) -> PricedPlan:
+    """The array pricer and the assembly on one configuration, every rank's parts kept."""
+    n_mb = check(graph, cluster, strategy, workload)
+    dev = device or DeviceModel(cluster, profile)
+    price = UnitPricer(dev, strategy, workload)
+    vstages = stage_units(graph, strategy)
+    keys = dict(zip(unit_names(graph), class_keys(graph), strict=True))
+    stages = [[price.index(name, nodes, class_key=keys[name]) for name, nodes in st] for st in vstages]
+    head = stages[-1][-1] if vstages[-1] and vstages[-1][-1][0] == "head" else None
+    layout = Layout(stages, strategy.mesh.pp, len(price.priced), head)
+    tail = tied_sum_bytes(graph, price.cfg.pp, price.cfg.tp, workload)
+    a = assemble(price.priced, layout, price.cfg, dev, workload, tail, detail=True)
+    return PricedPlan(price, vstages, layout, a, n_mb)
 
 
 def estimate(
     graph: LayerGraph, cluster: Cluster, strategy: Strategy, workload: Workload,
     profile: Profile | None = None, memory_limit_gib: float | None = None, device: DeviceModel | None = None,
 ) -> Report:
-    """Step time and per-rank memory of ``strategy`` for ``graph`` on ``cluster``."""
-    n_mb = check(graph, cluster, strategy, workload)
-    dev = device or DeviceModel(cluster, profile)
-    price = UnitPricer(dev, strategy, workload)
-    vstages = stage_units(graph, strategy)
-    costs = [[price(name, nodes) for name, nodes in st] for st in vstages]
-    return combine(costs, graph, cluster, strategy, workload, n_mb, dev, memory_limit_gib)
+    """Step time and per-rank memory of ``strategy`` for ``graph`` on ``cluster``, with the
+    breakdowns of the slowest rank and the memory of every rank."""
+    pp = price_plan(graph, cluster, strategy, workload, profile, device)
+    return _report(pp, graph, cluster, strategy, workload, memory_limit_gib)
 
 
-def combine(
-    costs: list[list[UnitCost]], graph: LayerGraph, cluster: Cluster, s: Strategy, w: Workload,
-    n_mb: int, dev: DeviceModel, memory_limit_gib: float | None = None,
-) -> Report:
-    """Assemble unit costs of each virtual stage into the step time and per-rank memory."""
-    p, v, c = s.mesh.pp, s.vpp, dev.c
-    groups = mesh_groups(dev, s)
-    ranks = [[u for k in s.rank_stages(r) for u in costs[k]] for r in range(p)]
-    p2p = []
-    for st in costs[:-1]:
-        nbytes = st[-1].out_bytes if st else 0.0
-        t = 2 * dev.collective_time("send_recv", nbytes, groups.pp) if p > 1 else 0.0
-        p2p.append(c.exposed(t, t * c.pp_overlap))
-    rank_fb = []
-    for r in range(p):
-        t = sum(u.time for u in ranks[r]) + sum(p2p[k] for k in range(r, len(p2p), p))
-        rank_fb.append(t)
-    rank_f = [sum(u.fwd for u in ranks[r]) for r in range(p)]
-    rank_w = [sum(u.bwd_weight for u in ranks[r]) for r in range(p)]
-    pipe, bubble = pipeline_time(s.schedule, rank_fb, n_mb, v, rank_f, rank_w, share=dev.share)
-    # Per-step gradient synchronisation, hidden under the last micro-batch's backward.
-    step_comm = [sum(sum(u.step_comm.values()) for u in ranks[r]) for r in range(p)]
-    window = [sum(u.step_comm_window for u in ranks[r]) for r in range(p)]
-    dp_exposed = max(c.exposed(sc, c.dp_overlap * wd) for sc, wd in zip(step_comm, window, strict=True))
-    optim = max(sum(u.optim_time for u in ranks[r]) for r in range(p))
-    offload = max(sum(u.offload_time for u in ranks[r]) for r in range(p))
-    step = pipe + dp_exposed + optim + offload + c.step_overhead_s
+def _report(pp: PricedPlan, graph: LayerGraph, cluster: Cluster, s: Strategy, w: Workload,
+            memory_limit_gib: float | None) -> Report:
+    """The :class:`Report` of a priced plan: breakdowns at the slowest rank."""
+    a, ua, layout, vstages, n_mb = pp.assembled, pp.pricer.priced, pp.layout, pp.vstages, pp.n_mb
+    dev = pp.pricer.dev
+    c, p = dev.c, s.mesh.pp
+    rank_t = a.rank_time[0, 0]
+    worst = int(np.argmax(rank_t))
+    counts = layout.counts[worst]
+    held = [k for k in range(len(ua)) if counts[k]]
 
-    worst = max(range(p), key=lambda r: rank_fb[r])
+    def on_worst(attr: str) -> float:
+        return float(sum(float(getattr(ua[k], attr)[0, 0]) * counts[k] for k in held))
+
     comm: dict[str, float] = {}
-    for u in ranks[worst]:
-        for axis, t in u.comm.items():
-            comm[axis] = comm.get(axis, 0.0) + t * n_mb
-    comm["pp"] = sum(p2p[k] for k in range(worst, len(p2p), p)) * n_mb
-    comm["dp"] = comm.get("dp", 0.0) + dp_exposed
-    time = TimeBreakdown(
-        compute=sum(u.fwd + u.bwd for u in ranks[worst]) * n_mb,
-        recompute=sum(u.recompute for u in ranks[worst]) * n_mb,
-        comm=comm, bubble=bubble, optimizer=optim + c.step_overhead_s, offload=offload,
-    )
-    tail = tied_sum_bytes(graph, s, w)
-    stages = [_stage_memory(r, ranks[r], costs, s, w, n_mb, c, tail, recv_bytes(costs, s, r, n_mb))
+    for axis, flag in (("tp", s.mesh.tp > 1), ("cp", s.mesh.cp > 1 and any(ua[k].has_attention for k in held)),
+                       ("ep", s.mesh.ep > 1 and any(ua[k].has_experts for k in held))):
+        if flag:
+            comm[axis] = on_worst(f"comm_{axis}") * n_mb
+    if on_worst("comm_dp"):
+        comm["dp"] = on_worst("comm_dp") * n_mb
+    comm["pp"] = float(a.p2p[0, worst]) * n_mb
+    comm["dp"] = comm.get("dp", 0.0) + float(a.dp_exposed[0, 0])
+    optim = float(a.optim[0, 0])
+    time = TimeBreakdown(compute=(on_worst("fwd") + on_worst("bwd")) * n_mb, recompute=on_worst("recompute") * n_mb,
+                         comm=comm, bubble=float(a.bubble[0, 0]), optimizer=optim + c.step_overhead_s,
+                         offload=float(a.offload[0, 0]))
+    stages = [_stage_memory(r, a.ranks[r], [u for k in s.rank_stages(r) for u in vstages[k]], c)
               for r in range(p)]
+    step = float(a.step[0, 0])
     tokens = w.global_batch * graph.seq_len
     model_flops = graph.train_flops * w.global_batch
-    hw_flops = sum(u.hw_flops for st in costs for u in st) * n_mb * s.mesh.dp_replicate * s.mesh.dp_shard
-    hw_flops *= s.mesh.tp * s.mesh.cp
-    peak = dev.acc.peak_flops(w.precision if w.precision != "fp32" else "fp32") * cluster.world_size
+    hw_flops = float(a.hw_flops[0, 0])
+    peak = dev.acc.peak_flops(w.precision) * cluster.world_size
     mem_peak = max(st.total for st in stages) / GIB
     limit = memory_limit_gib if memory_limit_gib is not None else cluster.memory_bytes / GIB
     return Report(
@@ -187,16 +215,23 @@ def combine(
     )
 
 
-def recv_bytes(costs: list[list[UnitCost]], s: Strategy, r: int, n_mb: int) -> float:
-    """Bytes of the receive buffers pipeline rank ``r`` keeps beyond its activations
-    (:func:`costmodel.pipeline.recv_buffers`): each virtual stage's inputs and output gradients are
-    the size of the activation at its boundaries."""
-    p, v = s.mesh.pp, s.vpp
-    n = p * v
-    fwd, grad = recv_buffers(s.schedule, r, p, n_mb, v)
-    out = [st[-1].out_bytes if st else 0.0 for st in costs]
-    return (fwd * sum(out[k - 1] for k in range(r, n, p) if k > 0)
-            + grad * sum(out[k] for k in range(r, n, p) if k < n - 1))
+def _stage_memory(r: int, rm: RankMemory, units: list[tuple[str, list[LayerNode]]], c: CostConstants) -> StageMemory:
+    """One rank's :class:`StageMemory` at the larger of its two moments (:func:`rank_memory`)."""
+    blocks = [nodes[0].block for _, nodes in units if nodes[0].block is not None]
+    run, end = float(rm.core_run[0, 0]), float(rm.core_end[0, 0])
+    live, acts = float(rm.live[0, 0]), float(rm.acts[0, 0])
+    grads = float(rm.grads[0, 0])
+    phase, live, acts, buffers = (("backward", live, acts, run - live - acts) if run >= end
+                                  else ("end of backward", grads, 0.0, end - grads))
+    st = StageMemory(
+        stage=r, first_block=min(blocks) if blocks else -1, last_block=max(blocks) if blocks else -1,
+        units=[name for name, _ in units], params=float(rm.params[0, 0]), grads=live,
+        optimizer=float(rm.optim[0, 0]), activations=acts, buffers=buffers, phase=phase,
+        param_bytes=int(rm.param_bytes[0, 0]), grad_bytes=int(rm.grad_bytes[0, 0]),
+        optim_bytes=int(rm.optim_bytes[0, 0]),
+    )
+    st.overhead = c.context_bytes + c.fragmentation * st.total
+    return st
 
 
 def tied_table(graph: LayerGraph) -> int:
@@ -207,47 +242,10 @@ def tied_table(graph: LayerGraph) -> int:
     return 0
 
 
-def tied_sum_bytes(graph: LayerGraph, s: Strategy, w: Workload) -> float:
+def tied_sum_bytes(graph: LayerGraph, pp: Any, tp: Any, w: Workload) -> Any:
     """Transient at the end of backward when the LM head shares the embedding's table on one rank
     (no pipeline): autograd adds the embedding's gradient to the head's, holding the new gradient
-    and the sum beside the old one — two more copies of the rank's (TP-local, unreduced) table."""
-    return 0.0 if s.mesh.pp > 1 else 2.0 * tied_table(graph) / s.mesh.tp * state_bytes(w)[1]
-
-
-def _stage_memory(r: int, units: list[UnitCost], costs: list[list[UnitCost]], s: Strategy, w: Workload,
-                  n_mb: int, c: CostConstants, tail: float = 0.0, recv: float = 0.0) -> StageMemory:
-    """Peak of one rank: the larger of two moments of the step.
-
-    * ``backward`` — its start, when the activations in flight are all saved: states (gradients
-      only if :func:`grads_held`) + activations (with zero bubble, the output gradients that
-      micro-batches awaiting their weight gradients keep) + the largest gathered ZeRO-3 unit + the largest
-      rematerialised unit + DP buckets + the loss's transients;
-    * ``end of backward`` — every gradient made: states + the largest gathered unit + DP buckets +
-      ``tail`` (:func:`tied_sum_bytes`);
-    and at both the pipeline's receive buffers ``recv`` (:func:`recv_bytes`), kept between steps.
-    Between the two, backward trades activations for gradients unit by unit.
-    """
-    p, v = s.mesh.pp, s.vpp
-    blocks = [u.block for u in units if u.block is not None]
-    acts = (sum(u.activations for u in units) * in_flight(s.schedule, r, p, n_mb, v)
-            + sum(u.pending for u in units) * weights_pending(s.schedule, r, p, n_mb, v))
-    gathered = max((u.gathered for u in units), default=0.0)
-    remat = max((u.recompute_peak for u in units), default=0.0)
-    bucket = bucket_bytes(c, s.mesh.dp)
-    loss = units[-1].activations * w.loss_buffer if units and units[-1].name == "head" else 0.0
-    grads = sum(u.state_grads for u in units)
-    live = grads if grads_held(p, n_mb) else 0.0
-    run = live + acts + gathered + remat + bucket + loss + recv
-    end = grads + gathered + bucket + tail + recv
-    phase, live, acts, buffers = (("backward", live, acts, run - live - acts) if run >= end
-                                  else ("end of backward", grads, 0.0, end - grads))
-    st = StageMemory(
-        stage=r, first_block=min(blocks) if blocks else -1, last_block=max(blocks) if blocks else -1,
-        units=[u.name for u in units],
-        params=sum(u.state_params for u in units), grads=live,
-        optimizer=sum(u.state_optim for u in units), activations=acts, buffers=buffers, phase=phase,
-        param_bytes=sum(u.param_bytes for u in units), grad_bytes=sum(u.grad_bytes for u in units),
-        optim_bytes=sum(u.optim_bytes for u in units),
-    )
-    st.overhead = c.context_bytes + c.fragmentation * st.total
-    return st
+    and the sum beside the old one — two more copies of the rank's (TP-local, unreduced) table.
+    Scalars or arrays of the pipeline and TP degrees."""
+    out = np.where(np.asarray(pp) > 1, 0.0, 2.0 * tied_table(graph) / np.asarray(tp, dtype=float) * state_bytes(w)[1])
+    return float(out) if out.ndim == 0 else out

@@ -1,7 +1,6 @@
 """Parameter and gradient tensors of an operator, and what moving them costs: the collectives a
 gradient sync is cut into, FSDP's copies, the partial gradients sequence parallelism all-reduces,
-and gradient accumulation over micro-batches. Scalars or numpy arrays throughout, for the
-estimator (``units``) and the grid (``vectorized_units``) alike."""
+and gradient accumulation over micro-batches. Scalars or numpy arrays over configurations."""
 
 from __future__ import annotations
 

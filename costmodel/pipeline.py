@@ -69,41 +69,67 @@ def ramp_stretch(m: Any, p: Any, share: float) -> tuple[Any, Any]:
 def ramp_step(schedule: Any, sum_t: Any, worst: Any, fill: Any, p: Any, v: Any) -> Any:
     """One step of a schedule's fill and drain (``ramp`` of :func:`time_shared`), per schedule:
     ``Σ T / p`` (GPipe, 1F1B), ``max T / v`` (interleaved), the zero-bubble fill (at least 0)."""
-    return np.select([np.asarray(schedule) == "interleaved", np.asarray(schedule) == "zb"],
-                     [np.asarray(worst) / v, np.maximum(fill, 0.0)], np.asarray(sum_t) / p)
+    per_rank = np.asarray(sum_t) / p
+    return _select_schedule(schedule, per_rank, np.asarray(worst) / v, np.maximum(fill, 0.0), per_rank)
+
+
+def _number(x: Any) -> Any:
+    """A float, or a float array."""
+    return x.astype(float) if isinstance(x, np.ndarray) else float(x)
+
+
+def _select_schedule(schedule: Any, gpipe: Any, interleaved: Any, zb: Any, other: Any) -> Any:
+    """Per schedule (a name, or an array of names over configurations) the matching value."""
+    if isinstance(schedule, str):  # one schedule: its branch
+        out = np.asarray({"gpipe": gpipe, "interleaved": interleaved, "zb": zb}.get(schedule, other))
+    else:
+        sched = np.asarray(schedule)
+        out = np.select([sched == "gpipe", sched == "interleaved", sched == "zb"], [gpipe, interleaved, zb], other)
+    return float(out) if out.ndim == 0 else out
+
+
+def schedule_time(schedule: Any, stage_fb: Any, m: Any, p: int, v: int, stage_f: Any, stage_w: Any,
+                  share: float = 1.0, weights: Any = None) -> tuple[Any, Any]:
+    """(step time of the pipeline part, bubble time) over configurations: ``stage_fb``, ``stage_f``
+    and ``stage_w`` are (..., ranks) arrays of a micro-batch's forward+backward, forward and
+    weight-gradient seconds per pipeline rank (or per distinct rank, ``weights`` counting how many
+    ranks each stands for), ``schedule`` and ``m`` scalars or arrays broadcasting against
+    ``stage_fb[..., 0]``."""
+    t = np.asarray(stage_fb, dtype=float)
+    worst = t.max(axis=-1)
+    m = np.asarray(m, dtype=float)
+    busy = m * worst
+    if p == 1:
+        return busy, np.zeros_like(busy)
+    mult = np.ones(t.shape[-1]) if weights is None else np.asarray(weights, dtype=float)
+    sum_t = (t * mult).sum(axis=-1)
+    f, wgt = np.asarray(stage_f, dtype=float), np.asarray(stage_w, dtype=float)
+    fill = (f + (t - f - wgt) - wgt).max(axis=-1)  # ZB-H1: the bubble is (p-1)·(F + B - W)
+    total = _select_schedule(schedule, (m - 1) * worst + sum_t, busy + (p - 1) * worst / v,
+                             busy + (p - 1) * np.maximum(fill, 0.0), (m - 1) * worst + sum_t)
+    total = time_shared(total, m, sum_t, p, share, ramp_step(schedule, sum_t, worst, fill, p, v))
+    return total, np.maximum(0.0, total - busy)
 
 
 def pipeline_time(
     schedule: str, stage_fb: Sequence[float], m: int, v: int = 1,
     stage_f: Sequence[float] | None = None, stage_w: Sequence[float] | None = None, share: float = 1.0,
 ) -> tuple[float, float]:
-    """(step time of the pipeline part, bubble time) for ``m`` micro-batches (``share``: see
-    :func:`time_shared`)."""
-    p = len(stage_fb)
-    worst = max(stage_fb)
-    busy = m * worst
-    if p == 1:
-        return busy, 0.0
-    fill = 0.0
-    if schedule in ("gpipe", "1f1b"):
-        total = (m - 1) * worst + sum(stage_fb)
-    elif schedule == "interleaved":
-        total = busy + (p - 1) * worst / v
-    elif schedule == "zb":
-        f = stage_f or [t / 3 for t in stage_fb]
-        wgt = stage_w or [t / 3 for t in stage_fb]
-        # ZB-H1: the bubble is (p-1)·(F + B - W) with B = backward minus W.
-        fill = max(fi + (t - fi - wi) - wi for t, fi, wi in zip(stage_fb, f, wgt, strict=True))
-        total = busy + (p - 1) * max(fill, 0.0)
-    else:
+    """(step time of the pipeline part, bubble time) of one configuration for ``m`` micro-batches
+    (``share``: see :func:`time_shared`); without ``stage_f``/``stage_w`` a third of each stage's
+    time each."""
+    if schedule not in ("gpipe", "1f1b", "interleaved", "zb"):
         raise ValueError(f"unknown schedule '{schedule}'")
-    ramp = ramp_step(schedule, sum(stage_fb), worst, fill, p, v)
-    total = float(time_shared(total, m, sum(stage_fb), p, share, ramp))
-    return total, max(0.0, total - busy)
+    t = np.asarray(stage_fb, dtype=float)
+    f = t / 3 if stage_f is None else stage_f
+    wgt = t / 3 if stage_w is None else stage_w
+    total, bubble = schedule_time(schedule, t, m, len(t), v, f, wgt, share)
+    return float(total), float(bubble)
 
 
-def in_flight(schedule: str, stage: int, p: int, m: int, v: int = 1) -> float:
-    """Micro-batches whose activations pipeline rank ``stage`` holds at its peak.
+def in_flight(schedule: Any, stage: Any, p: int, m: Any, v: int = 1) -> Any:
+    """Micro-batches whose activations pipeline rank ``stage`` holds at its peak (scalars, or
+    arrays of schedules and micro-batch counts over configurations, or of ranks).
 
     GPipe keeps all ``m``; 1F1B keeps ``p - stage`` (at most ``m``); interleaved 1F1B keeps
     ``p - stage + (p - 1)/v`` worth of its layers (Korthikanti et al., 2022: the first stage holds
@@ -114,18 +140,27 @@ def in_flight(schedule: str, stage: int, p: int, m: int, v: int = 1) -> float:
     the ZB paper's bound, ``p`` micro-batches' worth on every rank, is the same). See
     :func:`weights_pending` for what the deferred micro-batches hold besides.
     """
+    m = _number(m)
     if p == 1:
-        return 1.0
-    if schedule == "gpipe":
-        return float(m)
-    if schedule == "interleaved":
-        return min(float(m), (p - stage) + (p - 1) / v)
-    if schedule == "zb":
-        return float(min(m, p))
-    return float(min(m, p - stage))
+        return m * 0.0 + 1.0
+    return _select_schedule(schedule, m, np.minimum(m, (p - stage) + (p - 1) / v), np.minimum(m, float(p)),
+                            np.minimum(m, p - stage + 0.0))
 
 
-def recv_buffers(schedule: str, stage: int, p: int, m: int, v: int = 1) -> tuple[float, float]:
+def weights_pending(schedule: Any, stage: Any, p: int, m: Any, v: int = 1) -> Any:
+    """Micro-batches (in units of the rank's layers) whose input gradients pipeline rank ``stage``
+    has computed and whose weight gradients wait, at its peak: ``min(m·v, stage + 1) / v`` under
+    zero bubble, none otherwise. Each holds, beyond its activations, the gradients at the outputs of
+    its weight-carrying ops (``UnitCost.pending``). Counted from torch's zero-bubble schedule
+    (``tests/test_runtime_memory_model.py`` replays it)."""
+    m = _number(m)
+    if p == 1:
+        return m * 0.0
+    zb = np.minimum(m * v, stage + 1.0) / v
+    return _select_schedule(schedule, 0.0 * m, 0.0 * m, zb, 0.0 * m)
+
+
+def recv_buffers(schedule: Any, stage: Any, p: int, m: Any, v: int = 1) -> tuple[Any, Any]:
     """(forward, gradient) receive buffers pipeline rank ``stage`` holds beyond what the activations
     count, per virtual stage with a previous (forward) or next (gradient) stage.
 
@@ -135,16 +170,5 @@ def recv_buffers(schedule: str, stage: int, p: int, m: int, v: int = 1) -> tuple
     input), as are the output gradients of those awaiting weight gradients (``weights_pending``:
     the last op's output gradient is the received one)."""
     if p == 1:
-        return 0.0, 0.0
+        return 0.0 * np.asarray(m, dtype=float), 0.0 * np.asarray(m, dtype=float)
     return m - in_flight(schedule, stage, p, m, v), m - weights_pending(schedule, stage, p, m, v)
-
-
-def weights_pending(schedule: str, stage: int, p: int, m: int, v: int = 1) -> float:
-    """Micro-batches (in units of the rank's layers) whose input gradients pipeline rank ``stage``
-    has computed and whose weight gradients wait, at its peak: ``min(m·v, stage + 1) / v`` under
-    zero bubble, none otherwise. Each holds, beyond its activations, the gradients at the outputs of
-    its weight-carrying ops (``UnitCost.pending``). Counted from torch's zero-bubble schedule
-    (``tests/test_runtime_memory_model.py`` replays it)."""
-    if p == 1 or schedule != "zb":
-        return 0.0
-    return min(float(m * v), stage + 1.0) / v

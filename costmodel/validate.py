@@ -20,11 +20,10 @@ import numpy as np
 
 from costmodel.constants import CostConstants, constants_for
 from costmodel.device import DeviceModel
-from costmodel.estimate import _signature, check, combine, stage_units
+from costmodel.estimate import estimate
 from costmodel.published import MEMORY_METRICS, TIME_METRICS, PublishedRow, Skipped, build_graph
 from costmodel.report import Report
-from costmodel.units import UnitCost, mesh_groups, unit_cost
-from profiler.graph import LayerGraph, LayerNode
+from profiler.graph import LayerGraph
 from profiler.hardware import accelerator
 from vocab.errors import ShardplanError
 
@@ -92,45 +91,9 @@ def _metric(row: PublishedRow, rep: Report, graph: LayerGraph) -> tuple[float, f
     return tps * per, pub_tps, tps
 
 
-@dataclass
-class _Plan:
-    """What does not depend on the constants: micro-batches and the units of each virtual stage."""
-
-    n_mb: int
-    vstages: list[list[tuple[str, list[LayerNode], tuple]]]
-
-
-_PLANS: dict[tuple, _Plan] = {}
-
-
-def _plan(row: PublishedRow) -> _Plan:
-    if row.key not in _PLANS:
-        g, s = graph_of(row), row.strategy
-        n_mb = check(g, row.cluster, s, row.workload)
-        vstages = [[(name, nodes, (name.startswith("layers."), _signature(nodes), s.for_unit(name)))
-                    for name, nodes in st] for st in stage_units(g, s)]
-        _PLANS[row.key] = _Plan(n_mb, vstages)
-    return _PLANS[row.key]
-
-
 def estimate_row(row: PublishedRow, dev: DeviceModel) -> Report:
-    """:func:`costmodel.estimate.estimate` of the row, its structure cached across constants.
-
-    Identical blocks are priced once; unlike the estimator, a shared block's cost keeps the name of
-    the first block (nothing here reads per-unit names of blocks).
-    """
-    plan, s, w = _plan(row), row.strategy, row.workload
-    groups = mesh_groups(dev, s)
-    priced: dict[tuple, UnitCost] = {}
-    costs = []
-    for st in plan.vstages:
-        stage = []
-        for name, nodes, key in st:
-            if key not in priced:
-                priced[key] = unit_cost(name, nodes, dev, s, w, groups)
-            stage.append(priced[key])
-        costs.append(stage)
-    return combine(costs, graph_of(row), row.cluster, s, w, plan.n_mb, dev)
+    """:func:`costmodel.estimate.estimate` of the row on ``dev`` (the constants being fitted)."""
+    return estimate(graph_of(row), row.cluster, row.strategy, row.workload, device=dev)
 
 
 def predict(rows: Iterable[PublishedRow], constants: ConstantsFor = constants_for,

@@ -175,7 +175,8 @@ def _dp_check(
     from solvers.chain import mesh_problem
     from solvers.osdp_dp import solve_dp
     from solvers.osdp_ilp import solve_ilp
-    from solvers.space import MeshConfig, for_device
+    from solvers.space import for_device
+    from vocab.strategy import MeshConfig
 
     s = res.best.strategy
     cfg = MeshConfig.of(s)

@@ -63,7 +63,7 @@ class PlanViewMixin:
         where = unit_stages(s, units)
         params = {u: sum(n.params for n in nodes) for u, nodes in graph.blocks()} if graph else {}
         try:
-            costs = {u.name: u for st in priced_units(plan)[0] for u in st}
+            costs = {u.name: u for st in priced_units(plan) for u in st}
         except (ShardplanError, ImportError, OSError):
             costs = {}
         rows = []
@@ -72,7 +72,7 @@ class PlanViewMixin:
             rows.append({
                 "unit": u, "stage": where[u][0], "rank": where[u][1], **unit_choices(s, u),
                 "params": params.get(u, math.nan),
-                "state_gib": (c.state_params + c.state_grads + c.state_optim) / GIB if c else math.nan,
+                "state_gib": c.states / GIB if c else math.nan,
                 "activations_gib": c.activations / GIB if c else math.nan,
                 "fwd_ms": c.fwd * 1e3 if c else math.nan,
                 "bwd_ms": (c.bwd + c.recompute) * 1e3 if c else math.nan,

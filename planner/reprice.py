@@ -12,6 +12,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from vocab.errors import ShardplanError
 from vocab.plan import Alternative, ClusterRef, Plan, PlanInputs, Predicted, SolverInfo
 from vocab.strategy import Strategy, Workload
@@ -248,37 +250,30 @@ def stage_times(plan: Plan) -> StageTimes:
                       offload=t.get("offload_s", 0.0), exact=False)
 
 
-def priced_units(plan: Plan) -> tuple[list[list[Any]], Any]:
-    """Unit costs per virtual stage (``costmodel.units.UnitCost``) and the device model used."""
-    from costmodel.device import DeviceModel
-    from costmodel.estimate import UnitPricer, check, stage_units
+def priced_plan(plan: Plan) -> Any:
+    """The plan priced by the cost model (:class:`costmodel.estimate.PricedPlan`)."""
+    from costmodel.estimate import price_plan
     from profiler.profile_schema import load_profile
 
-    graph, cluster, s, w = plan_graph(plan), plan_cluster(plan), plan.strategy, plan.inputs.workload
-    check(graph, cluster, s, w)
-    dev = DeviceModel(cluster, load_profile(plan.inputs.profile) if plan.inputs.profile else None)
-    pricer = UnitPricer(dev, s, w)
-    return [[pricer(name, nodes) for name, nodes in st] for st in stage_units(graph, s)], dev
+    prof = load_profile(plan.inputs.profile) if plan.inputs.profile else None
+    return price_plan(plan_graph(plan), plan_cluster(plan), plan.strategy, plan.inputs.workload, prof)
+
+
+def priced_units(plan: Plan) -> list[list[Any]]:
+    """Unit costs per virtual stage (``costmodel.units.UnitCost``, as floats)."""
+    return priced_plan(plan).units
 
 
 def _stage_times_model(plan: Plan) -> StageTimes:
-    from costmodel.units import mesh_groups
+    from costmodel.assemble import boundary_time
 
-    s = plan.strategy
-    costs, dev = priced_units(plan)
+    pp = priced_plan(plan)
+    costs, a, dev = pp.units, pp.assembled, pp.pricer.dev
     fwd = [sum(u.fwd for u in st) for st in costs]
     bwd = [sum(u.bwd + u.recompute + u.accumulate for u in st) for st in costs]
     wgt = [sum(u.bwd_weight for u in st) for st in costs]
     comm = [sum(sum(u.comm.values()) for u in st) for st in costs]
-    p2p = []
-    pp_group = mesh_groups(dev, s).pp
-    for st in costs[:-1]:
-        nbytes = st[-1].out_bytes if st else 0.0
-        t = dev.collective_time("send_recv", nbytes, pp_group)
-        p2p.append(dev.c.exposed(t, t * dev.c.pp_overlap))
-    ranks = [[u for k in s.rank_stages(r) for u in costs[k]] for r in range(s.mesh.pp)]
-    sync = max(dev.c.exposed(sum(sum(u.step_comm.values()) for u in rk),
-                             dev.c.dp_overlap * sum(u.step_comm_window for u in rk)) for rk in ranks)
-    optim = max(sum(u.optim_time for u in rk) for rk in ranks) + dev.c.step_overhead_s
-    offload = max(sum(u.offload_time for u in rk) for rk in ranks)
-    return StageTimes(fwd, bwd, wgt, comm, p2p, grad_sync=sync, optimizer=optim, offload=offload)
+    p2p = [float(boundary_time(dev, np.array([st[-1].out_bytes if st else 0.0]), pp.pricer.cfg, plan.strategy.mesh.pp)[0]) / 2
+           for st in costs[:-1]]  # one way
+    return StageTimes(fwd, bwd, wgt, comm, p2p, grad_sync=float(a.dp_exposed[0, 0]),
+                      optimizer=float(a.optim[0, 0]) + dev.c.step_overhead_s, offload=float(a.offload[0, 0]))

@@ -158,7 +158,7 @@ def wait_under_load(rank: int, world: int, iters: int, chunk_s: float = LOAD_CHU
     first. Ranks outside a full pair only compute.
 
     The wait grows with the compute between collectives towards the scheduler's time slice
-    (``benchmarks/collective_wait.py`` prints the curve; README). Training computes a layer's
+    (``benchmarks/collective_wait.py`` prints the curve; docs/costmodel.md). Training computes a layer's
     forward or backward between two blocking collectives, on a CPU ~10 ms or more, so the loop
     computes ``chunk_s`` of one rank's CPU time (~12 ms of wall time with two ranks per core)
     between its collectives."""

@@ -16,7 +16,7 @@ collectives are the comm profile's):
 
 On this CPU (one thread) a TP linear adds about 1.1 ms per forward and backward, a sequence-parallel
 norm 0.45 ms, the vocabulary-parallel loss about 2 ms and 1.6–2.7 times plain cross-entropy's time
-per logit (README, Cost model). The cost model adds them to each TP operator's time on a CPU (one thread does
+per logit (docs/costmodel.md). The cost model adds them to each TP operator's time on a CPU (one thread does
 both) and takes the larger of device and host time on a GPU, whose host runs ahead.
 """
 

@@ -155,7 +155,7 @@ def _worker(rank: int, world: int, port: int, jobs: list[Job], out_dir: str) -> 
         dist.barrier()
         (Path(out_dir) / f"{DONE}.{rank}").touch()  # this rank's work is complete; teardown follows
         if fail == [str(rank), "teardown"]:
-            os.abort()  # as torch's C++ teardown has been seen to, once in many runs
+            os.abort()  # a rank that dies in torch's C++ teardown, after its work
     except BaseException as e:
         detail = "" if isinstance(e, ShardplanError) else traceback.format_exc()
         write_atomic(Path(out_dir) / f"error.{rank}", f"{type(e).__name__}: {e}{SEP}{detail}")
@@ -163,8 +163,8 @@ def _worker(rank: int, world: int, port: int, jobs: list[Job], out_dir: str) -> 
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-    # skip the interpreter's teardown of torch's C++ state (gloo threads, stores), where a rare
-    # abort has been seen after every rank had finished; nothing is left to flush but stdio
+    # skip the interpreter's teardown of torch's C++ state (gloo threads, stores), which can abort
+    # after every rank has finished; nothing is left to flush but stdio
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

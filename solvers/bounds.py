@@ -16,6 +16,7 @@ below the best plan found, so each bound must never exceed the true optimum of i
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -25,8 +26,7 @@ from costmodel.estimate import rank_sends
 from costmodel.pipeline import in_flight, ramp_step, time_shared
 from costmodel.vectorized import GridReport
 from solvers.chain import memory_budget
-from solvers.space import MeshConfig
-from vocab.strategy import Workload, rank_blocks
+from vocab.strategy import MeshConfig, Workload, rank_blocks
 
 #: multipliers (seconds per byte) tried by the Lagrangian bounds; 0 is the memory-free bound
 LAMBDAS = np.concatenate([[0.0], np.logspace(-16, -6, 31)])
@@ -134,15 +134,15 @@ def max_stage(tb: np.ndarray, te: np.ndarray, th: np.ndarray, hop: np.ndarray, p
 def sub_grid(gr: GridReport, rows: np.ndarray, more: GridReport | None = None) -> GridReport:
     """The grid's unit arrays of some rows only (what the bounds read), with the options of
     ``more`` (priced for exactly those rows) appended."""
-    fields = ("time", "optim", "offload", "states", "grads", "activations", "bwd_weight", "pending")
+    fields = ("time", "optim", "offload", "states", "state_grads", "activations", "bwd_weight", "pending")
 
-    def pick(u: Any, k: int) -> dict[str, np.ndarray]:
+    def pick(u: Any, k: int) -> SimpleNamespace:
         out = {f: getattr(u, f)[rows] for f in fields}
         if more is not None:
             out = {f: np.concatenate([v, getattr(more.units[k], f)], axis=1) for f, v in out.items()}
-        return out
+        return SimpleNamespace(**out)
 
-    units = [replace(u, **pick(u, k)) for k, u in enumerate(gr.units)]
+    units = [pick(u, k) for k, u in enumerate(gr.units)]
     return replace(gr, units=units, p2p_total=None if gr.p2p_total is None else gr.p2p_total[rows])
 
 
@@ -156,7 +156,7 @@ def flat_lagrange(gr: GridReport, rows: MeshRows, dev: DeviceModel, head: int | 
     m = rows.m[:, None]
     unheld = m <= 1  # one micro-batch: its gradients replace its activations
     parts = [(counts[k], m * u.time + u.optim + u.offload,
-              u.states - np.where(unheld, u.grads, 0.0) + u.activations * (1 + rows.loss_buffer if k == head else 1.0))
+              u.states - np.where(unheld, u.state_grads, 0.0) + u.activations * (1 + rows.loss_buffer if k == head else 1.0))
              for k, u in enumerate(gr.units)]
     return _dual(parts, rows.budget, dev.c.step_overhead_s)
 

@@ -26,15 +26,18 @@ from typing import Any
 
 import numpy as np
 
+from costmodel.assemble import bucket_bytes
+from costmodel.configs import ConfigArrays
 from costmodel.constants import CostConstants
 from costmodel.device import DeviceModel
-from costmodel.estimate import bucket_bytes, grads_held, tied_sum_bytes
+from costmodel.estimate import tied_sum_bytes
 from costmodel.report import GIB
-from costmodel.units import UnitCost, mesh_groups, unit_cost
-from costmodel.vectorized import unit_classes
+from costmodel.state_groups import grads_held
+from costmodel.unit_classes import unit_classes
+from costmodel.units import UnitCost, UnitOption, price_unit, unit_cost
 from profiler.graph import LayerGraph, LayerNode
-from solvers.space import MeshConfig, SpaceOptions, unit_options
-from vocab.strategy import LayerStrategy, Strategy, Workload
+from solvers.space import SpaceOptions, unit_options
+from vocab.strategy import LayerStrategy, MeshConfig, Strategy, Workload
 
 BUDGET_SAFETY = 1e-12  # relative: keeps the floating-point sum of a plan that fits below the limit
 
@@ -170,7 +173,16 @@ def price_option(
 ) -> UnitCost:
     """The unit's cost under ``key``, exactly as :func:`estimate` prices it inside a plan."""
     s = cfg.strategy(layers=option_strategy(name, nodes, key))
-    return unit_cost(name, nodes, dev, s, w, mesh_groups(dev, s))
+    return unit_cost(name, nodes, dev, s, w)
+
+
+def price_options(name: str, nodes: list[LayerNode], keys: Sequence[tuple], cfg: MeshConfig, dev: DeviceModel,
+                  w: Workload) -> list[UnitCost]:
+    """The unit's costs under every option of ``keys`` (:func:`price_option`), priced in one call."""
+    options = [UnitOption.of_strategy(name, nodes, cfg.strategy(layers=option_strategy(name, nodes, key)))
+               for key in keys]
+    priced = price_unit(name, nodes, dev, ConfigArrays.of([cfg]), w, options)
+    return [priced.at(0, j) for j in range(len(keys))]
 
 
 def memory_budget(dev: DeviceModel, cfg: MeshConfig, limit_gib: float) -> float:
@@ -197,14 +209,11 @@ def mesh_problem(
     for k, (name, nodes) in enumerate(reps):
         is_head = names[last] == "head" and index[last] == k
         splittable = bool(large_ops(nodes))
-        row = []
-        for key in keys:
-            if (key[3] > 1 or key[4]) and not splittable:
-                continue
-            u = price_option(name, nodes, key, cfg, dev, w)
-            row.append(unit_option(u, m, c, key, head=w.loss_buffer if is_head else 0.0, held=grads_held(1, m)))
-        options.append(row)
-    tail = tied_sum_bytes(graph, cfg.strategy(), w)
+        mine = [key for key in keys if splittable or not (key[3] > 1 or key[4])]
+        costs = price_options(name, nodes, mine, cfg, dev, w)
+        options.append([unit_option(u, m, c, key, head=w.loss_buffer if is_head else 0.0, held=bool(grads_held(1, m)))
+                        for u, key in zip(costs, mine, strict=True)])
+    tail = tied_sum_bytes(graph, 1, cfg.tp, w)
     return ChainProblem(options, index, memory_budget(dev, cfg, limit_gib), c.step_overhead_s, None, names, tail)
 
 
@@ -218,15 +227,15 @@ def unit_option(
     The step's exposed gradient sync ``κ·ΣS + (1-κ)·max(0, Σ(S - overlap·W))`` (``c.exposed`` of the
     summed sync S and window W, κ the communication interference) splits into an additive part and
     a ``max(0, Σd)`` part, which is how the chain prices it."""
-    states = u.state_params + u.state_grads + u.state_optim
+    states = u.states
     mem = states - (0.0 if held else u.state_grads) + u.activations * (in_flight + head)
-    sync, k = sum(u.step_comm.values()), c.comm_interference
+    sync, k = u.step_comm, c.comm_interference
     return Option(
-        a=m * u.time + u.optim_time + u.offload_time + k * sync,
-        d=(1.0 - k) * (sync - c.dp_overlap * u.step_comm_window),
+        a=m * u.time + u.optim + u.offload + k * sync,
+        d=(1.0 - k) * (sync - c.dp_overlap * u.window),
         mem=mem,
         g=u.gathered,
-        r=u.recompute_peak,
+        r=u.remat,
         key=key,
         end=states,
     )

@@ -20,17 +20,18 @@ from itertools import product
 import numpy as np
 
 from costmodel.device import DeviceModel
-from costmodel.estimate import UnitPricer, estimate, grads_held, stage_units
+from costmodel.estimate import UnitPricer, estimate, stage_units
 from costmodel.report import GIB, Report
+from costmodel.state_groups import grads_held
 from costmodel.vectorized import price_grid
 from profiler.graph import LayerGraph
 from profiler.hardware import Cluster
 from solvers.chain import ChainProblem, chain_strategy, large_ops, mesh_problem
 from solvers.osdp_ilp import least_memory
-from solvers.space import MeshConfig, SpaceOptions, grid_options, operator_options, pipeline_combos
+from solvers.space import SpaceOptions, grid_options, operator_options, pipeline_combos
 from solvers.stages import PipelineProblem, PipelineSolution, pipeline_strategy, unit_problems, with_problems
 from vocab.errors import ShardplanError
-from vocab.strategy import Strategy, Workload, rank_blocks
+from vocab.strategy import MeshConfig, Strategy, Workload, rank_blocks
 
 
 def chain_min_memory(prob: ChainProblem) -> tuple[float, list[int]]:
@@ -138,7 +139,7 @@ def min_memory(
     counts = np.bincount(np.array(gr.unit_index), minlength=len(gr.units))
     pp_deg = np.array([cf.pp for cf in configs], dtype=float)
     unheld = np.array([not grads_held(cf.pp, w.global_batch // (cf.dp * cf.micro_batch)) for cf in configs])[:, None]
-    low = sum(counts[k] * ((u.states - np.where(unheld, u.grads, 0.0)).min(axis=1) + u.activations.min(axis=1))
+    low = sum(counts[k] * ((u.states - np.where(unheld, u.state_grads, 0.0)).min(axis=1) + u.activations.min(axis=1))
               for k, u in enumerate(gr.units))
     lb = (c.context_bytes + (1 + c.fragmentation) * low / pp_deg) / GIB
     plain = np.where(np.array([not o.large for o in uopts])[None, :], gr.memory_peak_gib, np.inf)

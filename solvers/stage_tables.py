@@ -17,16 +17,16 @@ from typing import Any
 
 import numpy as np
 
+from costmodel.assemble import boundary_time, bucket_bytes, recv_bytes
+from costmodel.configs import ConfigArrays
 from costmodel.constants import CostConstants
 from costmodel.device import DeviceModel
-from costmodel.estimate import bucket_bytes
-from costmodel.pipeline import in_flight, recv_buffers, weights_pending
-from costmodel.units import UnitCost, mesh_groups
-from costmodel.vectorized import block_classes, unit_classes, unit_names
+from costmodel.pipeline import in_flight, weights_pending
+from costmodel.unit_classes import block_classes, unit_classes, unit_names
+from costmodel.units import UnitCost
 from profiler.graph import LayerGraph
-from solvers.chain import memory_budget, price_option
-from solvers.space import MeshConfig
-from vocab.strategy import Workload
+from solvers.chain import memory_budget, price_options
+from vocab.strategy import MeshConfig, Workload
 
 INF = float("inf")
 
@@ -111,8 +111,7 @@ class UnitView:
 
     @classmethod
     def of(cls, u: UnitCost) -> UnitView:
-        return cls(u.time, u.activations, u.recompute_peak, u.state_params + u.state_grads + u.state_optim,
-                   u.gathered, sum(u.step_comm.values()), u.step_comm_window, u.optim_time, u.offload_time,
+        return cls(u.time, u.activations, u.remat, u.states, u.gathered, u.step_comm, u.window, u.optim, u.offload,
                    u.bwd_weight, u.out_bytes, u.pending)
 
 
@@ -136,28 +135,27 @@ class PipelineProblem:
         self.m = w.global_batch // (cfg.dp * cfg.micro_batch)
         self.p, self.v = cfg.pp, cfg.vpp
         self.costs: dict[int, list[UnitView]] = costs or {
-            k: [UnitView.of(price_option(reps[k][0], reps[k][1], (sharding, rc, offload, split, mixed), cfg, dev,
-                                         w))
-                for rc in recomputes] for k in set(index)}
+            k: [UnitView.of(u) for u in price_options(reps[k][0], reps[k][1],
+                                                      [(sharding, rc, offload, split, mixed) for rc in recomputes],
+                                                      cfg, dev, w)] for k in set(index)}
         self.bucket = bucket_bytes(dev.c, cfg.dp)
         self.budget = memory_budget(dev, cfg, limit_gib) + self.bucket
-        s = cfg.strategy()
         out = self.costs[self.block_cls[-1]][0].out_bytes
-        send = dev.collective_time("send_recv", out, mesh_groups(dev, s).pp)
-        self.p2p = dev.c.exposed(2 * send, 2 * send * dev.c.pp_overlap)
+        self.p2p = float(boundary_time(dev, np.array([out]), ConfigArrays.of([cfg]), self.p)[0])
         self.cache: dict[tuple, Any] = {}
         self.batch: dict[str, Any] | None = None
         self.evaluated = 0
         # per rank, read in the stage DP's inner loops: (in flight, awaiting weight gradients) and
-        # the receive buffers' bytes (``estimate.recv_bytes``; every stage boundary carries a block's output)
-        self._held = [(in_flight(cfg.schedule, r, self.p, self.m, self.v),
-                       weights_pending(cfg.schedule, r, self.p, self.m, self.v)) for r in range(self.p)]
-        n = self.p * self.v
-        self._recv = []
-        for r in range(self.p):
-            fwd, grad = recv_buffers(cfg.schedule, r, self.p, self.m, self.v)
-            ks = range(r, n, self.p)  # the rank's virtual stages: with a previous one, with a next one
-            self._recv.append(out * (fwd * sum(k > 0 for k in ks) + grad * sum(k < n - 1 for k in ks)))
+        # the receive buffers' bytes (every stage boundary carries a block's output)
+        ranks = np.arange(self.p)
+        fly = np.broadcast_to(in_flight(cfg.schedule, ranks, self.p, self.m, self.v), ranks.shape)
+        pend = np.broadcast_to(weights_pending(cfg.schedule, ranks, self.p, self.m, self.v), ranks.shape)
+        self._held = [(float(f), float(w)) for f, w in zip(fly, pend, strict=True)]
+        n = self.p * self.v  # a rank's virtual stages with a previous one, and with a next one
+        prev = np.array([sum(k > 0 for k in range(r, n, self.p)) for r in ranks])
+        nxt = np.array([sum(k < n - 1 for k in range(r, n, self.p)) for r in ranks])
+        recv = recv_bytes(cfg.schedule, ranks, self.p, self.m, self.v, out * prev, out * nxt)
+        self._recv = [float(x) for x in np.broadcast_to(recv, ranks.shape)]
 
     @classmethod
     def lazy(cls, graph: LayerGraph, dev: DeviceModel, cfg: MeshConfig, w: Workload, sharding: str, offload: str,

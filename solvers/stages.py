@@ -37,9 +37,8 @@ from costmodel.estimate import rank_sends
 from costmodel.pipeline import ramp_step, time_shared
 from profiler.graph import LayerGraph
 from solvers.chain import option_strategy
-from solvers.space import MeshConfig
 from solvers.stage_tables import INF, Fixed, PipelineProblem, StageCost, UnitView, best_splits
-from vocab.strategy import LayerStrategy, Strategy, rank_blocks
+from vocab.strategy import LayerStrategy, MeshConfig, Strategy, rank_blocks
 
 __all__ = ["PipelineProblem", "PipelineSolution", "UnitView", "pipeline_objective", "pipeline_strategy",
            "solve_pipeline"]

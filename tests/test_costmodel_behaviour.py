@@ -115,7 +115,8 @@ def test_eager_attention_is_two_gemms_and_passes_over_the_scores() -> None:
     four times (scale, mask, softmax, dropout); flash attention skips the masked half at its own rate."""
     from dataclasses import replace
 
-    from costmodel.units import node_times
+    from costmodel.configs import ConfigArrays
+    from costmodel.node_costs import node_times
     from profiler.models import resolve_config
     from profiler.transformer import build_graph
 
@@ -127,23 +128,23 @@ def test_eager_attention_is_two_gemms_and_passes_over_the_scores() -> None:
     dev, s, w = DeviceModel(parse_cluster("8xh100")), Strategy(), Workload(seq_len=1024, global_batch=8)
     scores = 2 * 12 * 1024 * 1024
     assert eager.mem_bytes == 8 * scores and eager.fwd_flops == flash.fwd_flops
-    fwd, bwd = node_times(eager, dev, s, w)
+    fwd, bwd = (float(x[0]) for x in node_times(eager, dev, ConfigArrays.of_strategy(s), w))
     assert fwd == pytest.approx(dev.gemm_time(eager.fwd_flops) + dev.memory_time(8 * scores, "softmax"))
     assert bwd == pytest.approx(dev.gemm_time(eager.fwd_flops, backward=True)
                                 + dev.memory_time(8 * scores, "softmax", backward=True))
-    assert fwd > node_times(flash, dev, s, w)[0]
+    assert fwd > float(node_times(flash, dev, ConfigArrays.of_strategy(s), w)[0][0])
 
 
 def test_fp32_training_doubles_activation_bytes_but_not_the_loss() -> None:
-    from costmodel.units import mesh_groups, unit_cost
+    from costmodel.units import unit_cost
 
     g = load_model("llama3-8b", 1024)
     units = dict(g.blocks())
     dev, s = DeviceModel(parse_cluster("8xcpu")), Strategy()
     half, full = (Workload(seq_len=1024, global_batch=8, precision=p) for p in ("bf16", "fp32"))
     for name in ("layers.0", "head"):
-        a = unit_cost(name, units[name], dev, s, half, mesh_groups(dev, s))
-        b = unit_cost(name, units[name], dev, s, full, mesh_groups(dev, s))
+        a = unit_cost(name, units[name], dev, s, half)
+        b = unit_cost(name, units[name], dev, s, full)
         loss = sum(n.act_saved_bytes for n in units[name] if n.kind == "loss")
         assert b.activations - 2 * a.activations == pytest.approx(-loss)
 

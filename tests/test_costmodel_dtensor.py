@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from costmodel.configs import ConfigArrays
 from costmodel.device import DeviceModel
 from costmodel.estimate import UnitPricer, estimate
-from costmodel.units import node_times
+from costmodel.node_costs import node_times
 from profiler.hardware import parse_cluster
 from profiler.measure_dtensor import measure_dtensor_overhead
 from profiler.models import load_model
@@ -36,7 +37,8 @@ W = Workload(seq_len=128, global_batch=8, precision="fp32")
 def times(node: str, s: Strategy, dtensor: DTensorOverhead | None = OVERHEAD, cluster: str = "4xcpu",
           kind: str = "cpu") -> tuple[float, float]:
     n = next(x for x in GRAPH.nodes if x.name == node)
-    return node_times(n, DeviceModel(parse_cluster(cluster), profile(kind, dtensor)), s, W)
+    f, b = node_times(n, DeviceModel(parse_cluster(cluster), profile(kind, dtensor)), ConfigArrays.of_strategy(s), W)
+    return float(f[0]), float(b[0])
 
 
 def tp(sp: bool = False) -> Strategy:

@@ -184,7 +184,8 @@ def test_sequence_parallel_prices_every_blocking_collective_the_runtime_issues()
     """A GPT layer under TP 2 with sequence parallel: each of the 2 row-parallel all-reduces per pass
     is an all-gather + a reduce-scatter (one more wait each), and the 6 whole-parameter gradients
     (2 LayerNorms' weight and bias, 2 row biases) are all-reduced over TP every micro-batch."""
-    from costmodel.units import mesh_groups, sp_partial_grads, unit_cost
+    from costmodel.gradients import sp_partial_grads
+    from costmodel.units import unit_cost
     from profiler.profile_schema import CommFit, DeviceInfo, Profile
 
     alpha, beta, wait = 1e-4, 1e-9, 2e-3
@@ -201,7 +202,7 @@ def test_sequence_parallel_prices_every_blocking_collective_the_runtime_issues()
 
     def tp_comm(sp: bool) -> float:
         s = Strategy(mesh=Mesh(tp=2), sequence_parallel=sp, micro_batch=2)
-        return unit_cost("layers.0", layer, dev, s, w, mesh_groups(dev, s)).comm["tp"]
+        return unit_cost("layers.0", layer, dev, s, w).comm["tp"]
 
     act_msg = 4.0 * 2 * 128 * 768  # fp32 activations of a micro-batch of 2
     plain = 2 * 2 * (alpha + beta * act_msg + wait)  # 2 row-parallel all-reduces, forward and backward
@@ -308,7 +309,8 @@ def test_embedding_backward_zeroes_the_whole_table_each_micro_batch() -> None:
     the looked-up rows: a profile's points give the two slopes (a fit, both ≥ 0), the cost model
     charges the table part per micro-batch on every rank that holds the table — a quarter of it per
     rank under vocabulary-parallel TP 4 — and spec sheets one write of the table."""
-    from costmodel.units import node_times, traffic_width
+    from costmodel.configs import ConfigArrays
+    from costmodel.node_costs import node_times, traffic_width
     from profiler.profile_schema import BwPoint, ComputeProfile, DeviceInfo, Profile
 
     def prof(points: list[tuple[float, float]]) -> Profile:  # (forward bytes, backward s), table 1000 x 512 fp32
@@ -331,7 +333,7 @@ def test_embedding_backward_zeroes_the_whole_table_each_micro_batch() -> None:
     for dev in (DeviceModel(parse_cluster("4xcpu"), prof([(1e6, 1e-3), (4e6, 2e-3)])), DeviceModel(parse_cluster("4xh100"))):
         s = Strategy(mesh=Mesh(tp=4), micro_batch=2)
         nbytes = embed.mem_bytes * 2 / 4 * traffic_width(embed, "fp32")
-        f, bwd = node_times(embed, dev, s, w)
+        f, bwd = (float(x[0]) for x in node_times(embed, dev, ConfigArrays.of_strategy(s), w))
         if dev.profile is not None:
             a, b = dev.profile.embedding_backward()
             assert bwd == pytest.approx((a * nbytes + b * tables * 4) / dev.share, rel=1e-12)

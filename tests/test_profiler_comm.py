@@ -74,8 +74,8 @@ def test_real_gloo_run_with_two_processes() -> None:
 
 def test_the_wait_under_load_is_priced_per_collective() -> None:
     """A profile's measured wait adds to every collective the cost model prices with it."""
+    from costmodel.configs import ConfigArrays
     from costmodel.device import DeviceModel
-    from costmodel.units import mesh_groups
     from profiler.hardware import parse_cluster
     from profiler.profile_schema import CommFit, DeviceInfo
     from vocab.strategy import Mesh, Strategy
@@ -87,7 +87,7 @@ def test_the_wait_under_load_is_priced_per_collective() -> None:
                                                   beta_s_per_byte=1e-9, median_rel_error=0.0,
                                                   points=[(1.0, 1e-4)], wait_s=wait)])
     cl = parse_cluster("2xcpu")
-    grp = mesh_groups(DeviceModel(cl, prof(0.0)), Strategy(mesh=Mesh(tp=2))).tp
+    grp = ConfigArrays.of_strategy(Strategy(mesh=Mesh(tp=2))).tp_group
     base = DeviceModel(cl, prof(0.0)).collective_time("all_reduce", 1e6, grp)
     assert base == pytest.approx(1e-4 + 1e-3)
     assert DeviceModel(cl, prof(2e-3)).collective_time("all_reduce", 1e6, grp) == pytest.approx(base + 2e-3)

@@ -48,7 +48,7 @@ def test_tiny_sweep_makes_a_valid_profile() -> None:
 def test_optimizer_step_is_measured_and_prices_the_cost_models_adam_bytes() -> None:
     """The AdamW step is timed over fp32 master weights; its bandwidth converts the cost model's
     36 bytes per parameter into that step's seconds; a profile without it prices the step by the
-    elementwise add, as before, and the step never stands in for a tensor op."""
+    elementwise add, and the step never stands in for a tensor op."""
     def prof(cases: list) -> Profile:
         info, comp = profile_compute("cpu", "fp32", gemm_shapes=[(32, 48, 16)], attn_shapes=[], bw_cases=cases,
                                      timing=TINY, progress=False, dtensor=False)

@@ -17,8 +17,8 @@ from solvers.chain import ChainProblem, Option, chain_strategy, mesh_problem
 from solvers.exhaustive import solve_chain
 from solvers.osdp_dp import solve_dp
 from solvers.osdp_ilp import solve_ilp
-from solvers.space import SPACES, MeshConfig
-from vocab.strategy import Workload
+from solvers.space import SPACES
+from vocab.strategy import MeshConfig, Workload
 
 
 @st.composite

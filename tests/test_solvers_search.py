@@ -292,15 +292,16 @@ def test_time_shared_cores_let_pipeline_bubbles_lend_their_cores() -> None:
 def test_runners_up_are_exactly_the_next_best_meshes(setup: tuple) -> None:
     """The search prunes at the (k+1)-th best mesh, so its k alternatives are the k best other
     meshes of the space, each at its optimum — what brute force over every plan finds."""
-    from solvers.space import MeshConfig
+    from vocab.strategy import MeshConfig
 
     g, cl, w = setup
     opts = SPACES["hybrid"].with_(**dict(LIMITED, splits=(1,), max_micro_batch_sizes=1, schedules=("1f1b", "zb")))
     k = 3
+    dev = DeviceModel(cl)  # one device model: plans priced one after another share their units
     for limit in _limits(g, cl, w, opts):
         per_mesh: dict[MeshConfig, float] = {}
         for s in space_plans(g, cl, w, opts):
-            rep = estimate(g, cl, s, w, memory_limit_gib=limit)
+            rep = estimate(g, cl, s, w, memory_limit_gib=limit, device=dev)
             if rep.fits:
                 m = MeshConfig.of(s)
                 per_mesh[m] = min(per_mesh.get(m, np.inf), rep.step_time_s)

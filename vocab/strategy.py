@@ -13,11 +13,13 @@ A strategy owns the facts derived from it that the cost model, the solvers, the 
 runtime share: the pipeline layout (:meth:`Strategy.stage_layout`, :meth:`Strategy.rank_blocks`:
 virtual stage ``k`` holds the next ``stage_layout[k]`` blocks and lives on pipeline rank
 ``k mod pp``), the process-group sizes (:meth:`Strategy.group_sizes`) and the micro-batches per step.
+:class:`MeshConfig` is a strategy without its per-unit choices and stage boundaries.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -262,3 +264,71 @@ class Strategy(_Strict):
         """An operator's strategy: the most specific entry naming it or a path above it, else its
         unit's (operators outside ``layers.<i>`` have names of their own: ``embed`` is in ``embedding``)."""
         return self._match(op) or self.for_unit(unit)
+
+
+@dataclass(frozen=True, order=True)
+class MeshConfig:
+    """Everything of a strategy but the per-unit choices and the stage boundaries."""
+
+    pp: int
+    dp_replicate: int
+    dp_shard: int
+    cp: int
+    tp: int
+    ep: int
+    micro_batch: int
+    schedule: str
+    vpp: int
+    sequence_parallel: bool
+    tp_mode: str = "megatron"
+    cp_mode: str = "ring"
+
+    @classmethod
+    def of(cls, s: Strategy) -> MeshConfig:
+        """The mesh configuration a strategy uses."""
+        m = s.mesh
+        return cls(m.pp, m.dp_replicate, m.dp_shard, m.cp, m.tp, m.ep, s.micro_batch, s.schedule, s.vpp,
+                   s.sequence_parallel, s.tp_mode, s.cp_mode)
+
+    @property
+    def mesh(self) -> Mesh:
+        return Mesh(
+            pp=self.pp,
+            dp_replicate=self.dp_replicate,
+            dp_shard=self.dp_shard,
+            cp=self.cp,
+            tp=self.tp,
+            ep=self.ep,
+        )
+
+    @property
+    def dp(self) -> int:
+        return self.dp_replicate * self.dp_shard
+
+    def strategy(
+        self,
+        default: LayerStrategy | None = None,
+        layers: list[LayerStrategy] | None = None,
+        stage_layers: list[int] | None = None,
+    ) -> Strategy:
+        return Strategy(
+            mesh=self.mesh,
+            micro_batch=self.micro_batch,
+            schedule=self.schedule,  # type: ignore[arg-type]
+            vpp=self.vpp,
+            sequence_parallel=self.sequence_parallel,
+            tp_mode=self.tp_mode,  # type: ignore[arg-type]
+            cp_mode=self.cp_mode,
+            default=default or LayerStrategy(),  # type: ignore[arg-type]
+            layers=layers or [],
+            stage_layers=stage_layers,
+        )
+
+    def describe(self) -> str:
+        parts = [
+            f"{k}{getattr(self, k)}"
+            for k in ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep")
+            if getattr(self, k) > 1
+        ]
+        sched = f"{self.schedule}" + (f"/vpp{self.vpp}" if self.vpp > 1 else "")
+        return f"{' '.join(parts) or 'single GPU'} mb{self.micro_batch} {sched}"

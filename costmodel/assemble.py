@@ -1,0 +1,226 @@
+"""From unit costs to a step: the one assembly of units into pipeline ranks, their step time and
+their peak memory, over configurations.
+
+A layout lists the units of every virtual stage as indices into a list of priced units
+(:class:`costmodel.units.UnitCost`, arrays of shape (C, O)); virtual stage ``k`` lives on
+pipeline rank ``k mod p``. Per rank: the time of a micro-batch (its units and the sends at its
+stage boundaries), the schedule's step (:func:`costmodel.pipeline.schedule_time`), the gradient
+sync exposed beyond the backward that hides it, the optimizer and host transfers; memory at the
+two moments of the step (:func:`rank_memory`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from costmodel.configs import ConfigArrays
+from costmodel.constants import CostConstants
+from costmodel.device import DeviceModel
+from costmodel.pipeline import in_flight, recv_buffers, schedule_time, weights_pending
+from costmodel.state_groups import grads_held
+from costmodel.units import UnitCost
+from vocab.strategy import Workload
+
+F = np.ndarray
+
+
+def bucket_bytes(c: CostConstants, dp: Any) -> Any:
+    """Gradient buckets in flight on a rank with ``dp`` data-parallel replicas (``dp_bucket_bytes``),
+    scalars or arrays."""
+    if not isinstance(dp, np.ndarray):
+        return c.dp_bucket_bytes if dp > 1 else 0.0
+    return np.where(np.asarray(dp) > 1, c.dp_bucket_bytes, 0.0)
+
+
+@dataclass
+class Layout:
+    """Units of each virtual stage (indices into the priced units), their counts per pipeline
+    rank and the stage boundaries each rank sends across after a unit of each kind."""
+
+    stages: list[list[int]]
+    p: int
+    classes: int
+    head: int | None = None  # the index of the LM head, whose rank keeps the loss's transients
+    counts: F = field(init=False)
+    bounds: F = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.counts = np.zeros((self.p, self.classes))
+        self.bounds = np.zeros((self.p, self.classes))
+        last = len(self.stages) - 1
+        for k, st in enumerate(self.stages):
+            for cls in st:
+                self.counts[k % self.p, cls] += 1
+            if k < last and st:
+                self.bounds[k % self.p, st[-1]] += 1
+
+    @property
+    def v(self) -> int:
+        return len(self.stages) // self.p
+
+
+@dataclass
+class RankMemory:
+    """One rank's memory parts at its peak (bytes, arrays over (configurations, options)):
+    ``core_run`` is what the start of backward holds besides parameters and optimizer states,
+    ``core_end`` what the end of backward holds besides them (``live`` of the gradients)."""
+
+    params: F
+    optim: F
+    grads: F
+    live: F
+    acts: F
+    core_run: F
+    core_end: F
+    param_bytes: F
+    grad_bytes: F
+    optim_bytes: F
+
+    @property
+    def peak_tensors(self) -> F:
+        return np.maximum(self.core_run, self.core_end) + self.params + self.optim
+
+
+@dataclass
+class Assembled:
+    """Steps of rows of configurations under every option: arrays (n, O) unless said otherwise."""
+
+    step: F
+    memory: F  # bytes of the worst rank, allocator overhead included
+    hw_flops: F  # hardware FLOPs of one step over all ranks
+    n_mb: F  # (n,)
+    p2p_total: F  # (n,): send/recv seconds of all stage boundaries per micro-batch
+    # per rank (n, O, p), filled with ``detail``
+    rank_time: F | None = None
+    pipe: F | None = None
+    bubble: F | None = None
+    dp_exposed: F | None = None
+    optim: F | None = None
+    offload: F | None = None
+    ranks: list[RankMemory] | None = None
+    p2p: F | None = None  # (n, p): exposed sends of each rank per micro-batch
+
+
+def boundary_time(dev: DeviceModel, out_bytes: F, cfg: ConfigArrays, p: int) -> F:
+    """Exposed seconds per micro-batch of one pipeline stage boundary, both ways: the activation
+    sent forward and its gradient sent back (``out_bytes`` each), ``pp_overlap`` of it hidden."""
+    if p == 1:
+        return np.zeros(cfg.size)
+    t = 2 * dev.collective_time("send_recv", out_bytes, cfg.pp_group)
+    return dev.c.exposed(t, t * dev.c.pp_overlap)
+
+
+def assemble(ua: Sequence[UnitCost], layout: Layout, cfg: ConfigArrays, dev: DeviceModel, w: Workload,
+             tail: F, detail: bool = False, rows: F | None = None) -> Assembled:
+    """Step time and peak memory of configurations ``cfg`` (one pipeline degree, ``layout.p``)
+    under every option of the priced units ``ua`` (their ``rows``, when given, are ``cfg``'s);
+    ``tail`` (n,) the end of backward's transient (:func:`costmodel.estimate.tied_sum_bytes`).
+    ``detail`` keeps every rank's parts."""
+    c, p, v = dev.c, layout.p, layout.v
+    K = len(ua)
+    m = w.global_batch / (cfg.dp * cfg.micro_batch)
+    sched = cfg.schedule[:, None]
+    if detail:  # every rank its own
+        sig, first, last, mult = layout.counts, np.arange(p), np.arange(p), np.ones(p)
+        bounds = layout.bounds
+    else:  # ranks holding the same units price alike: the first keeps the most micro-batches in
+        # flight, the last (zero bubble) defers the most weight gradients; between them memory is monotone
+        both = np.concatenate([layout.counts, layout.bounds], axis=1)
+        kinds, first, inv, mult = np.unique(both, axis=0, return_index=True, return_inverse=True,
+                                            return_counts=True)
+        last = np.array([np.flatnonzero(inv.reshape(-1) == j).max() for j in range(len(kinds))])
+        sig, bounds = kinds[:, :K], kinds[:, K:]
+
+    units = Stacked(ua, rows)
+
+    def per_rank(attr: str) -> F:  # (n, O, distinct ranks)
+        return units(attr) @ sig.T
+
+    out = units("out_bytes")  # (n, K)
+    p2p = np.stack([boundary_time(dev, out[:, k], cfg, p) for k in range(K)], axis=1)  # (n, K)
+    p2p_rank = p2p @ bounds.T  # (n, distinct ranks)
+    t_r = per_rank("time") + p2p_rank[:, None, :]
+    f_r, w_r = per_rank("fwd"), per_rank("bwd_weight")
+    pipe, bubble = schedule_time(sched, t_r, m[:, None], p, v, f_r, w_r, dev.share, mult)
+    dp_exposed = c.exposed(per_rank("step_comm"), c.dp_overlap * per_rank("window")).max(axis=2)
+    optim, offload = per_rank("optim").max(axis=2), per_rank("offload").max(axis=2)
+    step = pipe + dp_exposed + optim + offload + c.step_overhead_s
+    # bytes each rank sends across its stage boundaries, which its neighbour keeps receive buffers for
+    sent = out @ layout.bounds.T  # (n, p)
+    mems = [rank_memory(units, sig[j], int(r), layout, cfg, dev, w, m, sent, tail)
+            for j in range(len(sig)) for r in sorted({int(first[j]), int(last[j])})]
+    tensors = np.max(np.stack([rm.peak_tensors for rm in mems]), axis=0)
+    memory = tensors + c.context_bytes + c.fragmentation * tensors
+    held = (sig * mult[:, None]).sum(axis=0)
+    hw = units("hw_flops") @ held
+    hw = hw * m[:, None] * (cfg.dp * cfg.tp * cfg.cp)[:, None]
+    a = Assembled(step, memory, hw, m, (p2p_rank * mult).sum(axis=1))
+    if detail:
+        a.rank_time, a.pipe, a.bubble, a.dp_exposed = t_r, pipe, bubble, dp_exposed
+        a.optim, a.offload, a.ranks, a.p2p = optim, offload, mems, p2p_rank
+    return a
+
+
+def recv_bytes(schedule: Any, r: Any, p: int, m: Any, v: int, sent_in: Any, sent_out: Any) -> Any:
+    """Bytes of the receive buffers pipeline rank ``r`` keeps beyond its activations
+    (:func:`costmodel.pipeline.recv_buffers`): ``sent_in`` bytes arrive per micro-batch at its
+    stages with a previous stage (what rank ``r - 1`` sends), ``sent_out`` bytes of output
+    gradients at its stages with a next one (what it sends itself)."""
+    fwd, grad = recv_buffers(schedule, r, p, m, v)
+    return fwd * sent_in + grad * sent_out
+
+
+class Stacked:
+    """The priced units' arrays of one attribute side by side, (n, O, units), stacked once."""
+
+    def __init__(self, ua: Sequence[UnitCost], rows: F | None = None):
+        self.ua, self.rows = ua, rows
+        self._cache: dict[str, F] = {}
+
+    def __call__(self, attr: str) -> F:
+        if attr not in self._cache:
+            arrays = [getattr(u, attr) for u in self.ua]
+            if self.rows is not None:
+                arrays = [a[self.rows] for a in arrays]
+            self._cache[attr] = np.stack(arrays, axis=-1)
+        return self._cache[attr]
+
+
+def rank_memory(units: Stacked, counts: F, r: int, layout: Layout, cfg: ConfigArrays, dev: DeviceModel,
+                w: Workload, m: F, sent: F, tail: F) -> RankMemory:
+    """Peak memory parts of pipeline rank ``r`` holding ``counts`` of each unit: the larger of two
+    moments of the step.
+
+    * start of backward, the activations in flight all saved: states (gradients only if
+      :func:`grads_held`) + activations (with zero bubble, the output gradients that micro-batches
+      awaiting their weight gradients keep) + the largest gathered ZeRO-3 unit + the largest
+      rematerialised unit + DP buckets + the loss's transients;
+    * end of backward, every gradient made: states + the largest gathered unit + DP buckets +
+      ``tail``;
+    and at both the pipeline's receive buffers (:func:`costmodel.pipeline.recv_buffers`), kept
+    between steps. Between the two, backward trades activations for gradients unit by unit.
+    """
+    c, p, v = dev.c, layout.p, layout.v
+    sched = cfg.schedule
+    ks = np.flatnonzero(counts)
+
+    def total(attr: str) -> F:
+        return units(attr) @ counts
+
+    gath = units("gathered")[..., ks].max(axis=-1)
+    remat = units("remat")[..., ks].max(axis=-1)
+    bucket = bucket_bytes(c, cfg.dp)[:, None]
+    fly, waiting = in_flight(sched, r, p, m, v), weights_pending(sched, r, p, m, v)
+    recv = recv_bytes(sched, r, p, m, v, sent[:, (r - 1) % p], sent[:, r])[:, None] if p > 1 else 0.0
+    acts = total("activations") * np.asarray(fly)[:, None] + total("pending") * np.asarray(waiting)[:, None]
+    loss = units("activations")[..., layout.head] * w.loss_buffer if layout.head is not None and counts[layout.head] else 0.0
+    grads = total("state_grads")
+    live = np.where(grads_held(p, m)[:, None], grads, 0.0)
+    core_run = live + acts + gath + remat + bucket + loss + recv
+    core_end = grads + gath + bucket + tail[:, None] + recv
+    return RankMemory(total("state_params"), total("state_optim"), grads, live, acts, core_run, core_end,
+                      total("param_bytes"), total("grad_bytes"), total("optim_bytes"))

@@ -1,0 +1,124 @@
+"""Configurations the cost model prices at once: named arrays of mesh degrees and modes.
+
+Every cost formula is written over these arrays (shape ``(C,)``); pricing one plan is pricing
+one configuration (``ConfigArrays.of_strategy``). Configurations are :class:`vocab.strategy.Strategy`
+objects or any objects with the attributes of :class:`MeshLike`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from vocab.strategy import MeshConfig, Strategy
+
+F = np.ndarray
+
+
+class MeshLike(Protocol):
+    """The mesh part of a strategy, flat: what a grid of configurations varies."""
+
+    pp: int
+    dp_replicate: int
+    dp_shard: int
+    cp: int
+    tp: int
+    ep: int
+    micro_batch: int
+    schedule: str
+    vpp: int
+    sequence_parallel: bool
+    tp_mode: str
+    cp_mode: str
+
+
+@dataclass(frozen=True)
+class AxisGroup:
+    """A communication group: ``size`` ranks ``stride`` apart in the global rank order (scalars,
+    or arrays over configurations)."""
+
+    size: Any
+    stride: Any
+
+
+@dataclass
+class ConfigArrays:
+    """Configuration arrays (length C); degrees as floats, modes as booleans."""
+
+    pp: F
+    dp_replicate: F
+    dp_shard: F
+    cp: F
+    tp: F
+    ep: F
+    micro_batch: F
+    vpp: F
+    schedule: np.ndarray  # object array of schedule names
+    sequence_parallel: F
+    tsp: F  # tp_mode == "tsp"
+    ulysses: F  # cp_mode == "ulysses"
+
+    @classmethod
+    def of(cls, configs: Sequence[MeshLike]) -> ConfigArrays:
+        def col(attr: str, dtype: Any = float) -> F:
+            return np.array([getattr(c, attr) for c in configs], dtype=dtype)
+
+        return cls(col("pp"), col("dp_replicate"), col("dp_shard"), col("cp"), col("tp"), col("ep"),
+                   col("micro_batch"), col("vpp"), col("schedule", object), col("sequence_parallel", bool),
+                   np.array([c.tp_mode == "tsp" for c in configs], dtype=bool),
+                   np.array([c.cp_mode == "ulysses" for c in configs], dtype=bool))
+
+    @classmethod
+    def of_strategy(cls, s: Strategy) -> ConfigArrays:
+        """One configuration: the mesh and modes of ``s``."""
+        return cls.of([MeshConfig.of(s)])
+
+    @property
+    def size(self) -> int:
+        return len(self.tp)
+
+    @property
+    def dp(self) -> F:
+        return self.dp_replicate * self.dp_shard
+
+    def num_microbatches(self, global_batch: int) -> F:
+        """Micro-batches per step (:meth:`Strategy.num_microbatches`)."""
+        return global_batch // (self.dp * self.micro_batch)
+
+    # ---- communication groups (global rank order: pp, dp_replicate, dp_shard, cp, tp) ----------
+    @property
+    def tp_group(self) -> AxisGroup:
+        return AxisGroup(self.tp, np.ones_like(self.tp))
+
+    @property
+    def cp_group(self) -> AxisGroup:
+        return AxisGroup(self.cp, self.tp)
+
+    @property
+    def shard_group(self) -> AxisGroup:
+        """dp_shard x cp: the group ZeRO/FSDP shards dense states over."""
+        return AxisGroup(self.dp_shard * self.cp, self.tp)
+
+    @property
+    def expert_shard_group(self) -> AxisGroup:
+        """The shard group over ep: what expert states are sharded over."""
+        return AxisGroup(self.dp_shard * self.cp // self.ep, self.tp * self.ep)
+
+    @property
+    def ep_group(self) -> AxisGroup:
+        return AxisGroup(self.ep, self.tp)
+
+    @property
+    def replicate_group(self) -> AxisGroup:
+        return AxisGroup(self.dp_replicate, self.tp * self.cp * self.dp_shard)
+
+    @property
+    def pp_group(self) -> AxisGroup:
+        return AxisGroup(self.pp, self.tp * self.cp * self.dp_shard * self.dp_replicate)
+
+    def rows(self, idx: np.ndarray) -> ConfigArrays:
+        """The configurations at ``idx``."""
+        return ConfigArrays(*(getattr(self, f)[idx] for f in self.__dataclass_fields__))

@@ -1,0 +1,153 @@
+"""What one operator costs on one rank over configurations: its share of the work and of the
+parameters under TP/SP/TSP and EP, its activation width, and its forward and backward seconds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from costmodel.configs import ConfigArrays
+from costmodel.device import DeviceModel
+from costmodel.host import with_dtensor
+from profiler.graph import LayerNode
+from vocab.strategy import Workload
+
+F = np.ndarray
+GEMM_KINDS = ("linear", "router", "experts")
+TP_SPLIT_ROLES = ("column", "row", "heads", "vocab")
+TP_SPLIT_OUTPUTS = ("column", "heads", "vocab")  # roles whose output Megatron TP alone splits
+
+#: the profile's bandwidth case each bandwidth-bound node kind is priced by (else ``elementwise``)
+MEMORY_OPS = {"norm": "norm", "embedding": "embedding", "loss": "cross_entropy", "activation": "activation",
+              "dropout": "dropout"}
+
+
+def act_width(n: LayerNode | None, precision: str) -> float:
+    """The graph counts activations as 2-byte (bf16) tensors: fp32 training doubles them, except the
+    loss (its softmax is fp32 already) and dropout masks (one byte either way)."""
+    if precision != "fp32" or (n is not None and n.kind in ("loss", "dropout")):
+        return 1.0
+    return 2.0
+
+
+def traffic_width(n: LayerNode, precision: str) -> float:
+    """Bytes moved by a bandwidth-bound op scale like its activations; the loss is fp32 already."""
+    return act_width(n if n.kind == "loss" else None, precision)
+
+
+def carries_weights(n: LayerNode) -> bool:
+    """Whether ``n`` has weights of its own on a rank (a tied head's copy on the last pipeline stage
+    too): the ops whose output gradients a deferred weight pass keeps (zero bubble)."""
+    return bool(n.params) or (n.kind == "linear" and n.tp == "vocab")
+
+
+def tp_divisor(n: LayerNode, cfg: ConfigArrays) -> F:
+    """How many ways TP (and SP / TSP) splits this node's work: Megatron TP splits the ops of a
+    TP role, activations, experts and the loss; sequence parallelism and TSP split every op."""
+    static = n.tp in TP_SPLIT_ROLES or n.kind in ("activation", "experts", "loss")
+    return np.where(cfg.tsp | static | cfg.sequence_parallel, cfg.tp, 1.0)
+
+
+def local_params(n: LayerNode, cfg: ConfigArrays) -> np.ndarray:
+    """Parameters of ``n`` on one rank after TP and EP (before data-parallel sharding).
+
+    As Megatron and DTensor TP do: row-parallel biases and position tables stay whole on every
+    TP rank; a tied LM head has its own copy of the embedding on the last pipeline stage.
+    """
+    tp = cfg.tp.astype(np.int64)
+    params = np.full(len(tp), n.params, dtype=np.int64)
+    if n.kind == "linear" and n.tp == "vocab" and n.params == 0:  # a tied head's own copy
+        params = np.where(cfg.pp > 1, int(n.dims.get("in", 0)) * int(n.dims.get("out", 0)), params)
+    if n.kind == "experts":
+        return params // (tp * cfg.ep.astype(np.int64))
+    whole = n.tp in ("column", "heads") or (n.tp == "vocab" and n.kind != "embedding")
+    out = np.where(cfg.tsp | whole, params // tp, params)
+    if n.tp == "row" and not whole:
+        weight = int(n.dims.get("in", 0)) * int(n.dims.get("out", 0))
+        out = np.where(cfg.tsp, out, weight // tp + (params - weight))
+    elif n.tp == "vocab" and n.kind == "embedding":  # token table split by vocabulary
+        table = int(n.dims.get("vocab", 0)) * int(n.dims.get("hidden", 0))
+        out = np.where(cfg.tsp, out, table // tp + (params - table))
+    return np.where(tp == 1, params, out)
+
+
+def gemm_shape(n: LayerNode, per_sample: float, tdiv: float, calls: float) -> tuple[float, float, float] | None:
+    """(m, n, k) of one call of a linear node priced at ``per_sample`` samples per rank (micro-batch
+    over cp) with TP dividing it ``tdiv`` ways: column-parallel GEMMs lose n, row-parallel ones k,
+    sequence-split ones m; OSDP's ``calls`` slices split n."""
+    if n.kind != "linear" or not n.dims.get("in") or not n.dims.get("out"):
+        return None
+    d_in, d_out = float(n.dims["in"]), float(n.dims["out"])
+    m, nn, k = n.fwd_flops / (2 * d_in * d_out) * per_sample, d_out, d_in
+    if tdiv > 1:
+        if n.tp in ("column", "heads", "vocab"):
+            nn /= tdiv
+        elif n.tp == "row":
+            k /= tdiv
+        else:
+            m /= tdiv
+    return m, nn / calls, k
+
+
+def embedding_table_bytes(n: LayerNode, tdiv: float, precision: str) -> float:
+    """Bytes of the dense gradient an embedding's backward zeroes on one rank: its tables (token,
+    and position where learned) in the parameter dtype, the token table split ``tdiv`` ways by
+    vocabulary-parallel TP."""
+    table = float(n.dims.get("vocab", 0)) * float(n.dims.get("hidden", 0))
+    table = min(table, n.params) or n.params
+    return (table / tdiv + (n.params - table)) * 2 * act_width(None, precision)
+
+
+def attention_times(n: LayerNode, dev: DeviceModel, flops: float, nbytes: float, prec: str, kernel: str
+                    ) -> tuple[float, float]:
+    """Flash attention at the kernel's rate; eager attention as two batched GEMMs over the whole
+    score matrix (nothing skipped when causal) plus the bandwidth-bound passes over the scores."""
+    if n.dims.get("eager"):
+        return (dev.gemm_time(flops, prec) + dev.memory_time(nbytes, "softmax"),
+                dev.gemm_time(flops, prec, backward=True) + dev.memory_time(nbytes, "softmax", backward=True))
+    return dev.attention_time(flops, n.causal, kernel=kernel), dev.attention_time(flops, n.causal, True, kernel)
+
+
+def _one_shape(n: LayerNode, dev: DeviceModel, sc: float, cl: float, td: float, w: Workload) -> tuple[float, float]:
+    """Forward and backward seconds of ``n`` at ``sc`` samples of its work per rank, in ``cl``
+    calls, with TP dividing it ``td`` ways."""
+    prec = w.precision
+    flops = n.fwd_flops * sc
+    if n.kind in GEMM_KINDS:
+        if n.kind == "experts":
+            flops *= dev.c.moe_imbalance
+        shape = gemm_shape(n, sc * td, td, cl)
+        return (dev.gemm_time(flops / cl, prec, cl, shape=shape),
+                dev.gemm_time(flops / cl, prec, cl, backward=True, shape=shape))
+    if n.kind == "attention":
+        return attention_times(n, dev, flops, n.mem_bytes * sc * act_width(n, prec), prec, w.attention_kernel)
+    op = MEMORY_OPS.get(n.kind, "elementwise")
+    nbytes = n.mem_bytes * sc * traffic_width(n, prec)
+    if n.kind == "embedding":
+        return dev.memory_time(nbytes, op), dev.embedding_backward_time(nbytes, embedding_table_bytes(n, td, prec))
+    return dev.memory_time(nbytes, op), dev.memory_time(nbytes, op, backward=True)
+
+
+def node_times(n: LayerNode, dev: DeviceModel, cfg: ConfigArrays, w: Workload, tdiv: Any = None,
+               split: int = 1) -> tuple[F, F]:
+    """Forward and backward seconds of one node for one micro-batch on one rank, per configuration
+    (OSDP's ``split`` slices of it): the device model once per distinct (work, calls, TP division),
+    then DTensor's host time where Megatron TP runs."""
+    tdiv = tp_divisor(n, cfg) if tdiv is None else tdiv
+    scale = cfg.micro_batch / cfg.cp / tdiv
+    calls = np.full(cfg.size, float(split))
+    if n.kind == "experts":
+        calls = np.maximum(1.0, n.dims.get("experts", 1) / cfg.ep) * split
+    if cfg.size == 1:  # one configuration: nothing to share
+        uniq, inv = np.stack([scale, calls, np.broadcast_to(tdiv, scale.shape)]), np.zeros(1, dtype=int)
+    elif (dev.measured("gemm") and n.kind in GEMM_KINDS) or n.kind == "embedding":  # by shape, tables by TP
+        uniq, inv = np.unique(np.stack([scale, calls, np.broadcast_to(tdiv, scale.shape)]), axis=1,
+                              return_inverse=True)
+    else:  # one sortable complex key per (scale, calls): much faster than unique rows
+        uniq_c, inv = np.unique(scale + 1j * calls, return_inverse=True)
+        uniq = np.stack([uniq_c.real, uniq_c.imag, np.ones(len(uniq_c))])
+    fb = np.array([_one_shape(n, dev, sc, cl, td, w) for sc, cl, td in uniq.T]).reshape(-1, 2)
+    inv = inv.reshape(-1)
+    f, b = fb[inv, 0], fb[inv, 1]
+    return with_dtensor(n, dev, f, b, (cfg.tp > 1) & ~cfg.tsp, cfg.sequence_parallel, split)

@@ -1,0 +1,59 @@
+"""Units of a layer graph and their classes: units that price alike (every block of one shape,
+the embedding, the head) share one class, so the pricer prices each class once."""
+
+from __future__ import annotations
+
+from profiler.graph import LayerGraph, LayerNode
+
+
+def unit_class_key(name: str, nodes: list[LayerNode]) -> tuple:
+    """Equal for units that price alike: everything of their operators but the block index in the
+    names (blocks are one kind, the embedding and the head each their own)."""
+    return (name if not name.startswith("layers.") else "layers",) + tuple(
+        (n.name.split(".", 2)[-1] if n.block is not None else n.name, n.kind, n.params, n.fwd_flops,
+         n.bwd_flops, n.act_saved_bytes, n.act_selective_bytes, n.act_tp_sharded, n.out_bytes,
+         n.mem_bytes, n.causal, n.tp, tuple(sorted(n.dims.items()))) for n in nodes)
+
+
+def unit_names(graph: LayerGraph) -> list[str]:
+    """The graph's unit names in order (cached on the graph)."""
+    cached = graph.__dict__.get("_unit_names")
+    if cached is not None and cached[0] == len(graph.nodes):
+        return cached[1]
+    names = [n for n, _ in graph.blocks()]
+    graph.__dict__["_unit_names"] = (len(graph.nodes), names)
+    return names
+
+
+def class_keys(graph: LayerGraph) -> list[tuple]:
+    """The :func:`unit_class_key` of every unit in order (cached on the graph)."""
+    cached = graph.__dict__.get("_class_keys")
+    if cached is not None and cached[0] == len(graph.nodes):
+        return cached[1]
+    keys = [unit_class_key(name, nodes) for name, nodes in graph.blocks()]
+    graph.__dict__["_class_keys"] = (len(graph.nodes), keys)
+    return keys
+
+
+def unit_classes(graph: LayerGraph) -> tuple[list[tuple[str, list[LayerNode]]], list[int]]:
+    """Distinct units (first of each class) and the class index of every unit in order (cached on
+    the graph)."""
+    cached = graph.__dict__.get("_unit_classes")
+    if cached is not None and cached[0] == len(graph.nodes):
+        return cached[1], cached[2]
+    reps: list[tuple[str, list[LayerNode]]] = []
+    keys: dict[tuple, int] = {}
+    index = []
+    for (name, nodes), key in zip(graph.blocks(), class_keys(graph), strict=True):
+        if key not in keys:
+            keys[key] = len(reps)
+            reps.append((name, nodes))
+        index.append(keys[key])
+    graph.__dict__["_unit_classes"] = (len(graph.nodes), reps, index)
+    return reps, index
+
+
+def block_classes(graph: LayerGraph) -> list[int]:
+    """The class (:func:`unit_classes`) of every transformer block, in order."""
+    _, index = unit_classes(graph)
+    return [k for k, n in zip(index, unit_names(graph), strict=True) if n.startswith("layers.")]
