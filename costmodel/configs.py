@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Protocol
 
 import numpy as np
@@ -74,7 +75,7 @@ class ConfigArrays:
     @classmethod
     def of_strategy(cls, s: Strategy) -> ConfigArrays:
         """One configuration: the mesh and modes of ``s``."""
-        return cls.of([MeshConfig.of(s)])
+        return one_config(MeshConfig.of(s))
 
     @property
     def size(self) -> int:
@@ -122,3 +123,9 @@ class ConfigArrays:
     def rows(self, idx: np.ndarray) -> ConfigArrays:
         """The configurations at ``idx``."""
         return ConfigArrays(*(getattr(self, f)[idx] for f in self.__dataclass_fields__))
+
+
+@lru_cache(maxsize=4096)
+def one_config(cfg: MeshConfig) -> ConfigArrays:
+    """The arrays of one configuration (shared: nothing writes to them)."""
+    return ConfigArrays.of([cfg])

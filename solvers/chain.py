@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from costmodel.assemble import bucket_bytes
-from costmodel.configs import ConfigArrays
+from costmodel.configs import one_config
 from costmodel.constants import CostConstants
 from costmodel.device import DeviceModel
 from costmodel.estimate import tied_sum_bytes
@@ -181,7 +181,7 @@ def price_options(name: str, nodes: list[LayerNode], keys: Sequence[tuple], cfg:
     """The unit's costs under every option of ``keys`` (:func:`price_option`), priced in one call."""
     options = [UnitOption.of_strategy(name, nodes, cfg.strategy(layers=option_strategy(name, nodes, key)))
                for key in keys]
-    priced = price_unit(name, nodes, dev, ConfigArrays.of([cfg]), w, options)
+    priced = price_unit(name, nodes, dev, one_config(cfg), w, options)
     return [priced.at(0, j) for j in range(len(keys))]
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from costmodel.assemble import boundary_time, bucket_bytes, recv_bytes
-from costmodel.configs import ConfigArrays
+from costmodel.configs import one_config
 from costmodel.constants import CostConstants
 from costmodel.device import DeviceModel
 from costmodel.pipeline import in_flight, weights_pending
@@ -141,7 +141,7 @@ class PipelineProblem:
         self.bucket = bucket_bytes(dev.c, cfg.dp)
         self.budget = memory_budget(dev, cfg, limit_gib) + self.bucket
         out = self.costs[self.block_cls[-1]][0].out_bytes
-        self.p2p = float(boundary_time(dev, np.array([out]), ConfigArrays.of([cfg]), self.p)[0])
+        self.p2p = float(boundary_time(dev, np.array([out]), one_config(cfg), self.p)[0])
         self.cache: dict[tuple, Any] = {}
         self.batch: dict[str, Any] | None = None
         self.evaluated = 0
