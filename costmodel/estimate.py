@@ -18,7 +18,7 @@ from costmodel.constants import CostConstants
 from costmodel.device import DeviceModel
 from costmodel.report import GIB, Report, StageMemory, TimeBreakdown
 from costmodel.state_groups import state_bytes
-from costmodel.unit_classes import class_keys, unit_class_key, unit_names
+from costmodel.unit_classes import class_id, class_ids, unit_class_key, unit_names
 from costmodel.units import UnitCost, UnitOption, price_unit
 from profiler.graph import LayerGraph, LayerNode
 from profiler.hardware import Cluster
@@ -105,15 +105,24 @@ class UnitPricer:
         self.cfg = ConfigArrays.of_strategy(s)
         self.priced: list[UnitCost] = []  # (1, 1) arrays, one per distinct unit
         self._index: dict[tuple, int] = {}
+        self._options: dict[tuple, UnitOption] = {}
         self._known = _PRICED.setdefault(dev, {})
         self._flat = (MeshConfig.of(s), w)
 
     def index(self, name: str, nodes: list[LayerNode], ls: LayerStrategy | None = None,
-              class_key: tuple | None = None) -> int:
+              cls: int | None = None) -> int:
         """Index into :attr:`priced` of the unit under its entries in the strategy (or ``ls``);
-        ``class_key``: the unit's :func:`unit_class_key`, when known."""
-        option = UnitOption.of_strategy(name, nodes, self.s, ls)
-        key = (class_key or unit_class_key(name, nodes), option)
+        ``cls``: the unit's :func:`class_id`, when known."""
+        eff = ls or self.s.for_unit(name)
+        inside = () if ls is not None else tuple(  # operator entries that may name this unit's operators
+            o for o in self.s.layers
+            if o.unit.startswith(name + ".") or (not name.startswith("layers.") and not o.unit.startswith("layers.")))
+        ckey = class_id(unit_class_key(name, nodes)) if cls is None else cls
+        okey = (ckey, name if inside else None, eff, inside)
+        option = self._options.get(okey)
+        if option is None:
+            option = self._options[okey] = UnitOption.of_strategy(name, nodes, self.s, ls)
+        key = (ckey, option)
         if key not in self._index:
             self._index[key] = len(self.priced)
             known = key + self._flat
@@ -152,8 +161,8 @@ def price_plan(graph: LayerGraph, cluster: Cluster, strategy: Strategy, workload
     dev = device or DeviceModel(cluster, profile)
     price = UnitPricer(dev, strategy, workload)
     vstages = stage_units(graph, strategy)
-    keys = dict(zip(unit_names(graph), class_keys(graph), strict=True))
-    stages = [[price.index(name, nodes, class_key=keys[name]) for name, nodes in st] for st in vstages]
+    ids = dict(zip(unit_names(graph), class_ids(graph), strict=True))
+    stages = [[price.index(name, nodes, cls=ids[name]) for name, nodes in st] for st in vstages]
     head = stages[-1][-1] if vstages[-1] and vstages[-1][-1][0] == "head" else None
     layout = Layout(stages, strategy.mesh.pp, len(price.priced), head)
     tail = tied_sum_bytes(graph, price.cfg.pp, price.cfg.tp, workload)

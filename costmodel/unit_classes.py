@@ -15,6 +15,24 @@ def unit_class_key(name: str, nodes: list[LayerNode]) -> tuple:
          n.mem_bytes, n.causal, n.tp, tuple(sorted(n.dims.items()))) for n in nodes)
 
 
+_CLASS_IDS: dict[tuple, int] = {}
+
+
+def class_id(key: tuple) -> int:
+    """A small integer for a :func:`unit_class_key`, the same in every graph (cheap to hash)."""
+    return _CLASS_IDS.setdefault(key, len(_CLASS_IDS))
+
+
+def class_ids(graph: LayerGraph) -> list[int]:
+    """The :func:`class_id` of every unit in order (cached on the graph)."""
+    cached = graph.__dict__.get("_class_ids")
+    if cached is not None and cached[0] == len(graph.nodes):
+        return cached[1]
+    ids = [class_id(k) for k in class_keys(graph)]
+    graph.__dict__["_class_ids"] = (len(graph.nodes), ids)
+    return ids
+
+
 def unit_names(graph: LayerGraph) -> list[str]:
     """The graph's unit names in order (cached on the graph)."""
     cached = graph.__dict__.get("_unit_names")
