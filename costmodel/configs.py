@@ -1,8 +1,8 @@
 """Configurations the cost model prices at once: named arrays of mesh degrees and modes.
 
 Every cost formula is written over these arrays (shape ``(C,)``); pricing one plan is pricing
-one configuration (``ConfigArrays.of_strategy``). Configurations are :class:`vocab.strategy.Strategy`
-objects or any objects with the attributes of :class:`MeshLike`.
+one configuration (``ConfigArrays.of_strategy``). Configurations are
+:class:`vocab.strategy.MeshConfig` objects: strategies without their per-unit choices.
 """
 
 from __future__ import annotations
@@ -10,30 +10,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from vocab.strategy import MeshConfig, Strategy
 
 F = np.ndarray
-
-
-class MeshLike(Protocol):
-    """The mesh part of a strategy, flat: what a grid of configurations varies."""
-
-    pp: int
-    dp_replicate: int
-    dp_shard: int
-    cp: int
-    tp: int
-    ep: int
-    micro_batch: int
-    schedule: str
-    vpp: int
-    sequence_parallel: bool
-    tp_mode: str
-    cp_mode: str
 
 
 @dataclass(frozen=True)
@@ -63,7 +46,7 @@ class ConfigArrays:
     ulysses: F  # cp_mode == "ulysses"
 
     @classmethod
-    def of(cls, configs: Sequence[MeshLike]) -> ConfigArrays:
+    def of(cls, configs: Sequence[MeshConfig]) -> ConfigArrays:
         def col(attr: str, dtype: Any = float) -> F:
             return np.array([getattr(c, attr) for c in configs], dtype=dtype)
 

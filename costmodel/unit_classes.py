@@ -3,6 +3,9 @@ the embedding, the head) share one class, so the pricer prices each class once."
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from profiler.graph import LayerGraph, LayerNode
 
 
@@ -15,6 +18,21 @@ def unit_class_key(name: str, nodes: list[LayerNode]) -> tuple:
          n.mem_bytes, n.causal, n.tp, tuple(sorted(n.dims.items()))) for n in nodes)
 
 
+def _cached(graph: LayerGraph, name: str, build: Callable[[], Any]) -> Any:
+    """``build()`` once per graph (kept on the graph while its nodes stay the same)."""
+    cached = graph.__dict__.get(name)
+    if cached is not None and cached[0] == len(graph.nodes):
+        return cached[1]
+    value = build()
+    graph.__dict__[name] = (len(graph.nodes), value)
+    return value
+
+
+def class_keys(graph: LayerGraph) -> list[tuple]:
+    """The :func:`unit_class_key` of every unit in order."""
+    return _cached(graph, "_class_keys", lambda: [unit_class_key(name, nodes) for name, nodes in graph.blocks()])
+
+
 _CLASS_IDS: dict[tuple, int] = {}
 
 
@@ -24,41 +42,21 @@ def class_id(key: tuple) -> int:
 
 
 def class_ids(graph: LayerGraph) -> list[int]:
-    """The :func:`class_id` of every unit in order (cached on the graph)."""
-    cached = graph.__dict__.get("_class_ids")
-    if cached is not None and cached[0] == len(graph.nodes):
-        return cached[1]
-    ids = [class_id(k) for k in class_keys(graph)]
-    graph.__dict__["_class_ids"] = (len(graph.nodes), ids)
-    return ids
+    """The :func:`class_id` of every unit in order."""
+    return _cached(graph, "_class_ids", lambda: [class_id(k) for k in class_keys(graph)])
 
 
 def unit_names(graph: LayerGraph) -> list[str]:
-    """The graph's unit names in order (cached on the graph)."""
-    cached = graph.__dict__.get("_unit_names")
-    if cached is not None and cached[0] == len(graph.nodes):
-        return cached[1]
-    names = [n for n, _ in graph.blocks()]
-    graph.__dict__["_unit_names"] = (len(graph.nodes), names)
-    return names
-
-
-def class_keys(graph: LayerGraph) -> list[tuple]:
-    """The :func:`unit_class_key` of every unit in order (cached on the graph)."""
-    cached = graph.__dict__.get("_class_keys")
-    if cached is not None and cached[0] == len(graph.nodes):
-        return cached[1]
-    keys = [unit_class_key(name, nodes) for name, nodes in graph.blocks()]
-    graph.__dict__["_class_keys"] = (len(graph.nodes), keys)
-    return keys
+    """The graph's unit names in order."""
+    return _cached(graph, "_unit_names", lambda: [n for n, _ in graph.blocks()])
 
 
 def unit_classes(graph: LayerGraph) -> tuple[list[tuple[str, list[LayerNode]]], list[int]]:
-    """Distinct units (first of each class) and the class index of every unit in order (cached on
-    the graph)."""
-    cached = graph.__dict__.get("_unit_classes")
-    if cached is not None and cached[0] == len(graph.nodes):
-        return cached[1], cached[2]
+    """Distinct units (first of each class) and the class index of every unit in order."""
+    return _cached(graph, "_unit_classes", lambda: _classes(graph))
+
+
+def _classes(graph: LayerGraph) -> tuple[list[tuple[str, list[LayerNode]]], list[int]]:
     reps: list[tuple[str, list[LayerNode]]] = []
     keys: dict[tuple, int] = {}
     index = []
@@ -67,7 +65,6 @@ def unit_classes(graph: LayerGraph) -> tuple[list[tuple[str, list[LayerNode]]], 
             keys[key] = len(reps)
             reps.append((name, nodes))
         index.append(keys[key])
-    graph.__dict__["_unit_classes"] = (len(graph.nodes), reps, index)
     return reps, index
 
 

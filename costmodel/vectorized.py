@@ -7,7 +7,7 @@ layer strategies (sharding × recomputation × offload) with the cost model's on
 (:func:`costmodel.units.price_unit`) and its one assembly (:func:`costmodel.assemble.assemble`):
 :func:`costmodel.estimate.estimate` is the same computation on one configuration.
 
-Configurations are any objects with the attributes of :class:`costmodel.configs.MeshLike` that
+Configurations are :class:`vocab.strategy.MeshConfig` objects that
 pass :func:`costmodel.estimate.check`; this module does not check them again.
 """
 
@@ -15,13 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from costmodel.assemble import Layout, assemble
-from costmodel.configs import ConfigArrays, MeshLike
+from costmodel.configs import ConfigArrays
 from costmodel.device import DeviceModel
 from costmodel.estimate import tied_sum_bytes
 from costmodel.node_costs import node_times
@@ -31,13 +30,13 @@ from costmodel.unit_classes import block_classes, unit_classes, unit_names
 from costmodel.units import UnitCost, UnitOption, price_unit
 from profiler.graph import LayerGraph, LayerNode
 from profiler.hardware import Cluster
-from vocab.strategy import LayerStrategy, Mesh, Strategy, Workload, even_split
+from vocab.strategy import LayerStrategy, Mesh, MeshConfig, Strategy, Workload, even_split
 
 if TYPE_CHECKING:
     from profiler.profile_schema import Profile
 
 F = np.ndarray
-__all__ = ["GridOption", "GridReport", "MeshLike", "block_classes", "compute_bound", "price_grid",
+__all__ = ["GridOption", "GridReport", "block_classes", "compute_bound", "price_grid",
            "strategies_grid", "unit_classes", "unit_names"]
 
 
@@ -109,7 +108,7 @@ def grid_layout(graph: LayerGraph, p: int, v: int) -> Layout:
     return Layout(stages, p, max(index) + 1, post[0] if post else None)
 
 
-def price_grid(graph: LayerGraph, cluster: Cluster, w: Workload, configs: Sequence[MeshLike],
+def price_grid(graph: LayerGraph, cluster: Cluster, w: Workload, configs: Sequence[MeshConfig],
                options: Sequence[LayerStrategy | GridOption], profile: Profile | None = None,
                memory_limit_gib: float | None = None, device: DeviceModel | None = None,
                large_ops: Callable[[list[LayerNode]], Iterable[str]] | None = None) -> GridReport:
@@ -154,31 +153,18 @@ def price_grid(graph: LayerGraph, cluster: Cluster, w: Workload, configs: Sequen
 
 
 def strategies_grid(strategies: Sequence[Strategy]
-                    ) -> tuple[list[Any], list[GridOption], list[tuple[int, int]]]:
+                    ) -> tuple[list[MeshConfig], list[GridOption], list[tuple[int, int]]]:
     """Configurations, options and (i, j) cells of a list of uniform strategies (for testing)."""
-    cfg_keys: dict[tuple, int] = {}
-    opt_keys: dict[tuple, int] = {}
+    cfg_keys: dict[MeshConfig, int] = {}
+    opt_keys: dict[GridOption, int] = {}
     cells = []
-    configs: list[Any] = []
-    options: list[GridOption] = []
     for s in strategies:
-        m = s.mesh
-        ck = (m.pp, m.dp_replicate, m.dp_shard, m.cp, m.tp, m.ep, s.micro_batch, s.schedule, s.vpp,
-              s.sequence_parallel, s.tp_mode, s.cp_mode)
-        if ck not in cfg_keys:
-            cfg_keys[ck] = len(configs)
-            configs.append(SimpleNamespace(**dict(zip(
-                ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep", "micro_batch", "schedule", "vpp",
-                 "sequence_parallel", "tp_mode", "cp_mode"), ck, strict=True))))
-        ok = (s.default.sharding, s.default.recompute, s.default.offload)
-        if ok not in opt_keys:
-            opt_keys[ok] = len(options)
-            options.append(GridOption.of(s.default))
-        cells.append((cfg_keys[ck], opt_keys[ok]))
-    return configs, options, cells
+        cfg, opt = MeshConfig.of(s), GridOption.of(s.default)
+        cells.append((cfg_keys.setdefault(cfg, len(cfg_keys)), opt_keys.setdefault(opt, len(opt_keys))))
+    return list(cfg_keys), list(opt_keys), cells
 
 
-def compute_bound(graph: LayerGraph, cluster: Cluster, w: Workload, configs: Sequence[MeshLike],
+def compute_bound(graph: LayerGraph, cluster: Cluster, w: Workload, configs: Sequence[MeshConfig],
                   profile: Profile | None = None, device: DeviceModel | None = None) -> F:
     """Per configuration, a step time no plan with it beats: its forward and backward compute alone.
 
