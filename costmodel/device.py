@@ -230,14 +230,6 @@ class DeviceModel:
                 multi = lat + np.maximum(intra, inter)
             return np.where(m == 1, single, multi)
 
-    def axis_groups(self, axes: dict[str, int]) -> dict[str, AxisGroup]:
-        """Group size and rank stride of each mesh axis, outermost first as in ``axes``."""
-        out: dict[str, AxisGroup] = {}
-        stride = 1
-        for name in reversed(list(axes)):
-            out[name] = AxisGroup(axes[name], stride)
-            stride *= axes[name]
-        return out
 
 
 def _per_size(n: np.ndarray, fn: Any) -> np.ndarray:

@@ -34,7 +34,7 @@ from costmodel.estimate import tied_sum_bytes
 from costmodel.report import GIB
 from costmodel.state_groups import grads_held
 from costmodel.unit_classes import unit_classes
-from costmodel.units import UnitCost, UnitOption, price_unit, unit_cost
+from costmodel.units import UnitCost, UnitOption, price_unit
 from profiler.graph import LayerGraph, LayerNode
 from solvers.space import SpaceOptions, unit_options
 from vocab.strategy import LayerStrategy, MeshConfig, Strategy, Workload
@@ -168,17 +168,10 @@ def option_strategy(name: str, nodes: list[LayerNode], key: tuple) -> list[Layer
     return [unit, *(big.model_copy(update={"unit": op}) for op in ops)]
 
 
-def price_option(
-    name: str, nodes: list[LayerNode], key: tuple, cfg: MeshConfig, dev: DeviceModel, w: Workload
-) -> UnitCost:
-    """The unit's cost under ``key``, exactly as :func:`estimate` prices it inside a plan."""
-    s = cfg.strategy(layers=option_strategy(name, nodes, key))
-    return unit_cost(name, nodes, dev, s, w)
-
-
 def price_options(name: str, nodes: list[LayerNode], keys: Sequence[tuple], cfg: MeshConfig, dev: DeviceModel,
                   w: Workload) -> list[UnitCost]:
-    """The unit's costs under every option of ``keys`` (:func:`price_option`), priced in one call."""
+    """The unit's costs under every option of ``keys`` (:func:`option_strategy`), exactly as
+    :func:`estimate` prices it inside a plan, priced in one call."""
     options = [UnitOption.of_strategy(name, nodes, cfg.strategy(layers=option_strategy(name, nodes, key)))
                for key in keys]
     priced = price_unit(name, nodes, dev, one_config(cfg), w, options)
