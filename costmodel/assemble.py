@@ -132,7 +132,8 @@ def assemble(ua: Sequence[UnitCost], layout: Layout, cfg: ConfigArrays, dev: Dev
         both = np.concatenate([layout.counts, layout.bounds], axis=1)
         kinds, first, inv, mult = np.unique(both, axis=0, return_index=True, return_inverse=True,
                                             return_counts=True)
-        last = np.array([np.flatnonzero(inv.reshape(-1) == j).max() for j in range(len(kinds))])
+        last = np.zeros(len(kinds), dtype=np.int64)
+        np.maximum.at(last, inv.reshape(-1), np.arange(p))  # each kind's last rank
         sig, bounds = kinds[:, :K], kinds[:, K:]
 
     units = Stacked(ua, rows)

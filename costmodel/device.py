@@ -41,6 +41,7 @@ class DeviceModel:
         self.profile = profile
         self.c = constants or constants_for(self.acc.name).with_overrides(self.acc.cost_constants)
         self.share = self._compute_share()
+        self._coefficient_cache: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._dtensor = profile.compute.dtensor if profile is not None and profile.compute is not None else None
         # the embedding backward's two slopes, fitted once (None: no fit, or no bandwidth curves)
         self._embedding_fit = profile.embedding_backward() if self.measured("bandwidth") else None
@@ -183,27 +184,41 @@ class DeviceModel:
         return _scalar_or(np.where(n <= 1, 0.0, out))
 
     def collective_time(self, kind: str, nbytes: Any, group: AxisGroup) -> Any:
-        """Seconds for one collective over ``group`` of a buffer of ``nbytes`` (full size)."""
+        """Seconds for one collective over ``group`` of a buffer of ``nbytes`` (full size):
+        α + β · bytes, with α and β of the group (:meth:`_coefficients`)."""
+        alpha, beta, n = self._coefficients(kind, group)
+        nbytes = np.asarray(nbytes, dtype=float)
+        moves = (n > 1) & (nbytes > 0)
+        if not moves.any():
+            return _scalar_or(np.zeros(np.broadcast_shapes(n.shape, nbytes.shape)))
+        return _scalar_or(np.where(moves, alpha + beta * nbytes, 0.0))
+
+    def _coefficients(self, kind: str, group: AxisGroup) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(α seconds, β seconds per byte, group size) of ``kind`` over ``group``, computed once per
+        distinct group: the profile's fit when it measured collectives, else the spec sheet's."""
         if kind not in COLLECTIVE_FACTORS:
             raise ShardplanError(f"unknown collective '{kind}'")
         n = np.asarray(group.size, dtype=float)
         stride = np.asarray(group.stride, dtype=float)
-        nbytes = np.asarray(nbytes, dtype=float)
-        n, stride, nbytes = np.broadcast_arrays(n, stride, nbytes)
-        moves = (n > 1) & (nbytes > 0)
-        if not moves.any():
-            return _scalar_or(np.zeros(n.shape))
+        n, stride = np.broadcast_arrays(n, stride)
+        key = (kind, n.shape, n.tobytes(), stride.tobytes())
+        hit = self._coefficient_cache.get(key)
+        if hit is not None:
+            return hit
         if self.profile is not None and self.profile.comm:
             alpha = _per_size(n, lambda x: self.profile.comm_fit(kind, x).alpha_s + self.profile.comm_fit(kind, x).wait_s)
             beta = _per_size(n, lambda x: self.profile.comm_fit(kind, x).beta_s_per_byte)
-            t = alpha + beta * nbytes
         else:
-            t = self._alpha_beta(kind, nbytes, n, stride)
-        return _scalar_or(np.where(moves, t, 0.0))
+            alpha, beta = self._alpha_beta(kind, n, stride)
+        if len(self._coefficient_cache) > 4096:
+            self._coefficient_cache.clear()
+        self._coefficient_cache[key] = hit = (alpha, beta, n)
+        return hit
 
-    def _alpha_beta(self, kind: str, nbytes: np.ndarray, n: np.ndarray, stride: np.ndarray) -> np.ndarray:
-        """Spec-sheet collective time: a ring within one scale-up domain; across domains the
-        scale-up part and the scale-out part (each GPU's NIC share, on 1/k of the data) pipelined."""
+    def _alpha_beta(self, kind: str, n: np.ndarray, stride: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Spec-sheet (α, β) of a collective: a ring within one scale-up domain; across domains the
+        scale-up part and the scale-out part (each GPU's NIC share, on 1/k of the data) pipelined,
+        so the slower part's bytes set β."""
         fac = COLLECTIVE_FACTORS[kind]
         up, out = self.acc.scale_up, self.acc.scale_out
         eff = self.acc.busbw_efficiency
@@ -211,25 +226,25 @@ class DeviceModel:
         domain = self.cluster.scale_up_domain
         with np.errstate(divide="ignore", invalid="ignore"):
             size = np.maximum(n, 1)
-            factor = fac(size)
+            factor = fac(size) * np.ones_like(size)
             log_n = np.ceil(np.log2(size))
             steps = np.ones_like(n) if kind == "send_recv" else log_n * (2 if kind == "all_reduce" else 1)
             dom_k = np.minimum(size, np.maximum(domain // np.maximum(stride, 1), 1))
             k = np.where(stride >= domain, 1, np.gcd(dom_k.astype(np.int64), size.astype(np.int64)))
             m = size // k  # scale-up domains the group spans
-            single = steps * up.latency_us * 1e-6 + factor * nbytes / up_bw
+            single = (steps * up.latency_us * 1e-6, factor / up_bw)
             if kind == "send_recv":
-                multi = out.latency_us * 1e-6 + nbytes / out_bw
+                multi = (out.latency_us * 1e-6 * np.ones_like(size), np.full(size.shape, 1 / out_bw))
             else:
-                intra = np.where(k > 1, fac(np.maximum(k, 1)) * nbytes / up_bw, 0.0)
-                inter = fac(m) * (nbytes / k) / out_bw
+                intra = np.where(k > 1, fac(np.maximum(k, 1)) / up_bw, 0.0)
+                inter = fac(m) / k / out_bw
                 if kind == "all_to_all":  # no hierarchy to exploit: every rank sends (n-1)/n across
-                    inter = factor * nbytes * (1 - (k - 1) / np.maximum(size - 1, 1)) / out_bw
+                    inter = factor * (1 - (k - 1) / np.maximum(size - 1, 1)) / out_bw
                 lat = steps * np.where(k > 1, up.latency_us, 0.0) * 1e-6 + np.ceil(
                     np.log2(np.maximum(m, 1))) * out.latency_us * 1e-6
-                multi = lat + np.maximum(intra, inter)
-            return np.where(m == 1, single, multi)
-
+                multi = (lat, np.maximum(intra, inter))  # bytes >= 0: max(a·x, b·x) = max(a, b)·x
+            one = m == 1
+            return np.where(one, single[0], multi[0]), np.where(one, single[1], multi[1])
 
 
 def _per_size(n: np.ndarray, fn: Any) -> np.ndarray:

@@ -120,7 +120,9 @@ class UnitCost:
         columns = self.__dict__.get("_columns") or {}
         if attr not in columns:
             raise AttributeError(f"'UnitCost' has no '{attr}'")
-        value = np.stack(columns[attr], axis=1)
+        cols = columns[attr]  # O arrays of shape (C,)
+        # (C, O) C-contiguous (rows are taken from it); one configuration: one cheap copy
+        value = np.array(cols).T if len(cols[0]) == 1 else np.stack(cols, axis=1)
         self.__dict__[attr] = value
         return value
 
