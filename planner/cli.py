@@ -1,13 +1,15 @@
 """The ``shardplan`` command line.
 
-Every command turns bad input into one line on stderr and exit code 2 (see :func:`guard`), and
-imports heavy packages (torch, solvers) only inside the commands that need them.
+Every command turns bad input into one line on stderr and exit code 2, and anything unexpected
+into one line and exit code 70 (see :func:`guard` and :func:`main`); user text is printed
+literally. Commands import heavy packages (torch, solvers) only when they run.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -15,8 +17,12 @@ from typing import Any, TypeVar
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-from vocab.errors import ShardplanError
+from vocab.errors import ShardplanError, first_line
+
+#: exit code of an unexpected exception (BSD sysexits' EX_SOFTWARE); bad input exits with 2
+BUG_EXIT = 70
 
 app = typer.Typer(
     name="shardplan",
@@ -30,19 +36,44 @@ err_console = Console(stderr=True)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def literal(text: str) -> Text:
+    """User text as printed, never read as markup: control characters (escape sequences, NULs)
+    shown escaped."""
+    clean = "".join(ch if ch.isprintable() or ch in "\n\t" else ascii(ch)[1:-1] for ch in text)
+    return Text(clean)
+
+
+def fail(message: str, code: int = 2) -> typer.Exit:
+    """Print ``error: message`` on stderr (literally) and return the exit to raise."""
+    err_console.print(Text("error: ", style="bold red") + literal(message), highlight=False, soft_wrap=True)
+    return typer.Exit(code)
+
+
 def guard(fn: F) -> F:
-    """Run a command; a :class:`ShardplanError` becomes ``error: ...`` and exit code 2."""
+    """Run a command: a :class:`ShardplanError` becomes one line ``error: ...`` and exit code 2;
+    any other exception one line naming it as a bug, exit code 70 (``SHARDPLAN_DEBUG=1`` re-raises
+    it, with its traceback)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
         except ShardplanError as e:
-            err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
-            raise typer.Exit(2) from None
+            raise fail(str(e)) from None
         except KeyboardInterrupt:
             err_console.print("interrupted")
             raise typer.Exit(130) from None
+        except (typer.Exit, typer.Abort):
+            raise
+        except RecursionError:
+            raise fail("the input nests too deeply to read") from None
+        except MemoryError:
+            raise fail("out of memory: the input is too large", 2) from None
+        except Exception as e:
+            if os.environ.get("SHARDPLAN_DEBUG"):
+                raise
+            raise fail(f"internal error in '{fn.__name__}': {type(e).__name__}: {first_line(e)} -- this is a bug, "
+                       "please report it (SHARDPLAN_DEBUG=1 shows the traceback)", BUG_EXIT) from None
 
     return wrapper  # type: ignore[return-value]
 
@@ -162,13 +193,44 @@ def _collapse_blocks(layers: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line on ``argv`` (default: ``sys.argv[1:]``) and return its exit code:
+    0, 2 for bad input (a usage error too, in one line), 70 for a bug, 130 when interrupted."""
     from planner import commands  # noqa: F401  (registers the commands of later stages)
 
-    app()
+    try:
+        rc = app(args=argv, standalone_mode=False, prog_name="shardplan")
+    except typer.Abort:
+        err_console.print("interrupted")
+        return 130
+    except typer.Exit as e:
+        return int(e.exit_code or 0)
+    except Exception as e:
+        if not _is_click_error(e):
+            raise
+        if type(e).__name__ == "NoArgsIsHelpError":  # bare ``shardplan``: the help
+            e.show()  # type: ignore[attr-defined]
+            return 0
+        ctx = getattr(e, "ctx", None)
+        path = ctx.command_path.split(" ", 1) if ctx is not None else []
+        where = f" (see shardplan {path[1]} --help)" if len(path) > 1 else " (see shardplan --help)"
+        err_console.print(Text("error: ", style="bold red") + literal(e.format_message()) + Text(where),  # type: ignore[attr-defined]
+                          highlight=False, soft_wrap=True)
+        return 2
+    return rc if isinstance(rc, int) else 0
+
+
+def _is_click_error(e: BaseException) -> bool:
+    """Whether ``e`` is the command-line parser's (click's, vendored by recent typer) usage error."""
+    return hasattr(e, "format_message") and hasattr(e, "exit_code") and hasattr(e, "show")
+
+
+def run() -> None:
+    """The ``shardplan`` console script."""
+    sys.exit(main())
 
 
 if __name__ == "__main__":  # python -m planner.cli: run the imported module, where commands register
-    from planner.cli import main as _main
+    from planner.cli import run as _run
 
-    _main()
+    _run()

@@ -179,7 +179,7 @@ def test_batch_mode(tmp_path: Path) -> None:
 def test_no_torch_and_fast() -> None:
     code = (
         "import sys, runpy; sys.argv = ['shardplan'] + sys.argv[1:]; "
-        "from planner.cli import main\ntry:\n    main()\nexcept SystemExit:\n    pass\n"
+        "from planner.cli import run\ntry:\n    run()\nexcept SystemExit:\n    pass\n"
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     t0 = time.perf_counter()

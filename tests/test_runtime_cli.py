@@ -140,7 +140,7 @@ def test_sigterm_to_train_ends_every_rank_and_leaves_nothing(plan2: Path, tmp_pa
     scratch, out_file = tmp_path / "scratch", tmp_path / "report.json"
     scratch.mkdir()
     proc = subprocess.Popen(
-        [sys.executable, "-c", "from planner.cli import main; main()", "train", "--model", "tiny-llama",
+        [sys.executable, "-c", "from planner.cli import run; run()", "train", "--model", "tiny-llama",
          "--plan", str(plan2), "--nproc", "2", "--steps", "100000", "--output", str(out_file)],
         env={**os.environ, "TMPDIR": str(scratch)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     parent = psutil.Process(proc.pid)

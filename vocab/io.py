@@ -8,44 +8,160 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any, TypeVar
 
+import yaml
 from pydantic import BaseModel, ValidationError
 
 from vocab.errors import ShardplanError, describe_validation_error
 
 M = TypeVar("M", bound=BaseModel)
 
+#: the largest document read (bytes): plans, profiles, model, cluster and batch files are far smaller
+MAX_DOCUMENT_BYTES = 64 * 2**20
+#: the deepest nesting of lists and mappings a document may have (plans need 5)
+MAX_DEPTH = 32
+#: the most alias uses a YAML document may make (an "alias bomb" expands each into a copy)
+MAX_YAML_ALIASES = 64
+#: the most values (lists, mappings and scalars, shared ones once per use) a document may hold
+MAX_NODES = 1_000_000
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file renamed over it: never half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+
+def check_writable(path: str | Path, what: str = "output", error: type[ShardplanError] = ShardplanError) -> Path:
+    """``path`` as a file this process can create or replace, checked before any work: not a
+    directory, and its nearest existing folder writable (folders below it are made on write)."""
+    p = Path(path)
+    if p.is_dir():
+        raise error(f"{what} '{p}' is a directory; give a file name")
+    parent = p.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise error(f"cannot write {what} '{p}': '{parent}' is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise error(f"cannot write {what} '{p}': permission denied")
+    return p
+
+
+def write_atomic(path: Path, text: str, error: type[ShardplanError] = ShardplanError) -> None:
+    """Write ``text`` to ``path`` through a temporary file renamed over it: never half a file; a
+    path that cannot be written raises ``error``."""
+    path = Path(path)
+    check_writable(path, "output", error)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        raise error(f"cannot write '{path}': {e.strerror}") from None
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
         os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise error(f"cannot write '{path}': {e.strerror}") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
 def canonical_json(data: Any) -> str:
-    """``data`` as indented JSON with sorted keys and a final newline: same data, same bytes."""
-    return json.dumps(data, indent=2, sort_keys=True) + "\n"
+    """``data`` as indented JSON with sorted keys and a final newline: same data, same bytes
+    (NaN and infinities are not JSON: they raise ``ValueError``)."""
+    return json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n"
 
 
-def read_text(path: str | Path, what: str, error: type[ShardplanError] = ShardplanError) -> str:
-    """The text of the ``what`` file at ``path``; a missing, unreadable or binary file raises ``error``."""
+def read_text(path: str | Path, what: str, error: type[ShardplanError] = ShardplanError,
+              limit: int = MAX_DOCUMENT_BYTES) -> str:
+    """The UTF-8 text of the ``what`` file at ``path``. Only a regular file of at most ``limit``
+    bytes is read (a FIFO, a device or a directory is refused at once); a missing, unreadable,
+    too large or non-UTF-8 file raises ``error``."""
     p = Path(path)
     try:
-        return p.read_text()
+        st = os.stat(p)
     except OSError as e:
         raise error(f"cannot read {what} '{p}': {e.strerror}") from None
-    except UnicodeDecodeError:
-        raise error(f"{what} '{p}' is not a text (JSON) file") from None
+    except ValueError as e:  # a NUL byte in the name
+        raise error(f"cannot read {what} '{p}': {e}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise error(f"cannot read {what} '{p}': it is a directory")
+    if not stat.S_ISREG(st.st_mode):
+        raise error(f"cannot read {what} '{p}': not a regular file")
+    if st.st_size > limit:
+        raise error(f"{what} '{p}' is {st.st_size:,} bytes; the limit is {limit:,}")
+    try:
+        with open(p, "rb") as f:
+            raw = f.read(limit + 1)
+    except OSError as e:
+        raise error(f"cannot read {what} '{p}': {e.strerror}") from None
+    if len(raw) > limit:
+        raise error(f"{what} '{p}' is over the limit of {limit:,} bytes")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise error(f"{what} '{p}' is not UTF-8 text (byte {e.start})") from None
+
+
+def check_depth(data: Any, origin: str, error: type[ShardplanError] = ShardplanError,
+                limit: int = MAX_DEPTH) -> Any:
+    """``data`` unchanged if its lists and mappings nest at most ``limit`` deep and it holds at
+    most :data:`MAX_NODES` values, else ``error``."""
+    stack, seen = [(data, 1)], 0
+    while stack:
+        node, depth = stack.pop()
+        seen += 1
+        if seen > MAX_NODES:
+            raise error(f"{origin} holds more than {MAX_NODES:,} values")
+        if isinstance(node, dict):
+            children: Any = node.values()
+        elif isinstance(node, list | tuple):
+            children = node
+        else:
+            continue
+        if depth > limit:
+            raise error(f"{origin} nests deeper than {limit} levels")
+        stack.extend((c, depth + 1) for c in children)
+    return data
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader (plain data, no tags that build objects) that refuses documents using
+    more than :data:`MAX_YAML_ALIASES` aliases."""
+
+    def __init__(self, stream: str):
+        super().__init__(stream)
+        self.aliases = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            self.aliases += 1
+            if self.aliases > MAX_YAML_ALIASES:
+                raise yaml.YAMLError(f"more than {MAX_YAML_ALIASES} aliases")
+        return super().compose_node(parent, index)
+
+
+def decode_yaml(text: str, origin: str, error: type[ShardplanError] = ShardplanError) -> Any:
+    """``text`` decoded as YAML (JSON is YAML too) with the safe loader, at most
+    :data:`MAX_YAML_ALIASES` aliases and :data:`MAX_DEPTH` levels, or ``error`` naming ``origin``."""
+    try:
+        data = yaml.load(text, Loader=_BoundedLoader)  # noqa: S506 (a SafeLoader subclass)
+    except yaml.YAMLError as e:
+        where = getattr(e, "problem_mark", None)
+        at = f" at line {where.line + 1} column {where.column + 1}" if where is not None else ""
+        reason = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise error(f"{origin} is not valid YAML: {reason}{at}") from None
+    except RecursionError:
+        raise error(f"{origin} nests deeper than {MAX_DEPTH} levels") from None
+    except (ValueError, TypeError, OverflowError) as e:  # e.g. a timestamp out of range
+        raise error(f"{origin} is not valid YAML: {e}") from None
+    return check_depth(data, origin, error)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
 
 
 def _unclosed(text: str) -> bool:
@@ -76,8 +192,14 @@ def decode_json(text: str, origin: str, error: type[ShardplanError] = ShardplanE
     own, the latter ending in the advice (e.g. ``measure again``).
     """
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
+        return check_depth(json.loads(text, parse_constant=_no_constant), origin, error)
+    except ShardplanError:
+        raise
+    except RecursionError:
+        raise error(f"{origin} nests deeper than {MAX_DEPTH} levels") from None
+    except ValueError as e:  # malformed, NaN/Infinity, an integer of thousands of digits
+        if not isinstance(e, json.JSONDecodeError):
+            raise error(f"{origin} is not valid JSON: {e}") from None
         where = f"{e.msg} at line {e.lineno} column {e.colno}"
         if truncated_advice is not None:
             if not text.strip():
