@@ -139,15 +139,13 @@ def hardware(as_json: bool = typer.Option(False, "--json", help="machine-readabl
 @guard
 def inspect(
     model: str = typer.Option(..., "--model", "-m", help="preset name, config.json path or pkg.module:factory"),
-    seq_len: int = typer.Option(0, "--seq-len", help="tokens per sample (default: the model's max)"),
+    seq_len: int = typer.Option(None, "--seq-len", min=1, help="tokens per sample (default: the model's max)"),
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
     """Show a model's layer graph: parameters, FLOPs and activations per token."""
     from profiler.models import load_model
 
-    if seq_len < 0:
-        raise ShardplanError(f"--seq-len must be positive, got {seq_len}")
-    g = load_model(model, seq_len or None)
+    g = load_model(model, seq_len)
     s = g.seq_len
     layers = [
         {"name": n.name, "kind": n.kind, "block": n.block, "params": n.params,

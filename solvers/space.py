@@ -35,8 +35,10 @@ parallelism is always on with Megatron TP (it never costs more in the cost model
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from itertools import product
 
 from costmodel.vectorized import GridOption
@@ -116,8 +118,11 @@ def for_device(opts: SpaceOptions, device_kind: str) -> SpaceOptions:
     return replace(opts, offloads=("none",)) if device_kind == "cpu" else opts
 
 
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+@lru_cache(maxsize=4096)
+def divisors(n: int) -> tuple[int, ...]:
+    """The divisors of ``n`` in increasing order, found by trial division up to its square root."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return tuple(small + [n // d for d in reversed(small) if d * d != n])
 
 
 def tp_degrees(graph: LayerGraph, cluster: Cluster, world: int) -> Iterator[int]:

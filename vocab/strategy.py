@@ -84,22 +84,35 @@ def rank_blocks(blocks: int, p: int, v: int = 1, layout: Sequence[int] | None = 
     return out
 
 
+#: the largest supported degree of any axis, and of the whole mesh (GPUs)
+MAX_GPUS = 1 << 20
+#: the longest supported sequence (tokens per sample)
+MAX_SEQ_LEN = 10_000_000
+#: the largest supported global batch (samples per step) and micro-batch
+MAX_GLOBAL_BATCH = 1 << 24
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """Plain typed data: no unknown keys, no coercion (``2.5``, ``"2"`` or ``true`` are not
+    counts), no NaN or infinities."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class Mesh(_Strict):
     """Degrees of the named mesh axes."""
 
-    pp: int = Field(1, ge=1, description="pipeline stages")
-    dp_replicate: int = Field(1, ge=1, description="plain data-parallel replicas")
-    dp_shard: int = Field(1, ge=1, description="ranks that ZeRO/FSDP shards states across")
-    cp: int = Field(1, ge=1, description="context-parallel ranks (sequence split in attention)")
-    tp: int = Field(1, ge=1, description="tensor-parallel ranks")
-    ep: int = Field(1, ge=1, description="expert-parallel ranks, carved from dp_shard x cp")
+    pp: int = Field(1, ge=1, le=MAX_GPUS, description="pipeline stages")
+    dp_replicate: int = Field(1, ge=1, le=MAX_GPUS, description="plain data-parallel replicas")
+    dp_shard: int = Field(1, ge=1, le=MAX_GPUS, description="ranks that ZeRO/FSDP shards states across")
+    cp: int = Field(1, ge=1, le=MAX_GPUS, description="context-parallel ranks (sequence split in attention)")
+    tp: int = Field(1, ge=1, le=MAX_GPUS, description="tensor-parallel ranks")
+    ep: int = Field(1, ge=1, le=MAX_GPUS, description="expert-parallel ranks, carved from dp_shard x cp")
 
     @model_validator(mode="after")
     def _ep_fits(self) -> Mesh:
+        if self.world_size > MAX_GPUS:
+            raise ValueError(f"the mesh spans {self.world_size:,} GPUs; at most {MAX_GPUS:,} are supported")
         if (self.dp_shard * self.cp) % self.ep:
             raise ValueError(f"ep={self.ep} must divide dp_shard*cp={self.dp_shard * self.cp}")
         return self
@@ -141,8 +154,8 @@ class LayerStrategy(_Strict):
 class Workload(_Strict):
     """What to train: tokens per sample, samples per step, precision."""
 
-    seq_len: int = Field(..., ge=1)
-    global_batch: int = Field(..., ge=1, description="samples (sequences) per optimizer step")
+    seq_len: int = Field(..., ge=1, le=MAX_SEQ_LEN)
+    global_batch: int = Field(..., ge=1, le=MAX_GLOBAL_BATCH, description="samples (sequences) per optimizer step")
     precision: Literal["bf16", "fp8", "fp32"] = Field(
         "bf16", description="bf16/fp8 mixed precision (fp32 master weights and Adam), or fp32 throughout"
     )
@@ -169,9 +182,9 @@ class Strategy(_Strict):
     """How to train it."""
 
     mesh: Mesh = Mesh()
-    micro_batch: int = Field(1, ge=1)
+    micro_batch: int = Field(1, ge=1, le=MAX_GLOBAL_BATCH)
     schedule: Schedule = "1f1b"
-    vpp: int = Field(1, ge=1, description="virtual stages per rank (interleaved schedule)")
+    vpp: int = Field(1, ge=1, le=1024, description="virtual stages per rank (interleaved schedule)")
     stage_layers: list[int] | None = Field(
         None, description="blocks per (virtual) stage in order; None = as even as possible"
     )

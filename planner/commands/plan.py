@@ -14,7 +14,10 @@ import typer
 from rich.table import Table
 
 from planner.cli import app, console, err_console, guard, print_json
+from planner.options import count_option, positive_option
 from vocab.errors import ShardplanError
+from vocab.io import check_writable
+from vocab.strategy import MAX_GLOBAL_BATCH
 
 GIB = 1024**3
 
@@ -28,6 +31,11 @@ def _batches(text: str) -> list[int]:
         ) from None
     if not out:
         raise ShardplanError("--global-batch is empty")
+    bad = [b for b in out if not 1 <= b <= MAX_GLOBAL_BATCH]
+    if bad:
+        raise ShardplanError(f"--global-batch {bad[0]} is out of range: 1 to {MAX_GLOBAL_BATCH:,} samples")
+    if len(out) > 64:
+        raise ShardplanError(f"--global-batch lists {len(out)} values; compare at most 64")
     return out
 
 
@@ -105,11 +113,11 @@ def plan_cmd(
         ..., "--model", "-m", help="preset name, config.json path or pkg.module:factory"
     ),
     cluster: str = typer.Option(..., "--cluster", "-c", help="'64xh100' or a cluster YAML/JSON file"),
-    seq_len: int = typer.Option(..., "--seq-len", help="tokens per sample"),
+    seq_len: int = count_option(..., "--seq-len", help="tokens per sample"),
     global_batch: str = typer.Option(
         ..., "--global-batch", help="samples per step; a comma list compares throughput (samples/s)"
     ),
-    memory_limit: float = typer.Option(
+    memory_limit: float = positive_option(
         None, "--memory-limit", help="per-GPU memory limit in GiB (default: all)"
     ),
     space: str = typer.Option("full", "--space", help="fsdp | osdp | megatron | hybrid | full | staged (hybrid, every unit of a pipeline its own sharding, exact, slower)"),
@@ -123,10 +131,10 @@ def plan_cmd(
     profile: Path = typer.Option(
         None, "--profile", help="measured profile (shardplan profile) to price with"
     ),
-    time_limit: float = typer.Option(
+    time_limit: float = positive_option(
         None, "--time-limit", help="seconds; the best plan so far, with its gap"
     ),
-    top_k: int = typer.Option(5, "--top-k", help="runners-up to keep"),
+    top_k: int = count_option(5, "--top-k", help="runners-up to keep", maximum=1000),
     output: Path = typer.Option(None, "--output", "-o", help="write the plan JSON here"),
     as_json: bool = typer.Option(False, "--json", help="print the plan JSON instead of the summary"),
 ) -> None:
@@ -138,6 +146,8 @@ def plan_cmd(
     batches = _batches(global_batch)
     if output is not None and output.suffix.lower() != ".json":
         raise ShardplanError(f"-o must name a .json file, got '{output}'")
+    if output is not None:
+        check_writable(output, "-o")
     t0 = time.perf_counter()
     with Progress(
         TextColumn("{task.description}"),

@@ -16,6 +16,7 @@ import typer
 from rich.table import Table
 
 from planner.cli import app, console, err_console, guard, print_json
+from planner.options import count_option, positive_option
 from vocab.errors import ShardplanError
 
 profile_app = typer.Typer(
@@ -141,11 +142,11 @@ def compute(
 @profile_app.command("comm")
 @guard
 def comm(
-    nproc: int = typer.Option(2, "--nproc", help="processes to start on this host"),
+    nproc: int = count_option(2, "--nproc", help="processes to start on this host", maximum=256),
     backend: str = typer.Option("gloo", "--backend", help="gloo or nccl"),
     sizes: str = typer.Option("", "--sizes", help="message sizes, e.g. 1K,64K,1M,256M (default 1 KiB..256 MiB)"),
     stat: str = typer.Option("median", "--stat", help="fit the median or the min of the repeats"),
-    timeout: float = typer.Option(120.0, "--timeout", help="seconds without progress before a rank counts as hung"),
+    timeout: float = positive_option(120.0, "--timeout", help="seconds without progress before a rank counts as hung"),
     quick: bool = QUICK,
     output: Path = OUTPUT,
     merge: bool = MERGE,
@@ -192,13 +193,13 @@ def comm(
 def model(
     model_name: str = typer.Option(..., "--model", "-m", help="preset name or config.json path"),
     device: str = typer.Option("cpu", "--device", help="cpu, cuda or cuda:N"),
-    micro_batch: int = typer.Option(1, "--micro-batch", help="samples per step"),
-    seq_len: int = typer.Option(128, "--seq-len", help="tokens per sample"),
-    layers: int = typer.Option(2, "--layers", help="blocks of the stack to build and run"),
+    micro_batch: int = count_option(1, "--micro-batch", help="samples per step", maximum=4096),
+    seq_len: int = count_option(128, "--seq-len", help="tokens per sample", maximum=1 << 20),
+    layers: int = count_option(2, "--layers", help="blocks of the stack to build and run", maximum=1024),
     dtype: str = typer.Option(
         "auto", "--dtype", help="auto (bf16 on GPUs and on CPUs with bf16 matrix units, else fp32), bf16, fp16, fp32"
     ),
-    repeats: int = typer.Option(5, "--repeats", help="timed steps (after 2 warm-up steps)"),
+    repeats: int = count_option(5, "--repeats", help="timed steps (after 2 warm-up steps)", maximum=10_000),
     profile: Path | None = typer.Option(None, "--profile", help="a compute profile the predictions use"),
     accelerator: str | None = typer.Option(None, "--accelerator", help="accelerator file for the predictions"),
     output: Path = OUTPUT,
