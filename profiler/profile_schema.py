@@ -55,7 +55,7 @@ class ProfileError(ShardplanError):
 
 
 class _Doc(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # measured numbers are finite
 
 
 class DeviceInfo(_Doc):
