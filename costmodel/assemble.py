@@ -152,8 +152,14 @@ def assemble(ua: Sequence[UnitCost], layout: Layout, cfg: ConfigArrays, dev: Dev
     step = pipe + dp_exposed + optim + offload + c.step_overhead_s
     # bytes each rank sends across its stage boundaries, which its neighbour keeps receive buffers for
     sent = out @ layout.bounds.T  # (n, p)
-    mems = [rank_memory(units, sig[j], int(r), layout, cfg, dev, w, m, sent, tail)
-            for j in range(len(sig)) for r in sorted({int(first[j]), int(last[j])})]
+    ranks = [(j, r) for j in range(len(sig)) for r in sorted({int(first[j]), int(last[j])})]
+    rs = np.array([r for _, r in ranks])
+    fly = np.broadcast_to(in_flight(sched, rs, p, m[:, None], v), (len(m), len(rs)))  # (n, ranks)
+    waiting = np.broadcast_to(weights_pending(sched, rs, p, m[:, None], v), (len(m), len(rs)))
+    recv = (recv_bytes(sched, rs, p, m[:, None], v, sent[:, (rs - 1) % p], sent[:, rs])
+            if p > 1 else np.zeros((len(m), len(rs))))
+    mems = [rank_memory(units, sig[j], r, layout, cfg, dev, w, fly[:, i], waiting[:, i], recv[:, i], tail)
+            for i, (j, r) in enumerate(ranks)]
     tensors = np.max(np.stack([rm.peak_tensors for rm in mems]), axis=0)
     memory = tensors + c.context_bytes + c.fragmentation * tensors
     held = (sig * mult[:, None]).sum(axis=0)
@@ -192,9 +198,11 @@ class Stacked:
 
 
 def rank_memory(units: Stacked, counts: F, r: int, layout: Layout, cfg: ConfigArrays, dev: DeviceModel,
-                w: Workload, m: F, sent: F, tail: F) -> RankMemory:
-    """Peak memory parts of pipeline rank ``r`` holding ``counts`` of each unit: the larger of two
-    moments of the step.
+                w: Workload, fly: F, waiting: F, recv: F, tail: F) -> RankMemory:
+    """Peak memory parts of pipeline rank ``r`` holding ``counts`` of each unit, with ``fly``
+    micro-batches in flight (:func:`costmodel.pipeline.in_flight`), ``waiting`` awaiting weight
+    gradients (:func:`costmodel.pipeline.weights_pending`) and ``recv`` bytes of receive buffers
+    (:func:`recv_bytes`), each (n,): the larger of two moments of the step.
 
     * start of backward, the activations in flight all saved: states (gradients only if
       :func:`grads_held`) + activations (with zero bubble, the output gradients that micro-batches
@@ -205,8 +213,8 @@ def rank_memory(units: Stacked, counts: F, r: int, layout: Layout, cfg: ConfigAr
     and at both the pipeline's receive buffers (:func:`costmodel.pipeline.recv_buffers`), kept
     between steps. Between the two, backward trades activations for gradients unit by unit.
     """
-    c, p, v = dev.c, layout.p, layout.v
-    sched = cfg.schedule
+    c, p = dev.c, layout.p
+    m = w.global_batch / (cfg.dp * cfg.micro_batch)
     ks = np.flatnonzero(counts)
 
     def total(attr: str) -> F:
@@ -215,9 +223,8 @@ def rank_memory(units: Stacked, counts: F, r: int, layout: Layout, cfg: ConfigAr
     gath = units("gathered")[..., ks].max(axis=-1)
     remat = units("remat")[..., ks].max(axis=-1)
     bucket = bucket_bytes(c, cfg.dp)[:, None]
-    fly, waiting = in_flight(sched, r, p, m, v), weights_pending(sched, r, p, m, v)
-    recv = recv_bytes(sched, r, p, m, v, sent[:, (r - 1) % p], sent[:, r])[:, None] if p > 1 else 0.0
-    acts = total("activations") * np.asarray(fly)[:, None] + total("pending") * np.asarray(waiting)[:, None]
+    recv = recv[:, None]
+    acts = total("activations") * fly[:, None] + total("pending") * waiting[:, None]
     loss = units("activations")[..., layout.head] * w.loss_buffer if layout.head is not None and counts[layout.head] else 0.0
     grads = total("state_grads")
     live = np.where(grads_held(p, m)[:, None], grads, 0.0)
