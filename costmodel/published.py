@@ -11,6 +11,7 @@ depends on the published value: rows are never tuned one by one.
 from __future__ import annotations
 
 import csv
+import io
 import re
 from dataclasses import dataclass, field
 from functools import cache
@@ -22,6 +23,7 @@ from profiler.model_config import TransformerConfig
 from profiler.models import presets
 from profiler.transformer import build_graph as _build_graph
 from vocab.errors import ShardplanError
+from vocab.io import read_text
 from vocab.strategy import LayerStrategy, Mesh, Strategy, Workload
 
 CALIBRATION_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "calibration"
@@ -128,14 +130,14 @@ def default_csv_path() -> Path:
 def load_published(path: str | Path | None = None) -> tuple[list[PublishedRow], list[Skipped]]:
     """Map every row of the CSV at ``path`` (default: the shared calibration file)."""
     p = Path(path) if path is not None else default_csv_path()
+    text = read_text(p, "published runs")
     try:
-        with p.open(newline="") as f:
-            reader = csv.DictReader(f)
-            missing = [c for c in ("source", "model", "metric", "value") if c not in (reader.fieldnames or [])]
-            if missing:
-                raise ShardplanError(f"published runs '{p}': missing column(s) {missing}")
-            raw = list(reader)
-    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        missing = [c for c in ("source", "model", "metric", "value") if c not in (reader.fieldnames or [])]
+        if missing:
+            raise ShardplanError(f"published runs '{p}': missing column(s) {missing}")
+        raw = list(reader)
+    except csv.Error as e:
         raise ShardplanError(f"cannot read published runs '{p}': {e}") from None
     rows: list[PublishedRow] = []
     skipped: list[Skipped] = []

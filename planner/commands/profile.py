@@ -18,6 +18,7 @@ from rich.table import Table
 from planner.cli import app, console, err_console, guard, print_json
 from planner.options import count_option, positive_option
 from vocab.errors import ShardplanError
+from vocab.io import check_writable
 
 profile_app = typer.Typer(
     name="profile", no_args_is_help=True,
@@ -34,15 +35,7 @@ AS_JSON = typer.Option(False, "--json", help="print the summary as JSON")
 
 def _base(output: Path, merge: bool, kind: str) -> Any:
     """Check the output can be written (before measuring) and read it when merging."""
-    if output.exists() and output.is_dir():
-        raise ShardplanError(f"output '{output}' is a directory")
-    parent = output.parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ShardplanError(f"cannot create the folder of '{output}': {e.strerror}") from None
-    if not os.access(parent, os.W_OK):
-        raise ShardplanError(f"cannot write '{output}': its folder is not writable")
+    check_writable(output, "output")
     if merge and output.exists():
         from profiler.profile_schema import load_profile
 

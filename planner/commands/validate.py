@@ -14,6 +14,7 @@ from rich.table import Table
 
 from planner.cli import app, console, err_console, guard, print_json
 from vocab.errors import ShardplanError
+from vocab.io import check_writable
 
 
 def _load(csvs: list[Path]) -> tuple[list[Any], list[Any]]:
@@ -108,9 +109,7 @@ def fit_cmd(
     from costmodel.fit import fit, write_constants
     from costmodel.validate import validate
 
-    out = output or CONSTANTS_PATH
-    if out.exists() and out.is_dir():
-        raise ShardplanError(f"output '{out}' is a directory")
+    out = check_writable(output or CONSTANTS_PATH, "output")
     published, skipped = _load([csv_path] if csv_path else [])
     if not published:
         raise ShardplanError("no usable rows to fit on")
