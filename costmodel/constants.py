@@ -6,6 +6,7 @@ accelerator (written by ``shardplan fit``, each override with the rows it was fi
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields, replace
 from functools import cache
 from pathlib import Path
@@ -118,6 +119,10 @@ class CostConstants:
         bad = sorted(set(overrides) - known)
         if bad:
             raise ShardplanError(f"unknown cost constant(s) {bad}; known: {sorted(known)}")
+        bad = sorted(k for k, v in overrides.items()
+                     if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v))
+        if bad:
+            raise ShardplanError(f"cost constant(s) {bad} must be finite numbers")
         return replace(self, **{k: float(v) for k, v in overrides.items()})
 
 
