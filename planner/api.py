@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from costmodel.device import DeviceModel
+from planner.reprice import graph_record
 from profiler.graph import LayerGraph
 from profiler.hardware import Cluster, parse_cluster
 from profiler.models import load_model
@@ -59,7 +60,9 @@ def search_plan(
     cross_entropy: str = "eager",
 ) -> Planned:
     """Search and build the plan document; with several global batches the one with the most
-    samples per second wins (throughput, not time per step, is compared)."""
+    samples per second wins (throughput, not time per step, is compared). ``model`` is a preset
+    name, a config path or dict, or a ``package.module:factory`` (imported and run: your call); the
+    plan records the layer graph of a model that is not a preset or config file."""
     if space not in SPACES:
         raise ShardplanError(f"unknown search space '{space}'; known: {', '.join(SPACES)}")
     if precision not in PRECISIONS:
@@ -111,6 +114,7 @@ def search_plan(
         inputs=PlanInputs(
             model=_model_name(model, graph),
             model_hash=graph.content_hash(),
+            model_graph=graph_record(model, graph),
             cluster=ClusterRef(**cl.to_dict()),
             workload=w,
             memory_limit_gib=memory_limit_gib,

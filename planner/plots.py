@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
+    from profiler.graph import LayerGraph
+
 KINDS = ("memory", "timeline", "layers", "pareto")
 FORMATS = {".png": "png", ".svg": "svg"}
 MEMORY_PARTS = (("params", "parameters", "#4c72b0"), ("grads", "gradients", "#55a868"),
@@ -176,13 +178,15 @@ def _plus(t: float | None, dt: float) -> float | None:
     return None if t is None else t + dt
 
 
-def plot_timeline(plan: Plan, ax: Axes | None = None) -> Figure:
+def plot_timeline(plan: Plan, ax: Axes | None = None, graph: LayerGraph | None = None) -> Figure:
     """One training step: each pipeline rank's forward/backward per micro-batch, exposed communication,
-    idle time (the bubble), then the exposed gradient synchronisation and the optimizer step."""
+    idle time (the bubble), then the exposed gradient synchronisation and the optimizer step. Stage
+    times come from the cost model with the plan's model (its preset, config file or recorded
+    graph) or ``graph``."""
     s = plan.strategy
     p, v = s.mesh.pp, s.vpp
     m = s.num_microbatches(plan.inputs.workload.global_batch)
-    st = stage_times(plan)
+    st = stage_times(plan, graph)
     ops = simulate(s.schedule, st, p, m, v)
     pipe_end = max(o.end for o in ops)
     total = pipe_end + st.grad_sync + st.offload + st.optimizer
@@ -326,9 +330,12 @@ def plot_pareto(plan: Plan, ax: Axes | None = None) -> Figure:
 PLOTTERS = {"memory": plot_memory, "timeline": plot_timeline, "layers": plot_layers, "pareto": plot_pareto}
 
 
-def plot(plan: Plan, kind: str = "memory", ax: Axes | None = None) -> Figure:
+def plot(plan: Plan, kind: str = "memory", ax: Axes | None = None, graph: LayerGraph | None = None) -> Figure:
+    """Draw ``kind``; ``graph`` (the timeline's model instead of the plan's) is used by ``timeline`` only."""
     if kind not in PLOTTERS:
         raise UnknownNameError("plot kind", kind, KINDS)
+    if kind == "timeline":
+        return plot_timeline(plan, ax, graph)
     return PLOTTERS[kind](plan, ax)
 
 
@@ -340,7 +347,7 @@ def check_output(path: str | Path) -> str:
     return fmt
 
 
-def save_plot(plan: Plan, kind: str, path: str | Path) -> Path:
+def save_plot(plan: Plan, kind: str, path: str | Path, graph: LayerGraph | None = None) -> Path:
     """Draw and write atomically (a temporary file renamed over ``path``); nothing is left on error."""
     out = Path(path)
     fmt = check_output(out)
@@ -349,7 +356,7 @@ def save_plot(plan: Plan, kind: str, path: str | Path) -> Path:
     if out.is_dir() or not out.parent.is_dir():
         raise ShardplanError(f"output '{path}': " + ("is a folder" if out.is_dir() else
                                                      f"folder '{out.parent}' does not exist"))
-    fig = plot(plan, kind)
+    fig = plot(plan, kind, graph=graph)
     fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=out.suffix)
     os.close(fd)
     try:

@@ -3,19 +3,26 @@
 ``explain``, ``plot`` and ``export`` read a plan document alone where they can; what the document
 does not record (per-unit costs for the timeline, the cost of the nearest plan an export target
 can express) comes from the cost model, with the model and cluster the plan names.
+
+A plan never runs code: its model is loaded from the preset or config file it names, or from the
+layer graph it records (checked against ``model_hash``), never by importing a
+``package.module:factory``. Commands import a factory only when the command line names it
+(``--model``), and pass the graph they built as ``graph``.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from vocab.errors import ShardplanError
-from vocab.plan import Alternative, ClusterRef, Plan, PlanInputs, Predicted, SolverInfo
+from vocab.plan import Alternative, ClusterRef, ModelGraph, Plan, PlanInputs, Predicted, SolverInfo
 from vocab.strategy import Strategy, Workload
 
 if TYPE_CHECKING:
@@ -59,11 +66,83 @@ def memory_limit_gib(plan: Plan) -> float:
 
 # ---- model and cluster --------------------------------------------------------------------------
 
-def plan_graph(plan: Plan) -> LayerGraph:
-    """The layer graph of the plan's model at its sequence length (raises ShardplanError)."""
-    from profiler.models import load_model
+FACTORY_REFUSED = "factories are imported only from the command line --model"
 
-    return load_model(plan.inputs.model, plan.inputs.workload.seq_len)
+
+def is_factory(spec: Any) -> bool:
+    """Whether ``profiler.models.load_model`` would import ``spec`` as ``package.module:factory``."""
+    if not isinstance(spec, str) or ":" not in spec:
+        return False
+    try:
+        return not Path(spec).exists()
+    except (OSError, ValueError):
+        return True
+
+
+def load_named_model(spec: str | dict[str, Any], seq_len: int | None = None) -> LayerGraph:
+    """The layer graph of a preset, a config file or a dict of config keys; a ``package.module:factory``
+    raises :class:`ShardplanError` and is never imported (``profiler.models.load_model`` imports it)."""
+    from profiler.models import load_model, resolve_config
+    from profiler.transformer import build_graph
+
+    if is_factory(spec):
+        raise ShardplanError(f"model '{spec}' is a package.module:factory: {FACTORY_REFUSED}")
+    if isinstance(spec, str) and ":" in spec:  # a config file with a colon in its name: read as a file, whatever
+        return build_graph(resolve_config(spec), seq_len)  # happens to the path meanwhile
+    return load_model(spec, seq_len)
+
+
+def recorded_graph(plan: Plan) -> LayerGraph | None:
+    """The layer graph the plan records (``inputs.model_graph``), checked against ``model_hash``."""
+    from profiler.graph import graph_from_dict
+
+    rec = plan.inputs.model_graph
+    if rec is None:
+        return None
+    try:
+        graph = graph_from_dict({**rec.model_dump(), "model_id": plan.inputs.model})
+    except ValueError as e:
+        raise ShardplanError(f"the plan's inputs.model_graph is not a layer graph: {e}") from None
+    if graph.content_hash() != plan.inputs.model_hash:
+        raise ShardplanError("the plan's inputs.model_graph does not match its inputs.model_hash "
+                             f"({graph.content_hash()} != {plan.inputs.model_hash})")
+    return graph
+
+
+def plan_graph(plan: Plan, seq_len: int | None = None) -> LayerGraph:
+    """The layer graph of the plan's model at its sequence length (or ``seq_len``): the graph the plan
+    records, else its preset or config file; never an import (raises ShardplanError)."""
+    seq = seq_len or plan.inputs.workload.seq_len
+    graph = recorded_graph(plan)
+    if graph is not None:
+        if graph.seq_len != seq:
+            raise ShardplanError(f"the plan records its model's layer graph at seq_len {graph.seq_len}, not {seq}: "
+                                 "give --model to price the model at another length")
+        return graph
+    if is_factory(plan.inputs.model):
+        raise ShardplanError(f"the plan's model '{plan.inputs.model}' is a package.module:factory and the plan "
+                             f"records no layer graph: {FACTORY_REFUSED}")
+    return load_named_model(plan.inputs.model, seq)
+
+
+def graph_record(model: Any, graph: LayerGraph) -> ModelGraph | None:
+    """What a plan records of its model's layer graph: nothing for a preset or config file named by a
+    string (re-pricing loads it by name); the graph for anything else (a factory, a config dict or
+    object, or with ``model`` None a graph its name does not rebuild)."""
+    from profiler.graph import graph_to_dict
+
+    if isinstance(model, str) and not is_factory(model):
+        return None
+    if model is None and not is_factory(graph.model_id):
+        try:
+            if load_named_model(graph.model_id, graph.seq_len).content_hash() == graph.content_hash():
+                return None
+        except (ShardplanError, ImportError, OSError):
+            pass
+    data = graph_to_dict(graph)
+    data.pop("model_id")
+    data["config"] = json.loads(json.dumps(data["config"], default=str))
+    return ModelGraph.model_validate(data)
 
 
 def plan_cluster(plan: Plan) -> Cluster:
@@ -73,6 +152,7 @@ def plan_cluster(plan: Plan) -> Cluster:
 
 
 def try_graph(plan: Plan) -> LayerGraph | None:
+    """The plan's layer graph (:func:`plan_graph`), or None when it cannot be had without an import."""
     try:
         return plan_graph(plan)
     except (ShardplanError, ImportError, OSError):
@@ -136,8 +216,9 @@ def price(
         return Predicted(**estimate(graph, cluster, s, workload, prof, memory_limit_gib).to_dict())
 
     inputs = PlanInputs(
-        model=model or graph.model_id, model_hash=graph.content_hash(), cluster=ClusterRef(**cluster.to_dict()),
-        workload=workload, memory_limit_gib=memory_limit_gib, profile=profile,
+        model=model or graph.model_id, model_hash=graph.content_hash(), model_graph=graph_record(model, graph),
+        cluster=ClusterRef(**cluster.to_dict()), workload=workload, memory_limit_gib=memory_limit_gib,
+        profile=profile,
     )
     alts = [Alternative(strategy=a, predicted=predicted(a)) for a in alternatives]
     return Plan(inputs=inputs, strategy=strategy, predicted=predicted(strategy), solver=SolverInfo(name="user"),
@@ -149,7 +230,8 @@ def plan_from_strategy(
     global_batch: int, precision: str = "bf16", memory_limit_gib: float | None = None,
     alternatives: Iterable[Strategy | dict[str, Any]] = (),
 ) -> Plan:
-    """A plan for a strategy you give (no search): ``plan_from_strategy("llama3-8b", "16xh100", {...}, 4096, 64)``."""
+    """A plan for a strategy you give (no search): ``plan_from_strategy("llama3-8b", "16xh100", {...}, 4096, 64)``.
+    A ``package.module:factory`` model is imported (your call in Python); the plan records its graph."""
     from profiler.hardware import parse_cluster
     from profiler.models import load_model
 
@@ -177,14 +259,15 @@ class Repriced:
         return self.variant["step_time_s"] - self.original["step_time_s"]
 
 
-def reprice(plan: Plan, strategy: Strategy, workload: Workload | None = None) -> Repriced:
-    """Re-estimate the plan and ``strategy`` (on ``workload``) with the plan's model and cluster."""
+def reprice(plan: Plan, strategy: Strategy, workload: Workload | None = None,
+            graph: LayerGraph | None = None) -> Repriced:
+    """Re-estimate the plan and ``strategy`` (on ``workload``) with the plan's model (or ``graph``) and cluster."""
     from costmodel.estimate import estimate
     from profiler.profile_schema import load_profile
 
     out = Repriced()
     try:
-        graph, cluster = plan_graph(plan), plan_cluster(plan)
+        graph, cluster = graph if graph is not None else plan_graph(plan), plan_cluster(plan)
         prof = load_profile(plan.inputs.profile) if plan.inputs.profile else None
     except ShardplanError as e:
         out.error = f"cannot load the plan's model or cluster: {e}"
@@ -228,11 +311,12 @@ class StageTimes:
     exact: bool = True
 
 
-def stage_times(plan: Plan) -> StageTimes:
-    """Per-virtual-stage times from the cost model; evenly split from the prediction if the model is unknown."""
+def stage_times(plan: Plan, graph: LayerGraph | None = None) -> StageTimes:
+    """Per-virtual-stage times from the cost model (with the plan's model, or ``graph``); evenly split
+    from the prediction if the model cannot be had."""
     s = plan.strategy
     try:
-        return _stage_times_model(plan)
+        return _stage_times_model(plan, graph)
     except (ShardplanError, ImportError, OSError):
         pass
     pred = predicted_dict(plan)
@@ -250,24 +334,25 @@ def stage_times(plan: Plan) -> StageTimes:
                       offload=t.get("offload_s", 0.0), exact=False)
 
 
-def priced_plan(plan: Plan) -> Any:
-    """The plan priced by the cost model (:class:`costmodel.estimate.PricedPlan`)."""
+def priced_plan(plan: Plan, graph: LayerGraph | None = None) -> Any:
+    """The plan priced by the cost model (:class:`costmodel.estimate.PricedPlan`), with the plan's
+    model or ``graph``."""
     from costmodel.estimate import price_plan
     from profiler.profile_schema import load_profile
 
     prof = load_profile(plan.inputs.profile) if plan.inputs.profile else None
-    return price_plan(plan_graph(plan), plan_cluster(plan), plan.strategy, plan.inputs.workload, prof)
+    return price_plan(graph if graph is not None else plan_graph(plan), plan_cluster(plan), plan.strategy, plan.inputs.workload, prof)
 
 
-def priced_units(plan: Plan) -> list[list[Any]]:
+def priced_units(plan: Plan, graph: LayerGraph | None = None) -> list[list[Any]]:
     """Unit costs per virtual stage (``costmodel.units.UnitCost``, as floats)."""
-    return priced_plan(plan).units
+    return priced_plan(plan, graph).units
 
 
-def _stage_times_model(plan: Plan) -> StageTimes:
+def _stage_times_model(plan: Plan, graph: LayerGraph | None = None) -> StageTimes:
     from costmodel.assemble import boundary_time
 
-    pp = priced_plan(plan)
+    pp = priced_plan(plan, graph)
     costs, a, dev = pp.units, pp.assembled, pp.pricer.dev
     fwd = [sum(u.fwd for u in st) for st in costs]
     bwd = [sum(u.bwd + u.recompute + u.accumulate for u in st) for st in costs]

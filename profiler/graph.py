@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import networkx as nx
@@ -87,9 +87,14 @@ class LayerNode:
             raise ValueError(f"layer {self.name}: negative size")
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        """The fields in order, ``dims`` as a plain dict (what :func:`dataclasses.asdict` gives,
+        without its deep copy of the scalars: graphs of thousands of blocks hash in a second)."""
+        d = {name: getattr(self, name) for name in _NODE_FIELDS}
         d["dims"] = dict(self.dims)
         return d
+
+
+_NODE_FIELDS = tuple(f.name for f in fields(LayerNode))
 
 
 @dataclass
@@ -197,3 +202,69 @@ class LayerGraph:
             "content_hash": self.content_hash(),
             "config": self.config,
         }
+
+
+# ---- plain-data form (a plan records the graph of a model it cannot load by name) ----------------
+
+def _node_defaults() -> dict[str, Any]:
+    from dataclasses import MISSING, fields
+
+    out: dict[str, Any] = {}
+    for f in fields(LayerNode):
+        if f.default is not MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not MISSING:
+            out[f.name] = f.default_factory()
+    return out
+
+
+def _is_default(value: Any, default: Any) -> bool:
+    """Same type and value: an ``int`` 0 is not the default ``0.0`` (the content hash tells them apart)."""
+    return type(value) is type(default) and value == default
+
+
+def _shape_key(d: dict[str, Any]) -> str:
+    """A node's fields but its name and block, with their types (two nodes of one key are alike)."""
+    return json.dumps({k: [type(v).__name__, v] for k, v in d.items() if k not in ("name", "block")},
+                      sort_keys=True, default=repr)
+
+
+def graph_to_dict(graph: LayerGraph) -> dict[str, Any]:
+    """The graph as plain JSON data: ``model_id``, ``seq_len``, ``source``, ``config`` and ``nodes``.
+
+    A node is written without the fields that hold their default (same type and value); a node
+    alike an earlier one in all but its name and block (the same layer of another block) as
+    ``{"name", "block", "like": <index of that node>}``. :func:`graph_from_dict` reads it back
+    with the same :meth:`LayerGraph.content_hash`."""
+    defaults = _node_defaults()
+    first: dict[str, int] = {}
+    nodes: list[dict[str, Any]] = []
+    for i, n in enumerate(graph.nodes):
+        d = n.to_dict()
+        j = first.setdefault(_shape_key(d), i)
+        if j < i:
+            nodes.append({"name": n.name, "block": n.block, "like": j})
+        else:
+            nodes.append({k: v for k, v in d.items() if k not in defaults or not _is_default(v, defaults[k])})
+    return {"model_id": graph.model_id, "seq_len": graph.seq_len, "source": graph.source,
+            "config": dict(graph.config), "nodes": nodes}
+
+
+def graph_from_dict(data: Mapping[str, Any]) -> LayerGraph:
+    """The graph :func:`graph_to_dict` wrote; a missing or malformed field raises ``ValueError``."""
+    try:
+        nodes: list[LayerNode] = []
+        for i, raw in enumerate(data["nodes"]):
+            d = dict(raw)
+            like = d.pop("like", None)
+            if like is not None:
+                if type(like) is not int or not 0 <= like < i:
+                    raise ValueError(f"layer graph: node {i}: 'like' must be the index of an earlier node")
+                d = {**nodes[like].to_dict(), "block": None, **d}
+            nodes.append(LayerNode(**d))
+        return LayerGraph(model_id=str(data["model_id"]), seq_len=data["seq_len"], nodes=nodes,
+                          config=dict(data.get("config") or {}), source=str(data.get("source", "analytic")))
+    except KeyError as e:
+        raise ValueError(f"layer graph: missing field {e.args[0]!r}") from None
+    except TypeError as e:
+        raise ValueError(f"layer graph: {e}") from None

@@ -11,17 +11,22 @@ the view that :func:`register_viewer` installs; importing ``planner`` installs
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from vocab.errors import ShardplanError
 from vocab.io import canonical_json, decode_json, document_schema, read_text, validate_document, write_atomic
 from vocab.strategy import Strategy, Workload
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"
+#: versions this shardplan reads: 1.1 added ``inputs.model_graph``; a 1.0 document is a 1.1 one without it
+READABLE_VERSIONS = ("1.0", "1.1")
 SCHEMA_PATH = Path(__file__).parent / "plan.schema.json"
 _VIEWER: list[Callable[[Plan], Any]] = []
 
@@ -30,27 +35,91 @@ class PlanError(ShardplanError):
     """A plan document that cannot be read or does not validate."""
 
 
+#: how ``profiler.models.load_model`` tells a ``package.module:factory`` name from a preset or a file
+FACTORY = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+
+def names_factory(model: str) -> bool:
+    """Whether ``model`` has the shape of ``package.module:factory`` (code that a plan never runs)."""
+    return FACTORY.match(model) is not None
+
+
+def _rule(message: str) -> PydanticCustomError:
+    return PydanticCustomError("plan_rule", message)
+
+
+def non_finite(data: Any, path: str) -> str | None:
+    """The path of the first NaN or infinity inside ``data`` (lists and mappings), or None."""
+    stack = [(data, path)]
+    while stack:
+        node, where = stack.pop()
+        if isinstance(node, float) and not math.isfinite(node):
+            return where
+        if isinstance(node, dict):
+            stack.extend((v, f"{where}.{k}") for k, v in node.items())
+        elif isinstance(node, list | tuple):
+            stack.extend((v, f"{where}.{i}") for i, v in enumerate(node))
+    return None
+
+
 class _Doc(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class ClusterRef(_Doc):
     accelerator: str
     nodes: int = Field(..., ge=1)
     gpus_per_node: int = Field(..., ge=1)
-    world_size: int = Field(..., ge=1)
+    world_size: int = Field(..., ge=1, description="nodes x gpus_per_node")
     memory_gb: float = Field(..., gt=0)
+
+    @model_validator(mode="after")
+    def _world(self) -> ClusterRef:
+        if self.world_size != self.nodes * self.gpus_per_node:
+            raise _rule(f"world_size {self.world_size} is not nodes x gpus_per_node = {self.nodes} x "
+                        f"{self.gpus_per_node} = {self.nodes * self.gpus_per_node}")
+        return self
+
+
+class ModelGraph(_Doc):
+    """The layer graph the plan was priced on (``profiler.graph.graph_to_dict`` without ``model_id``)."""
+
+    seq_len: int = Field(..., ge=1, description="tokens per sample the per-sample figures are for")
+    source: str = Field("analytic", description="analytic or traced")
+    config: dict[str, Any] = Field(default_factory=dict, description="the architecture facts, when known")
+    nodes: list[dict[str, Any]] = Field(
+        ..., min_length=1, description="operators in execution order: the fields of profiler.graph.LayerNode "
+        "that differ from their defaults, or {name, block, like: i} for one alike node i in all else"
+    )
+
+    @model_validator(mode="after")
+    def _finite(self) -> ModelGraph:
+        where = non_finite(self.config, "config") or non_finite(self.nodes, "nodes")
+        if where is not None:
+            raise _rule(f"{where} is not a finite number")
+        return self
 
 
 class PlanInputs(_Doc):
     """What the plan was made for."""
 
-    model: str = Field(..., description="preset name, config path or factory")
+    model: str = Field(..., description="preset name, config path or package.module:factory")
     model_hash: str = Field(..., description="content hash of the layer graph")
+    model_graph: ModelGraph | None = Field(
+        None, description="the layer graph, for a model that is not a preset or a config file (a factory): "
+        "re-pricing uses it, checked against model_hash, and never imports the factory"
+    )
     cluster: ClusterRef
     workload: Workload
     memory_limit_gib: float | None = Field(None, gt=0, description="per-GPU limit the plan must fit")
     profile: str | None = Field(None, description="profile document used to calibrate, if any")
+
+    @model_validator(mode="after")
+    def _graph_seq(self) -> PlanInputs:
+        g = self.model_graph
+        if g is not None and g.seq_len != self.workload.seq_len:
+            raise _rule(f"model_graph.seq_len {g.seq_len} is not workload.seq_len {self.workload.seq_len}")
+        return self
 
 
 class Predicted(_Doc):
@@ -64,6 +133,13 @@ class Predicted(_Doc):
     hfu: float = Field(..., ge=0)
     memory_peak_gib: float = Field(..., ge=0)
 
+    @model_validator(mode="after")
+    def _finite(self) -> Predicted:
+        where = non_finite(self.model_extra or {}, "predicted")
+        if where is not None:
+            raise _rule(f"{where.removeprefix('predicted.')} is not a finite number")
+        return self
+
 
 class SolverInfo(_Doc):
     name: str = Field(..., description="dp, ilp, hybrid, exhaustive or 'user' for a given plan")
@@ -76,6 +152,13 @@ class SolverInfo(_Doc):
     candidates: int = Field(0, ge=0, description="candidate plans priced")
     options: dict[str, Any] = Field(default_factory=dict)
 
+    @model_validator(mode="after")
+    def _finite(self) -> SolverInfo:
+        where = non_finite(self.options, "options")
+        if where is not None:
+            raise _rule(f"{where} is not a finite number")
+        return self
+
 
 class Alternative(_Doc):
     """A runner-up the search kept (for compare, Pareto plots and explain)."""
@@ -87,12 +170,40 @@ class Alternative(_Doc):
 # What the plan was made for, the strategy, the cost model's prediction, the solver, runners-up. (No
 # docstring: it would become the schema's description.)
 class Plan(_Doc):
-    schema_version: Literal["1.0"] = SCHEMA_VERSION
+    schema_version: Literal["1.0", "1.1"] = SCHEMA_VERSION
     inputs: PlanInputs
     strategy: Strategy
     predicted: Predicted
     solver: SolverInfo = SolverInfo(name="user")
     alternatives: list[Alternative] = Field(default_factory=list)
+
+    @field_validator("inputs")
+    @classmethod
+    def _inputs_of_version(cls, inp: PlanInputs, info: ValidationInfo) -> PlanInputs:
+        version = info.data.get("schema_version", SCHEMA_VERSION)
+        if version == "1.0" and inp.model_graph is not None:
+            raise _rule("model_graph needs schema_version 1.1")
+        if version != "1.0" and inp.model_graph is None and names_factory(inp.model):
+            raise _rule(f"model '{inp.model}' names a factory, which a plan never imports: the plan must record "
+                        "its layer graph (inputs.model_graph), as 'shardplan plan' does")
+        return inp
+
+    @field_validator("strategy")
+    @classmethod
+    def _strategy_fits(cls, s: Strategy, info: ValidationInfo) -> Strategy:
+        inp = info.data.get("inputs")
+        if isinstance(inp, PlanInputs):
+            _check_fits(s, inp, "")
+        return s
+
+    @field_validator("alternatives")
+    @classmethod
+    def _alternatives_fit(cls, alts: list[Alternative], info: ValidationInfo) -> list[Alternative]:
+        inp = info.data.get("inputs")
+        if isinstance(inp, PlanInputs):
+            for i, a in enumerate(alts):
+                _check_fits(a.strategy, inp, f"{i}.strategy.")
+        return alts
 
     def to_json(self) -> str:
         """Canonical JSON: same plan, same bytes."""
@@ -130,6 +241,16 @@ class Plan(_Doc):
         return self.view()._repr_html_()
 
 
+def _check_fits(s: Strategy, inp: PlanInputs, where: str) -> None:
+    """The strategy's mesh spans the cluster and its data-parallel micro-batches divide the global batch."""
+    world, gb = inp.cluster.world_size, inp.workload.global_batch
+    if s.mesh.world_size != world:
+        raise _rule(f"{where}mesh spans {s.mesh.world_size} GPUs; inputs.cluster.world_size is {world}")
+    if gb % (s.mesh.dp * s.micro_batch):
+        raise _rule(f"{where}micro_batch x dp = {s.micro_batch} x {s.mesh.dp} does not divide "
+                    f"inputs.workload.global_batch {gb}")
+
+
 def register_viewer(factory: Callable[[Plan], Any]) -> None:
     """Make ``factory(plan)`` the view :class:`Plan`'s notebook conveniences delegate to."""
     _VIEWER.append(factory)
@@ -142,8 +263,9 @@ def parse_plan(data: dict[str, Any] | str, origin: str = "plan") -> Plan:
     if not isinstance(data, dict):
         raise PlanError(f"{origin} must be a JSON object")
     version = data.get("schema_version")
-    if version is not None and version != SCHEMA_VERSION:
-        raise PlanError(f"{origin}: schema_version '{version}' is not supported (this shardplan reads {SCHEMA_VERSION})")
+    if version is not None and version not in READABLE_VERSIONS:
+        raise PlanError(f"{origin}: schema_version '{version}' is not supported (this shardplan reads "
+                        f"{', '.join(READABLE_VERSIONS)})")
     return validate_document(Plan, data, origin, "plan", PlanError)
 
 

@@ -7,22 +7,33 @@ of ``--dp-shard``/``--dp-replicate``, the other is whatever makes the product ma
 
 Batch mode (``--batch FILE.jsonl``): one JSON object per line with the same keys, underscored
 (``dp_shard``, ``global_batch``, ``memory_limit``, ...), plus ``model`` (preset name, config path or
-an object of Hugging Face config keys) and ``cluster`` (``64xh100`` or an object); one JSON line
-out per line in, in order: the report, or ``{"error": "..."}`` for a line that cannot be priced.
+an object of Hugging Face config keys; never a ``package.module:factory``: factories are imported
+only from the command line ``--model``) and ``cluster`` (``64xh100`` or an object). Exactly one
+JSON line out per line in, in order, whatever the line holds: the report, ``{"error": "line N:
+..."}`` for a line that cannot be priced, or ``{"error": "line N: internal error: ... -- this is a
+bug"}`` for an unexpected exception.
+
+A plan file (``--plan``, or ``plan`` in a batch line) is priced with the model it names or the layer
+graph it records, never by importing code (see :mod:`planner.reprice`).
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import typer
 from rich.table import Table
 
-from planner.cli import app, console, guard, print_json
-from vocab.errors import ShardplanError
+from planner.cli import app, console, guard
+from planner.options import count_option, positive_option
+from vocab.errors import ShardplanError, first_line
+from vocab.io import MAX_DEPTH, check_depth
 
 GIB = 1024**3
 KEYS = (
@@ -54,6 +65,44 @@ KEYS = (
     "tp_mode",
     "cp_mode",
 )
+COUNTS = ("seq_len", "global_batch", "micro_batch", "tp", "pp", "cp", "ep", "dp", "dp_shard", "dp_replicate", "vpp")
+NAMES = ("recompute", "schedule", "precision", "attention_kernel", "cross_entropy", "grad_dtype", "profile", "plan",
+         "tp_mode", "cp_mode")
+LIMITS = ("memory_limit", "memory_limit_gib")
+CLUSTER_COUNTS = ("nodes", "gpus", "gpus_per_node")
+
+
+def _show(value: Any) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def check_values(a: dict[str, Any]) -> None:
+    """The type and range of each value (a batch line's JSON can hold anything); None is "not given"."""
+    for k, v in a.items():
+        if v is None:
+            continue
+        if k in COUNTS and not (_is_int(v) and v >= 1):
+            raise ShardplanError(f"{k} must be a positive integer, got {_show(v)}")
+        if k == "zero" and not _is_int(v):
+            raise ShardplanError(f"zero must be 0, 1, 2 or 3, got {_show(v)}")
+        if k in NAMES and not isinstance(v, str):
+            raise ShardplanError(f"{k} must be a string, got {_show(v)}")
+        if k == "sequence_parallel" and not isinstance(v, bool):
+            raise ShardplanError(f"sequence_parallel must be true or false, got {_show(v)}")
+        if k in LIMITS and not (isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v > 0):
+            raise ShardplanError(f"{k} must be a finite positive number of GiB, got {_show(v)}")
+        if k in ("model", "cluster") and not isinstance(v, str | dict):
+            raise ShardplanError(f"{k} must be a name or an object, got {_show(v)}")
+    cluster = a.get("cluster")
+    if isinstance(cluster, dict):
+        for k in CLUSTER_COUNTS:
+            if cluster.get(k) is not None and not (_is_int(cluster[k]) and cluster[k] >= 1):
+                raise ShardplanError(f"cluster.{k} must be a positive integer, got {_show(cluster[k])}")
 
 
 def _pydantic_message(e: Exception) -> str:
@@ -123,11 +172,13 @@ def _degrees(world: int, a: dict[str, Any]) -> dict[str, int]:
     return {"pp": pp, "dp_replicate": int(dpr), "dp_shard": int(dps), "cp": cp, "tp": tp, "ep": ep}
 
 
-def price_args(a: dict[str, Any]) -> dict[str, Any]:
-    """The report of one plan given as flags / a batch line (raises ShardplanError)."""
+def price_args(a: dict[str, Any], *, model_from_cli: bool = False) -> dict[str, Any]:
+    """The report of one plan given as flags / a batch line (raises ShardplanError). A
+    ``package.module:factory`` model is imported only with ``model_from_cli`` (the command line)."""
     from pydantic import ValidationError
 
     from costmodel.estimate import estimate
+    from planner.reprice import load_named_model, plan_graph
     from profiler.hardware import parse_cluster
     from profiler.models import load_model
     from vocab.strategy import (
@@ -142,16 +193,22 @@ def price_args(a: dict[str, Any]) -> dict[str, Any]:
     unknown = sorted(set(a) - set(KEYS))
     if unknown:
         raise ShardplanError(f"unknown key(s) {unknown}; known: {', '.join(KEYS)}")
+    check_values(a)
     plan = None
     if a.get("plan"):
         from vocab.plan import load_plan
 
         plan = load_plan(a["plan"])
-    model = a.get("model") or (plan.inputs.model if plan else None)
+    model = a.get("model") or None
     cluster_spec = a.get("cluster") or (plan.inputs.cluster.model_dump() if plan else None)
-    if not model or not cluster_spec:
+    if (model is None and plan is None) or not cluster_spec:
         raise ShardplanError("give --model and --cluster (or --plan)")
-    cluster = parse_cluster(cluster_spec)
+    try:
+        cluster = parse_cluster(cluster_spec)
+    except (TypeError, ValueError, KeyError) as e:
+        if isinstance(e, ShardplanError):
+            raise
+        raise ShardplanError(f"invalid cluster: {first_line(e)}") from None
     wl = plan.inputs.workload if plan else None
     seq = a.get("seq_len") or (wl.seq_len if wl else None)
     gb = a.get("global_batch") or (wl.global_batch if wl else None)
@@ -162,10 +219,18 @@ def price_args(a: dict[str, Any]) -> dict[str, Any]:
     ce = a.get("cross_entropy") or (wl.cross_entropy if wl else "eager")
     grad = a.get("grad_dtype") or (wl.grad_dtype if wl else "fp32")
     check_workload_choices(attention_kernel=kernel, cross_entropy=ce, grad_dtype=grad)
-    graph = load_model(model, int(seq))
     try:
-        w = Workload(seq_len=int(seq), global_batch=int(gb), precision=precision, attention_kernel=kernel,
+        w = Workload(seq_len=seq, global_batch=gb, precision=precision, attention_kernel=kernel,
                      cross_entropy=ce, grad_dtype=grad)
+    except ValidationError as e:
+        raise ShardplanError(f"invalid workload: {_pydantic_message(e)}") from None
+    if model is None:
+        graph = plan_graph(plan, seq)  # type: ignore[arg-type]
+    elif model_from_cli:
+        graph = load_model(model, seq)
+    else:
+        graph = load_named_model(model, seq)
+    try:
         if plan is not None:
             s = plan.strategy
         else:
@@ -176,9 +241,9 @@ def price_args(a: dict[str, Any]) -> dict[str, Any]:
             ls = LayerStrategy(sharding=ZERO_TO_SHARDING[zero], recompute=a.get("recompute") or "none")
             s = Strategy(
                 mesh=Mesh(**_degrees(cluster.world_size, a)),
-                micro_batch=int(a.get("micro_batch") or 1),
+                micro_batch=a.get("micro_batch") or 1,
                 schedule=a.get("schedule") or "1f1b",
-                vpp=int(a.get("vpp") or 1),
+                vpp=a.get("vpp") or 1,
                 sequence_parallel=bool(a.get("sequence_parallel")),
                 tp_mode=a.get("tp_mode") or "megatron",
                 cp_mode=a.get("cp_mode") or "ring",
@@ -202,30 +267,63 @@ def price_args(a: dict[str, Any]) -> dict[str, Any]:
     return estimate(graph, cluster, s, w, prof, float(limit) if limit is not None else None).to_dict()
 
 
-def run_batch(path: Path) -> list[str]:
-    """One JSON line per input line: the report or ``{"error": ...}``."""
+def report_json(rep: dict[str, Any], indent: int | None = None) -> str:
+    """A report as JSON: keys sorted; NaN and infinities refused (``ValueError``), never printed."""
+    return json.dumps(rep, indent=indent, sort_keys=True, default=str, allow_nan=False)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def batch_line(line: str, number: int) -> str:
+    """The one JSON line out for input line ``number``: the report or ``{"error": ...}``, whatever the
+    line holds (an unexpected exception is named as a bug; ``SHARDPLAN_DEBUG=1`` re-raises it)."""
     try:
-        lines = path.read_text().splitlines()
-    except OSError as e:
-        raise ShardplanError(f"cannot read batch file '{path}': {e.strerror}") from None
+        if not line.strip():
+            raise ShardplanError("empty line")
+        try:
+            obj = json.loads(line, parse_constant=_no_constant)
+        except json.JSONDecodeError as e:
+            raise ShardplanError(f"not valid JSON: {e.msg} at column {e.colno}") from None
+        except ValueError as e:  # NaN or Infinity, an integer of thousands of digits
+            raise ShardplanError(f"not valid JSON: {first_line(e)}") from None
+        check_depth(obj, "the line")
+        if not isinstance(obj, dict):
+            raise ShardplanError("each line must be a JSON object")
+        return report_json(price_args(obj))
+    except ShardplanError as e:
+        rep = {"error": f"line {number}: {first_line(e)}"}
+    except RecursionError:
+        rep = {"error": f"line {number}: the line nests deeper than {MAX_DEPTH} levels"}
+    except MemoryError:
+        rep = {"error": f"line {number}: out of memory: the line is too large"}
+    except Exception as e:
+        if os.environ.get("SHARDPLAN_DEBUG"):
+            raise
+        rep = {"error": f"line {number}: internal error: {type(e).__name__}: {first_line(e)} -- this is a bug"}
+    return json.dumps(rep, sort_keys=True)
+
+
+def iter_batch(path: Path) -> Iterator[str]:
+    """One JSON line per input line (lines end at ``\\n``), in order. The file is read whole first
+    (a regular UTF-8 file under the size limit); a file that cannot be read, or holds no plans,
+    raises ShardplanError before any line comes out."""
+    from vocab.io import read_text
+
+    text = read_text(path, "batch file").removeprefix("\ufeff")
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
     if not any(line.strip() for line in lines):
         raise ShardplanError(f"batch file '{path}' holds no plans (one JSON object per line)")
-    out = []
     for i, line in enumerate(lines, 1):
-        try:
-            if not line.strip():
-                raise ShardplanError("empty line")
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ShardplanError(f"not valid JSON: {e.msg} at column {e.colno}") from None
-            if not isinstance(obj, dict):
-                raise ShardplanError("each line must be a JSON object")
-            rep = price_args(obj)
-        except ShardplanError as e:
-            rep = {"error": f"line {i}: {e}"}
-        out.append(json.dumps(rep, sort_keys=True, default=str))
-    return out
+        yield batch_line(line.removesuffix("\r"), i)
+
+
+def run_batch(path: Path) -> list[str]:
+    """One JSON line per input line: the report or ``{"error": ...}`` (see :func:`iter_batch`)."""
+    return list(iter_batch(path))
 
 
 def _table(rep: dict[str, Any]) -> Table:
@@ -258,23 +356,24 @@ def _table(rep: dict[str, Any]) -> Table:
 @guard
 def estimate_cmd(
     model: str = typer.Option(
-        None, "--model", "-m", help="preset name, config.json path or pkg.module:factory"
+        None, "--model", "-m", help="preset name, config.json path or pkg.module:factory (a factory: imports and "
+        "runs that code); with --plan, price the plan with this model instead of the one it records"
     ),
     cluster: str = typer.Option(None, "--cluster", "-c", help="'64xh100' or a cluster YAML/JSON file"),
-    seq_len: int = typer.Option(None, "--seq-len", help="tokens per sample"),
-    global_batch: int = typer.Option(None, "--global-batch", help="samples per optimizer step"),
-    micro_batch: int = typer.Option(1, "--micro-batch", help="samples per micro-batch"),
-    tp: int = typer.Option(1, "--tp"),
-    pp: int = typer.Option(1, "--pp"),
-    cp: int = typer.Option(1, "--cp"),
-    ep: int = typer.Option(1, "--ep"),
-    dp: int = typer.Option(None, "--dp", help="data-parallel degree (default: GPUs / (pp*cp*tp))"),
-    dp_shard: int = typer.Option(None, "--dp-shard", help="ranks ZeRO/FSDP shards over"),
-    dp_replicate: int = typer.Option(None, "--dp-replicate", help="plain data-parallel replicas"),
+    seq_len: int = count_option(None, "--seq-len", help="tokens per sample"),
+    global_batch: int = count_option(None, "--global-batch", help="samples per optimizer step"),
+    micro_batch: int = count_option(1, "--micro-batch", help="samples per micro-batch"),
+    tp: int = count_option(1, "--tp", help="tensor-parallel degree"),
+    pp: int = count_option(1, "--pp", help="pipeline stages"),
+    cp: int = count_option(1, "--cp", help="context-parallel degree"),
+    ep: int = count_option(1, "--ep", help="expert-parallel degree"),
+    dp: int = count_option(None, "--dp", help="data-parallel degree (default: GPUs / (pp*cp*tp))"),
+    dp_shard: int = count_option(None, "--dp-shard", help="ranks ZeRO/FSDP shards over"),
+    dp_replicate: int = count_option(None, "--dp-replicate", help="plain data-parallel replicas"),
     zero: int = typer.Option(0, "--zero", help="0 (DDP, dp_shard 1), 1, 2 or 3"),
     recompute: str = typer.Option("none", "--recompute", help="none | selective | full"),
     schedule: str = typer.Option("1f1b", "--schedule", help="gpipe | 1f1b | interleaved | zb"),
-    vpp: int = typer.Option(1, "--vpp", help="virtual stages per rank (interleaved)"),
+    vpp: int = count_option(1, "--vpp", help="virtual stages per rank (interleaved)"),
     precision: str = typer.Option(None, "--precision", help="bf16 | fp8"),
     attention_kernel: str = typer.Option(
         None, "--attention-kernel", help="auto | flash2 (FlashAttention-2, SDPA) | flash3 (Hopper-native)"
@@ -287,14 +386,14 @@ def estimate_cmd(
         False, "--sequence-parallel", help="Megatron sequence parallelism"
     ),
     profile: Path = typer.Option(None, "--profile", help="measured profile to price with"),
-    memory_limit: float = typer.Option(None, "--memory-limit", help="per-GPU limit in GiB"),
+    memory_limit: float = positive_option(None, "--memory-limit", help="per-GPU limit in GiB"),
     plan: Path = typer.Option(None, "--plan", help="price this plan file instead of the degree flags"),
     batch: Path = typer.Option(None, "--batch", help="JSON-lines file of plans to price"),
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
     """Price one plan: step time, tokens/s/GPU, MFU and per-stage memory."""
     if batch is not None:
-        for line in run_batch(batch):
+        for line in iter_batch(batch):
             sys.stdout.write(line + "\n")
         return
     args: dict[str, Any] = {
@@ -327,8 +426,8 @@ def estimate_cmd(
             vpp=vpp,
             sequence_parallel=sequence_parallel,
         )
-    rep = price_args(args)
+    rep = price_args(args, model_from_cli=True)
     if as_json:
-        print_json(rep)
+        sys.stdout.write(report_json(rep, indent=2) + "\n")
     else:
         console.print(_table(rep))

@@ -1,18 +1,44 @@
 """``shardplan explain | compare | plot | export``: read plan documents, show, draw and translate them.
 
 Bad input (a missing or malformed plan, an unknown ``--kind`` or ``--to``, a wrong output suffix) is
-one line on stderr and exit code 2, checked before anything is written.
+one line on stderr and exit code 2, checked before anything is written. A plan never runs code:
+where a command re-prices a plan it uses the model the plan names or the layer graph it records;
+``--model`` on the command line (which may import a ``package.module:factory``) replaces it.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
-from planner.cli import app, console, err_console, guard, print_json
+from planner.cli import app, console, err_console, guard
 from vocab.errors import ShardplanError
+
+if TYPE_CHECKING:
+    from profiler.graph import LayerGraph
+    from vocab.plan import Plan
+
+MODEL_HELP = ("re-price with this model instead of the plan's: preset, config.json path or pkg.module:factory "
+              "(a factory: imports and runs that code)")
+
+
+def _print_json(data: object) -> None:
+    """Indented JSON with sorted keys; NaN and infinities are refused (``ValueError``), never printed."""
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=True, default=str, allow_nan=False) + "\n")
+
+
+def _cli_graph(model: str | None, plan: Plan) -> LayerGraph | None:
+    """The layer graph of the command line's ``--model`` at the plan's sequence length (imports a
+    factory: the user's explicit choice), or None without one."""
+    if model is None:
+        return None
+    from profiler.models import load_model
+
+    return load_model(model, plan.inputs.workload.seq_len)
 
 
 @app.command("explain")
@@ -27,7 +53,7 @@ def explain_cmd(
 
     data = explain_data(load_plan(plan))
     if as_json:
-        print_json(data)
+        _print_json(data)
     else:
         render_explain(data, console)
 
@@ -51,7 +77,7 @@ def compare_cmd(
         raise ShardplanError(f"compare needs at least two plans, got {len(plans)}")
     data = compare([load_plan(p) for p in plans], _names(plans))
     if as_json:
-        print_json(data)
+        _print_json(data)
     else:
         render_compare(data, console)
 
@@ -62,6 +88,7 @@ def plot_cmd(
     plan: Path = typer.Argument(..., help="plan JSON"),
     kind: str = typer.Option("memory", "--kind", "-k", help="memory | timeline | layers | pareto"),
     output: Path = typer.Option(..., "--output", "-o", help="image to write: .png or .svg"),
+    model: str | None = typer.Option(None, "--model", "-m", help=MODEL_HELP + " (timeline)"),
 ) -> None:
     """Draw a plan: memory per stage, a step timeline, the per-layer strategy map or the Pareto frontier."""
     from planner.plots import KINDS, check_output, save_plot
@@ -71,7 +98,8 @@ def plot_cmd(
     if kind not in KINDS:
         raise UnknownNameError("plot kind", kind, KINDS)
     check_output(output)
-    save_plot(load_plan(plan), kind, output)
+    doc = load_plan(plan)
+    save_plot(doc, kind, output, _cli_graph(model, doc) if kind == "timeline" else None)
     err_console.print(f"wrote {output}", highlight=False)
 
 
@@ -81,6 +109,7 @@ def export_cmd(
     plan: Path = typer.Argument(..., help="plan JSON"),
     to: str = typer.Option(..., "--to", help="torchtitan | megatron | deepspeed | nanotron | python"),
     output: Path | None = typer.Option(None, "--output", "-o", help="file to write (default: stdout)"),
+    model: str | None = typer.Option(None, "--model", "-m", help=MODEL_HELP),
 ) -> None:
     """Write a plan as a framework's configuration; warn (with the predicted cost) where it cannot express it."""
     from planner.exports import check_target, export
@@ -91,7 +120,8 @@ def export_cmd(
     if output is not None and (output.is_dir() or not output.parent.is_dir()):
         raise ShardplanError(f"output '{output}': " + ("is a folder" if output.is_dir() else
                                                        f"folder '{output.parent}' does not exist"))
-    result = export(load_plan(plan), target)
+    doc = load_plan(plan)
+    result = export(doc, target, _cli_graph(model, doc))
     for i, line in enumerate(result.warnings()):
         err_console.print(("warning: " if i == 0 else "") + line, markup=False, highlight=False, soft_wrap=True)
     for note in result.notes:

@@ -134,7 +134,7 @@ def plan_cmd(
     time_limit: float = positive_option(
         None, "--time-limit", help="seconds; the best plan so far, with its gap"
     ),
-    top_k: int = count_option(5, "--top-k", help="runners-up to keep", maximum=1000),
+    top_k: int = typer.Option(5, "--top-k", min=0, max=1000, help="runners-up to keep"),
     output: Path = typer.Option(None, "--output", "-o", help="write the plan JSON here"),
     as_json: bool = typer.Option(False, "--json", help="print the plan JSON instead of the summary"),
 ) -> None:

@@ -10,12 +10,16 @@ that plan with the cost model and reports what was lost with its predicted cost.
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
 from planner.exports.base import Exported, change_lines, normalize
 from planner.exports.keys import VERSIONS
 from planner.reprice import reprice, units_of
 from vocab.errors import UnknownNameError
 from vocab.plan import Plan
+
+if TYPE_CHECKING:
+    from profiler.graph import LayerGraph
 
 TARGETS = ("torchtitan", "megatron", "deepspeed", "nanotron", "python")
 
@@ -27,15 +31,16 @@ def check_target(target: str) -> str:
     return key
 
 
-def export(plan: Plan, target: str) -> Exported:
-    """The plan as ``target``'s configuration text, or the nearest plan the target can express."""
+def export(plan: Plan, target: str, graph: LayerGraph | None = None) -> Exported:
+    """The plan as ``target``'s configuration text, or the nearest plan the target can express,
+    re-priced with the plan's model (its preset, config file or recorded graph) or ``graph``."""
     key = check_target(target)
     mod = importlib.import_module(f"{__name__}.{key}")
     units = units_of(plan)
     n = normalize(plan, units, mod.CAPS)
     mod.adjust(n)
     s = n.strategy()
-    rep = reprice(plan, s, n.workload_model()) if n.losses else None
+    rep = reprice(plan, s, n.workload_model(), graph) if n.losses else None
     e = Exported(target=key, tool_version=VERSIONS[key], text="", suffix=mod.SUFFIX, strategy=s,
                  losses=n.losses, notes=n.notes, repriced=rep, changes=change_lines(plan, s, units))
     if rep is not None:
