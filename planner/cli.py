@@ -183,11 +183,13 @@ def _collapse_blocks(layers: list[dict[str, Any]]) -> list[dict[str, Any]]:
             folded = {"name": f"layers.{r['block']}..", "kind": "block", "params": 0,
                       "fwd_flops_per_token": 0.0, "act_bytes_per_token": 0.0, "blocks": set()}
         folded["blocks"].add(r["block"])
-        folded["name"] = f"layers.{min(folded['blocks'])}-{max(folded['blocks'])} (each like layers.{first_block})"
         for k in ("params", "fwd_flops_per_token", "act_bytes_per_token"):
             folded[k] += r[k]
     if folded:
         out.append(folded)
+    for row in out:  # name each folded row once its blocks are known
+        if row["kind"] == "block" and "blocks" in row:
+            row["name"] = f"layers.{min(row['blocks'])}-{max(row['blocks'])} (each like layers.{first_block})"
     return out
 
 

@@ -8,22 +8,96 @@ accelerator, with two network tiers: the scale-up domain (NVLink/xGMI) and scale
 
 from __future__ import annotations
 
-import json
+import logging
 import os
 import re
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
-import yaml
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, model_validator
 
+from profiler.model_config import describe_fields, shown
 from vocab.errors import ShardplanError, UnknownNameError
-from vocab.io import read_text
+from vocab.io import decode_json, decode_yaml, read_text
+from vocab.strategy import MAX_GPUS
 
 ACCELERATOR_DIR = Path(__file__).parent / "data" / "accelerators"
 DTYPES = ("fp32", "tf32", "bf16", "fp8")
 ATTENTION_KERNELS = ("flash2", "flash3")  # oldest first; ``auto`` picks the newest a file lists
+_log = logging.getLogger(__name__)
+
+# The supported ranges of accelerator and cluster numbers: far above any device or cluster built,
+# small enough that every derived quantity stays finite.
+#: GPUs in a cluster (``vocab.strategy.MAX_GPUS``, as in plans), nodes and GPUs per node within it
+MAX_WORLD_SIZE = MAX_GPUS
+#: memory per device, GB
+MAX_HBM_GB = 1_000_000.0
+#: dense peak per dtype, TFLOP/s
+MAX_TFLOPS = 1_000_000.0
+#: memory bandwidth, TB/s
+MAX_HBM_TBPS = 1_000.0
+#: network and host-link bandwidth per GPU, GB/s
+MAX_LINK_GBPS = 1_000_000.0
+#: per-message latency, microseconds (one second)
+MAX_LATENCY_US = 1_000_000.0
+#: a cost constant's value (overlap fractions, byte counts, passes)
+MAX_COST_CONSTANT = 1e18
+
+Fraction = Annotated[float, Field(gt=0.0, le=1.0)]
+Count = Annotated[int, Field(gt=0, le=MAX_WORLD_SIZE)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
+
+
+class _TierDoc(_Strict):
+    name: StrictStr
+    gbps: Annotated[float, Field(gt=0.0, le=MAX_LINK_GBPS)]
+    latency_us: Annotated[float, Field(ge=0.0, le=MAX_LATENCY_US)]
+    domain: Annotated[int, Field(ge=0, le=MAX_WORLD_SIZE)] = 0
+
+
+class _TierPatch(_Strict):
+    """Part of a network tier a cluster file overrides (checked in full once merged)."""
+
+    name: Any = None
+    gbps: Any = None
+    latency_us: Any = None
+    domain: Any = None
+
+
+class _AcceleratorDoc(_Strict):
+    """An accelerator file: every size and rate finite and positive, efficiencies in (0, 1]."""
+
+    name: Annotated[str, Field(min_length=1)]
+    kind: Literal["gpu", "cpu"]
+    peak_tflops: dict[StrictStr, Annotated[float, Field(ge=0.0, le=MAX_TFLOPS)]]
+    hbm_gb: Annotated[float, Field(gt=0.0, le=MAX_HBM_GB)]
+    hbm_tbps: Annotated[float, Field(gt=0.0, le=MAX_HBM_TBPS)]
+    gpus_per_node: Count
+    scale_up: _TierDoc
+    scale_out: _TierDoc
+    host_link_gbps: Annotated[float, Field(gt=0.0, le=MAX_LINK_GBPS)]
+    gemm_efficiency: Fraction
+    busbw_efficiency: Fraction
+    attention_efficiency: dict[Literal["flash2", "flash3"], Fraction] | None = None
+    cores_per_node: Annotated[int, Field(ge=0, le=MAX_WORLD_SIZE)] = 0
+    cost_constants: dict[StrictStr, Annotated[float, Field(ge=0.0, le=MAX_COST_CONSTANT)]] | None = None
+    vendor: StrictStr = ""
+    aliases: list[StrictStr] = []
+    sources: dict[StrictStr, StrictStr] = {}
+
+    @model_validator(mode="after")
+    def _dtypes(self) -> _AcceleratorDoc:
+        missing = [d for d in DTYPES if d not in self.peak_tflops]
+        if missing:
+            raise ValueError(f"peak_tflops lacks {missing}")
+        if self.peak_tflops["bf16"] <= 0:
+            raise ValueError("peak_tflops.bf16 must be > 0 (other dtypes fall back to it)")
+        return self
 
 
 @dataclass(frozen=True)
@@ -132,18 +206,25 @@ class Accelerator:
         return v * 1e12
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Accelerator:
+    def from_dict(cls, d: dict[str, Any], origin: str = "") -> Accelerator:
+        """An accelerator from the fields of its file (``origin`` names the file in errors):
+        each field's type and range checked, then the values kept as written."""
+        name = d.get("name") if isinstance(d, dict) and isinstance(d.get("name"), str) else "?"
+        where = origin or f"accelerator '{name}'"
+        if not isinstance(d, dict):
+            raise ShardplanError(f"{where}: expected a mapping of fields, got {type(d).__name__}")
         try:
-            d = dict(d)
-            d["scale_up"] = NetworkTier(**d["scale_up"])
-            d["scale_out"] = NetworkTier(**d["scale_out"])
-            d["aliases"] = tuple(d.get("aliases", ()))
-            d["peak_tflops"] = {k: float(v) for k, v in d["peak_tflops"].items()}
-            d["attention_efficiency"] = {k: float(v) for k, v in (d.get("attention_efficiency") or {}).items()}
-            d["cost_constants"] = {k: float(v) for k, v in (d.get("cost_constants") or {}).items()}
-            return cls(**d)
-        except (KeyError, TypeError) as e:
-            raise ShardplanError(f"accelerator '{d.get('name', '?')}': bad or missing field: {e}") from None
+            _AcceleratorDoc.model_validate(d)
+        except ValidationError as e:
+            raise ShardplanError(f"{where}: {describe_fields(e)}") from None
+        d = dict(d)
+        d["scale_up"] = NetworkTier(**d["scale_up"])
+        d["scale_out"] = NetworkTier(**d["scale_out"])
+        d["aliases"] = tuple(d.get("aliases", ()))
+        d["peak_tflops"] = {k: float(v) for k, v in d["peak_tflops"].items()}
+        d["attention_efficiency"] = {k: float(v) for k, v in (d.get("attention_efficiency") or {}).items()}
+        d["cost_constants"] = {k: float(v) for k, v in (d.get("cost_constants") or {}).items()}
+        return cls(**d)
 
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
@@ -158,31 +239,82 @@ def _accelerator_dirs() -> list[Path]:
     return [ACCELERATOR_DIR, *extra]
 
 
+def _read_document(path: Path, what: str) -> Any:
+    """The YAML (or, for ``.json``, JSON) document of the ``what`` file at ``path``."""
+    text = read_text(path, what)
+    origin = f"{what} '{path}'"
+    return decode_json(text, origin) if path.suffix == ".json" else decode_yaml(text, origin)
+
+
+def _load_file(path: Path) -> Accelerator:
+    return Accelerator.from_dict(_read_document(path, "accelerator file"), f"accelerator file '{path}'")
+
+
+def _names_of(path: Path) -> set[str]:
+    """Every name a (broken) accelerator file may have been asked by: its stem, and the name and
+    aliases it declares when it can be read that far."""
+    names = {path.stem.lower()}
+    try:
+        data = _read_document(path, "accelerator file")
+    except ShardplanError:
+        return names
+    if isinstance(data, dict):
+        aliases = data.get("aliases")
+        declared = [data.get("name"), *(aliases if isinstance(aliases, list) else [])]
+        names |= {n.strip().lower() for n in declared if isinstance(n, str)}
+    return names
+
+
 @cache
-def _load_accelerators(dirs: tuple[Path, ...]) -> dict[str, Accelerator]:
+def _load_accelerators(dirs: tuple[Path, ...]) -> tuple[dict[str, Accelerator], dict[str, ShardplanError]]:
+    """The accelerators in ``dirs`` by name, and the errors of the broken files of the extra folders
+    by every name they may be asked by (the shipped folder must load: its errors raise)."""
     out: dict[str, Accelerator] = {}
-    for d in dirs:
-        for path in sorted(d.glob("*.yaml")) + sorted(d.glob("*.json")):
-            with path.open() as f:
-                data = yaml.safe_load(f)
-            acc = Accelerator.from_dict(data)
+    broken: dict[str, ShardplanError] = {}
+    for i, d in enumerate(dirs):
+        try:
+            if i and not d.is_dir():
+                raise NotADirectoryError(0, "not a folder")
+            paths = sorted(d.glob("*.yaml")) + sorted(d.glob("*.json"))
+        except (OSError, ValueError) as e:
+            reason = getattr(e, "strerror", None) or str(e)
+            _log.warning("warning: SHARDPLAN_ACCELERATOR_PATH: cannot list '%s': %s; skipped", d, reason)
+            continue
+        for path in paths:
+            if i == 0:
+                acc = _load_file(path)
+            else:
+                try:
+                    acc = _load_file(path)
+                except ShardplanError as e:
+                    _log.warning("warning: SHARDPLAN_ACCELERATOR_PATH: %s; skipped", e)
+                    for n in _names_of(path):
+                        broken.setdefault(n, e)
+                    continue
             out[acc.name] = acc
-    return out
+    return out, broken
 
 
 def accelerators() -> dict[str, Accelerator]:
-    """Every accelerator file found, by name."""
-    return _load_accelerators(tuple(_accelerator_dirs()))
+    """Every accelerator file found, by name (broken files of ``SHARDPLAN_ACCELERATOR_PATH`` are
+    skipped with one warning each)."""
+    return _load_accelerators(tuple(_accelerator_dirs()))[0]
 
 
 def accelerator(name: str) -> Accelerator:
-    table = accelerators()
+    """The accelerator called ``name`` or one of its aliases; a broken file of that name raises
+    its error."""
+    if not isinstance(name, str):
+        raise ShardplanError(f"accelerator name must be a string, got {type(name).__name__}")
+    table, broken = _load_accelerators(tuple(_accelerator_dirs()))
     key = name.strip().lower()
     if key in table:
         return table[key]
     for acc in table.values():
         if key in acc.aliases:
             return acc
+    if key in broken:
+        raise ShardplanError(str(broken[key]))
     raise UnknownNameError("accelerator", name, list(table) + [a for x in table.values() for a in x.aliases])
 
 
@@ -200,8 +332,13 @@ class Cluster:
     memory_gb: float = 0.0  # usable memory per GPU; 0 = the accelerator's capacity
 
     def __post_init__(self) -> None:
-        if self.nodes <= 0 or self.gpus_per_node <= 0:
-            raise ShardplanError(f"cluster: nodes ({self.nodes}) and gpus_per_node ({self.gpus_per_node}) must be > 0")
+        for f in ("nodes", "gpus_per_node"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or not 0 < v <= MAX_WORLD_SIZE:
+                raise ShardplanError(f"cluster: {f} must be an integer in 1..{MAX_WORLD_SIZE:,}, got {shown(v)}")
+        if self.nodes * self.gpus_per_node > MAX_WORLD_SIZE:
+            raise ShardplanError(f"cluster: {self.nodes * self.gpus_per_node:,} GPUs ({self.nodes:,} nodes x "
+                                 f"{self.gpus_per_node:,}) is over the supported {MAX_WORLD_SIZE:,}")
 
     @property
     def world_size(self) -> int:
@@ -229,52 +366,101 @@ class Cluster:
 _SHORTHAND = re.compile(r"^\s*(\d+)\s*[x×*]\s*([A-Za-z0-9._-]+)\s*$")
 
 
+class _ClusterDoc(_Strict):
+    """A cluster file or dict: an accelerator (a name, or its fields) and the sizes."""
+
+    accelerator: Any
+    nodes: Count | None = None
+    gpus: Count | None = None
+    gpus_per_node: Count | None = None
+    world_size: Count | None = None
+    memory_gb: Annotated[float, Field(ge=0.0, le=MAX_HBM_GB)] = 0.0
+    scale_up: _TierPatch | None = None
+    scale_out: _TierPatch | None = None
+
+
+def _exists(spec: str) -> bool:
+    try:
+        return os.path.exists(spec)
+    except (OSError, ValueError):  # a NUL byte, a name too long
+        return False
+
+
 def parse_cluster(spec: str | dict[str, Any] | Cluster, gpus_per_node: int | None = None) -> Cluster:
-    """``64xh100`` / ``4xcpu``, a YAML/JSON file path, or a dict with ``accelerator`` and sizes."""
+    """``64xh100`` / ``4xcpu``, a YAML/JSON file path, or a dict with ``accelerator`` and sizes.
+
+    At most :data:`MAX_WORLD_SIZE` GPUs; counts are integers (``4.5``, ``"4"`` and ``true`` are
+    refused, not coerced)."""
     if isinstance(spec, Cluster):
         return spec
     if isinstance(spec, dict):
-        return _cluster_from_dict(spec)
+        return _cluster_from_dict(spec, "cluster")
+    if not isinstance(spec, str):
+        raise ShardplanError(f"cluster must be 'N x accelerator', a file or a mapping, got {type(spec).__name__}")
+    if gpus_per_node is not None and (not isinstance(gpus_per_node, int) or isinstance(gpus_per_node, bool)
+                                      or not 0 < gpus_per_node <= MAX_WORLD_SIZE):
+        raise ShardplanError(f"cluster '{spec}': GPUs per node must be in 1..{MAX_WORLD_SIZE:,}, "
+                             f"got {shown(gpus_per_node)}")
     m = _SHORTHAND.match(spec)
     if m:
-        total, acc = int(m.group(1)), accelerator(m.group(2))
-        if total <= 0 or (gpus_per_node is not None and gpus_per_node <= 0):
+        digits = m.group(1)
+        total = int(digits) if len(digits) <= 18 else MAX_WORLD_SIZE + 1
+        if total <= 0:
             raise ShardplanError(f"cluster '{spec}': the GPU count and GPUs per node must be positive")
+        if total > MAX_WORLD_SIZE:
+            count = f"{total:,}" if len(digits) <= 18 else f"{digits[:12]}... ({len(digits)} digits)"
+            raise ShardplanError(f"cluster '{spec}': {count} GPUs is over the supported {MAX_WORLD_SIZE:,}")
+        acc = accelerator(m.group(2))
         per = gpus_per_node or min(acc.gpus_per_node, total)
         if total % per:
             raise ShardplanError(f"cluster '{spec}': {total} GPUs is not a multiple of {per} GPUs per node")
         return Cluster(acc, total // per, per)
     path = Path(spec)
-    if path.suffix in (".yaml", ".yml", ".json") or path.exists():
+    if path.suffix in (".yaml", ".yml", ".json") or _exists(spec):
+        where = f"cluster file '{spec}'"
         text = read_text(path, "cluster file")
-        try:
-            data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-        except (json.JSONDecodeError, yaml.YAMLError) as e:
-            raise ShardplanError(f"cluster file '{spec}' is not valid {path.suffix[1:].upper()}: {e}") from None
+        data = decode_json(text, where) if path.suffix == ".json" else decode_yaml(text, where)
         if not isinstance(data, dict):
-            raise ShardplanError(f"cluster file '{spec}' must hold a mapping")
-        return _cluster_from_dict(data)
+            raise ShardplanError(f"{where} must hold a mapping, got {type(data).__name__}")
+        return _cluster_from_dict(data, where)
     raise ShardplanError(f"cluster '{spec}': expected 'N x accelerator' like 64xh100, or a YAML/JSON file")
 
 
-def _cluster_from_dict(d: dict[str, Any]) -> Cluster:
+def _cluster_from_dict(d: dict[str, Any], where: str) -> Cluster:
+    """The cluster a mapping describes; errors start with ``where`` (the file, or ``cluster``)."""
     if "accelerator" not in d:
-        raise ShardplanError("cluster: missing field 'accelerator'")
-    acc = d["accelerator"]
-    acc = Accelerator.from_dict(acc) if isinstance(acc, dict) else accelerator(str(acc))
-    per = int(d.get("gpus_per_node", acc.gpus_per_node))
-    if "nodes" in d:
-        nodes = int(d["nodes"])
-    elif "gpus" in d:
-        if int(d["gpus"]) % per:
-            raise ShardplanError(f"cluster: {d['gpus']} GPUs is not a multiple of {per} GPUs per node")
-        nodes = int(d["gpus"]) // per
+        raise ShardplanError(f"{where}: missing field 'accelerator'")
+    try:
+        doc = _ClusterDoc.model_validate(d)
+    except ValidationError as e:
+        raise ShardplanError(f"{where}: {describe_fields(e)}") from None
+    acc = doc.accelerator
+    if isinstance(acc, dict):
+        acc = Accelerator.from_dict(acc, f"{where}: accelerator")
+    elif isinstance(acc, str):
+        acc = accelerator(acc)
     else:
-        raise ShardplanError("cluster: give 'nodes' or 'gpus'")
-    overrides = {k: d[k] for k in ("scale_up", "scale_out") if k in d}
+        raise ShardplanError(f"{where}: accelerator must be a name or a mapping of fields, got {type(acc).__name__}")
+    per = int(d.get("gpus_per_node", acc.gpus_per_node))
+    if doc.nodes is not None:
+        nodes = doc.nodes
+        if doc.gpus is not None and doc.gpus != nodes * per:
+            raise ShardplanError(f"{where}: gpus {doc.gpus} is not nodes x gpus_per_node ({nodes} x {per})")
+    elif doc.gpus is not None:
+        if doc.gpus % per:
+            raise ShardplanError(f"{where}: {doc.gpus} GPUs is not a multiple of {per} GPUs per node")
+        nodes = doc.gpus // per
+    else:
+        raise ShardplanError(f"{where}: give 'nodes' or 'gpus'")
+    if nodes * per > MAX_WORLD_SIZE:
+        raise ShardplanError(f"{where}: {nodes * per:,} GPUs ({nodes:,} nodes x {per:,}) is over the supported "
+                             f"{MAX_WORLD_SIZE:,}")
+    if doc.world_size is not None and doc.world_size != nodes * per:
+        raise ShardplanError(f"{where}: world_size {doc.world_size} is not nodes x gpus_per_node ({nodes} x {per})")
+    overrides = {k: d[k] for k in ("scale_up", "scale_out") if d.get(k) is not None}
     if overrides:  # a cluster file may describe its own network
         base = acc.to_dict()
         for k, v in overrides.items():
             base[k] = {**base[k], **v}
-        acc = Accelerator.from_dict(base)
+        acc = Accelerator.from_dict(base, where)
     return Cluster(acc, nodes, per, float(d.get("memory_gb", 0.0)))

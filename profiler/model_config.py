@@ -6,15 +6,122 @@ Presets (``profiler/data/models/*.yaml``) and Hugging Face ``config.json`` files
 
 from __future__ import annotations
 
+import operator
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
 
 from vocab.errors import ShardplanError
+from vocab.strategy import MAX_SEQ_LEN
 
 ARCHS = ("decoder", "encoder", "vit")
 ACTIVATIONS = ("gelu", "swiglu")
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rope", "none")
+
+# The supported range of every size: far above any published model, small enough that building,
+# inspecting and pricing a model stays a matter of seconds and every count fits the cost model's
+# 64-bit integers. Tokens per sample: at most ``vocab.strategy.MAX_SEQ_LEN`` (10M), as in plans.
+#: transformer blocks
+MAX_LAYERS = 10_000
+#: model width, attention heads, per-head width, image and patch sizes, channels
+MAX_HIDDEN = 1_048_576
+#: MLP inner width (dense or per expert): four times the widest model
+MAX_FFN = 4 * MAX_HIDDEN
+#: vocabulary (or classes), token types
+MAX_VOCAB = 10_000_000
+#: a model's ``max_seq`` (Hugging Face ``max_position_embeddings``): 16.8M, above every published
+#: context window; the tokens per sample it defaults to must still be at most :data:`MAX_SEQ_LEN`
+MAX_POSITIONS = 1 << 24
+#: routed or shared experts per MoE layer, and the experts a token is routed to
+MAX_EXPERTS = 100_000
+#: parameters of a whole model (a graph with more is refused)
+MAX_PARAMETERS = 10**15
+
+Layers = Annotated[int, Field(gt=0, le=MAX_LAYERS)]
+Width = Annotated[int, Field(gt=0, le=MAX_HIDDEN)]
+FfnWidth = Annotated[int, Field(gt=0, le=MAX_FFN)]
+Vocab = Annotated[int, Field(gt=0, le=MAX_VOCAB)]
+Positions = Annotated[int, Field(gt=0, le=MAX_POSITIONS)]
+Experts = Annotated[int, Field(ge=0, le=MAX_EXPERTS)]
+Probability = Annotated[float, Field(ge=0.0, lt=1.0)]
+
+
+class _Fields(BaseModel):
+    """Types and ranges of the :class:`TransformerConfig` fields (strict: no strings, floats or
+    booleans where an integer belongs; finite numbers only). ``0`` means "derived" where the
+    dataclass fills a default."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
+
+    name: StrictStr
+    layers: Layers
+    hidden: Width
+    heads: Width
+    vocab: Vocab
+    arch: StrictStr
+    kv_heads: Annotated[int, Field(ge=0, le=MAX_HIDDEN)]
+    head_dim: Annotated[int, Field(ge=0, le=MAX_HIDDEN)]
+    ffn_hidden: Annotated[int, Field(ge=0, le=MAX_FFN)]
+    max_seq: Positions
+    activation: StrictStr
+    norm: StrictStr
+    position: StrictStr
+    bias: StrictBool
+    qkv_bias: StrictBool
+    qk_norm: StrictBool
+    tied_embeddings: StrictBool
+    experts: Experts
+    top_k: Experts
+    moe_ffn_hidden: Annotated[int, Field(ge=0, le=MAX_FFN)]
+    shared_experts: Experts
+    dense_layers: Annotated[int, Field(ge=0, le=MAX_LAYERS)]
+    dropout: Probability
+    attention_impl: StrictStr
+    type_vocab: Annotated[int, Field(ge=0, le=MAX_VOCAB)]
+    image_size: Annotated[int, Field(ge=0, le=MAX_HIDDEN)]
+    patch_size: Annotated[int, Field(ge=0, le=MAX_HIDDEN)]
+    channels: Width
+    params_published: Annotated[float, Field(ge=0.0)]
+    source: StrictStr
+    extra: dict[str, Any]
+
+
+def shown(value: Any, limit: int = 40) -> str:
+    """``value`` for an error message: an integer with thousands separators (its size in bits when
+    huge), anything else as its ``repr`` cut to ``limit`` characters."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}" if abs(value) < 10**24 else f"an integer of {value.bit_length()} bits"
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def describe_fields(err: ValidationError, limit: int = 3) -> str:
+    """A pydantic error as ``field: reason (got value); ...``, the first ``limit`` of them."""
+    parts = []
+    for e in err.errors()[:limit]:
+        loc = ".".join(str(x) for x in e["loc"]) or "(document)"
+        got = ""
+        if e["type"] not in ("missing", "extra_forbidden") and not isinstance(e.get("input"), dict | list):
+            got = f" (got {shown(e.get('input'))})"
+        parts.append(f"{loc}: {e['msg']}{got}")
+    more = f" (and {err.error_count() - limit} more)" if err.error_count() > limit else ""
+    return "; ".join(parts) + more
+
+
+def check_seq_len(seq_len: Any, what: str = "seq_len") -> int:
+    """``seq_len`` as an int if it is a whole number in 1..:data:`MAX_SEQ_LEN`, else a
+    :class:`ShardplanError` naming ``what`` and the supported range."""
+    if isinstance(seq_len, bool):
+        raise ShardplanError(f"{what} must be an integer, got {seq_len!r}")
+    try:
+        s = operator.index(seq_len)
+    except TypeError:
+        raise ShardplanError(f"{what} must be an integer, got {shown(seq_len)}") from None
+    if not 0 < s <= MAX_SEQ_LEN:
+        raise ShardplanError(f"{what} must be in 1..{MAX_SEQ_LEN:,} tokens, got {shown(s)}")
+    return s
 
 
 @dataclass(frozen=True)
@@ -88,9 +195,10 @@ class TransformerConfig:
         def bad(msg: str) -> None:
             raise ShardplanError(f"model '{self.name}': {msg}")
 
-        for f in ("layers", "hidden", "heads", "vocab"):
-            if int(getattr(self, f)) <= 0:
-                bad(f"{f} must be a positive integer, got {getattr(self, f)!r}")
+        try:
+            _Fields.model_validate({f.name: getattr(self, f.name) for f in fields(self)})
+        except ValidationError as e:
+            bad(describe_fields(e))
         if self.arch not in ARCHS:
             bad(f"arch '{self.arch}' is not one of {ARCHS}")
         if self.activation not in ACTIVATIONS:
@@ -119,10 +227,12 @@ class TransformerConfig:
                 object.__setattr__(self, "moe_ffn_hidden", self.ffn_hidden)
             if not 0 <= self.dense_layers <= self.layers:
                 bad(f"dense_layers {self.dense_layers} must be in 0..layers ({self.layers})")
-        if self.arch == "vit" and (self.image_size <= 0 or self.patch_size <= 0):
-            bad("a ViT needs image_size and patch_size")
-        if not 0.0 <= self.dropout < 1.0:
-            bad(f"dropout {self.dropout} must be in [0, 1)")
+        if self.arch == "vit":
+            if not 0 < self.patch_size <= self.image_size:
+                bad("a ViT needs image_size and patch_size (at most image_size)")
+            if self.num_patches + 1 > MAX_SEQ_LEN:
+                bad(f"image_size {self.image_size} / patch_size {self.patch_size} makes {self.num_patches:,} "
+                    f"patches; the supported range is up to {MAX_SEQ_LEN - 1:,}")
 
     @property
     def is_moe(self) -> bool:
@@ -146,16 +256,16 @@ class TransformerConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TransformerConfig:
+        """A config from a preset document or a dict of field values (each type and range
+        checked, nothing coerced)."""
+        if not isinstance(data, dict):
+            raise ShardplanError(f"model: expected a mapping of fields, got {type(data).__name__}")
+        name = data.get("name") if isinstance(data.get("name"), str) else "?"
         known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
+        unknown = sorted(str(k) for k in set(data) - known)
         if unknown:
-            raise ShardplanError(
-                f"model '{data.get('name', '?')}': unknown field(s) {unknown}; known: {sorted(known)}"
-            )
+            raise ShardplanError(f"model '{name}': unknown field(s) {unknown}; known: {sorted(known)}")
         missing = [f for f in ("name", "layers", "hidden", "heads", "vocab") if f not in data]
         if missing:
-            raise ShardplanError(f"model '{data.get('name', '?')}': missing field(s) {missing}")
-        try:
-            return cls(**data)
-        except TypeError as e:  # wrong value types
-            raise ShardplanError(f"model '{data.get('name', '?')}': {e}") from None
+            raise ShardplanError(f"model '{name}': missing field(s) {missing}")
+        return cls(**data)

@@ -11,17 +11,30 @@ Three ways in, chosen by the shape of the name:
 
 from __future__ import annotations
 
+import os
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-import yaml
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from profiler.graph import LayerGraph
-from profiler.model_config import TransformerConfig
+from profiler.model_config import (
+    MAX_FFN,
+    Experts,
+    FfnWidth,
+    Layers,
+    Positions,
+    Probability,
+    TransformerConfig,
+    Vocab,
+    Width,
+    check_seq_len,
+    describe_fields,
+)
 from profiler.transformer import build_graph
 from vocab.errors import ShardplanError, UnknownNameError
-from vocab.io import decode_json, read_text
+from vocab.io import decode_json, decode_yaml, read_text
 
 PRESET_DIR = Path(__file__).parent / "data" / "models"
 
@@ -31,8 +44,10 @@ def presets() -> dict[str, TransformerConfig]:
     """All preset models by name (one YAML file each; adding a model is adding a file)."""
     out: dict[str, TransformerConfig] = {}
     for path in sorted(PRESET_DIR.glob("*.yaml")):
-        with path.open() as f:
-            data = yaml.safe_load(f)
+        origin = f"model preset '{path}'"
+        data = decode_yaml(read_text(path, "model preset"), origin)
+        if not isinstance(data, dict):
+            raise ShardplanError(f"{origin} must hold a mapping of fields")
         cfg = TransformerConfig.from_dict(data)
         out[cfg.name] = cfg
     return out
@@ -60,6 +75,52 @@ class KnownKeysError(ShardplanError):
         self.name, self.config = name, config
 
 
+_ExpertWidth = Annotated[int, Field(ge=0, le=MAX_FFN)]
+
+
+class _HFKeys(BaseModel):
+    """The keys of a ``config.json`` that shardplan reads, with their types and supported ranges
+    (strict: ``"12"``, ``12.5`` or ``true`` is no layer count); other keys are ignored."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
+
+    tie_word_embeddings: StrictBool | None = None
+
+
+class _GPT2Keys(_HFKeys):
+    n_embd: Width
+    n_layer: Layers
+    n_head: Width
+    vocab_size: Vocab
+    n_inner: FfnWidth | None = None
+    n_positions: Positions | None = None
+    n_ctx: Positions | None = None
+    resid_pdrop: Probability | None = None
+
+
+class _LlamaKeys(_HFKeys):
+    num_hidden_layers: Layers
+    hidden_size: Width
+    num_attention_heads: Width
+    intermediate_size: FfnWidth
+    vocab_size: Vocab
+    num_key_value_heads: Width | None = None
+    head_dim: Width | None = None
+    max_position_embeddings: Positions | None = None
+    mlp_bias: StrictBool | None = None
+    attention_bias: StrictBool | None = None
+    num_local_experts: Experts | None = None
+    num_experts: Experts | None = None
+    n_routed_experts: Experts | None = None
+    num_experts_per_tok: Experts | None = None
+    moe_intermediate_size: _ExpertWidth | None = None
+    shared_expert_intermediate_size: _ExpertWidth | None = None
+    attention_dropout: Probability | None = None
+
+
+_LLAMA_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe")
+
+
 def _get(d: dict[str, Any], *keys: str, default: Any = None) -> Any:
     for k in keys:
         if k in d and d[k] is not None:
@@ -67,41 +128,71 @@ def _get(d: dict[str, Any], *keys: str, default: Any = None) -> Any:
     return default
 
 
-def config_from_hf(d: dict[str, Any], name: str = "hf-model") -> TransformerConfig:
-    """A :class:`TransformerConfig` from the keys of a Hugging Face ``config.json``."""
-    mtype = str(d.get("model_type", "")).lower()
+def _check_keys(d: dict[str, Any], keys: type[_HFKeys], name: str, mtype: str) -> None:
+    """``d``'s keys that ``keys`` lists: present where required, of the right type and range."""
+    for k, f in keys.model_fields.items():
+        if f.is_required() and k not in d:
+            raise ShardplanError(f"config '{name}': missing key {k!r} for model_type '{mtype}'")
     try:
-        if mtype == "gpt2" or "n_embd" in d:
-            h = int(d["n_embd"])
-            return TransformerConfig(
-                name=name, layers=int(d["n_layer"]), hidden=h, heads=int(d["n_head"]),
-                vocab=int(d["vocab_size"]), ffn_hidden=int(_get(d, "n_inner", default=4 * h)),
-                max_seq=int(_get(d, "n_positions", "n_ctx", default=1024)), activation="gelu",
-                norm="layernorm", position="learned", bias=True,
-                tied_embeddings=bool(d.get("tie_word_embeddings", True)),
-                dropout=float(_get(d, "resid_pdrop", default=0.0)), attention_impl="eager",
-            )
-        if mtype in ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe") or "num_key_value_heads" in d:
-            heads = int(d["num_attention_heads"])
-            hidden = int(d["hidden_size"])
-            experts = int(_get(d, "num_local_experts", "num_experts", "n_routed_experts", default=0))
-            return TransformerConfig(
-                name=name, layers=int(d["num_hidden_layers"]), hidden=hidden, heads=heads,
-                kv_heads=int(_get(d, "num_key_value_heads", default=heads)),
-                head_dim=int(_get(d, "head_dim", default=hidden // heads)),
-                ffn_hidden=int(d["intermediate_size"]), vocab=int(d["vocab_size"]),
-                max_seq=int(_get(d, "max_position_embeddings", default=4096)), activation="swiglu",
-                norm="rmsnorm", position="rope", bias=bool(d.get("mlp_bias", False)),
-                qkv_bias=mtype.startswith("qwen2") or bool(d.get("attention_bias", False)),
-                qk_norm=mtype.startswith("qwen3"),
-                tied_embeddings=bool(d.get("tie_word_embeddings", False)), experts=experts,
-                top_k=int(_get(d, "num_experts_per_tok", default=0)) if experts else 0,
-                moe_ffn_hidden=int(_get(d, "moe_intermediate_size", default=0)) if experts else 0,
-                shared_experts=1 if experts and d.get("shared_expert_intermediate_size") else 0,
-                dropout=float(_get(d, "attention_dropout", default=0.0)),
-            )
-    except KeyError as e:
-        raise ShardplanError(f"config '{name}': missing key {e.args[0]!r} for model_type '{mtype}'") from None
+        keys.model_validate(d)
+    except ValidationError as e:
+        raise ShardplanError(f"config '{name}': {describe_fields(e)}") from None
+
+
+def _divides(d: dict[str, Any], name: str, part: str, whole: str, advice: str = "") -> None:
+    if d[whole] % d[part]:
+        raise ShardplanError(f"config '{name}': {part} {d[part]} does not divide {whole} {d[whole]}{advice}")
+
+
+def config_from_hf(d: dict[str, Any], name: str = "hf-model") -> TransformerConfig:
+    """A :class:`TransformerConfig` from the keys of a Hugging Face ``config.json`` (each key read
+    checked for its type and the supported range)."""
+    if not isinstance(d, dict):
+        raise ShardplanError(f"config '{name}' must be a mapping of keys, got {type(d).__name__}")
+    raw_type = d.get("model_type", "")
+    if raw_type is not None and not isinstance(raw_type, str):
+        raise ShardplanError(f"config '{name}': model_type must be a string, got {raw_type!r}"[:200])
+    mtype = str(raw_type).lower()
+    if mtype == "gpt2" or "n_embd" in d:
+        _check_keys(d, _GPT2Keys, name, mtype)
+        _divides(d, name, "n_head", "n_embd")
+        h = int(d["n_embd"])
+        return TransformerConfig(
+            name=name, layers=int(d["n_layer"]), hidden=h, heads=int(d["n_head"]),
+            vocab=int(d["vocab_size"]), ffn_hidden=int(_get(d, "n_inner", default=4 * h)),
+            max_seq=int(_get(d, "n_positions", "n_ctx", default=1024)), activation="gelu",
+            norm="layernorm", position="learned", bias=True,
+            tied_embeddings=bool(d.get("tie_word_embeddings", True)),
+            dropout=float(_get(d, "resid_pdrop", default=0.0)), attention_impl="eager",
+        )
+    if mtype in _LLAMA_TYPES or "num_key_value_heads" in d:
+        _check_keys(d, _LlamaKeys, name, mtype)
+        if _get(d, "head_dim") is None:
+            _divides(d, name, "num_attention_heads", "hidden_size", "; give head_dim")
+        if _get(d, "num_key_value_heads") is not None:
+            _divides(d, name, "num_key_value_heads", "num_attention_heads")
+        heads = int(d["num_attention_heads"])
+        hidden = int(d["hidden_size"])
+        experts = int(_get(d, "num_local_experts", "num_experts", "n_routed_experts", default=0))
+        top_k = int(_get(d, "num_experts_per_tok", default=0)) if experts else 0
+        if experts and not 0 < top_k <= experts:
+            raise ShardplanError(f"config '{name}': num_experts_per_tok must be in 1..{experts} (the experts), "
+                                 f"got {top_k}")
+        return TransformerConfig(
+            name=name, layers=int(d["num_hidden_layers"]), hidden=hidden, heads=heads,
+            kv_heads=int(_get(d, "num_key_value_heads", default=heads)),
+            head_dim=int(_get(d, "head_dim", default=hidden // heads)),
+            ffn_hidden=int(d["intermediate_size"]), vocab=int(d["vocab_size"]),
+            max_seq=int(_get(d, "max_position_embeddings", default=4096)), activation="swiglu",
+            norm="rmsnorm", position="rope", bias=bool(d.get("mlp_bias", False)),
+            qkv_bias=mtype.startswith("qwen2") or bool(d.get("attention_bias", False)),
+            qk_norm=mtype.startswith("qwen3"),
+            tied_embeddings=bool(d.get("tie_word_embeddings", False)), experts=experts,
+            top_k=top_k,
+            moe_ffn_hidden=int(_get(d, "moe_intermediate_size", default=0)) if experts else 0,
+            shared_experts=1 if experts and d.get("shared_expert_intermediate_size") else 0,
+            dropout=float(_get(d, "attention_dropout", default=0.0)),
+        )
     raise KnownKeysError(name, d)
 
 
@@ -111,6 +202,15 @@ def load_hf_config(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ShardplanError(f"model config '{p}' must hold a JSON object")
     return data
+
+
+def _is_path(spec: str, kind: str = "exists") -> bool:
+    """Whether ``spec`` names an existing path (``kind`` ``exists``) or file (``is_file``); a name
+    no file system accepts (a NUL byte, too long) is none."""
+    try:
+        return os.path.isfile(spec) if kind == "is_file" else os.path.exists(spec)
+    except (OSError, ValueError):
+        return False
 
 
 # ---- one entry point -------------------------------------------------------------------------
@@ -123,8 +223,11 @@ def resolve_config(spec: str | dict[str, Any] | TransformerConfig) -> Transforme
         if "layers" in spec and "hidden" in spec:
             return TransformerConfig.from_dict({"name": "inline", **spec})
         return config_from_hf(spec, name=str(spec.get("name", spec.get("_name_or_path", "inline"))))
-    if spec.endswith(".json") or Path(spec).is_file():
-        return config_from_hf(load_hf_config(spec), name=Path(spec).stem if Path(spec).stem != "config" else Path(spec).parent.name or "config")
+    if not isinstance(spec, str):
+        raise ShardplanError(f"model must be a preset name, a config.json path or a dict, got {type(spec).__name__}")
+    if spec.endswith(".json") or _is_path(spec, "is_file"):
+        p = Path(spec)
+        return config_from_hf(load_hf_config(spec), name=p.stem if p.stem != "config" else p.parent.name or "config")
     return preset(spec)
 
 
@@ -132,9 +235,12 @@ def load_model(spec: str | dict[str, Any] | TransformerConfig, seq_len: int | No
     """The layer graph of a preset, a config file or dict, or a ``pkg.mod:factory`` module.
 
     A config whose key set is not one of the common ones is built with ``transformers`` (when
-    installed) on the meta device and traced.
+    installed) on the meta device and traced. ``seq_len`` (None: the model's own) must be in
+    1..:data:`~profiler.model_config.MAX_SEQ_LEN`.
     """
-    if isinstance(spec, str) and ":" in spec and not Path(spec).exists():
+    if seq_len is not None:
+        seq_len = check_seq_len(seq_len)
+    if isinstance(spec, str) and ":" in spec and not _is_path(spec):
         from profiler.trace_factories import trace_factory  # imports torch only when needed
 
         return trace_factory(spec, seq_len=seq_len or 128)

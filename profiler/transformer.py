@@ -12,7 +12,8 @@ activation), flash attention (no score matrix, only a log-sum-exp per head and r
 from __future__ import annotations
 
 from profiler.graph import LayerGraph, LayerNode
-from profiler.model_config import TransformerConfig
+from profiler.model_config import MAX_PARAMETERS, MAX_SEQ_LEN, TransformerConfig, check_seq_len
+from vocab.errors import ShardplanError
 
 ACT_BYTES = 2  # activations in bf16/fp16
 MASK_BYTES = 1  # dropout masks
@@ -202,12 +203,26 @@ def _head(cfg: TransformerConfig, s: int) -> list[LayerNode]:
 
 
 def build_graph(cfg: TransformerConfig, seq_len: int | None = None) -> LayerGraph:
-    """The layer graph of ``cfg`` for samples of ``seq_len`` tokens (``cfg.max_seq`` if None)."""
-    s = int(seq_len or cfg.max_seq)
+    """The layer graph of ``cfg`` for samples of ``seq_len`` tokens (``cfg.max_seq`` if None).
+
+    A ``seq_len`` outside 1..:data:`~profiler.model_config.MAX_SEQ_LEN` or a model of more than
+    :data:`~profiler.model_config.MAX_PARAMETERS` parameters raises :class:`ShardplanError`.
+    """
     if cfg.arch == "vit":
         s = cfg.num_patches + 1
+    elif seq_len is not None:
+        s = check_seq_len(seq_len)
+    elif cfg.max_seq > MAX_SEQ_LEN:
+        raise ShardplanError(f"model '{cfg.name}': its max_seq {cfg.max_seq:,} is longer than the supported "
+                             f"{MAX_SEQ_LEN:,} tokens per sample; give a seq_len")
+    else:
+        s = cfg.max_seq
     nodes = _embedding(cfg, s)
     for i in range(cfg.layers):
         nodes += _block(cfg, i, s)
     nodes += _head(cfg, s)
+    params = sum(n.params for n in nodes)
+    if params > MAX_PARAMETERS:
+        raise ShardplanError(f"model '{cfg.name}' has {params:,} parameters; the supported range is up to "
+                             f"{MAX_PARAMETERS:,}")
     return LayerGraph(model_id=cfg.name, seq_len=s, nodes=nodes, config=cfg.to_dict(), source="analytic")
