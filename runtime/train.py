@@ -9,6 +9,7 @@ batch, so a plan's losses are comparable with :func:`reference_losses` one step 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -54,8 +55,10 @@ def make_optimizer_kwargs(s: TrainSettings) -> dict[str, Any]:
     return {"lr": s.lr, "weight_decay": 0.0, "fused": True}
 
 
-def reference_losses(spec: dict[str, Any], s: TrainSettings) -> list[float]:
-    """Losses of plain single-process training of model ``spec`` (fp32, whole batch per step)."""
+def reference_losses(spec: dict[str, Any], s: TrainSettings,
+                     on_step: Callable[[int], None] | None = None) -> list[float]:
+    """Losses of plain single-process training of model ``spec`` (fp32, whole batch per step);
+    ``on_step(k)`` is called after each step."""
     torch.manual_seed(s.seed)
     model, vocab = build(spec)
     fwd = adapt(model).forward_logits
@@ -68,6 +71,8 @@ def reference_losses(spec: dict[str, Any], s: TrainSettings) -> list[float]:
         opt.step()
         opt.zero_grad(set_to_none=True)
         out.append(float(loss.detach()))
+        if on_step is not None:
+            on_step(k)
     return out
 
 
@@ -105,8 +110,10 @@ def global_loss(model: nn.Module, loss: torch.Tensor | None) -> float:
     return float(t) / rt.dp_size
 
 
-def run(model: nn.Module, vocab: int, s: TrainSettings, n_microbatches: int = 1) -> list[dict[str, Any]]:
+def run(model: nn.Module, vocab: int, s: TrainSettings, n_microbatches: int = 1,
+        on_step: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
     """Train ``s.steps`` steps of an ``apply_plan``-ed model; per-step metrics (same on all ranks).
+    ``on_step(k)`` is called after step ``k`` (e.g. to report progress to a watchdog).
 
     Each step reports ``loss``, ``step_time_s`` (slowest rank) and ``ranks``: per rank
     ``param_bytes`` and ``grad_bytes`` (before the optimizer step, after gradient reduction),
@@ -159,4 +166,6 @@ def run(model: nn.Module, vocab: int, s: TrainSettings, n_microbatches: int = 1)
         dist.all_reduce(times, op=dist.ReduceOp.MAX)
         out.append({"step": k, "loss": global_loss(model, loss), "step_time_s": float(times), "ranks": ranks,
                     "memory_tracked": k == tracked})
+        if on_step is not None:
+            on_step(k)
     return out

@@ -8,7 +8,10 @@ from typing import Any
 import typer
 
 from planner.cli import app, console, guard, print_json
+from planner.options import count_option, finite
 from vocab.errors import ShardplanError
+
+WATCHDOG_S = 300.0  # runtime.launch.WATCHDOG_S (not imported here: that would import torch at start-up)
 
 PARITY_RTOL = 1e-4
 
@@ -68,26 +71,34 @@ def _table(report: dict[str, Any]) -> None:
 def train(
     model: str = typer.Option(..., "--model", "-m", help="tiny-gpt, tiny-llama, hf-llama, hf-gpt2 or a small preset (gpt2)"),
     plan_path: Path = typer.Option(..., "--plan", "-p", help="plan JSON (shardplan plan ... -o plan.json)"),
-    nproc: int = typer.Option(0, "--nproc", "-n", help="local processes (default: the plan's world size)"),
-    steps: int = typer.Option(3, "--steps", help="optimizer steps"),
+    nproc: int = count_option(None, "--nproc", "-n", help="local processes (default: the plan's world size)",
+                              maximum=1024),
+    steps: int = count_option(3, "--steps", help="optimizer steps", maximum=1_000_000),
     check_parity: bool = typer.Option(False, "--check-parity", help="also train in one process and compare losses"),
-    seed: int = typer.Option(0, "--seed", help="seed of the weights and the synthetic tokens"),
-    seq_len: int = typer.Option(0, "--seq-len", help="tokens per sample (default: the plan's)"),
-    global_batch: int = typer.Option(0, "--global-batch", help="samples per step (default: the plan's)"),
+    seed: int = typer.Option(0, "--seed", min=0, max=2**63 - 1, help="seed of the weights and the synthetic tokens"),
+    seq_len: int = count_option(None, "--seq-len", help="tokens per sample (default: the plan's)"),
+    global_batch: int = count_option(None, "--global-batch", help="samples per step (default: the plan's)"),
     precision: str = typer.Option("fp32", "--precision", help="fp32, or bf16 (FSDP2 mixed precision; zero3 plans only)"),
     output: Path | None = typer.Option(None, "--output", "-o", help="also write the JSON report here (atomically)"),
+    watchdog_s: float = typer.Option(WATCHDOG_S, "--watchdog-s", callback=finite, help="end the run when a rank is silent this long "
+                                     "(its process stops responding, or no rank makes progress); 0: never"),
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
     """Train a model with a plan on N local processes (gloo on CPU, NCCL on GPUs); report loss, time, memory."""
+    from vocab.io import canonical_json, check_writable, write_atomic
+
+    if output is not None:
+        check_writable(output, "output")  # before torch is imported and any rank started
     from runtime.apply import check_plan
     from runtime.launch import Job, launch
     from runtime.mesh import device_type
     from runtime.model import spec_for
-    from vocab.io import canonical_json, write_atomic
     from vocab.plan import load_plan
 
     if steps < 1:
         raise ShardplanError(f"--steps must be at least 1, got {steps}")
+    if not watchdog_s >= 0:
+        raise ShardplanError(f"--watchdog-s must be at least 0 (0: no watchdog), got {watchdog_s}")
     plan = load_plan(plan_path)
     world = plan.strategy.mesh.world_size
     nproc = nproc or world
@@ -101,7 +112,7 @@ def train(
     dev = device_type()
     check_plan(spec, plan, nproc, dev, seq_len=s.seq_len, global_batch=s.global_batch)
     results = launch([Job(model=spec, plan_json=plan.to_json(), settings=s.to_dict(), name=model,
-                          reference=check_parity)], nproc)
+                          reference=check_parity)], nproc, watchdog_s=watchdog_s)
     res = results[0]
     report: dict[str, Any] = {"model": model, "plan": str(plan_path), "nproc": nproc, "device": dev,
                               "precision": precision, "settings": s.to_dict(), "steps": res["steps"],
