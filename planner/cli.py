@@ -37,9 +37,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def literal(text: str) -> Text:
-    """User text as printed, never read as markup: control characters (escape sequences, NULs)
-    shown escaped."""
-    clean = "".join(ch if ch.isprintable() or ch in "\n\t" else ascii(ch)[1:-1] for ch in text)
+    """User text as printed, never read as markup, on one line: control characters (newlines,
+    escape sequences, NULs) shown escaped."""
+    clean = "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
     return Text(clean)
 
 

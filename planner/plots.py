@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from planner.compare import label_units, short_strategy, unit_choices
 from planner.reprice import StageTimes, memory_limit_gib, predicted_dict, stage_times, unit_stages, units_of
 from vocab.errors import ShardplanError, UnknownNameError
+from vocab.io import check_writable
 from vocab.plan import Plan
 
 if TYPE_CHECKING:
@@ -353,9 +354,8 @@ def save_plot(plan: Plan, kind: str, path: str | Path, graph: LayerGraph | None 
     fmt = check_output(out)
     if kind not in PLOTTERS:
         raise UnknownNameError("plot kind", kind, KINDS)
-    if out.is_dir() or not out.parent.is_dir():
-        raise ShardplanError(f"output '{path}': " + ("is a folder" if out.is_dir() else
-                                                     f"folder '{out.parent}' does not exist"))
+    check_writable(out, "output")
+    out.parent.mkdir(parents=True, exist_ok=True)
     fig = plot(plan, kind, graph=graph)
     fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=out.suffix)
     os.close(fd)

@@ -266,11 +266,13 @@ def _names_of(path: Path) -> set[str]:
 
 
 @cache
-def _load_accelerators(dirs: tuple[Path, ...]) -> tuple[dict[str, Accelerator], dict[str, ShardplanError]]:
-    """The accelerators in ``dirs`` by name, and the errors of the broken files of the extra folders
-    by every name they may be asked by (the shipped folder must load: its errors raise)."""
+def _load_accelerators(dirs: tuple[Path, ...]) -> tuple[dict[str, Accelerator], dict[str, ShardplanError], list[str]]:
+    """The accelerators in ``dirs`` by name, the errors of the broken files of the extra folders by
+    every name they may be asked by (the shipped folder must load: its errors raise), and what was
+    skipped."""
     out: dict[str, Accelerator] = {}
     broken: dict[str, ShardplanError] = {}
+    problems: list[str] = []
     for i, d in enumerate(dirs):
         try:
             if i and not d.is_dir():
@@ -278,7 +280,7 @@ def _load_accelerators(dirs: tuple[Path, ...]) -> tuple[dict[str, Accelerator], 
             paths = sorted(d.glob("*.yaml")) + sorted(d.glob("*.json"))
         except (OSError, ValueError) as e:
             reason = getattr(e, "strerror", None) or str(e)
-            _log.warning("warning: SHARDPLAN_ACCELERATOR_PATH: cannot list '%s': %s; skipped", d, reason)
+            problems.append(f"cannot list '{d}': {reason}")
             continue
         for path in paths:
             if i == 0:
@@ -287,18 +289,23 @@ def _load_accelerators(dirs: tuple[Path, ...]) -> tuple[dict[str, Accelerator], 
                 try:
                     acc = _load_file(path)
                 except ShardplanError as e:
-                    _log.warning("warning: SHARDPLAN_ACCELERATOR_PATH: %s; skipped", e)
+                    problems.append(str(e))
                     for n in _names_of(path):
                         broken.setdefault(n, e)
                     continue
             out[acc.name] = acc
-    return out, broken
+    return out, broken, problems
 
 
-def accelerators() -> dict[str, Accelerator]:
-    """Every accelerator file found, by name (broken files of ``SHARDPLAN_ACCELERATOR_PATH`` are
-    skipped with one warning each)."""
-    return _load_accelerators(tuple(_accelerator_dirs()))[0]
+def accelerators(warn: bool = True) -> dict[str, Accelerator]:
+    """Every accelerator file found, by name. Broken files of ``SHARDPLAN_ACCELERATOR_PATH`` are
+    skipped, with one warning each when ``warn`` (a listing; a command that uses one accelerator
+    stays quiet about files it does not use, and asking for a broken one raises its error)."""
+    table, _, problems = _load_accelerators(tuple(_accelerator_dirs()))
+    if warn:
+        for p in problems:
+            _log.warning("warning: SHARDPLAN_ACCELERATOR_PATH: %s; skipped", p)
+    return table
 
 
 def accelerator(name: str) -> Accelerator:
@@ -306,7 +313,7 @@ def accelerator(name: str) -> Accelerator:
     its error."""
     if not isinstance(name, str):
         raise ShardplanError(f"accelerator name must be a string, got {type(name).__name__}")
-    table, broken = _load_accelerators(tuple(_accelerator_dirs()))
+    table, broken, _ = _load_accelerators(tuple(_accelerator_dirs()))
     key = name.strip().lower()
     if key in table:
         return table[key]
@@ -441,7 +448,7 @@ def _cluster_from_dict(d: dict[str, Any], where: str) -> Cluster:
         acc = accelerator(acc)
     else:
         raise ShardplanError(f"{where}: accelerator must be a name or a mapping of fields, got {type(acc).__name__}")
-    per = int(d.get("gpus_per_node", acc.gpus_per_node))
+    per = doc.gpus_per_node if doc.gpus_per_node is not None else acc.gpus_per_node
     if doc.nodes is not None:
         nodes = doc.nodes
         if doc.gpus is not None and doc.gpus != nodes * per:

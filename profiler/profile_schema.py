@@ -171,7 +171,7 @@ class CommFit(_Doc):
     wait_s: float = Field(0.0, ge=0, description=(
         "seconds a collective adds to a rank's step beyond alpha + beta*bytes when every rank computes "
         "between collectives (the partner's skew on time-shared cores); measured under load, 0 if not"))
-    sharing_efficiency: float = Field(1.0, gt=0, le=2, description=(
+    sharing_efficiency: float = Field(1.0, ge=0.01, le=2, description=(
         "the fraction of its fair share of the cores (cores / ranks) a rank's compute got while every "
         "rank of the run computed at once: lone time over loaded time of a small MLP's forward and "
         "backward, divided by the fair share; 1 where cores were not shared or it was not measured"))

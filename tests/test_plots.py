@@ -146,16 +146,19 @@ def test_cli_writes_png_and_svg(plan: Plan, tmp_path: Path, suffix: str) -> None
 @pytest.mark.parametrize(("args", "message"), [
     (["--kind", "bogus"], "unknown plot kind 'bogus'"),
     (["--kind", "memory", "-o", "{tmp}/out.pdf"], "must be .png or .svg"),
-    (["--kind", "memory", "-o", "{tmp}/nodir/out.png"], "does not exist"),
+    (["--kind", "memory", "-o", "{tmp}/p.json/out.png"], "is not a directory"),
+    (["--kind", "memory", "-o", "{tmp}/sub.png"], "is a directory"),
 ])
 def test_cli_bad_options_write_nothing(plan: Plan, tmp_path: Path, args: list[str], message: str) -> None:
     plan.save(tmp_path / "p.json")
+    if "{tmp}/sub.png" in args:
+        (tmp_path / "sub.png").mkdir()
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     if "-o" not in args:
         args += ["-o", str(tmp_path / "out.png")]
     r = runner.invoke(app, ["plot", str(tmp_path / "p.json"), *args])
     assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output
-    assert [x.name for x in tmp_path.iterdir()] == ["p.json"]
+    assert sorted(x.name for x in tmp_path.iterdir() if x.is_file()) == ["p.json"]
 
 
 def test_cli_missing_plan_writes_nothing(tmp_path: Path) -> None:

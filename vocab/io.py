@@ -34,15 +34,22 @@ def check_writable(path: str | Path, what: str = "output", error: type[Shardplan
     """``path`` as a file this process can create or replace, checked before any work: not a
     directory, and its nearest existing folder writable (folders below it are made on write)."""
     p = Path(path)
-    if p.is_dir():
-        raise error(f"{what} '{p}' is a directory; give a file name")
-    parent = p.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        raise error(f"cannot write {what} '{p}': '{parent}' is not a directory")
-    if not os.access(parent, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
-        raise error(f"cannot write {what} '{p}': permission denied")
+    try:
+        if p.is_dir():
+            raise error(f"{what} '{p}' is a directory; give a file name")
+        parent = p.parent
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+        if not parent.is_dir():
+            raise error(f"cannot write {what} '{p}': '{parent}' is not a directory")
+        if not os.access(parent, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
+            raise error(f"cannot write {what} '{p}': permission denied")
+        if len(p.name.encode()) > 255:
+            raise error(f"cannot write {what}: the file name is {len(p.name.encode())} bytes; the limit is 255")
+    except OSError as e:  # a name too long, a loop of links
+        raise error(f"cannot write {what} '{p}': {e.strerror}") from None
+    except ValueError as e:  # a NUL byte in the name
+        raise error(f"cannot write {what} '{p}': {e}") from None
     return p
 
 

@@ -15,12 +15,21 @@ import math
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
-from vocab.errors import ShardplanError
+from vocab.errors import ShardplanError, describe_validation_error
 from vocab.io import canonical_json, decode_json, document_schema, read_text, validate_document, write_atomic
 from vocab.strategy import Strategy, Workload
 
@@ -29,6 +38,10 @@ SCHEMA_VERSION = "1.1"
 READABLE_VERSIONS = ("1.0", "1.1")
 SCHEMA_PATH = Path(__file__).parent / "plan.schema.json"
 _VIEWER: list[Callable[[Plan], Any]] = []
+
+
+#: a finite number at least 0 (an integer is taken as a float)
+NonNegative = Annotated[float, Field(ge=0, strict=False, allow_inf_nan=False)]
 
 
 class PlanError(ShardplanError):
@@ -135,10 +148,61 @@ class Predicted(_Doc):
 
     @model_validator(mode="after")
     def _finite(self) -> Predicted:
-        where = non_finite(self.model_extra or {}, "predicted")
+        extra = self.model_extra or {}
+        where = non_finite(extra, "predicted")
         if where is not None:
             raise _rule(f"{where.removeprefix('predicted.')} is not a finite number")
+        for key, adapter in _PREDICTED_EXTRA.items():  # the report's other keys, when present, typed
+            if key in extra:
+                try:
+                    adapter.validate_python(extra[key])
+                except ValidationError as e:
+                    raise _rule(f"{key}: {describe_validation_error(e)}") from None
         return self
+
+
+class _ReportPart(BaseModel):
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False, strict=True)
+
+
+class _PredictedTime(_ReportPart):
+    compute_s: NonNegative = 0.0
+    recompute_s: NonNegative = 0.0
+    comm_s: dict[str, NonNegative] = Field(default_factory=dict)
+    bubble_s: NonNegative = 0.0
+    optimizer_s: NonNegative = 0.0
+    offload_s: NonNegative = 0.0
+
+
+class _PredictedStage(_ReportPart):
+    stage: int = Field(0, ge=0)
+    first_block: int | None = None
+    last_block: int | None = None
+    units: list[str] = Field(default_factory=list)
+    phase: str = ""
+    param_bytes: int = Field(0, ge=0)
+    grad_bytes: int = Field(0, ge=0)
+    optim_bytes: int = Field(0, ge=0)
+    params_gib: NonNegative = 0.0
+    grads_gib: NonNegative = 0.0
+    optimizer_gib: NonNegative = 0.0
+    activations_gib: NonNegative = 0.0
+    buffers_gib: NonNegative = 0.0
+    overhead_gib: NonNegative = 0.0
+    total_gib: NonNegative = 0.0
+
+
+#: the types of the report keys beyond the five every plan has (``costmodel.report.Report.to_dict``)
+_PREDICTED_EXTRA: dict[str, TypeAdapter[Any]] = {
+    "memory_limit_gib": TypeAdapter(Annotated[float, Field(gt=0, strict=False, allow_inf_nan=False)]),
+    "fits": TypeAdapter(Annotated[bool, Field(strict=True)]),
+    "num_microbatches": TypeAdapter(Annotated[int, Field(ge=1, strict=True)]),
+    "model_flops_per_step": TypeAdapter(NonNegative),
+    "hardware_flops_per_step": TypeAdapter(NonNegative),
+    "time": TypeAdapter(_PredictedTime),
+    "stages": TypeAdapter(list[_PredictedStage]),
+    "notes": TypeAdapter(list[str]),
+}
 
 
 class SolverInfo(_Doc):

@@ -81,6 +81,14 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _finite(v: float) -> bool:
+    """Whether ``v`` is a finite float (an integer too large for a float is not)."""
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
+
+
 def check_values(a: dict[str, Any]) -> None:
     """The type and range of each value (a batch line's JSON can hold anything); None is "not given"."""
     for k, v in a.items():
@@ -94,7 +102,7 @@ def check_values(a: dict[str, Any]) -> None:
             raise ShardplanError(f"{k} must be a string, got {_show(v)}")
         if k == "sequence_parallel" and not isinstance(v, bool):
             raise ShardplanError(f"sequence_parallel must be true or false, got {_show(v)}")
-        if k in LIMITS and not (isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v > 0):
+        if k in LIMITS and not (isinstance(v, int | float) and not isinstance(v, bool) and _finite(v) and v > 0):
             raise ShardplanError(f"{k} must be a finite positive number of GiB, got {_show(v)}")
         if k in ("model", "cluster") and not isinstance(v, str | dict):
             raise ShardplanError(f"{k} must be a name or an object, got {_show(v)}")

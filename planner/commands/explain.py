@@ -113,13 +113,12 @@ def export_cmd(
 ) -> None:
     """Write a plan as a framework's configuration; warn (with the predicted cost) where it cannot express it."""
     from planner.exports import check_target, export
-    from vocab.io import write_atomic
+    from vocab.io import check_writable, write_atomic
     from vocab.plan import load_plan
 
     target = check_target(to)
-    if output is not None and (output.is_dir() or not output.parent.is_dir()):
-        raise ShardplanError(f"output '{output}': " + ("is a folder" if output.is_dir() else
-                                                       f"folder '{output.parent}' does not exist"))
+    if output is not None:
+        check_writable(output, "output")
     doc = load_plan(plan)
     result = export(doc, target, _cli_graph(model, doc))
     for i, line in enumerate(result.warnings()):
