@@ -31,7 +31,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests import fuzz_inputs as fi  # noqa: E402
+from tests import fuzz_families as ff  # noqa: E402
+from tests import fuzz_runner as fr  # noqa: E402
 
 IN_PROCESS_COUNTS = {"plan-doc": 2500, "profile-doc": 2000, "hf-config": 2000, "cluster": 2000, "accelerator": 500,
                      "batch-line": 1000}
@@ -48,9 +49,9 @@ class Tally:
         self.counts: collections.Counter[str] = collections.Counter()
         self.seconds = 0.0
         self.max_s = 0.0
-        self.failures: list[tuple[fi.Case, fi.Outcome]] = []
+        self.failures: list[tuple[fr.Case, fr.Outcome]] = []
 
-    def add(self, case: fi.Case, out: fi.Outcome) -> None:
+    def add(self, case: fr.Case, out: fr.Outcome) -> None:
         self.counts["inputs"] += 1
         self.counts[out.kind] += 1
         self.seconds += out.seconds
@@ -64,9 +65,9 @@ class Tally:
                 f"{1000 * self.seconds / n:.0f}" if n else "-", f"{self.max_s:.1f}"]
 
 
-def run_family(name: str, gen, count: int, fz: fi.FuzzEnv, seed: int, verbose: bool) -> Tally:
+def run_family(name: str, gen, count: int, fz: fr.FuzzEnv, seed: int, verbose: bool) -> Tally:
     rnd = random.Random(f"{seed}/{name}")
-    tally, budget = Tally(), fi.HangBudget()
+    tally, budget = Tally(), fr.HangBudget()
     t0 = time.perf_counter()
     for i in range(count):
         case = gen(rnd, fz)
@@ -81,16 +82,16 @@ def run_family(name: str, gen, count: int, fz: fi.FuzzEnv, seed: int, verbose: b
     return tally
 
 
-def run_subprocesses(count: int, fz: fi.FuzzEnv, seed: int, families: list[str]) -> dict[str, Tally]:
+def run_subprocesses(count: int, fz: fr.FuzzEnv, seed: int, families: list[str]) -> dict[str, Tally]:
     """``count`` command-line inputs as ``python -m planner.cli`` processes, families in turn."""
     rnd = random.Random(f"{seed}/subprocess")
     tallies: dict[str, Tally] = {}
-    budget = fi.HangBudget()
+    budget = fr.HangBudget()
     t0 = time.perf_counter()
     done = 0
     while done < count and families:
         name = families[done % len(families)]
-        case = fi.COMMAND_LINE[name](rnd, fz)
+        case = ff.COMMAND_LINE[name](rnd, fz)
         if not case.subprocess_ok:
             case.discard()
             continue
@@ -132,11 +133,11 @@ def main() -> int:
 
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="shardplan-fuzz-") as tmp:
-        fz = fi.FuzzEnv(Path(tmp))
+        fz = fr.FuzzEnv(Path(tmp))
         fz.plans  # noqa: B018 (made once, before the clock of the first family)
         tallies: dict[str, Tally] = {}
         for name in wanted:
-            gen = fi.IN_PROCESS.get(name) or fi.COMMAND_LINE[name]
+            gen = ff.IN_PROCESS.get(name) or ff.COMMAND_LINE[name]
             count = max(1, round({**IN_PROCESS_COUNTS, **CLI_COUNTS}[name] * args.scale))
             tallies[name] = run_family(name, gen, count, fz, args.seed, not args.quiet)
         cli_wanted = [f for f in wanted if f in CLI_COUNTS]
@@ -162,13 +163,13 @@ def main() -> int:
         failing = {k: t for k, t in tallies.items() if t.failures}
         print(f"\n{len(total.failures):,} failing input(s) in {len(failing)} famil{'y' if len(failing) == 1 else 'ies'}")
         for k, t in failing.items():
-            print(f"\n== {k}: " + fi.report(t.failures, groups=args.show, width=400).replace("\n", "\n   "))
+            print(f"\n== {k}: " + fr.report(t.failures, groups=args.show, width=400).replace("\n", "\n   "))
         if args.json:
             args.json.write_text(json.dumps([
                 {"family": c.family, "target": c.target, "notes": c.notes, "argv": c.argv, "env": c.env,
                  "payload": c.payload.decode("utf-8", "backslashreplace") if c.payload is not None else None,
                  "kind": o.kind, "where": o.where, "detail": o.detail, "rc": o.rc, "seconds": o.seconds,
-                 "signature": list(fi.signature(c, o))}
+                 "signature": list(fr.signature(c, o))}
                 for c, o in total.failures], indent=1))
     return 1 if total.failures else 0
 

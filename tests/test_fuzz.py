@@ -27,14 +27,16 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
+from tests import fuzz_families as ff
 from tests import fuzz_inputs as fi
+from tests import fuzz_runner as fr
 
 LONG_FACTOR = 20
 
 
 @pytest.fixture(scope="module")
-def fz(tmp_path_factory: pytest.TempPathFactory) -> fi.FuzzEnv:
-    return fi.FuzzEnv(tmp_path_factory.mktemp("fuzz"))
+def fz(tmp_path_factory: pytest.TempPathFactory) -> fr.FuzzEnv:
+    return fr.FuzzEnv(tmp_path_factory.mktemp("fuzz"))
 
 
 @pytest.fixture(autouse=True)
@@ -46,10 +48,10 @@ def _long_only_when_asked(request: pytest.FixtureRequest) -> None:
         pytest.skip("the long fuzz profile runs with -m fuzz_long or SHARDPLAN_FUZZ_LONG=1")
 
 
-def fuzz(gen: Callable[[Any, fi.FuzzEnv], fi.Case], fz: fi.FuzzEnv, examples: int, name: str) -> list[tuple[fi.Case, fi.Outcome]]:
+def fuzz(gen: Callable[[Any, fr.FuzzEnv], fr.Case], fz: fr.FuzzEnv, examples: int, name: str) -> list[tuple[fr.Case, fr.Outcome]]:
     """Run ``examples`` inputs of ``gen`` (hypothesis-driven, seeded by ``name``); the failures."""
-    failures: list[tuple[fi.Case, fi.Outcome]] = []
-    budget = fi.HangBudget(allowed=1)
+    failures: list[tuple[fr.Case, fr.Outcome]] = []
+    budget = fr.HangBudget(allowed=1)
 
     @seed(zlib.crc32(name.encode()))
     @settings(max_examples=examples, deadline=None, database=None, phases=[Phase.explicit, Phase.generate],
@@ -75,7 +77,7 @@ CLI_EXAMPLES = {"cli-plan-file": 80, "cli-profile": 40, "cli-config": 50, "cli-c
 
 # ---- the seeds are valid -----------------------------------------------------------------------
 
-def test_seed_documents_are_valid(fz: fi.FuzzEnv) -> None:
+def test_seed_documents_are_valid(fz: fr.FuzzEnv) -> None:
     """Mutations start from documents the product accepts (else the fuzzer only tests rejection)."""
     from planner.commands.estimate import price_args
     from profiler.hardware import Accelerator, parse_cluster
@@ -85,7 +87,7 @@ def test_seed_documents_are_valid(fz: fi.FuzzEnv) -> None:
 
     for _, doc, path in fz.plans:
         parse_plan(doc)
-        assert fi.run_cli(["explain", str(path)]).rc == 0
+        assert fr.run_cli(["explain", str(path)]).rc == 0
     parse_profile(fz.profile)
     for name, cfg in fz.configs.items():
         assert load_model(cfg, 128).num_blocks >= 1, name
@@ -96,35 +98,35 @@ def test_seed_documents_are_valid(fz: fi.FuzzEnv) -> None:
     Accelerator.from_dict(fz.accelerator)
     for line in fi.batch_seeds(fz.plans[0][2]):
         assert price_args(json.loads(json.dumps(line)))["step_time_s"] > 0
-    out = fi.run_cli(["estimate", *fi.ESTIMATE_BASE, "--profile", str(fz.profile_path), "--json"])
+    out = fr.run_cli(["estimate", *ff.ESTIMATE_BASE, "--profile", str(fz.profile_path), "--json"])
     assert out.rc == 0, out.stderr
-    for argv, _ in fi.CLI_TEMPLATES.values():
-        assert fi.run_cli(argv).rc == 0, argv
+    for argv, _ in ff.CLI_TEMPLATES.values():
+        assert fr.run_cli(argv).rc == 0, argv
 
 
 # ---- in-process: parsing and validation raise only ShardplanError ------------------------------
 
 @pytest.mark.parametrize("family", sorted(IN_PROCESS_EXAMPLES))
-def test_in_process_inputs_raise_only_shardplan_error(fz: fi.FuzzEnv, family: str) -> None:
-    failures = fuzz(fi.IN_PROCESS[family], fz, IN_PROCESS_EXAMPLES[family], family)
-    assert not failures, fi.report(failures)
+def test_in_process_inputs_raise_only_shardplan_error(fz: fr.FuzzEnv, family: str) -> None:
+    failures = fuzz(ff.IN_PROCESS[family], fz, IN_PROCESS_EXAMPLES[family], family)
+    assert not failures, fr.report(failures)
 
 
 # ---- the command line: exit 0, or exit 2 with one line -----------------------------------------
 
 @pytest.mark.parametrize("family", sorted(CLI_EXAMPLES))
-def test_command_line_inputs_end_in_success_or_one_line(fz: fi.FuzzEnv, family: str) -> None:
-    failures = fuzz(fi.COMMAND_LINE[family], fz, CLI_EXAMPLES[family], family)
-    assert not failures, fi.report(failures)
+def test_command_line_inputs_end_in_success_or_one_line(fz: fr.FuzzEnv, family: str) -> None:
+    failures = fuzz(ff.COMMAND_LINE[family], fz, CLI_EXAMPLES[family], family)
+    assert not failures, fr.report(failures)
 
 
 def _strict_cases() -> list[tuple[str, str, str]]:
     out = []
-    for cmd, (_, flags) in fi.CLI_TEMPLATES.items():
+    for cmd, (_, flags) in ff.CLI_TEMPLATES.items():
         for flag, kind in sorted(flags.items()):
             if kind in ("count", "count0", "limit"):
                 values = ["0", "-1", "nan", "inf", "abc", "1e400"] if kind == "limit" else ["0", "-1", "-0", "abc", "4.5"]
-                out += [(cmd, flag, v) for v in values if fi.must_refuse(kind, v)]
+                out += [(cmd, flag, v) for v in values if ff.must_refuse(kind, v)]
     return out
 
 
@@ -132,8 +134,8 @@ def _strict_cases() -> list[tuple[str, str, str]]:
 def test_out_of_range_flag_values_are_refused(cmd: str, flag: str, value: str) -> None:
     """Counts are positive integers and limits finite positive numbers: anything else exits 2, in
     one line, before any work."""
-    argv = fi.set_flag(fi.CLI_TEMPLATES[cmd][0], flag, value)
-    out = fi.run_cli(argv)
+    argv = ff.set_flag(ff.CLI_TEMPLATES[cmd][0], flag, value)
+    out = fr.run_cli(argv)
     assert out.rc == 2 and out.kind == "rejected", f"{' '.join(argv)}\n  -> {out.summary()}\n  stderr: {out.stderr[:400]}"
 
 
@@ -148,16 +150,16 @@ def _printed(name: str) -> str:
 
 @pytest.mark.parametrize("where", ["model", "cluster", "schedule", "export-to", "plot-kind"])
 @pytest.mark.parametrize("name", NAMES, ids=[ascii(n) for n in NAMES])
-def test_names_with_markup_and_escapes_are_printed_literally(fz: fi.FuzzEnv, where: str, name: str) -> None:
+def test_names_with_markup_and_escapes_are_printed_literally(fz: fr.FuzzEnv, where: str, name: str) -> None:
     plan = str(fz.plans[0][2])
     argv = {
         "model": ["estimate", "--model", name, "--cluster", "4xcpu", "--seq-len", "128", "--global-batch", "8"],
         "cluster": ["estimate", "--model", "gpt2", "--cluster", f"4x{name}", "--seq-len", "128", "--global-batch", "8"],
-        "schedule": ["estimate", *fi.ESTIMATE_BASE, "--pp", "2", "--schedule", name],
+        "schedule": ["estimate", *ff.ESTIMATE_BASE, "--pp", "2", "--schedule", name],
         "export-to": ["export", plan, "--to", name],
         "plot-kind": ["plot", plan, "--kind", name, "-o", str(fz.name(".svg"))],
     }[where]
-    out = fi.run_cli(argv)
+    out = fr.run_cli(argv)
     assert out.kind == "rejected", f"{argv}\n  -> {out.summary()}"
     assert _printed(name) in out.stderr, f"{name!r} not printed literally: {out.stderr!r}"
 
@@ -167,7 +169,7 @@ OUTPUT_KINDS = ["dir", "under-file", "missing-dir", "existing", "new", "newline"
 
 @pytest.mark.parametrize("kind", OUTPUT_KINDS)
 @pytest.mark.parametrize("cmd", ["plan", "export", "plot"])
-def test_output_targets(fz: fi.FuzzEnv, cmd: str, kind: str, tmp_path: Path) -> None:
+def test_output_targets(fz: fr.FuzzEnv, cmd: str, kind: str, tmp_path: Path) -> None:
     """-o onto a folder or under a regular file is refused in one line; a failed command leaves the
     target as it was, a successful one a whole file."""
     (tmp_path / "file.json").write_text("{}\n")
@@ -185,7 +187,7 @@ def test_output_targets(fz: fi.FuzzEnv, cmd: str, kind: str, tmp_path: Path) -> 
     }[kind]
     if kind == "existing":
         target.write_bytes(b"previous contents\n")
-    before = fi.snapshot(target)
+    before = fr.snapshot(target)
     seed_plan = str(fz.plans[0][2])
     argv = {
         "plan": ["plan", "--model", "gpt2", "--cluster", "4xcpu", "--seq-len", "128", "--global-batch", "8",
@@ -193,12 +195,12 @@ def test_output_targets(fz: fi.FuzzEnv, cmd: str, kind: str, tmp_path: Path) -> 
         "export": ["export", seed_plan, "--to", "megatron", "-o", str(target)],
         "plot": ["plot", seed_plan, "--kind", "memory", "-o", str(target)],
     }[cmd]
-    out = fi.run_cli(argv)
+    out = fr.run_cli(argv)
     assert out.ok, f"{argv}\n  -> {out.summary()}"
     if kind in ("dir", "under-file", "dot"):
         assert out.rc == 2, f"{argv}: exit {out.rc}"
     else:
-        problem = fi.check_output_file(target, before, out, {"plan": "plan", "export": "text", "plot": "svg"}[cmd])
+        problem = fr.check_output_file(target, before, out, {"plan": "plan", "export": "text", "plot": "svg"}[cmd])
         assert problem is None, f"{argv}: {problem}"
 
 
@@ -207,18 +209,18 @@ PATH_USES = ["explain", "estimate-plan", "profile", "batch", "model", "cluster",
 
 
 @pytest.mark.parametrize("use", PATH_USES)
-def test_file_arguments_of_every_kind(fz: fi.FuzzEnv, use: str) -> None:
+def test_file_arguments_of_every_kind(fz: fr.FuzzEnv, use: str) -> None:
     """A folder, a FIFO, a missing file, a name with a newline, a too-long name, a symlink loop or an
     empty file in place of an input file: refused in one line, at once."""
     failures = []
-    budget = fi.HangBudget(allowed=1)
+    budget = fr.HangBudget(allowed=1)
     for kind in PATH_KINDS:
-        case = fi.gen_cli_paths(_Fixed(kind, use), fz)
+        case = ff.gen_cli_paths(_Fixed(kind, use), fz)
         out = case.execute(budget.limit())
         budget.record(out)
         if not out.ok:
             failures.append((case, out))
-    assert not failures, fi.report(failures)
+    assert not failures, fr.report(failures)
 
 
 class _Fixed:
@@ -241,7 +243,7 @@ class _Fixed:
         return 0
 
 
-def test_batch_output_has_one_line_per_input_line(fz: fi.FuzzEnv, tmp_path: Path) -> None:
+def test_batch_output_has_one_line_per_input_line(fz: fr.FuzzEnv, tmp_path: Path) -> None:
     """Bad lines of every kind between good ones: one JSON line out per line in, in order."""
     good = json.dumps(fi.batch_seeds()[0])
     bad = ["", "   ", "{", "[]", "null", "42", '"x"', "NaN", "{}", '{"model": "gpt2"}', "{} {}",
@@ -256,26 +258,26 @@ def test_batch_output_has_one_line_per_input_line(fz: fi.FuzzEnv, tmp_path: Path
     data = ("\n".join(lines) + "\n").encode()
     path = tmp_path / "batch.jsonl"
     path.write_bytes(data)
-    out = fi.run_cli(["estimate", "--batch", str(path)])
+    out = fr.run_cli(["estimate", "--batch", str(path)])
     assert out.ok, out.summary()
-    problem = fi.check_batch(data, out)
+    problem = fr.check_batch(data, out)
     assert problem is None, problem
 
 
-def test_subprocess_exit_codes_and_stderr(fz: fi.FuzzEnv, tmp_path: Path) -> None:
+def test_subprocess_exit_codes_and_stderr(fz: fr.FuzzEnv, tmp_path: Path) -> None:
     """A few inputs through a real ``python -m planner.cli`` process: exit 2, one line, no traceback."""
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps({**fi.TINY_GPT2, "n_layer": "two"}))
     plan = tmp_path / "plan.json"
     plan.write_bytes(fz.plans[0][2].read_bytes()[:500])
-    cases = [["explain", str(plan)], ["estimate", *fi.ESTIMATE_BASE, "--tp", "nan"], ["inspect", "--model", str(cfg)]]
-    bad = [(argv, out) for argv in cases if (out := fi.run_cli_subprocess(argv)).kind != "rejected"]
+    cases = [["explain", str(plan)], ["estimate", *ff.ESTIMATE_BASE, "--tp", "nan"], ["inspect", "--model", str(cfg)]]
+    bad = [(argv, out) for argv in cases if (out := fr.run_cli_subprocess(argv)).kind != "rejected"]
     assert not bad, "\n".join(f"{argv}: {out.summary()}\n  stderr: {out.stderr[-600:]}" for argv, out in bad)
 
 
 # ---- inputs the fuzzer found, kept as fixed cases --------------------------------------------
 
-def _plan_with(fz: fi.FuzzEnv, path: tuple[Any, ...], value: Any) -> Path:
+def _plan_with(fz: fr.FuzzEnv, path: tuple[Any, ...], value: Any) -> Path:
     doc = json.loads(fz.plans[0][2].read_text())
     node = doc
     for k in path[:-1]:
@@ -284,7 +286,7 @@ def _plan_with(fz: fi.FuzzEnv, path: tuple[Any, ...], value: Any) -> Path:
     return fz.file(json.dumps(doc).encode(), ".json", stem="found")
 
 
-def _found_cases(fz: fi.FuzzEnv) -> dict[str, Callable[[], fi.Outcome]]:
+def _found_cases(fz: fr.FuzzEnv) -> dict[str, Callable[[], fr.Outcome]]:
     from planner.commands.estimate import price_args
     from profiler.hardware import parse_cluster
 
@@ -300,35 +302,35 @@ def _found_cases(fz: fi.FuzzEnv) -> dict[str, Callable[[], fi.Outcome]]:
     (acc_dir / "fuzzacc.json").write_text(json.dumps(acc))
     seed_plan = str(fz.plans[0][2])
 
-    def batch_run() -> fi.Outcome:
-        out = fi.run_cli(["estimate", "--batch", str(batch)])
-        problem = fi.check_batch(batch.read_bytes(), out) if out.ok else None
+    def batch_run() -> fr.Outcome:
+        out = fr.run_cli(["estimate", "--batch", str(batch)])
+        problem = fr.check_batch(batch.read_bytes(), out) if out.ok else None
         if problem:
             out.kind, out.detail = "other", problem
         return out
 
     return {
-        "parse_cluster-gpus_per_node-null": lambda: fi.call(
+        "parse_cluster-gpus_per_node-null": lambda: fr.call(
             parse_cluster, {"accelerator": "h100", "nodes": 2, "gpus_per_node": None}),
-        "price_args-memory_limit-10**400": lambda: fi.call(price_args, {**line, "memory_limit": 10**400}),
+        "price_args-memory_limit-10**400": lambda: fr.call(price_args, {**line, "memory_limit": 10**400}),
         "batch-memory_limit-10**400": batch_run,
-        "profile-sharing_efficiency-5e-324": lambda: fi.run_cli(
-            ["estimate", *fi.ESTIMATE_BASE, "--profile", str(profile_path)]),
-        "plot-pareto-predicted.memory_limit_gib-x": lambda: fi.run_cli(
+        "profile-sharing_efficiency-5e-324": lambda: fr.run_cli(
+            ["estimate", *ff.ESTIMATE_BASE, "--profile", str(profile_path)]),
+        "plot-pareto-predicted.memory_limit_gib-x": lambda: fr.run_cli(
             ["plot", str(_plan_with(fz, ("predicted", "memory_limit_gib"), "x")), "--kind", "pareto",
              "-o", str(fz.name(".png"))]),
-        "explain-predicted.stages[0].activations_gib-x": lambda: fi.run_cli(
+        "explain-predicted.stages[0].activations_gib-x": lambda: fr.run_cli(
             ["explain", str(_plan_with(fz, ("predicted", "stages", 0, "activations_gib"), "x"))]),
-        "explain-predicted.time-x": lambda: fi.run_cli(
+        "explain-predicted.time-x": lambda: fr.run_cli(
             ["explain", str(_plan_with(fz, ("predicted", "time"), "x"))]),
-        "compare-predicted.time-x": lambda: fi.run_cli(
+        "compare-predicted.time-x": lambda: fr.run_cli(
             ["compare", str(_plan_with(fz, ("predicted", "time"), "x")), seed_plan]),
-        "export-predicted.stages[0].units[0]-7": lambda: fi.run_cli(
+        "export-predicted.stages[0].units[0]-7": lambda: fr.run_cli(
             ["export", str(_plan_with(fz, ("predicted", "stages", 0, "units", 0), 7)), "--to", "megatron"]),
-        "plot-memory-predicted.stages[0].units[0]-7": lambda: fi.run_cli(
+        "plot-memory-predicted.stages[0].units[0]-7": lambda: fr.run_cli(
             ["plot", str(_plan_with(fz, ("predicted", "stages", 0, "units", 0), 7)), "--kind", "memory",
              "-o", str(fz.name(".svg"))]),
-        "broken-accelerator-file-named": lambda: fi.run_cli(
+        "broken-accelerator-file-named": lambda: fr.run_cli(
             ["estimate", "--model", "gpt2", "--cluster", "8xfuzzacc", "--seq-len", "128", "--global-batch", "8"],
             env={"SHARDPLAN_ACCELERATOR_PATH": str(acc_dir)}),
     }
@@ -342,7 +344,7 @@ FOUND = ["parse_cluster-gpus_per_node-null", "price_args-memory_limit-10**400", 
 
 
 @pytest.mark.parametrize("name", FOUND)
-def test_inputs_the_fuzzer_found(fz: fi.FuzzEnv, name: str) -> None:
+def test_inputs_the_fuzzer_found(fz: fr.FuzzEnv, name: str) -> None:
     """Rare inputs the long runs found, run every time: in-process a ShardplanError at most, on the
     command line exit 0 or 2 with one line."""
     out = _found_cases(fz)[name]()
@@ -353,8 +355,8 @@ def test_inputs_the_fuzzer_found(fz: fi.FuzzEnv, name: str) -> None:
 
 @pytest.mark.fuzz_long
 @pytest.mark.parametrize("family", sorted({**IN_PROCESS_EXAMPLES, **CLI_EXAMPLES}))
-def test_long_profile(fz: fi.FuzzEnv, family: str) -> None:
-    gen = {**fi.IN_PROCESS, **fi.COMMAND_LINE}[family]
+def test_long_profile(fz: fr.FuzzEnv, family: str) -> None:
+    gen = {**ff.IN_PROCESS, **ff.COMMAND_LINE}[family]
     n = {**IN_PROCESS_EXAMPLES, **CLI_EXAMPLES}[family] * LONG_FACTOR
     failures = fuzz(gen, fz, n, f"long-{family}")
-    assert not failures, fi.report(failures, groups=25)
+    assert not failures, fr.report(failures, groups=25)
