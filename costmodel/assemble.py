@@ -12,7 +12,7 @@ two moments of the step (:func:`rank_memory`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -83,6 +83,10 @@ class RankMemory:
     @property
     def peak_tensors(self) -> F:
         return np.maximum(self.core_run, self.core_end) + self.params + self.optim
+
+    def rank(self, i: int) -> RankMemory:
+        """Rank ``i``'s parts, of parts that carry a last axis over ranks."""
+        return RankMemory(*(getattr(self, f.name)[..., i] for f in fields(self)))
 
 
 @dataclass
@@ -158,9 +162,8 @@ def assemble(ua: Sequence[UnitCost], layout: Layout, cfg: ConfigArrays, dev: Dev
     waiting = np.broadcast_to(weights_pending(sched, rs, p, m[:, None], v), (len(m), len(rs)))
     recv = (recv_bytes(sched, rs, p, m[:, None], v, sent[:, (rs - 1) % p], sent[:, rs])
             if p > 1 else np.zeros((len(m), len(rs))))
-    mems = [rank_memory(units, sig[j], r, layout, cfg, dev, w, fly[:, i], waiting[:, i], recv[:, i], tail)
-            for i, (j, r) in enumerate(ranks)]
-    tensors = np.max(np.stack([rm.peak_tensors for rm in mems]), axis=0)
+    mem = rank_memory(units, sig[[j for j, _ in ranks]], layout, cfg, dev, w, fly, waiting, recv, tail)
+    tensors = mem.peak_tensors.max(axis=-1)
     memory = tensors + c.context_bytes + c.fragmentation * tensors
     held = (sig * mult[:, None]).sum(axis=0)
     hw = units("hw_flops") @ held
@@ -168,7 +171,7 @@ def assemble(ua: Sequence[UnitCost], layout: Layout, cfg: ConfigArrays, dev: Dev
     a = Assembled(step, memory, hw, m, (p2p_rank * mult).sum(axis=1))
     if detail:
         a.rank_time, a.pipe, a.bubble, a.dp_exposed = t_r, pipe, bubble, dp_exposed
-        a.optim, a.offload, a.ranks, a.p2p = optim, offload, mems, p2p_rank
+        a.optim, a.offload, a.ranks, a.p2p = optim, offload, [mem.rank(i) for i in range(len(ranks))], p2p_rank
     return a
 
 
@@ -197,12 +200,13 @@ class Stacked:
         return self._cache[attr]
 
 
-def rank_memory(units: Stacked, counts: F, r: int, layout: Layout, cfg: ConfigArrays, dev: DeviceModel,
-                w: Workload, fly: F, waiting: F, recv: F, tail: F) -> RankMemory:
-    """Peak memory parts of pipeline rank ``r`` holding ``counts`` of each unit, with ``fly``
-    micro-batches in flight (:func:`costmodel.pipeline.in_flight`), ``waiting`` awaiting weight
-    gradients (:func:`costmodel.pipeline.weights_pending`) and ``recv`` bytes of receive buffers
-    (:func:`recv_bytes`), each (n,): the larger of two moments of the step.
+def rank_memory(units: Stacked, counts: F, layout: Layout, cfg: ConfigArrays, dev: DeviceModel, w: Workload,
+                fly: F, waiting: F, recv: F, tail: F) -> RankMemory:
+    """Peak memory parts of R pipeline ranks, rank ``i`` holding ``counts[i]`` of each unit (R, K),
+    with ``fly`` micro-batches in flight (:func:`costmodel.pipeline.in_flight`), ``waiting`` awaiting
+    weight gradients (:func:`costmodel.pipeline.weights_pending`) and ``recv`` bytes of receive
+    buffers (:func:`recv_bytes`), each (n, R); every part (n, O, R). The larger of two moments of
+    the step:
 
     * start of backward, the activations in flight all saved: states (gradients only if
       :func:`grads_held`) + activations (with zero bubble, the output gradients that micro-batches
@@ -215,20 +219,23 @@ def rank_memory(units: Stacked, counts: F, r: int, layout: Layout, cfg: ConfigAr
     """
     c, p = dev.c, layout.p
     m = w.global_batch / (cfg.dp * cfg.micro_batch)
-    ks = np.flatnonzero(counts)
+    held = counts > 0  # (R, K)
 
     def total(attr: str) -> F:
-        return units(attr) @ counts
+        return units(attr) @ counts.T
 
-    gath = units("gathered")[..., ks].max(axis=-1)
-    remat = units("remat")[..., ks].max(axis=-1)
-    bucket = bucket_bytes(c, cfg.dp)[:, None]
-    recv = recv[:, None]
-    acts = total("activations") * fly[:, None] + total("pending") * waiting[:, None]
-    loss = units("activations")[..., layout.head] * w.loss_buffer if layout.head is not None and counts[layout.head] else 0.0
+    def largest(attr: str) -> F:  # the largest unit each rank holds (sizes are >= 0)
+        return np.where(held, units(attr)[..., None, :], 0.0).max(axis=-1)
+
+    bucket = bucket_bytes(c, cfg.dp)[:, None, None]
+    recv = recv[:, None, :]
+    acts = total("activations") * fly[:, None, :] + total("pending") * waiting[:, None, :]
+    h = layout.head
+    loss = units("activations")[..., h, None] * w.loss_buffer * held[:, h] if h is not None else 0.0
     grads = total("state_grads")
-    live = np.where(grads_held(p, m)[:, None], grads, 0.0)
-    core_run = live + acts + gath + remat + bucket + loss + recv
-    core_end = grads + gath + bucket + tail[:, None] + recv
+    live = np.where(grads_held(p, m)[:, None, None], grads, 0.0)
+    gath = largest("gathered")
+    core_run = live + acts + gath + largest("remat") + bucket + loss + recv
+    core_end = grads + gath + bucket + tail[:, None, None] + recv
     return RankMemory(total("state_params"), total("state_optim"), grads, live, acts, core_run, core_end,
                       total("param_bytes"), total("grad_bytes"), total("optim_bytes"))
