@@ -111,11 +111,14 @@ def grid_layout(graph: LayerGraph, p: int, v: int) -> Layout:
 def price_grid(graph: LayerGraph, cluster: Cluster, w: Workload, configs: Sequence[MeshConfig],
                options: Sequence[LayerStrategy | GridOption], profile: Profile | None = None,
                memory_limit_gib: float | None = None, device: DeviceModel | None = None,
-               large_ops: Callable[[list[LayerNode]], Iterable[str]] | None = None) -> GridReport:
+               large_ops: Callable[[list[LayerNode]], Iterable[str]] | None = None,
+               recompute_blocks_only: bool = False) -> GridReport:
     """Price every uniform plan ``configs[i]`` with ``default=options[j]`` (even stage split).
 
     Options with ``large=True`` give the operators ``large_ops(unit nodes)`` names ZeRO-3 (their
-    numbers are those of a plan with such operator entries; they are for bounds, not plans)."""
+    numbers are those of a plan with such operator entries; they are for bounds, not plans). With
+    ``recompute_blocks_only`` the units outside the blocks (embedding, head) recompute nothing, as in
+    trainers that checkpoint transformer blocks only (torchtitan, Megatron-LM)."""
     dev = device or DeviceModel(cluster, profile)
     opts = [GridOption.of(o) for o in options]
     reps, index = unit_classes(graph)
@@ -128,8 +131,9 @@ def price_grid(graph: LayerGraph, cluster: Cluster, w: Workload, configs: Sequen
     ua = []
     for name, nodes in reps:
         large = frozenset(large_ops(nodes)) if large_ops else frozenset()
-        uopts = [UnitOption.uniform(nodes, o.sharding, o.recompute, o.offload, large if o.large else frozenset())
-                 for o in opts]
+        block = not recompute_blocks_only or name.startswith("layers.")
+        uopts = [UnitOption.uniform(nodes, o.sharding, o.recompute if block else "none", o.offload,
+                                    large if o.large else frozenset()) for o in opts]
         ua.append(price_unit(name, nodes, dev, cfg, w, uopts))
     out = {k: np.zeros((C, n_opt)) for k in ("step", "mem", "hw")}
     n_mb, p2p_total = np.zeros(C), np.zeros(C)

@@ -4,6 +4,10 @@
     p = plan("llama3-8b", "64xh100", seq_len=8192, global_batch=256)
     p.save("plan.json")
 
+The search is for a target (``target=``, default ``shardplan``, the project's runtime; see
+:mod:`vocab.targets`): its space is what the target runs (:func:`solvers.space.restrict`), its
+price uses the target's behaviour (cross-entropy kernel, gradient dtype), and the plan records it.
+
 The document is reproducible: the same inputs give byte-identical JSON (the solver's wall time
 is therefore not stored; :func:`search_plan` returns it next to the plan). With a time limit the
 best plan found so far comes back with status ``time_limit`` and its proven gap.
@@ -23,10 +27,11 @@ from profiler.hardware import Cluster, parse_cluster
 from profiler.models import load_model
 from solvers.hybrid import Progress, search
 from solvers.result import SearchResult
-from solvers.space import SPACES
+from solvers.space import SPACES, SpaceOptions, restrict
 from vocab.errors import ShardplanError
-from vocab.plan import Alternative, ClusterRef, Plan, PlanInputs, Predicted, SolverInfo
+from vocab.plan import Alternative, ClusterRef, Plan, PlanInputs, Predicted, SolverInfo, TargetRef
 from vocab.strategy import Workload, check_workload_choices
+from vocab.targets import DEFAULT_TARGET, Target, load_target
 
 PRECISIONS = ("bf16", "fp8", "fp32")
 
@@ -57,17 +62,25 @@ def search_plan(
     top_k: int = 5,
     progress: Progress | None = None,
     attention_kernel: str = "auto",
-    cross_entropy: str = "eager",
+    cross_entropy: str | None = None,
+    target: str = DEFAULT_TARGET,
+    grad_dtype: str | None = None,
 ) -> Planned:
     """Search and build the plan document; with several global batches the one with the most
     samples per second wins (throughput, not time per step, is compared). ``model`` is a preset
     name, a config path or dict, or a ``package.module:factory`` (imported and run: your call); the
-    plan records the layer graph of a model that is not a preset or config file."""
+    plan records the layer graph of a model that is not a preset or config file. ``target`` bounds
+    the search; ``cross_entropy`` and ``grad_dtype`` default to how the target runs (and must be
+    values it runs)."""
     if space not in SPACES:
         raise ShardplanError(f"unknown search space '{space}'; known: {', '.join(SPACES)}")
     if precision not in PRECISIONS:
         raise ShardplanError(f"unknown precision '{precision}'; known: {', '.join(PRECISIONS)}")
-    check_workload_choices(attention_kernel=attention_kernel, cross_entropy=cross_entropy)
+    asked = {"cross_entropy": cross_entropy, "grad_dtype": grad_dtype}
+    check_workload_choices(attention_kernel=attention_kernel, **{k: v for k, v in asked.items() if v is not None})
+    t = load_target(target)
+    cross_entropy, grad_dtype = target_behaviour(t, precision, cross_entropy, grad_dtype)
+    opts = restrict(SPACES[space], t)
     if seq_len <= 0:
         raise ShardplanError(f"seq_len must be positive, got {seq_len}")
     batches = [global_batch] if isinstance(global_batch, int) else list(global_batch)
@@ -92,22 +105,24 @@ def search_plan(
     errors = []
     for b in sorted({int(x) for x in batches}):
         w = Workload(seq_len=seq_len, global_batch=b, precision=precision,  # type: ignore[arg-type]
-                     attention_kernel=attention_kernel, cross_entropy=cross_entropy)  # type: ignore[arg-type]
+                     attention_kernel=attention_kernel, cross_entropy=cross_entropy,  # type: ignore[arg-type]
+                     grad_dtype=grad_dtype)  # type: ignore[arg-type]
         try:
-            res = search(graph, cl, w, space, memory_limit_gib, dev, time_limit, top_k, progress)
+            res = search(graph, cl, w, opts, memory_limit_gib, dev, time_limit, top_k, progress)
         except ShardplanError as e:
             if len(batches) == 1:
-                raise
+                raise ShardplanError(f"{e} (target {t.name}: {t.label})") from None
             errors.append(f"global batch {b}: {e}")
             continue
         by_batch[b] = b / res.objective
         if best is None or by_batch[b] > best[0]:
             best = (by_batch[b], res, w)
     if best is None:
-        raise ShardplanError("; ".join(errors))
+        raise ShardplanError("; ".join(errors) + f" (target {t.name}: {t.label})")
     _, res, w = best
-    if space == "osdp":
-        res.options.update(_dp_check(graph, dev, res, w, memory_limit_gib))
+    exact_osdp = space == "osdp" and opts.per_layer  # the OSDP chain, solved twice
+    if exact_osdp:
+        res.options.update(_dp_check(graph, dev, res, w, memory_limit_gib, opts))
     if len(by_batch) > 1:
         res.options["samples_per_s_by_global_batch"] = {str(k): v for k, v in sorted(by_batch.items())}
     doc = Plan(
@@ -119,11 +134,12 @@ def search_plan(
             workload=w,
             memory_limit_gib=memory_limit_gib,
             profile=str(profile) if profile is not None else None,
+            target=TargetRef(name=t.name, version=t.version or None),
         ),
         strategy=res.best.strategy,
         predicted=Predicted(**res.best.report.to_dict()),
         solver=SolverInfo(
-            name="ilp" if space == "osdp" else "hybrid",
+            name="ilp" if exact_osdp else "hybrid",
             status=res.status,  # type: ignore[arg-type]
             space=res.space,
             objective=res.objective,
@@ -160,19 +176,37 @@ def plan(
     time_limit: float | None = None,
     top_k: int = 5,
     attention_kernel: str = "auto",
-    cross_entropy: str = "eager",
+    cross_entropy: str | None = None,
+    target: str = DEFAULT_TARGET,
 ) -> Plan:
-    """The fastest plan of ``space`` for ``model`` on ``cluster`` that fits ``memory_limit_gib`` per
-    GPU (the accelerator's memory by default). Raises :class:`ShardplanError` when nothing fits,
-    naming the least memory any plan of the space needs and what dominates it."""
+    """The fastest plan of ``space`` that ``target`` runs for ``model`` on ``cluster`` that fits
+    ``memory_limit_gib`` per GPU (the accelerator's memory by default). Raises
+    :class:`ShardplanError` when nothing fits, naming the least memory any plan of the space needs
+    and what dominates it."""
     return search_plan(
         model, cluster, seq_len, global_batch, memory_limit_gib, space, precision, profile, time_limit, top_k,
-        attention_kernel=attention_kernel, cross_entropy=cross_entropy,
+        attention_kernel=attention_kernel, cross_entropy=cross_entropy, target=target,
     ).plan
 
 
+def target_behaviour(t: Target, precision: str, cross_entropy: str | None, grad_dtype: str | None
+                     ) -> tuple[str, str]:
+    """The cross-entropy kernel and gradient dtype a search for ``t`` prices with: the ones asked
+    for, which ``t`` must run, or the target's own; fp8 needs a target that trains in fp8."""
+    if precision == "fp8" and not t.fp8:
+        raise ShardplanError(f"the {t.name} target ({t.label}) has no fp8 training; use --precision bf16 or "
+                             "another --target")
+    out = []
+    for value, what, allowed in ((cross_entropy, "cross-entropy", t.behaviour.cross_entropy),
+                                 (grad_dtype, "gradient dtype", t.behaviour.grad_dtype)):
+        if value is not None and value not in allowed:
+            raise ShardplanError(f"the {t.name} target ({t.label}) runs {what} {' or '.join(allowed)}, not '{value}'")
+        out.append(value if value is not None else allowed[0])
+    return out[0], out[1]
+
+
 def _dp_check(
-    graph: LayerGraph, dev: DeviceModel, res: SearchResult, w: Workload, limit: float | None
+    graph: LayerGraph, dev: DeviceModel, res: SearchResult, w: Workload, limit: float | None, opts: SpaceOptions
 ) -> dict[str, Any]:
     """OSDP: solve the winning mesh again with the DP (the second, independent exact solver)."""
     from costmodel.report import GIB
@@ -185,7 +219,7 @@ def _dp_check(
     s = res.best.strategy
     cfg = MeshConfig.of(s)
     lim = limit if limit is not None else dev.cluster.memory_bytes / GIB
-    prob = mesh_problem(graph, dev, cfg, w, for_device(SPACES["osdp"], dev.acc.kind), lim)
+    prob = mesh_problem(graph, dev, cfg, w, for_device(opts, dev.acc.kind), lim)
     ilp, dp = solve_ilp(prob), solve_dp(prob)
     agree = (
         ilp.choice is not None

@@ -1,7 +1,7 @@
 """What a plan does and why (``shardplan explain``): as data, and as a rich terminal view.
 
-:func:`explain_data` reads the plan document alone (plus the accelerator's scale-up domain): the
-mesh and where its axes run (inside a scale-up domain or across nodes), schedule and micro-batching,
+:func:`explain_data` reads the plan document alone (plus the accelerator's scale-up domain and the
+target files): the target the plan was searched for, the mesh and where its axes run (inside a scale-up domain or across nodes), schedule and micro-batching,
 per-stage memory against the limit, the step-time breakdown, the solver, and how the plan differs
 from its runner-up.
 """
@@ -20,6 +20,7 @@ from planner.reprice import memory_limit_gib, plan_cluster, predicted_dict, unit
 from vocab.errors import ShardplanError
 from vocab.plan import Plan
 from vocab.strategy import MESH_AXES
+from vocab.targets import ANY, load_target
 
 AXIS_ROLE = {"pp": "pipeline stages", "dp_replicate": "data-parallel replicas", "dp_shard": "ZeRO/FSDP shards",
              "cp": "context parallel (sequence split)", "tp": "tensor parallel", "ep": "expert parallel"}
@@ -129,6 +130,18 @@ def runner_up(plan: Plan, units: list[str]) -> dict[str, Any] | None:
             "runner_up_step_time_s": b["step_time_s"], "time_deltas": moves, "verdict": verdict}
 
 
+def target_info(plan: Plan) -> dict[str, Any]:
+    """The target the plan was searched for: name, pinned version, trainer, and whether this
+    shardplan still pins that version (a plan of schema 1.0 or 1.1 reads as ``any``)."""
+    ref = plan.inputs.target
+    out: dict[str, Any] = {"name": ref.name, "version": ref.version, "trainer": None, "pinned_now": None}
+    try:
+        t = load_target(ref.name)
+    except ShardplanError:
+        return out
+    return {**out, "trainer": t.trainer, "pinned_now": t.version or None}
+
+
 def explain_data(plan: Plan) -> dict[str, Any]:
     units = units_of(plan)
     pred = predicted_dict(plan)
@@ -136,6 +149,7 @@ def explain_data(plan: Plan) -> dict[str, Any]:
     c, w = plan.inputs.cluster, plan.inputs.workload
     return {
         "model": plan.inputs.model,
+        "target": target_info(plan),
         "cluster": {**c.model_dump(), "name": f"{c.world_size}x {c.accelerator}"},
         "workload": w.model_dump(),
         "predicted": {"step_time_s": pred["step_time_s"], "tokens_per_s_per_gpu": pred["tokens_per_s_per_gpu"],
@@ -159,6 +173,18 @@ def _bar(frac: float, width: int = 20) -> str:
     return "█" * n + "·" * (width - n)
 
 
+def target_line(tg: dict[str, Any]) -> str:
+    """``torchtitan 0.2.2 (torchtitan)``; ``any`` says the search had no trainer's bounds."""
+    if tg["name"] == ANY:
+        return "any: searched over the whole plan vocabulary, for no particular trainer"
+    line = f"{tg['name']} {tg['version'] or ''}".strip() + (f" ({tg['trainer']})" if tg["trainer"] else "")
+    if tg["pinned_now"] and tg["version"] and tg["pinned_now"] != tg["version"]:
+        line += f"; this shardplan pins {tg['pinned_now']}"
+    elif tg["trainer"] is None:
+        line += "; not a target this shardplan knows"
+    return line
+
+
 def render_explain(d: dict[str, Any], console: Console) -> None:
     p, w, c = d["predicted"], d["workload"], d["cluster"]
     console.rule(f"[bold]{escape(d['model'])}[/] on {c['name']} ({c['nodes']} nodes x {c['gpus_per_node']} GPUs)")
@@ -166,6 +192,7 @@ def render_explain(d: dict[str, Any], console: Console) -> None:
     console.print(f"seq_len {w['seq_len']}, global batch {w['global_batch']}, {w['precision']}  |  step "
                   f"[bold]{p['step_time_s']:.4g} s[/], {p['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU, MFU "
                   f"{p['mfu']:.1%}  |  peak {p['memory_peak_gib']:.1f} / {p['memory_limit_gib']:.1f} GiB {fit}")
+    console.print(f"[bold]target[/] {escape(target_line(d['target']))}", highlight=False)
     mesh = d["mesh"]
     t = Table(title=f"mesh: {mesh['world_size']} GPUs, scale-up domain {mesh['scale_up_domain']} GPUs")
     for col in ("axis", "size", "role", "rank stride", "placement", "first group"):

@@ -56,7 +56,9 @@ from solvers.result import Found, SearchResult, family_of
 from solvers.space import (
     MeshConfig,
     SpaceOptions,
+    blocks_recompute,
     for_device,
+    grid_mask,
     grid_options,
     mesh_configs,
     operator_options,
@@ -123,6 +125,7 @@ def search(graph: LayerGraph, cluster: Cluster, w: Workload, space: str | SpaceO
             f"{w.global_batch} and seq_len {w.seq_len}: the global batch must be divisible by the "
             f"data-parallel degree (and seq_len by 2*cp)")
     uopts, lopts = grid_options(opts)  # lopts: for the bounds of meshes without a pipeline
+    units = unit_names(graph) if opts.recompute_blocks_only else []  # grid plans recompute blocks only
     pool = _Pool(max(top_k, 1))
     lb0 = compute_bound(graph, cluster, w, configs, device=dev)
     order = np.argsort(lb0, kind="stable")
@@ -140,11 +143,12 @@ def search(graph: LayerGraph, cluster: Cluster, w: Workload, space: str | SpaceO
         if not len(live):
             pruned_at = start
             break
-        gr = price_grid(graph, cluster, w, [configs[i] for i in live], uopts, memory_limit_gib=limit,
-                        device=dev,
-                        large_ops=large_ops)
+        rows = [configs[i] for i in live]
+        gr = price_grid(graph, cluster, w, rows, uopts, memory_limit_gib=limit, device=dev, large_ops=large_ops,
+                        recompute_blocks_only=opts.recompute_blocks_only)
         priced += gr.size
-        step = np.where(gr.fits, gr.step_time_s, np.inf)
+        mask = grid_mask(rows, uopts, opts)
+        step = np.where(gr.fits if mask is None else gr.fits & mask, gr.step_time_s, np.inf)
         part = len(parts)
         # the large-operator options bound the per-operator choices: of meshes without a pipeline,
         # and in the staged space of pipelines too
@@ -156,7 +160,7 @@ def search(graph: LayerGraph, cluster: Cluster, w: Workload, space: str | SpaceO
         for f in np.argsort(flat, kind="stable")[:max(top_k, 1) + 2]:
             if np.isfinite(flat[f]):
                 i, j = divmod(int(f), len(uopts))
-                pool.add(float(flat[f]), (0, int(live[i]), j), _grid_builder(gr, i, j), "grid")
+                pool.add(float(flat[f]), (0, int(live[i]), j), _grid_builder(gr, i, j, units), "grid")
         frontier = _pareto(frontier + _chunk_frontier(gr.memory_peak_gib, step, part))
         if progress:
             progress("pricing uniform plans", min(start + CHUNK, len(order)), len(order))
@@ -216,7 +220,7 @@ def search(graph: LayerGraph, cluster: Cluster, w: Workload, space: str | SpaceO
 
         raise explain(graph, cluster, w, opts, limit, dev, configs)
     (best, best_solver), alternatives = _materialise(graph, cluster, w, pool, frontier, parts, limit, dev,
-                                                     top_k)
+                                                     top_k, units)
     objective = best.step_time_s
     bound = min([objective] + bound_left)
     status = "optimal" if bound >= objective * (1 - 1e-12) else ("time_limit" if timed_out else "feasible")
@@ -341,8 +345,9 @@ def _view(u: Any, i: int, j: int) -> UnitView:
                     float(u.offload[i, j]), float(u.bwd_weight[i, j]), float(u.out_bytes[i]), float(u.pending[i, j]))
 
 
-def _grid_builder(gr: GridReport, i: int, j: int) -> Callable[[], Strategy]:
-    return lambda: gr.strategy(i, j)
+def _grid_builder(gr: GridReport, i: int, j: int, units: list[str]) -> Callable[[], Strategy]:
+    """A uniform plan of the grid; with ``units``, those outside the blocks recompute nothing (as priced)."""
+    return lambda: blocks_recompute(gr.strategy(i, j), units)
 
 
 def _chain_builder(graph: LayerGraph, cfg: MeshConfig, prob: Any, choice: list[int]
@@ -379,7 +384,7 @@ def _pareto(points: list[tuple[float, float, int, int, int]]) -> list[tuple[floa
 
 
 def _materialise(graph: LayerGraph, cluster: Cluster, w: Workload, pool: _Pool, frontier: list,
-                 parts: list, limit: float, dev: DeviceModel, top_k: int
+                 parts: list, limit: float, dev: DeviceModel, top_k: int, units: list[str]
                  ) -> tuple[tuple[Found, str], list[Found]]:
     """Re-price the best plans with estimate(): the winner, then top-k, the frontier, family bests."""
     seen: set[str] = set()
@@ -407,7 +412,7 @@ def _materialise(graph: LayerGraph, cluster: Cluster, w: Workload, pool: _Pool, 
     picks = frontier if len(frontier) <= PARETO_POINTS else [
         frontier[round(k * (len(frontier) - 1) / (PARETO_POINTS - 1))] for k in range(PARETO_POINTS)]
     for _, _, part, i, j in picks:
-        s = parts[part][1].strategy(i, j)
+        s = blocks_recompute(parts[part][1].strategy(i, j), units)
         sig = s.model_dump_json()
         if sig not in seen:
             seen.add(sig)

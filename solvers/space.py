@@ -30,7 +30,16 @@ Named spaces (:data:`SPACES`):
   Exact too (a MIP per pipeline mesh), but its searches of large models take longer.
 
 GPipe is never yielded: it has 1F1B's step time and keeps more micro-batches alive. Sequence
-parallelism is always on with Megatron TP (it never costs more in the cost model).
+parallelism is on with Megatron TP (it never costs more in the cost model) unless a target never
+runs it.
+
+A search is for a target (:mod:`vocab.targets`): :func:`restrict` narrows a space to what the
+target runs. Most of it is the space's own fields; the rest the generators and the search check:
+the virtual stages per rank a schedule takes and how layers may split over stages
+(:func:`stages_allowed`), tp dividing the KV heads and the FFN width (``strict_tp``), the shardings a
+pipeline, HSDP or model parallelism leave (:func:`mesh_shardings`, :func:`grid_mask`), the
+shardings an offload needs (:func:`offload_fits`) and recomputation of the blocks only
+(:func:`blocks_recompute`).
 """
 
 from __future__ import annotations
@@ -41,11 +50,28 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from itertools import product
 
+import numpy as np
+
 from costmodel.vectorized import GridOption
 from profiler.graph import LayerGraph
 from profiler.hardware import Cluster
 from vocab.errors import ShardplanError
-from vocab.strategy import OFFLOADS, RECOMPUTES, SHARDINGS, MeshConfig, Workload
+from vocab.strategy import (
+    OFFLOADS,
+    RECOMPUTES,
+    SHARDINGS,
+    LayerStrategy,
+    MeshConfig,
+    Strategy,
+    Workload,
+    even_split,
+)
+from vocab.targets import Target
+
+#: offload modes and the shardings they need: parameters are offloaded only where ZeRO-3 shards
+#: them (DeepSpeed's ``offload_param`` and FSDP2's CPU offload alike); optimizer offload goes with
+#: any sharding (ZeRO-Offload)
+OFFLOAD_NEEDS: tuple[tuple[str, tuple[str, ...]], ...] = (("params", ("zero3", "zero3_keep")),)
 
 
 @dataclass(frozen=True)
@@ -72,6 +98,15 @@ class SpaceOptions:
     tp_modes: tuple[str, ...] = ("megatron",)
     cp_modes: tuple[str, ...] = ("ring",)
     sequence_parallel: tuple[bool, ...] = (True,)  # for tp > 1 (SP never costs more here)
+    # what a target adds (:func:`restrict`); the defaults restrict nothing
+    pp_shardings: tuple[str, ...] = SHARDINGS  # with pp > 1
+    hsdp_shardings: tuple[str, ...] = SHARDINGS  # with dp_replicate > 1 and dp_shard > 1
+    mp_shardings: tuple[str, ...] = SHARDINGS  # with dp > 1 beside pp, tp, cp or ep > 1
+    offload_needs: tuple[tuple[str, tuple[str, ...]], ...] = OFFLOAD_NEEDS
+    stage_rules: tuple[tuple[str, int, int | None], ...] = ()  # (schedule, min, max) stages per rank
+    stage_split: str = "any"  # any | first_last | even (:func:`split_allowed`)
+    recompute_blocks_only: bool = False  # the embedding and the head never recompute
+    strict_tp: bool = False  # tp divides the KV heads and the FFN width (no KV-head replication)
 
     def with_(self, **kw: object) -> SpaceOptions:
         return replace(self, **kw)  # type: ignore[arg-type]
@@ -125,12 +160,16 @@ def divisors(n: int) -> tuple[int, ...]:
     return tuple(small + [n // d for d in reversed(small) if d * d != n])
 
 
-def tp_degrees(graph: LayerGraph, cluster: Cluster, world: int) -> Iterator[int]:
-    """Divide the heads, fit the KV heads (either divides the other) and stay inside one node."""
+def tp_degrees(graph: LayerGraph, cluster: Cluster, world: int, strict: bool = False) -> Iterator[int]:
+    """Divide the heads, fit the KV heads (either divides the other; ``strict``: tp divides them and
+    the FFN width) and stay inside one node."""
     heads = int(graph.config.get("heads", 0) or 0)
     kv = int(graph.config.get("kv_heads", 0) or 0)
+    ffn = int(graph.config.get("ffn_hidden", 0) or 0) if strict else 0
     for t in divisors(world):
-        if t > cluster.gpus_per_node or (heads and heads % t) or (kv and kv % t and t % kv):
+        if t > cluster.gpus_per_node or (heads and heads % t) or (kv and kv % t and (strict or t % kv)):
+            continue
+        if ffn and ffn % t:
             continue
         yield t
 
@@ -177,10 +216,27 @@ def schedules(pp: int, n_mb: int, blocks: int, opts: SpaceOptions) -> Iterator[t
             if n_mb % pp:
                 continue
             for v in range(2, opts.max_vpp + 1):  # Megatron's rule (layers divide evenly), and always 2
-                if pp * v <= blocks and (blocks % (pp * v) == 0 or v == 2):
+                if pp * v <= blocks and (blocks % (pp * v) == 0 or v == 2) and stages_allowed(s, pp, v, blocks, opts):
                     yield s, v
-        elif s != "gpipe":
+        elif s != "gpipe" and stages_allowed(s, pp, 1, blocks, opts):
             yield s, 1
+
+
+def stages_allowed(schedule: str, pp: int, vpp: int, blocks: int, opts: SpaceOptions) -> bool:
+    """Whether a target runs ``schedule`` with ``vpp`` stages per rank and the even split of
+    ``blocks`` layers (:meth:`Strategy.stage_layout` without ``stage_layers``)."""
+    for name, lo, hi in opts.stage_rules:
+        if name == schedule and (vpp < lo or (hi is not None and vpp > hi)):
+            return False
+    return split_allowed(even_split(blocks, pp * vpp), pp, opts.stage_split)
+
+
+def split_allowed(sizes: list[int], pp: int, rule: str) -> bool:
+    """``first_last``: with one stage per rank the middle stages are equal (the first and last may
+    differ), with more every virtual stage is; ``even`` and ``any`` take the even split."""
+    if rule != "first_last" or len(set(sizes)) <= 1:
+        return True
+    return len(sizes) == pp and len(set(sizes[1:-1])) <= 1
 
 
 def mesh_configs(
@@ -190,7 +246,7 @@ def mesh_configs(
     world = cluster.world_size
     blocks = graph.num_blocks
     heads = int(graph.config.get("heads", 0) or 0)
-    for tp in tp_degrees(graph, cluster, world) if opts.tp else [1]:
+    for tp in tp_degrees(graph, cluster, world, opts.strict_tp) if opts.tp else [1]:
         for pp in pp_degrees(graph, world // tp) if opts.pp else [1]:
             for cp in cp_degrees(w.seq_len, world // (tp * pp)) if opts.cp else [1]:
                 dp = world // (tp * pp * cp)
@@ -210,16 +266,16 @@ def mesh_configs(
                                             )
 
 
-def offload_fits(sharding: str, offload: str) -> bool:
-    """Parameters are offloaded only where ZeRO-3 shards them (DeepSpeed's ``offload_param`` and
-    FSDP2's CPU offload alike); optimizer offload goes with any sharding (ZeRO-Offload)."""
-    return offload != "params" or sharding in ("zero3", "zero3_keep")
+def offload_fits(sharding: str, offload: str, needs: tuple[tuple[str, tuple[str, ...]], ...] = OFFLOAD_NEEDS
+                 ) -> bool:
+    """Whether ``offload`` goes with ``sharding`` (:data:`OFFLOAD_NEEDS`, or a target's rules)."""
+    return all(sharding in allowed for mode, allowed in needs if mode == offload)
 
 
 def sharding_offloads(opts: SpaceOptions, shard_group: int) -> list[tuple[str, str]]:
     """The (sharding, offload) pairs a mesh may take, sharding-major. Without a shard group every
     sharding prices as replication: per offload, the first sharding that allows it stands for all."""
-    pairs = [(sh, off) for sh in opts.shardings for off in opts.offloads if offload_fits(sh, off)]
+    pairs = [(sh, off) for sh in opts.shardings for off in opts.offloads if offload_fits(sh, off, opts.offload_needs)]
     if shard_group > 1:
         return pairs
     first: dict[str, str] = {}
@@ -233,7 +289,7 @@ def grid_options(opts: SpaceOptions) -> tuple[list[GridOption], list[GridOption]
     recompute, offload), and — per-layer spaces with ZeRO-3 — the large-operator options (large
     operators under ZeRO-3, the rest replicated or ZeRO-1) that bound OSDP's per-operator choice."""
     uniform = [GridOption(sh, rc, off) for sh, rc, off in product(opts.shardings, opts.recomputes, opts.offloads)
-               if offload_fits(sh, off)]
+               if offload_fits(sh, off, opts.offload_needs)]
     large: list[GridOption] = []
     if opts.per_layer and "zero3" in opts.shardings:
         large = [GridOption(sh, rc, off, large=True) for sh, rc, off in product(
@@ -284,3 +340,85 @@ def pipeline_combos(graph: LayerGraph, cfg: MeshConfig, opts: SpaceOptions) -> I
         yield from ([pair] for pair in pairs)
     else:
         yield pairs
+
+
+def restrict(space: SpaceOptions, target: Target) -> SpaceOptions:
+    """``space`` narrowed to what ``target`` runs: its axes, modes, schedules with their stage-count
+    rules and layer splits, recomputation scope and sharding rules. Per-unit choices (and with them
+    operator splitting and mixed stages) stay only where the target lets every unit choose its
+    sharding, recomputation and offload freely; the target ``any`` restricts nothing."""
+    t = target
+    shardings = _keep(space.shardings, t.sharding.modes)
+    if not shardings:
+        raise ShardplanError(f"the '{space.name}' space and the {t.name} target ({t.label}) share no sharding: "
+                             f"the space has {', '.join(space.shardings)}, the target {', '.join(t.sharding.modes)}")
+    tp_modes, cp_modes = _keep(space.tp_modes, t.tensor_parallel.modes), _keep(space.cp_modes, t.context_parallel)
+    schedules = _keep(space.schedules, tuple(t.pipeline.schedules))
+    sp = {"always": (True,), "never": (False,)}.get(t.tensor_parallel.sequence_parallel, space.sequence_parallel)
+    rules = tuple((s, r.min, r.max) for s, r in t.pipeline.schedules.items() if (r.min, r.max) != (1, None))
+    narrow = dict(pp_shardings=_keep(space.pp_shardings, t.sharding.with_pp),
+                  hsdp_shardings=_keep(space.hsdp_shardings, t.sharding.with_hsdp),
+                  mp_shardings=_keep(space.mp_shardings, t.sharding.with_model_parallel))
+    free = (t.sharding.per_layer and t.offload.per_layer and t.recompute.per_layer == "any"
+            and t.recompute.scope == "units" and t.pipeline.stage_split == "any"
+            and all(set(shardings) <= set(x) for x in narrow.values()))
+    per_layer = space.per_layer and free
+    return replace(
+        space, pp=space.pp and t.has("pp") and bool(schedules), tp=space.tp and t.has("tp") and bool(tp_modes),
+        cp=space.cp and t.has("cp") and bool(cp_modes), ep=space.ep and t.has("ep"),
+        dp_replicate=space.dp_replicate and t.has("dp_replicate"), shardings=shardings,
+        recomputes=_keep(space.recomputes, t.recompute.modes) or ("none",),
+        offloads=_keep(space.offloads, t.offload.modes) or ("none",),
+        splits=space.splits if t.osdp_split and per_layer else (1,), per_layer=per_layer,
+        stage_boundaries=space.stage_boundaries and per_layer, mix_stages=space.mix_stages and per_layer,
+        schedules=schedules, tp_modes=tp_modes or ("megatron",), cp_modes=cp_modes or ("ring",),
+        sequence_parallel=sp, **narrow,
+        offload_needs=tuple((m, tuple(v)) for m, v in t.offload.needs.items()),
+        stage_rules=rules, stage_split=t.pipeline.stage_split,
+        recompute_blocks_only=t.recompute.scope == "blocks",
+        strict_tp=not t.tensor_parallel.kv_head_replication)
+
+
+def _keep(values: tuple[str, ...], allowed: list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(v for v in values if v in allowed)
+
+
+def _rules(cfg: MeshConfig) -> tuple[bool, bool, bool]:
+    """Whether a configuration has a pipeline, HSDP, and data parallelism beside model parallelism."""
+    return (cfg.pp > 1, cfg.dp_replicate > 1 and cfg.dp_shard > 1,
+            cfg.dp > 1 and max(cfg.pp, cfg.tp, cfg.cp, cfg.ep) > 1)
+
+
+def mesh_shardings(opts: SpaceOptions, cfg: MeshConfig) -> tuple[str, ...]:
+    """The shardings a mesh configuration may take: those of the space, less what a pipeline, HSDP
+    or data parallelism beside model parallelism rules out."""
+    out = opts.shardings
+    for applies, allowed in zip(_rules(cfg), (opts.pp_shardings, opts.hsdp_shardings, opts.mp_shardings),
+                                strict=True):
+        if applies:
+            out = _keep(out, allowed)
+    return out
+
+
+def grid_mask(configs: list[MeshConfig], options: list[GridOption], opts: SpaceOptions) -> np.ndarray | None:
+    """Which (configuration, uniform option) cells the space allows, shape (C, O); None: all."""
+    if all(set(opts.shardings) <= set(x) for x in (opts.pp_shardings, opts.hsdp_shardings, opts.mp_shardings)):
+        return None
+    rows: dict[tuple[bool, bool, bool], np.ndarray] = {}
+    for cfg in configs:
+        key = _rules(cfg)
+        if key not in rows:
+            allowed = mesh_shardings(opts, cfg)
+            rows[key] = np.array([o.sharding in allowed for o in options], bool)
+    return np.array([rows[_rules(c)] for c in configs], bool).reshape(len(configs), len(options))
+
+
+def blocks_recompute(s: Strategy, units: list[str]) -> Strategy:
+    """``s`` with the units outside the transformer blocks (embedding, head) recomputing nothing,
+    as a target that checkpoints blocks only runs it (``recompute_blocks_only``)."""
+    outside = [u for u in units if not u.startswith("layers.")]
+    if s.default.recompute == "none" or not outside:
+        return s
+    d = s.default
+    extra = [LayerStrategy(unit=u, sharding=d.sharding, recompute="none", offload=d.offload) for u in outside]
+    return s.model_copy(update={"layers": [*extra, *s.layers]})

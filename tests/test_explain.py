@@ -15,7 +15,7 @@ import planner.commands  # noqa: F401  (registers the subcommands)
 from planner.cli import app
 from planner.compare import compare, diff_strategies, label_units, runs
 from planner.explain import explain_data, mesh_placement
-from vocab.plan import Alternative, ClusterRef, Plan, PlanInputs, Predicted, SolverInfo
+from vocab.plan import Alternative, ClusterRef, Plan, PlanInputs, Predicted, SolverInfo, TargetRef
 from vocab.strategy import Strategy, Workload
 
 runner = CliRunner()
@@ -33,13 +33,15 @@ def _graph(model: str, seq_len: int) -> Any:
 
 
 def make_plan(strategy: dict[str, Any], cluster: str = "16xh100", seq_len: int = 2048, global_batch: int = 32,
-              alternatives: tuple[dict[str, Any], ...] = (), memory_limit_gib: float | None = None) -> Plan:
-    """The test fixture: estimate() given strategies and wrap them into a plan (solver 'user')."""
+              alternatives: tuple[dict[str, Any], ...] = (), memory_limit_gib: float | None = None,
+              target: TargetRef | None = None, **workload: Any) -> Plan:
+    """The test fixture: estimate() given strategies and wrap them into a plan (solver 'user'), with
+    the workload's other fields (``cross_entropy``, ...) and the target it records."""
     from costmodel.estimate import estimate
     from profiler.hardware import parse_cluster
 
     graph, cl = _graph(MODEL, seq_len), parse_cluster(cluster)
-    w = Workload(seq_len=seq_len, global_batch=global_batch)
+    w = Workload(seq_len=seq_len, global_batch=global_batch, **workload)
 
     def priced(s: dict[str, Any]) -> tuple[Strategy, Predicted]:
         st = Strategy.model_validate(s)
@@ -48,7 +50,7 @@ def make_plan(strategy: dict[str, Any], cluster: str = "16xh100", seq_len: int =
     s, pred = priced(strategy)
     alts = [Alternative(strategy=a, predicted=p) for a, p in map(priced, alternatives)]
     inputs = PlanInputs(model=MODEL, model_hash=graph.content_hash(), cluster=ClusterRef(**cl.to_dict()),
-                        workload=w, memory_limit_gib=memory_limit_gib)
+                        workload=w, memory_limit_gib=memory_limit_gib, target=target or TargetRef(name="any"))
     return Plan(inputs=inputs, strategy=s, predicted=pred, solver=SolverInfo(name="user"), alternatives=alts)
 
 
@@ -124,11 +126,21 @@ def test_cli_explain_text_and_json(plan_file: Path, wide: None) -> None:
     r = runner.invoke(app, ["explain", str(plan_file)])
     assert r.exit_code == 0, r.output
     for words in ("mesh: 16 GPUs", "inside one node", "across 2 nodes", "schedule", "1f1b", "per pipeline stage",
-                  "step time", "exposed tp comm", "bubble", "solver", "vs runner-up", "mesh.tp: 2 → 1"):
+                  "step time", "exposed tp comm", "bubble", "solver", "vs runner-up", "mesh.tp: 2 → 1",
+                  "target any: searched over the whole plan vocabulary"):
         assert words in r.output, words
     r = runner.invoke(app, ["explain", str(plan_file), "--json"])
     d = json.loads(r.stdout)
     assert d["mesh"]["world_size"] == 16 and d["runner_up"]["changes"] and len(d["stages"]) == 2
+    assert d["target"] == {"name": "any", "version": None, "trainer": "any", "pinned_now": None}
+
+
+def test_explain_names_the_target(tmp_path: Path, wide: None) -> None:
+    make_plan(FSDP, target=TargetRef(name="torchtitan", version="0.2.1")).save(tmp_path / "t.json")
+    r = runner.invoke(app, ["explain", str(tmp_path / "t.json")])
+    assert r.exit_code == 0 and "target torchtitan 0.2.1 (torchtitan); this shardplan pins 0.2.2" in r.output
+    d = json.loads(runner.invoke(app, ["explain", str(tmp_path / "t.json"), "--json"]).stdout)
+    assert d["target"] == {"name": "torchtitan", "version": "0.2.1", "trainer": "torchtitan", "pinned_now": "0.2.2"}
 
 
 def test_cli_explain_without_alternatives(tmp_path: Path, wide: None) -> None:

@@ -1,5 +1,6 @@
 """shardplan export: each target parses (tomllib, json, yaml, shlex, ast) with the plan's values; what a
-target cannot express is mapped to the nearest plan and reported with its re-priced cost."""
+target cannot express is refused on the command line, or (--nearest, and in the API) mapped to the
+nearest plan and reported with its re-priced cost."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from typer.testing import CliRunner
 
 import planner.commands  # noqa: F401  (registers the subcommands)
 from planner.cli import app
-from planner.exports import TARGETS, export, keys
+from planner.exports import TARGETS, export, keys, refusal, target_of
 from tests.test_explain import make_plan
 from vocab.plan import Plan, parse_plan
 
@@ -32,6 +33,8 @@ MIXED = {"mesh": {"pp": 2, "dp_replicate": 2, "dp_shard": 2, "tp": 2}, "schedule
          "default": {"sharding": "zero3", "recompute": "selective"},
          "layers": [{"unit": "layers.0", "sharding": "zero2", "recompute": "full"},
                     {"unit": "layers.1", "sharding": "zero3", "recompute": "full", "split": 4}]}
+UNSPLIT = {**MIXED, "layers": [{**x, "split": 1} for x in MIXED["layers"]]}  # what the runtime runs
+FUSED = {"cross_entropy": "fused"}  # how Megatron-LM and nanotron compute the loss
 
 
 def flags(text: str) -> dict[str, Any]:
@@ -45,8 +48,10 @@ def flags(text: str) -> dict[str, Any]:
     return out
 
 
-def test_every_target_has_its_version_and_keys() -> None:
-    assert set(keys.VERSIONS) == set(TARGETS)
+def test_every_exporter_has_a_pinned_target_and_keys() -> None:
+    for key in TARGETS:
+        t = target_of(key)
+        assert t.exporter == key and t.version and t.sources
     for table in (keys.TORCHTITAN, keys.MEGATRON, keys.DEEPSPEED, keys.NANOTRON, keys.PYTHON):
         assert all(v is None or isinstance(v, str) and v for v in table.values())
 
@@ -80,7 +85,7 @@ def test_torchtitan_every_nth_layer_checkpoint_is_exact() -> None:
 
 
 def test_megatron_flags() -> None:
-    e = export(make_plan({**HYBRID, "schedule": "interleaved", "vpp": 2}, global_batch=32), "megatron")
+    e = export(make_plan({**HYBRID, "schedule": "interleaved", "vpp": 2}, global_batch=32, **FUSED), "megatron")
     f = flags(e.text)
     assert f["--tensor-model-parallel-size"] == "4" and f["--pipeline-model-parallel-size"] == "2"
     assert f["--num-layers-per-virtual-pipeline-stage"] == "8" and f["--num-layers"] == "32"
@@ -88,14 +93,14 @@ def test_megatron_flags() -> None:
     assert f["--recompute-granularity"] == "selective" and "--recompute-method" not in f
     assert (f["--micro-batch-size"], f["--global-batch-size"], f["--seq-length"]) == ("2", "32", "2048")
     assert f["--bf16"] is True and f["--context-parallel-size"] == "1"
-    assert e.exact and e.text.startswith("# shardplan export for Megatron-LM")
+    assert e.exact and e.text.startswith("# shardplan export for megatron-core 0.16.1")
 
 
 def test_megatron_block_recompute_and_uneven_stages_are_exact() -> None:
     full = [{"unit": f"layers.{i}", "sharding": "zero1", "recompute": "full"} for i in (0, 1, 12, 13)]
     s = {"mesh": {"pp": 2, "dp_shard": 8}, "stage_layers": [12, 20], "default": {"sharding": "zero1"},
          "layers": full}
-    e = export(make_plan(s), "megatron")
+    e = export(make_plan(s, **FUSED), "megatron")
     f = flags(e.text)
     assert e.exact, e.warnings()
     assert (f["--recompute-granularity"], f["--recompute-method"], f["--recompute-num-layers"]) == ("full", "block", "2")
@@ -142,24 +147,25 @@ def test_deepspeed_hsdp_maps_to_hpz_with_its_cost() -> None:
 
 def test_nanotron_yaml() -> None:
     e = export(make_plan({"mesh": {"pp": 2, "dp_shard": 4, "tp": 2}, "schedule": "gpipe", "sequence_parallel": True,
-                          "default": {"sharding": "zero1", "recompute": "full"}}), "nanotron")
+                          "default": {"sharding": "zero1"}}, **FUSED), "nanotron")
     doc = yaml.safe_load(e.text)
     par = doc["parallelism"]
     assert (par["dp"], par["pp"], par["tp"], par["expert_parallel_size"]) == (4, 2, 2, 1)
     assert par["pp_engine"] == "afab" and par["tp_mode"] == "REDUCE_SCATTER"
-    assert par["tp_linear_async_communication"] is True and par["recompute_layer"] is True
+    assert par["tp_linear_async_communication"] is True
     assert doc["tokens"] == {"micro_batch_size": 1, "batch_accumulation_per_replica": 8, "sequence_length": 2048}
     assert doc["optimizer"]["zero_stage"] == 1 and e.exact
 
 
 def test_nanotron_folds_context_parallelism() -> None:
     e = export(make_plan({"mesh": {"dp_shard": 8, "cp": 2}, "default": {"sharding": "zero1"}}), "nanotron")
-    assert [x.what for x in e.losses] == ["context parallelism"]
+    assert [x.what for x in e.losses if not x.behaviour] == ["context parallelism"]
+    assert [x.what for x in e.losses if x.behaviour] == ["cross-entropy"]  # nanotron's loss is fused
     assert yaml.safe_load(e.text)["parallelism"]["dp"] == 16 and e.strategy.mesh.cp == 1
 
 
 def test_python_script_embeds_the_plan_exactly() -> None:
-    plan = make_plan(MIXED)
+    plan = make_plan(UNSPLIT)
     e = export(plan, "python")
     tree = ast.parse(e.text)
     assert e.exact and not e.warnings()
@@ -209,22 +215,49 @@ def _plan_file(tmp_path: Path, plan: Plan) -> Path:
     return tmp_path / "p.json"
 
 
-def test_cli_export_warns_on_stderr_and_writes_atomically(tmp_path: Path) -> None:
+def test_the_runtime_refuses_operator_splits() -> None:
+    e = export(make_plan(MIXED), "shardplan")
+    assert e.target == "python" and [x.what for x in e.losses] == ["OSDP operator splitting"]
+    assert refusal(e) == ("shardplan 0.1.0 cannot express: OSDP operator splitting (--nearest exports the nearest "
+                          "plan it can, re-priced)")
+
+
+def test_cli_export_refuses_what_the_target_lacks(tmp_path: Path) -> None:
     src = _plan_file(tmp_path, make_plan(MIXED))
     out = tmp_path / "plan.args"
     r = runner.invoke(app, ["export", str(src), "--to", "megatron", "-o", str(out)])
+    assert r.exit_code == 2 and r.stdout == "" and not out.exists()
+    line = r.stderr.strip()
+    assert line.count("\n") == 0 and line.startswith("error: megatron-core 0.16.1 cannot express: ")
+    for what in ("OSDP operator splitting", "per-layer sharding", "ZeRO-3", "schedule zb"):
+        assert what in line, what
+    assert "cross-entropy" not in line  # how Megatron computes the loss is re-priced, not refused
+
+
+def test_cli_export_refuses_a_nearest_plan_that_does_not_fit(tmp_path: Path) -> None:
+    plan = make_plan({"mesh": {"dp_shard": 16}, "default": {"sharding": "zero3"}}, seq_len=8192, global_batch=64)
+    src = _plan_file(tmp_path, plan)
+    r = runner.invoke(app, ["export", str(src), "--to", "nanotron", "--nearest", "-o", str(tmp_path / "n.yaml")])
+    assert r.exit_code == 2 and not (tmp_path / "n.yaml").exists()
+    assert "nanotron 0.4: the nearest plan it can express needs" in r.stderr and "GiB limit; nothing written" in r.stderr
+
+
+def test_cli_export_nearest_warns_on_stderr_and_writes_atomically(tmp_path: Path) -> None:
+    src = _plan_file(tmp_path, make_plan(MIXED))
+    out = tmp_path / "plan.args"
+    r = runner.invoke(app, ["export", str(src), "--to", "megatron", "--nearest", "-o", str(out)])
     assert r.exit_code == 0, r.output
     assert "warning: megatron" in r.stderr and "predicted cost: step time" in r.stderr
     assert "--tensor-model-parallel-size" not in r.stdout
     assert flags(out.read_text())["--tensor-model-parallel-size"] == "2"
-    r = runner.invoke(app, ["export", str(src), "--to", "deepspeed"])
+    r = runner.invoke(app, ["export", str(src), "--to", "deepspeed", "--nearest"])
     assert r.exit_code == 0 and json.loads(r.stdout)["zero_optimization"]["stage"] == 1
     assert sorted(x.name for x in tmp_path.iterdir()) == ["p.json", "plan.args"]
 
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--to", "jax"], "unknown export target 'jax'"),
-    (["--to", "megatron", "-o", "{tmp}/nodir/x.args"], "does not exist"),
+    (["--to", "megatron", "-o", "{tmp}"], "is a directory"),
 ])
 def test_cli_export_bad_options(tmp_path: Path, args: list[str], message: str) -> None:
     src = _plan_file(tmp_path, make_plan(HYBRID))

@@ -33,9 +33,12 @@ from vocab.errors import ShardplanError, describe_validation_error
 from vocab.io import canonical_json, decode_json, document_schema, read_text, validate_document, write_atomic
 from vocab.strategy import Strategy, Workload
 
-SCHEMA_VERSION = "1.1"
-#: versions this shardplan reads: 1.1 added ``inputs.model_graph``; a 1.0 document is a 1.1 one without it
-READABLE_VERSIONS = ("1.0", "1.1")
+SCHEMA_VERSION = "1.2"
+#: versions this shardplan reads: 1.1 added ``inputs.model_graph`` (a 1.0 document is a 1.1 one without
+#: it); 1.2 added ``inputs.target`` (a 1.0 or 1.1 document is one searched for the target ``any``)
+READABLE_VERSIONS = ("1.0", "1.1", "1.2")
+#: the target a document records when it names none: the whole plan vocabulary (``vocab.targets``)
+ANY_TARGET = "any"
 SCHEMA_PATH = Path(__file__).parent / "plan.schema.json"
 _VIEWER: list[Callable[[Plan], Any]] = []
 
@@ -113,6 +116,13 @@ class ModelGraph(_Doc):
         return self
 
 
+class TargetRef(_Doc):
+    """The trainer the plan was searched for (``vocab/targets/<name>.yaml``) and its pinned release."""
+
+    name: str = Field(..., pattern=r"^[a-z][a-z0-9_-]*$", description="target name; 'any': no trainer")
+    version: str | None = Field(None, description="the trainer's pinned release (null for 'any')")
+
+
 class PlanInputs(_Doc):
     """What the plan was made for."""
 
@@ -126,6 +136,11 @@ class PlanInputs(_Doc):
     workload: Workload
     memory_limit_gib: float | None = Field(None, gt=0, description="per-GPU limit the plan must fit")
     profile: str | None = Field(None, description="profile document used to calibrate, if any")
+    target: TargetRef = Field(
+        default_factory=lambda: TargetRef(name=ANY_TARGET),
+        description="the trainer whose capabilities bounded the search and whose behaviour priced the plan; "
+        "'any' (the whole plan vocabulary) in documents of schema 1.0 and 1.1",
+    )
 
     @model_validator(mode="after")
     def _graph_seq(self) -> PlanInputs:
@@ -234,7 +249,7 @@ class Alternative(_Doc):
 # What the plan was made for, the strategy, the cost model's prediction, the solver, runners-up. (No
 # docstring: it would become the schema's description.)
 class Plan(_Doc):
-    schema_version: Literal["1.0", "1.1"] = SCHEMA_VERSION
+    schema_version: Literal["1.0", "1.1", "1.2"] = SCHEMA_VERSION
     inputs: PlanInputs
     strategy: Strategy
     predicted: Predicted
@@ -247,6 +262,9 @@ class Plan(_Doc):
         version = info.data.get("schema_version", SCHEMA_VERSION)
         if version == "1.0" and inp.model_graph is not None:
             raise _rule("model_graph needs schema_version 1.1")
+        if version in ("1.0", "1.1") and inp.target.name != ANY_TARGET:
+            raise _rule(f"target '{inp.target.name}' needs schema_version 1.2 (older plans were searched for "
+                        f"the target '{ANY_TARGET}')")
         if version != "1.0" and inp.model_graph is None and names_factory(inp.model):
             raise _rule(f"model '{inp.model}' names a factory, which a plan never imports: the plan must record "
                         "its layer graph (inputs.model_graph), as 'shardplan plan' does")

@@ -1,7 +1,8 @@
 """``shardplan explain | compare | plot | export``: read plan documents, show, draw and translate them.
 
 Bad input (a missing or malformed plan, an unknown ``--kind`` or ``--to``, a wrong output suffix) is
-one line on stderr and exit code 2, checked before anything is written. A plan never runs code:
+one line on stderr and exit code 2, checked before anything is written; so is an export of a plan the
+target cannot express (without ``--nearest``) or whose nearest plan does not fit. A plan never runs code:
 where a command re-prices a plan it uses the model the plan names or the layer graph it records;
 ``--model`` on the command line (which may import a ``package.module:factory``) replaces it.
 """
@@ -107,12 +108,14 @@ def plot_cmd(
 @guard
 def export_cmd(
     plan: Path = typer.Argument(..., help="plan JSON"),
-    to: str = typer.Option(..., "--to", help="torchtitan | megatron | deepspeed | nanotron | python"),
+    to: str = typer.Option(..., "--to", help="torchtitan | megatron | deepspeed | nanotron | python (or shardplan)"),
     output: Path | None = typer.Option(None, "--output", "-o", help="file to write (default: stdout)"),
     model: str | None = typer.Option(None, "--model", "-m", help=MODEL_HELP),
+    nearest: bool = typer.Option(False, "--nearest", help="where the target cannot express the plan, export the "
+                                 "nearest plan it can (re-priced; refused when it does not fit)"),
 ) -> None:
-    """Write a plan as a framework's configuration; warn (with the predicted cost) where it cannot express it."""
-    from planner.exports import check_target, export
+    """Write a plan as a framework's configuration; refuse (exit 2) what the target cannot express."""
+    from planner.exports import check_target, export, refusal
     from vocab.io import check_writable, write_atomic
     from vocab.plan import load_plan
 
@@ -121,6 +124,9 @@ def export_cmd(
         check_writable(output, "output")
     doc = load_plan(plan)
     result = export(doc, target, _cli_graph(model, doc))
+    problem = refusal(result, nearest)
+    if problem is not None:
+        raise ShardplanError(problem)
     for i, line in enumerate(result.warnings()):
         err_console.print(("warning: " if i == 0 else "") + line, markup=False, highlight=False, soft_wrap=True)
     for note in result.notes:

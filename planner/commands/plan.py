@@ -1,4 +1,4 @@
-"""``shardplan plan``: search a space for the fastest plan that fits, show it, write it.
+"""``shardplan plan``: search a space for the fastest plan a target runs that fits, show it, write it.
 
 Nothing is written unless a plan is found: an impossible request (no plan fits, bad input) is
 one line on stderr and exit code 2, and ``-o`` is not created.
@@ -65,6 +65,8 @@ def summary_table(planned: Any, wall_s: float) -> Table:
     )
     t.add_column("what", style="bold")
     t.add_column("value")
+    tg = p.inputs.target
+    t.add_row("target", f"{tg.name} {tg.version or ''}".strip())
     t.add_row("mesh", _mesh(s))
     sched = s.schedule if s.mesh.pp > 1 else "no pipeline"
     if s.vpp > 1:
@@ -125,8 +127,13 @@ def plan_cmd(
     attention_kernel: str = typer.Option(
         "auto", "--attention-kernel", help="auto | flash2 (FlashAttention-2, SDPA) | flash3 (Hopper-native)"
     ),
+    target: str = typer.Option(
+        "shardplan", "--target", help="the trainer the plan must run in: shardplan (this runtime) | torchtitan | "
+        "megatron | deepspeed | nanotron | any (the whole plan vocabulary); see docs/targets.md"
+    ),
     cross_entropy: str = typer.Option(
-        "eager", "--cross-entropy", help="eager (PyTorch F.cross_entropy) | fused (Megatron's kernel)"
+        None, "--cross-entropy", help="eager (PyTorch F.cross_entropy) | fused (Megatron's kernel); default: how "
+        "the target computes it"
     ),
     profile: Path = typer.Option(
         None, "--profile", help="measured profile (shardplan profile) to price with"
@@ -176,6 +183,7 @@ def plan_cmd(
             progress,
             attention_kernel,
             cross_entropy,
+            target,
         )
     wall = time.perf_counter() - t0
     if output is not None:

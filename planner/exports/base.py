@@ -1,11 +1,14 @@
-"""What every exporter shares: a target's capabilities, mapping a plan to the nearest plan the target
-can express (recording what was lost), and the priced result.
+"""What every exporter shares: mapping a plan to the nearest plan a target (:mod:`vocab.targets`)
+can express, recording what it lacks, and the priced result.
 
-Mapping rules, in order: operator splits, per-unit choices the target cannot vary (collapsed to the
-most memory-saving value the plan uses, so that the nearest plan still fits where the plan did),
-values the target lacks (the next more memory-saving one it has), sharding with pipelines and with
-HSDP, schedule, uneven stages, context parallelism, TSP and sequence parallelism. A target module
-may then adjust further (``adjust``) before rendering.
+Mapping rules, in order: operator splits, recomputation outside the blocks, per-unit choices the
+target cannot vary (collapsed to the most memory-saving value the plan uses, so that the nearest
+plan still fits where the plan did), values the target lacks (the next more memory-saving one it
+has; sharding also by what a pipeline and data parallelism beside model parallelism allow, and by
+what an offload needs), HSDP, schedule and its stages per rank, uneven stages, context and expert
+parallelism, TSP, sequence parallelism, fp8; then the target's behaviour (cross-entropy kernel,
+gradient dtype), which is re-priced but not something the target lacks. A target module may then
+adjust further (``adjust``) before rendering.
 """
 
 from __future__ import annotations
@@ -20,36 +23,29 @@ from planner.compare import describe_diff, diff_strategies, label_units, unit_ch
 from planner.reprice import Repriced, block_index
 from vocab.errors import ShardplanError
 from vocab.plan import Plan
-from vocab.strategy import OFFLOADS, RECOMPUTES, SCHEDULES, SHARDINGS, Strategy, Workload, split_blocks
+from vocab.strategy import OFFLOADS, RECOMPUTES, Strategy, Workload, split_blocks
+from vocab.targets import Target
 
 ORDER: dict[str, tuple[str, ...]] = {"sharding": ("replicate", "zero1", "zero2", "zero3_keep", "zero3"),
                                      "recompute": RECOMPUTES, "offload": OFFLOADS}
 UNIT_FIELDS = ("sharding", "recompute", "offload")
 
 
-@dataclass(frozen=True)
-class Caps:
-    """What a target can express."""
-
-    tool: str
-    shardings: tuple[str, ...] = SHARDINGS
-    pp_shardings: tuple[str, ...] = SHARDINGS  # allowed with pp > 1
-    hsdp_shardings: tuple[str, ...] = SHARDINGS  # allowed with dp_replicate > 1 and dp_shard > 1
-    recomputes: tuple[str, ...] = RECOMPUTES
-    offloads: tuple[str, ...] = OFFLOADS
-    per_layer: frozenset[str] = frozenset()  # unit fields that may differ between units
-    schedules: tuple[str, ...] = SCHEDULES
-    uneven_stages: bool = True
-    cp_modes: tuple[str, ...] = ("ring", "ulysses")  # empty: no context parallelism
-    tsp: bool = False
-    sequence_parallel: bool = True
-    split: bool = False
+#: how a refusal names a sharding the target lacks
+SHARDING_NAMES = {"replicate": "DDP (replicate)", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3",
+                  "zero3_keep": "ZeRO-3 kept gathered (zero3_keep)"}
 
 
 @dataclass
 class Loss:
+    """What the nearest plan changes: ``what`` (a heading), ``detail`` (from → to, and why), ``lacks``
+    (what the target cannot express, as a refusal names it); a ``behaviour`` loss is how the target
+    runs the plan (re-priced), not something it lacks."""
+
     what: str
     detail: str
+    lacks: str = ""
+    behaviour: bool = False
 
 
 class Nearest:
@@ -66,9 +62,13 @@ class Nearest:
         self.losses: list[Loss] = []
         self.notes: list[str] = []
         self.extra: dict[str, Any] = {}  # target-specific facts for rendering
+        self.label = ""  # the target's trainer and pinned version
 
-    def lose(self, what: str, detail: str) -> None:
-        self.losses.append(Loss(what, detail))
+    def lose(self, what: str, detail: str, lacks: str = "") -> None:
+        self.losses.append(Loss(what, detail, lacks or what))
+
+    def behave(self, what: str, detail: str) -> None:
+        self.losses.append(Loss(what, detail, behaviour=True))
 
     @property
     def mesh(self) -> dict[str, int]:
@@ -132,76 +132,176 @@ def nearest_allowed(f: str, value: str, allowed: tuple[str, ...]) -> str:
     return above[0] if above else max(allowed, key=order.index)
 
 
-def collapse(n: Nearest, f: str, why: str, units: list[str] | None = None) -> None:
+def collapse(n: Nearest, f: str, why: str, units: list[str] | None = None, lacks: str = "") -> None:
     """Give every unit (of ``units``) the most memory-saving value of ``f`` among them."""
     vals = n.values(f, units)
     if len(set(vals)) > 1:
         target = max(vals, key=ORDER[f].index)
-        n.lose(f"per-layer {f}", f"{runs_text(n, f)} → {target} everywhere ({why})")
+        n.lose(f"per-layer {f}", f"{runs_text(n, f)} → {target} everywhere ({why})", lacks)
         n.set_all(f, target, units)
 
 
-def normalize(plan: Plan, units: list[str], caps: Caps) -> Nearest:
+def normalize(plan: Plan, units: list[str], t: Target) -> Nearest:
+    """The nearest plan ``t`` can express, with what it lacks (see the module's order of rules)."""
     n = Nearest(plan, units)
-    tool = caps.tool
-    if not caps.split and (any(v > 1 for v in n.split.values()) or n.ops):
-        split_units = [u for u in units if n.split[u] > 1]
-        n.lose("OSDP operator splitting", f"split on {label_units(split_units)} → no split ({tool} cannot slice "
-                                          "operators; gathered weights grow)")
-        n.split = dict.fromkeys(units, 1)
+    n.label = t.label
+    _splits(n, t)
+    _outside_blocks(n, t)
+    _unit_fields(n, t)
+    _hsdp(n, t)
+    _schedule(n, t)
+    _axes(n, t)
+    _tensor_parallel(n, t)
+    _precision(n, t)
+    return n
+
+
+def _splits(n: Nearest, t: Target) -> None:
+    if not t.osdp_split and (any(v > 1 for v in n.split.values()) or n.ops):
+        split_units = [u for u in n.units if n.split[u] > 1]
+        n.lose("OSDP operator splitting", f"split on {label_units(split_units)} → no split ({t.name} cannot "
+                                          "slice operators; gathered weights grow)")
+        n.split = dict.fromkeys(n.units, 1)
         n.ops = []
+
+
+def _outside_blocks(n: Nearest, t: Target) -> None:
+    """Targets that checkpoint transformer blocks only: the embedding and head recompute nothing
+    (selective there recomputes nothing anyway)."""
+    if t.recompute.scope != "blocks":
+        return
+    others = [u for u in n.units if block_index(u) is None]
+    if any(v == "full" for v in n.values("recompute", others)):
+        n.lose("recompute outside the blocks", f"full recompute of embedding/head → none ({t.name} recomputes "
+                                               "transformer blocks only)", "recomputation outside the transformer blocks")
+    n.set_all("recompute", "none", others)
+
+
+def shardings_for(t: Target, mesh: dict[str, int]) -> tuple[list[str], str]:
+    """The shardings ``t`` allows on ``mesh`` and, when a rule beyond its modes narrows them, why."""
+    allowed, why = list(t.sharding.modes), ""
+    dp = mesh["dp_replicate"] * mesh["dp_shard"]
+    for applies, rule, because in (
+            (mesh["pp"] > 1, t.sharding.with_pp, "with pipeline parallelism"),
+            (dp > 1 and max(mesh["pp"], mesh["tp"], mesh["cp"], mesh["ep"]) > 1, t.sharding.with_model_parallel,
+             "with data parallelism beside model parallelism")):
+        if applies and not set(allowed) <= set(rule):
+            allowed, why = [v for v in allowed if v in rule], why or because
+    return allowed, why
+
+
+def _unit_fields(n: Nearest, t: Target) -> None:
+    per_layer = {"sharding": t.sharding.per_layer, "recompute": t.recompute.per_layer != "none",
+                 "offload": t.offload.per_layer}
+    shardings, why = shardings_for(t, n.mesh)
+    allowed = {"sharding": tuple(shardings), "recompute": tuple(t.recompute.modes), "offload": tuple(t.offload.modes)}
     for f in UNIT_FIELDS:
-        if f not in caps.per_layer:
-            collapse(n, f, f"{tool} sets {f} for the whole model")
-        allowed = {"sharding": caps.shardings, "recompute": caps.recomputes, "offload": caps.offloads}[f]
-        if f == "sharding" and n.mesh["pp"] > 1:
-            allowed = tuple(v for v in allowed if v in caps.pp_shardings)
+        if not per_layer[f]:
+            collapse(n, f, f"{t.name} sets {f} for the whole model")
         for v in sorted(set(n.values(f)), key=ORDER[f].index):
-            new = nearest_allowed(f, v, allowed)
+            new = nearest_allowed(f, v, allowed[f])
             if new != v:
-                extra = " with pipeline parallelism" if f == "sharding" and v in caps.shardings else ""
-                n.lose(f, f"{v} → {new} ({tool} has no {f} '{v}'{extra})")
-                n.set_all(f, new, [u for u in units if n.choice[u][f] == v])
+                extra = f" {why}" if f == "sharding" and v in t.sharding.modes else ""
+                name = SHARDING_NAMES[v] if f == "sharding" else f"{v} {f}"
+                n.lose(f, f"{v} → {new} ({t.name} has no {f} '{v}'{extra})", name + extra)
+                n.set_all(f, new, [u for u in n.units if n.choice[u][f] == v])
+    _offload_needs(n, t, allowed["sharding"])
+
+
+def _offload_needs(n: Nearest, t: Target, shardings: tuple[str, ...]) -> None:
+    """A unit whose offload needs another sharding takes the nearest one that allows it."""
+    for off, needs in t.offload.needs.items():
+        fits = tuple(v for v in shardings if v in needs)
+        for u in [u for u in n.units if n.choice[u]["offload"] == off]:
+            sh = n.choice[u]["sharding"]
+            if sh not in needs and fits:
+                new = nearest_allowed("sharding", sh, fits)
+                n.lose("sharding", f"{sh} → {new} ({t.name} offloads {off} under {'/'.join(needs)} only)",
+                       f"{off} offload under {SHARDING_NAMES[sh]}")
+                n.set_all("sharding", new, [x for x in n.units if n.choice[x]["offload"] == off
+                                            and n.choice[x]["sharding"] == sh])
+
+
+def _hsdp(n: Nearest, t: Target) -> None:
     m = n.mesh
     if m["dp_replicate"] > 1 and m["dp_shard"] > 1:
-        bad = sorted({v for v in n.values("sharding") if v != "replicate" and v not in caps.hsdp_shardings})
+        bad = sorted({v for v in n.values("sharding") if v != "replicate" and v not in t.sharding.with_hsdp})
         if bad:
             n.lose("HSDP", f"dp_replicate={m['dp_replicate']} x dp_shard={m['dp_shard']} → dp_shard="
-                           f"{m['dp_replicate'] * m['dp_shard']} ({tool} shards {'/'.join(bad)} over all "
-                           "data-parallel ranks)")
+                           f"{m['dp_replicate'] * m['dp_shard']} ({t.name} shards {'/'.join(bad)} over all "
+                           "data-parallel ranks)", f"HSDP with {'/'.join(SHARDING_NAMES[b] for b in bad)}")
             n.extra["hsdp_shard"] = m["dp_shard"]
             m["dp_shard"], m["dp_replicate"] = m["dp_shard"] * m["dp_replicate"], 1
-    sched = n.fields["schedule"]
-    if m["pp"] > 1 and sched not in caps.schedules:
-        new = "1f1b" if "1f1b" in caps.schedules else caps.schedules[0]
-        n.lose("schedule", f"{sched} → {new} ({tool} has no '{sched}' schedule)")
-        n.fields["schedule"] = new
+
+
+def _schedule(n: Nearest, t: Target) -> None:
+    m, sched, vpp = n.mesh, n.fields["schedule"], n.fields["vpp"]
+    rules = t.pipeline.schedules
+    if m["pp"] == 1:
         if sched == "interleaved":
+            n.fields.update(schedule="1f1b", vpp=1)
+        return
+    rule = rules.get(sched)  # type: ignore[call-overload]
+    if rule is None or vpp < rule.min or (rule.max is not None and vpp > rule.max):
+        new = "1f1b" if "1f1b" in rules else next(iter(rules))
+        per_rank = "" if rule is None else f" with {vpp} stage(s) per rank"
+        reason = (f"{t.name} has no '{sched}' schedule" if rule is None else
+                  f"{t.name} runs '{sched}' with {rule.min}{'' if rule.max == rule.min else ' or more'} stages per rank")
+        n.lose("schedule", f"{sched} → {new} ({reason})", f"schedule {sched}{per_rank}")
+        n.fields["schedule"] = new
+        if vpp > 1:
             n.fields.update(vpp=1, stage_layers=None)
-    elif m["pp"] == 1 and sched == "interleaved":
-        n.fields.update(schedule="1f1b", vpp=1)
     sl = n.fields["stage_layers"]
-    if sl is not None and not caps.uneven_stages:
+    if sl is not None and t.pipeline.stage_split == "even":
         n.fields["stage_layers"] = None
         even = n.stage_sizes()
         if list(sl) != even:
-            n.lose("uneven pipeline stages", f"{sl} → {even} ({tool} splits layers evenly)")
-    if m["cp"] > 1 and not caps.cp_modes:
+            n.lose("uneven pipeline stages", f"{sl} → {even} ({t.name} splits layers evenly)")
+
+
+def _axes(n: Nearest, t: Target) -> None:
+    m = n.mesh
+    if m["cp"] > 1 and not t.context_parallel:
         n.lose("context parallelism", f"cp={m['cp']} → folded into dp_shard={m['dp_shard'] * m['cp']} "
-                                      f"({tool} cannot split the sequence)")
+                                      f"({t.name} cannot split the sequence)")
         m["dp_shard"], m["cp"] = m["dp_shard"] * m["cp"], 1
-    elif m["cp"] > 1 and n.fields["cp_mode"] not in caps.cp_modes:
-        n.lose("context-parallel mode", f"{n.fields['cp_mode']} → {caps.cp_modes[0]} ({tool} has no "
-                                        f"{n.fields['cp_mode']} attention)")
-        n.fields["cp_mode"] = caps.cp_modes[0]
-    if n.fields["tp_mode"] == "tsp" and not caps.tsp:
-        n.lose("TSP", f"tp_mode tsp → megatron{' with sequence parallelism' if caps.sequence_parallel else ''} "
-                      f"({tool} has no tensor-sequence parallelism)")
-        n.fields.update(tp_mode="megatron", sequence_parallel=caps.sequence_parallel and m["tp"] > 1)
-    if n.fields["sequence_parallel"] and not caps.sequence_parallel:
-        n.lose("sequence parallelism", f"on → off ({tool} has no Megatron-style sequence parallelism)")
+    elif m["cp"] > 1 and n.fields["cp_mode"] not in t.context_parallel:
+        mode = n.fields["cp_mode"]
+        n.lose("context-parallel mode", f"{mode} → {t.context_parallel[0]} ({t.name} has no {mode} attention)",
+               f"context parallelism mode {mode}")
+        n.fields["cp_mode"] = t.context_parallel[0]
+    if m["ep"] > 1 and not t.has("ep"):
+        n.lose("expert parallelism", f"ep={m['ep']} → 1 (every rank holds all experts; {t.name} has no expert "
+                                     "parallelism)")
+        m["ep"] = 1
+
+
+def _tensor_parallel(n: Nearest, t: Target) -> None:
+    tp, sp_rule = n.mesh["tp"] > 1, t.tensor_parallel.sequence_parallel
+    if n.fields["tp_mode"] == "tsp" and "tsp" not in t.tensor_parallel.modes:
+        sp = sp_rule != "never" and tp
+        n.lose("TSP", f"tp_mode tsp → megatron{' with sequence parallelism' if sp else ''} "
+                      f"({t.name} has no tensor-sequence parallelism)", "TSP (tensor-sequence parallelism)")
+        n.fields.update(tp_mode="megatron", sequence_parallel=sp)
+    if n.fields["sequence_parallel"] and sp_rule == "never":
+        n.lose("sequence parallelism", f"on → off ({t.name} has no Megatron-style sequence parallelism)")
         n.fields["sequence_parallel"] = False
-    return n
+    elif tp and not n.fields["sequence_parallel"] and n.fields["tp_mode"] == "megatron" and sp_rule == "always":
+        n.lose("sequence parallelism", f"off → on ({t.name} always shards the sequence with tensor parallelism)",
+               "tensor parallelism without sequence parallelism")
+        n.fields["sequence_parallel"] = True
+
+
+def _precision(n: Nearest, t: Target) -> None:
+    w = n.workload
+    if w["precision"] == "fp8" and not t.fp8:
+        n.lose("fp8", f"fp8 → bf16 ({t.name} has no fp8 training)")
+        w["precision"] = "bf16"
+    for key, what, allowed in (("cross_entropy", "cross-entropy", t.behaviour.cross_entropy),
+                               ("grad_dtype", "gradient dtype", t.behaviour.grad_dtype)):
+        if w[key] not in allowed:
+            n.behave(what, f"{w[key]} → {allowed[0]} (how {t.name} runs it)")
+            w[key] = allowed[0]
 
 
 @dataclass
@@ -238,16 +338,17 @@ class Exported:
     def warnings(self) -> list[str]:
         if not self.losses:
             return []
-        out = [f"{self.target} ({self.tool_version}) cannot express this plan exactly; exported the nearest "
-               "plan it can:"]
-        out += [f"  - {x.what}: {x.detail}" for x in self.losses]
-        out.append(f"  {self.cost_line()}")
-        return out
+        if any(not x.behaviour for x in self.losses):
+            head = f"{self.tool_version} cannot express this plan exactly; exported the nearest plan it can:"
+        else:
+            head = f"{self.tool_version} runs this plan otherwise than it was priced; re-priced as it runs it:"
+        return [head, *(f"  - {x.what}: {x.detail}" for x in self.losses), f"  {self.cost_line()}"]
 
     def to_dict(self) -> dict[str, Any]:
         r = self.repriced
         return {"target": self.target, "tool_version": self.tool_version, "exact": self.exact,
-                "losses": [{"what": x.what, "detail": x.detail} for x in self.losses], "notes": self.notes,
+                "losses": [{"what": x.what, "detail": x.detail, "lacks": x.lacks, "behaviour": x.behaviour}
+                           for x in self.losses], "notes": self.notes,
                 "changes": self.changes, "strategy": self.strategy.model_dump(mode="json"),
                 "step_time_s": r.original["step_time_s"] if r and r.original else None,
                 "nearest_step_time_s": r.variant["step_time_s"] if r and r.variant else None,

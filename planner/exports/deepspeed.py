@@ -10,25 +10,16 @@ import json
 from typing import Any
 
 from planner.compare import label_units
-from planner.exports.base import Caps, Nearest
+from planner.exports.base import Nearest
 from planner.exports.keys import DEEPSPEED, DEEPSPEED_ZERO_STAGE
 from vocab.strategy import Strategy
 
 SUFFIX = ".json"
-CAPS = Caps(
-    tool="deepspeed", shardings=tuple(DEEPSPEED_ZERO_STAGE), pp_shardings=("replicate", "zero1"),
-    hsdp_shardings=("replicate",), per_layer=frozenset({"recompute"}), schedules=("1f1b",), uneven_stages=False,
-    cp_modes=("ulysses",), sequence_parallel=False,
-)
 
 
 def adjust(n: Nearest) -> None:
     if not n.units:
         return
-    shard, offload = n.values("sharding")[0], n.values("offload")[0]
-    if offload == "params" and shard != "zero3":
-        n.lose("sharding", f"{shard} → zero3 (DeepSpeed offloads parameters under ZeRO-3 only)")
-        n.set_all("sharding", "zero3")
     m = n.mesh
     if m["pp"] > 1:
         n.notes.append(f"build the model as deepspeed.pipe.PipelineModule(layers, num_stages={m['pp']}, "
@@ -42,8 +33,6 @@ def adjust(n: Nearest) -> None:
     if ckpt:
         n.notes.append("activation checkpointing is applied in the model code (deepspeed.checkpointing."
                        f"checkpoint or torch.utils.checkpoint): {'; '.join(ckpt)}")
-    if n.workload["precision"] == "fp8":
-        n.notes.append("fp8 needs Transformer Engine layers in the model code; the config enables bf16")
 
 
 def render(n: Nearest, s: Strategy, cost: str) -> str:

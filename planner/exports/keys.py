@@ -1,8 +1,9 @@
-"""Every export target's key names, in one place, with the tool version they match.
+"""Every export target's key names, in one place.
 
 The exporters read configuration keys, flags and enum values only from here, so that when a tool
-renames one, a single edit (and the version next to it) follows the rename. A value of ``None``
-means the target has no such key and the exporter leaves it out.
+renames one, a single edit follows the rename. The release they are meant for is the target's
+pinned version (``vocab/targets/<name>.yaml``). A value of ``None`` means the target has no such key
+and the exporter leaves it out.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 from typing import Final
 
 # ---- torchtitan: job config TOML ------------------------------------------------------------------
-TORCHTITAN_VERSION: Final = "torchtitan v0.2.0"
 TORCHTITAN: Final[dict[str, str | None]] = {
     "parallelism": "parallelism",  # [parallelism]
     "dp_replicate": "data_parallel_replicate_degree",
@@ -49,7 +49,6 @@ TORCHTITAN_FLOAT8: Final = "float8"
 TORCHTITAN_FQN: Final = {"embedding": ["tok_embeddings"], "block": "layers.{i}", "head": ["norm", "output"]}
 
 # ---- Megatron-LM: command-line flags ----------------------------------------------------------------
-MEGATRON_VERSION: Final = "Megatron-LM core_r0.13.0"
 MEGATRON: Final[dict[str, str | None]] = {
     "num_layers": "--num-layers",
     "tp": "--tensor-model-parallel-size",
@@ -63,8 +62,6 @@ MEGATRON: Final[dict[str, str | None]] = {
     "sp": "--sequence-parallel",
     "dist_opt": "--use-distributed-optimizer",
     "dist_opt_instances": "--num-distributed-optimizer-instances",  # ZeRO-1 sharded within dp_shard
-    "fsdp": "--use-custom-fsdp",  # Megatron-FSDP (renamed --use-megatron-fsdp in later releases)
-    "fsdp_strategy": "--data-parallel-sharding-strategy",
     "recompute_granularity": "--recompute-granularity",
     "recompute_method": "--recompute-method",
     "recompute_num_layers": "--recompute-num-layers",
@@ -79,11 +76,9 @@ MEGATRON: Final[dict[str, str | None]] = {
     "overlap_param": "--overlap-param-gather",
 }
 MEGATRON_CP_COMM: Final = {"ring": "p2p", "ulysses": "a2a"}
-MEGATRON_FSDP_STRATEGY: Final = {"zero2": "optim_grads", "zero3": "optim_grads_params"}
 MEGATRON_FP8_FORMAT: Final = "hybrid"
 
 # ---- DeepSpeed: config JSON -----------------------------------------------------------------------
-DEEPSPEED_VERSION: Final = "DeepSpeed 0.17"
 DEEPSPEED: Final[dict[str, str | None]] = {
     "train_batch": "train_batch_size",
     "micro_batch": "train_micro_batch_size_per_gpu",
@@ -106,7 +101,6 @@ DEEPSPEED: Final[dict[str, str | None]] = {
 DEEPSPEED_ZERO_STAGE: Final = {"replicate": 0, "zero1": 1, "zero2": 2, "zero3": 3}
 
 # ---- nanotron: YAML config --------------------------------------------------------------------------
-NANOTRON_VERSION: Final = "nanotron v0.4"
 NANOTRON: Final[dict[str, str | None]] = {
     "parallelism": "parallelism",
     "dp": "dp",  # nanotron's world is dp * tp * pp * expert_parallel_size
@@ -128,13 +122,9 @@ NANOTRON_PP_ENGINES: Final = {"gpipe": "afab", "1f1b": "1f1b"}
 NANOTRON_TP_MODES: Final = {True: "REDUCE_SCATTER", False: "ALL_REDUCE"}
 
 # ---- python: the project's own runtime ------------------------------------------------------------
-PYTHON_VERSION: Final = "shardplan runtime (runtime.apply.apply_plan)"
 PYTHON: Final[dict[str, str | None]] = {
     "apply_module": "runtime.apply", "apply": "apply_plan",  # apply_plan(model, plan) -> model
     "optimizer": "build_optimizer",  # build_optimizer(model, cls, **kwargs), in apply_module
     "model_module": "runtime.model", "model": "Transformer", "config": "resolve_config",
     "train_module": "runtime.train", "step": "train_step",  # train_step(model, tokens, targets, n_mb)
 }
-
-VERSIONS: Final = {"torchtitan": TORCHTITAN_VERSION, "megatron": MEGATRON_VERSION, "deepspeed": DEEPSPEED_VERSION,
-                   "nanotron": NANOTRON_VERSION, "python": PYTHON_VERSION}

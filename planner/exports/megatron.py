@@ -6,31 +6,16 @@ The output parses with ``shlex.split(text, comments=True)``; pass it as
 
 from __future__ import annotations
 
-from planner.exports.base import Caps, Nearest, header, runs_text
-from planner.exports.keys import (
-    MEGATRON,
-    MEGATRON_CP_COMM,
-    MEGATRON_FP8_FORMAT,
-    MEGATRON_FSDP_STRATEGY,
-    MEGATRON_VERSION,
-)
-from planner.reprice import block_index
+from planner.exports.base import Nearest, header, runs_text
+from planner.exports.keys import MEGATRON, MEGATRON_CP_COMM, MEGATRON_FP8_FORMAT
 from vocab.strategy import Strategy
 
 SUFFIX = ".args"
-CAPS = Caps(
-    tool="megatron", shardings=("replicate", "zero1", "zero2", "zero3"), pp_shardings=("replicate", "zero1"),
-    hsdp_shardings=("replicate", "zero1"), offloads=("none", "optimizer"), per_layer=frozenset({"recompute"}),
-    schedules=("1f1b", "interleaved"), cp_modes=tuple(MEGATRON_CP_COMM),
-)
 
 
 def adjust(n: Nearest) -> None:
     _stages(n)
     _recompute(n)
-    if n.values("offload") and n.values("offload")[0] == "optimizer" and n.values("sharding")[0] == "replicate":
-        n.lose("sharding", "replicate → zero1 (Megatron offloads the optimizer of the distributed optimizer only)")
-        n.set_all("sharding", "zero1")
 
 
 def _stages(n: Nearest) -> None:
@@ -48,7 +33,8 @@ def _stages(n: Nearest) -> None:
                                             "interleaving needs equal virtual stages)")
             n.fields["stage_layers"] = None
             return
-        n.lose("schedule", f"interleaved → 1f1b ({blocks} layers do not split evenly over pp*vpp = {p * v})")
+        n.lose("schedule", f"interleaved → 1f1b ({blocks} layers do not split evenly over pp*vpp = {p * v})",
+               f"interleaved virtual stages of unequal layer counts ({blocks} layers over {p * v})")
         n.fields.update(schedule="1f1b", vpp=1, stage_layers=None)
         sizes = n.stage_sizes()
     if len(set(sizes)) == 1:
@@ -59,17 +45,14 @@ def _stages(n: Nearest) -> None:
         return
     mid = blocks // p
     new = [blocks - mid * (p - 1)] + [mid] * (p - 1)
-    n.lose("uneven pipeline stages", f"{sizes} → {new} (Megatron varies only the first and last stage)")
+    n.lose("uneven pipeline stages", f"{sizes} → {new} (Megatron varies only the first and last stage)",
+           "uneven middle pipeline stages")
     n.fields["stage_layers"] = new
     n.extra["first_last"] = (new[0], new[-1])
 
 
 def _recompute(n: Nearest) -> None:
     """One granularity for all blocks; ``full`` may cover the first N blocks of every (virtual) stage."""
-    others = [u for u in n.units if block_index(u) is None]  # selective there recomputes nothing anyway
-    if any(v == "full" for v in n.values("recompute", others)):
-        n.lose("recompute outside the blocks", "full recompute of embedding/head → none (Megatron recomputes transformer layers only)")
-    n.set_all("recompute", "none", others)
     vals = n.values("recompute", n.blocks)
     if len(set(vals)) <= 1:
         return
@@ -79,7 +62,8 @@ def _recompute(n: Nearest) -> None:
         i += size
     if "full" not in vals:  # selective on some blocks only: selective on all of them
         before = ", ".join(sorted(set(vals)))
-        n.lose("per-layer recompute", f"{before} → selective on every layer (one granularity in Megatron)")
+        n.lose("per-layer recompute", f"{before} → selective on every layer (one granularity in Megatron)",
+               "per-layer selective recompute")
         n.set_all("recompute", "selective", n.blocks)
         return
     k = max(sum(1 for u in ch if n.choice[u]["recompute"] != "none") for ch in chunks)
@@ -87,7 +71,8 @@ def _recompute(n: Nearest) -> None:
     if any(n.choice[u]["recompute"] != target[u] for u in n.blocks):
         what = "full on every layer" if k >= max(map(len, chunks)) else f"full on the first {k} layer(s) of every stage"
         n.lose("per-layer recompute", f"{runs_text(n, 'recompute')} → {what} (Megatron recomputes one "
-                                      "granularity; full may cover the first N layers of each stage)")
+                                      "granularity; full may cover the first N layers of each stage)",
+               "per-layer recompute other than full on the first N layers of every stage")
     for u in n.blocks:
         n.choice[u]["recompute"] = target[u]
     if k < max(map(len, chunks)):
@@ -114,8 +99,6 @@ def render(n: Nearest, s: Strategy, cost: str) -> str:
         flags += [(K["dist_opt"], True), (K["overlap_grad"], True), (K["overlap_param"], True)]
         if m.dp_replicate > 1:
             flags.append((K["dist_opt_instances"], m.dp_replicate))
-    elif shard in MEGATRON_FSDP_STRATEGY:
-        flags += [(K["fsdp"], True), (K["fsdp_strategy"], MEGATRON_FSDP_STRATEGY[shard])]
     else:
         flags.append((K["overlap_grad"], True))
     rec = {n.choice[u]["recompute"] for u in n.blocks} - {"none"}
@@ -132,4 +115,4 @@ def render(n: Nearest, s: Strategy, cost: str) -> str:
     if w.precision == "fp8":
         flags.append((K["fp8"], MEGATRON_FP8_FORMAT))
     lines = [f"{f}" if v is True else f"{f} {v}" for f, v in flags if f is not None and v is not None]
-    return header(n.plan, MEGATRON_VERSION, n.losses, cost) + "\n".join(lines) + "\n"
+    return header(n.plan, n.label, n.losses, cost) + "\n".join(lines) + "\n"

@@ -5,16 +5,11 @@ from __future__ import annotations
 
 import yaml
 
-from planner.exports.base import Caps, Nearest, header
-from planner.exports.keys import NANOTRON, NANOTRON_PP_ENGINES, NANOTRON_TP_MODES, NANOTRON_VERSION
+from planner.exports.base import Nearest, header
+from planner.exports.keys import NANOTRON, NANOTRON_PP_ENGINES, NANOTRON_TP_MODES
 from vocab.strategy import Strategy
 
 SUFFIX = ".yaml"
-CAPS = Caps(
-    tool="nanotron", shardings=("replicate", "zero1"), hsdp_shardings=("replicate",), recomputes=("none", "full"),
-    offloads=("none",), schedules=tuple(NANOTRON_PP_ENGINES), uneven_stages=False, cp_modes=(),
-    sequence_parallel=True,
-)
 
 
 def adjust(n: Nearest) -> None:
@@ -38,4 +33,4 @@ def render(n: Nearest, s: Strategy, cost: str) -> str:
         K["optimizer"]: {K["zero_stage"]: 1 if shard == "zero1" else 0},
     }
     body = yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)
-    return header(n.plan, NANOTRON_VERSION, n.losses, cost) + body
+    return header(n.plan, n.label, n.losses, cost) + body

@@ -1,18 +1,17 @@
 """python: a short script that applies the plan with the project's runtime inside torch.distributed.
 
-The runtime executes every choice a plan can make, so nothing is lost. The plan is embedded (without
-its alternatives) so that the script runs on its own:
+It writes for the ``shardplan`` target (``vocab/targets/shardplan.yaml``): what the runtime runs. The
+plan is embedded (without its alternatives) so that the script runs on its own:
 ``torchrun --nnodes N --nproc-per-node G plan.py [steps]``.
 """
 
 from __future__ import annotations
 
-from planner.exports.base import Caps, Nearest, header
-from planner.exports.keys import PYTHON, PYTHON_VERSION
+from planner.exports.base import Nearest, header
+from planner.exports.keys import PYTHON
 from vocab.strategy import Strategy
 
 SUFFIX = ".py"
-CAPS = Caps(tool="python", per_layer=frozenset({"sharding", "recompute", "offload"}), tsp=True, split=True)
 
 TEMPLATE = '''"""Train {model} for a few steps on random tokens with the plan below (run under torchrun)."""
 
@@ -70,4 +69,4 @@ def render(n: Nearest, s: Strategy, cost: str) -> str:
                            optimizer=PYTHON["optimizer"], model_module=PYTHON["model_module"],
                            model_cls=PYTHON["model"], config=PYTHON["config"], train_module=PYTHON["train_module"],
                            step=PYTHON["step"], plan_json=plan.to_json())
-    return header(n.plan, PYTHON_VERSION, n.losses, cost) + text
+    return header(n.plan, n.label, n.losses, cost) + text

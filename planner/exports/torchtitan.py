@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from planner.exports.base import Caps, Nearest, collapse, header
+from planner.exports.base import Nearest, collapse, header
 from planner.exports.keys import (
     TORCHTITAN,
     TORCHTITAN_CP_ROTATE,
@@ -13,24 +13,15 @@ from planner.exports.keys import (
     TORCHTITAN_FQN,
     TORCHTITAN_RESHARD,
     TORCHTITAN_SCHEDULES,
-    TORCHTITAN_VERSION,
 )
 from planner.reprice import block_index
 from vocab.strategy import Strategy
 
 SUFFIX = ".toml"
-CAPS = Caps(
-    tool="torchtitan", shardings=("replicate", "zero3_keep", "zero3"), offloads=("none", "params"),
-    per_layer=frozenset({"recompute"}), cp_modes=tuple(TORCHTITAN_CP_ROTATE), sequence_parallel=True,
-)
 
 
 def adjust(n: Nearest) -> None:
-    """Activation checkpointing applies to transformer blocks only: all alike, or full on every N-th."""
-    others = [u for u in n.units if block_index(u) is None]  # selective there recomputes nothing anyway
-    if any(v == "full" for v in n.values("recompute", others)):
-        n.lose("recompute outside the blocks", "full recompute of embedding/head → none (torchtitan checkpoints transformer blocks only)")
-    n.set_all("recompute", "none", others)
+    """Activation checkpointing of the transformer blocks: all alike, or full on every N-th."""
     vals = n.values("recompute", n.blocks)
     if len(set(vals)) <= 1:
         return
@@ -40,7 +31,8 @@ def adjust(n: Nearest) -> None:
             if all((v == "full") == ((i + 1) % every == 0) for i, v in zip(idx, vals, strict=True)):  # type: ignore[operator]
                 n.extra["ac_every"] = every
                 return
-    collapse(n, "recompute", "torchtitan checkpoints all blocks alike, or fully every N-th block", n.blocks)
+    collapse(n, "recompute", "torchtitan checkpoints all blocks alike, or fully every N-th block", n.blocks,
+             "per-layer recompute other than full on every N-th block")
 
 
 def _toml(v: Any) -> str:
@@ -98,7 +90,7 @@ def render(n: Nearest, s: Strategy, cost: str) -> str:
         (K["local_batch"], s.micro_batch * (n_mb if m.pp > 1 else 1)), (K["global_batch"], w.global_batch),
         (K["seq_len"], w.seq_len), (K["mp_param"], "bfloat16"), (K["cpu_offload"], offload),
     ]
-    out = [header(n.plan, TORCHTITAN_VERSION, n.losses, cost), _table(str(K["parallelism"]), par),
+    out = [header(n.plan, n.label, n.losses, cost), _table(str(K["parallelism"]), par),
            _table(str(K["ac"]), ac), _table(str(K["training"]), train)]
     if w.precision == "fp8":
         out.append(_table(str(K["model"]), [(K["converters"], [TORCHTITAN_FLOAT8])]))

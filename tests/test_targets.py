@@ -1,0 +1,245 @@
+"""Targets: the data files, the search space they bound, the plans searched for them (expressible by
+the exporter's own check; the shardplan target's pass the runtime's check), the plan's record of its
+target, and older plans read as the target ``any``."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+import planner.commands  # noqa: F401  (registers the commands)
+from costmodel.estimate import estimate
+from planner.api import plan
+from planner.cli import app
+from planner.exports import check_target, export, lacks, refusal
+from profiler.hardware import parse_cluster
+from profiler.models import load_model
+from solvers.space import SPACES, mesh_configs, restrict, split_allowed, stages_allowed
+from tests.test_explain import make_plan
+from vocab.errors import ShardplanError, UnknownNameError
+from vocab.plan import Plan, PlanError, parse_plan
+from vocab.strategy import Workload
+from vocab.targets import ANY, TargetError, load_target, read_target, target_names, targets
+
+runner = CliRunner()
+ROOT = Path(__file__).resolve().parents[1]
+TRAINERS = ["shardplan", "torchtitan", "megatron", "deepspeed", "nanotron"]
+# (model, cluster, seq_len, global_batch, memory limit): a dense model, one under memory pressure
+# (recomputation, pipelines), a small one whose 12 heads limit tensor parallelism, and a MoE model
+CASES = {
+    "llama3-8b": ("llama3-8b", "8xh100", 4096, 32, None),
+    "llama3-8b-tight": ("llama3-8b", "8xh100", 8192, 32, 24.0),
+    "gpt2": ("gpt2", "8xh100", 1024, 64, None),
+    "mixtral-8x7b": ("mixtral-8x7b", "16xh100", 4096, 64, None),
+}
+
+
+@cache
+def searched(target: str, case: str) -> Plan:
+    model, cluster, seq, batch, limit = CASES[case]
+    return plan(model, cluster, seq, batch, memory_limit_gib=limit, target=target, top_k=1)
+
+
+# ---- the files ----------------------------------------------------------------------------------
+
+def test_every_trainer_has_a_file_with_its_pinned_release() -> None:
+    pinned = {name: (t.package, t.version) for name, t in targets().items()}
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert pinned == {"torchtitan": ("torchtitan", "0.2.2"), "megatron": ("megatron-core", "0.16.1"),
+                      "deepspeed": ("deepspeed", "0.19.8"), "nanotron": ("nanotron", "0.4"),
+                      "shardplan": ("shardplan", project), ANY: ("any", "")}
+    assert target_names() == sorted(TRAINERS) + [ANY]
+    for name in TRAINERS:
+        t = load_target(name)
+        assert t.sources and all(s.where for s in t.sources) and t.exporter is not None
+        assert check_target(name) == t.exporter and load_target(f" {name.upper()} ") is t
+    assert load_target("torchtitan").label == "torchtitan 0.2.2"
+
+
+def test_an_unknown_target_names_the_known_ones() -> None:
+    with pytest.raises(UnknownNameError, match="unknown target 'titan'. Did you mean: torchtitan"):
+        load_target("titan")
+
+
+def _write(tmp: Path, name: str, change: dict[str, Any]) -> Path:
+    import yaml
+
+    data = yaml.safe_load((ROOT / "vocab" / "targets" / "torchtitan.yaml").read_text())
+    data.update(change)
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.parametrize(("name", "change", "message"), [
+    ("torchtitan", {"headroom": 1}, "headroom: Extra inputs are not permitted"),
+    ("torchtitan", {"fp8": "yes"}, "fp8: Input should be a valid boolean"),
+    ("torchtitan", {"axes": ["pp", "tp", "dp_shard"]}, "axis cp and its modes disagree"),
+    ("torchtitan", {"offload": {"modes": ["params"]}}, "offload.modes must hold none"),
+    ("torchtitan", {"version": ""}, "needs its pinned version"),
+    ("titan", {}, "names target 'torchtitan'; a target file is named after its target"),
+])
+def test_a_target_file_is_validated_strictly(tmp_path: Path, name: str, change: dict[str, Any], message: str) -> None:
+    path = _write(tmp_path, name, change)
+    with pytest.raises(TargetError, match=message) as e:
+        read_target(path)
+    assert str(path) in str(e.value) and "\n" not in str(e.value)
+
+
+# ---- the space ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("space", list(SPACES))
+def test_the_target_any_restricts_nothing(space: str) -> None:
+    assert restrict(SPACES[space], load_target(ANY)) == SPACES[space]
+
+
+def test_restrict_keeps_what_the_target_runs() -> None:
+    full = SPACES["full"]
+    tt = restrict(full, load_target("torchtitan"))
+    assert tt.shardings == ("replicate", "zero3", "zero3_keep") and tt.cp_modes == ("ring",) and not tt.per_layer
+    assert tt.tp_modes == ("megatron",) and tt.recompute_blocks_only and tt.mp_shardings == ("zero3", "zero3_keep")
+    mg = restrict(full, load_target("megatron"))
+    assert mg.shardings == ("replicate", "zero1") and mg.offloads == ("none", "optimizer") and mg.splits == (1,)
+    assert mg.offload_needs == (("optimizer", ("zero1",)),) and mg.stage_split == "first_last"
+    nt = restrict(full, load_target("nanotron"))
+    assert not nt.cp and nt.recomputes == ("none",) and nt.schedules == ("1f1b",)
+    ds = restrict(full, load_target("deepspeed"))
+    assert ds.sequence_parallel == (False,) and ds.cp_modes == ("ulysses",) and ds.pp_shardings == ("replicate", "zero1")
+    sp = restrict(full, load_target("shardplan"))
+    assert not sp.cp and not sp.ep and sp.per_layer and sp.splits == (1,) and sp.strict_tp
+    with pytest.raises(ShardplanError, match="the 'fsdp' space and the megatron target .* share no sharding"):
+        restrict(SPACES["fsdp"], load_target("megatron"))
+
+
+def test_stage_count_rules_and_layer_splits() -> None:
+    tt = restrict(SPACES["full"], load_target("torchtitan"))
+    assert not stages_allowed("zb", 4, 1, 32, tt)  # InterleavedZeroBubble needs >= 2 stages per rank
+    assert stages_allowed("interleaved", 4, 2, 32, tt) and stages_allowed("1f1b", 4, 1, 30, tt)
+    g, cl = load_model("llama3-8b", 4096), parse_cluster("16xh100")
+    scheds = {(c.schedule, c.vpp) for c in mesh_configs(g, cl, Workload(seq_len=4096, global_batch=64), tt)}
+    assert ("zb", 1) not in scheds and ("interleaved", 2) in scheds
+    assert split_allowed([7, 8, 8, 7], 4, "first_last") and split_allowed([8, 8, 8, 6], 4, "first_last")
+    assert not split_allowed([5, 5, 6, 6, 5, 5], 6, "first_last")
+    assert not split_allowed([3, 3, 2, 2], 2, "first_last")  # interleaved: every virtual stage equal
+    mg = restrict(SPACES["full"], load_target("megatron"))
+    assert not stages_allowed("1f1b", 6, 1, 32, mg) and stages_allowed("1f1b", 6, 1, 30, mg)
+
+
+# ---- plans searched for a target ----------------------------------------------------------------
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("target", TRAINERS)
+def test_a_plan_searched_for_a_target_is_one_it_runs(target: str, case: str) -> None:
+    if (target, case) == ("nanotron", "llama3-8b-tight"):  # nanotron 0.4 has no recomputation
+        with pytest.raises(ShardplanError, match=r"smallest per-GPU memory .* recompute none.* \(target nanotron: "
+                                                 r"nanotron 0.4\)$"):
+            searched(target, case)
+        return
+    p = searched(target, case)
+    t = load_target(target)
+    assert (p.inputs.target.name, p.inputs.target.version) == (target, t.version)
+    w = p.inputs.workload
+    assert (w.cross_entropy, w.grad_dtype) == (t.behaviour.cross_entropy[0], t.behaviour.grad_dtype[0])
+    assert lacks(p, target) == []  # the exporter's own check: nothing lacking, no other behaviour
+    e = export(p, target)
+    assert e.exact and refusal(e) is None
+    model, cluster, seq, _, limit = CASES[case]
+    rep = estimate(load_model(model, seq), parse_cluster(cluster), p.strategy, w, memory_limit_gib=limit)
+    assert rep.fits and rep.step_time_s == pytest.approx(p.predicted.step_time_s, rel=1e-12)
+
+
+def test_expert_parallelism_where_the_target_has_it() -> None:
+    eps = {t: searched(t, "mixtral-8x7b").strategy.mesh.ep for t in TRAINERS}
+    assert eps["shardplan"] == 1 and max(eps.values()) > 1
+
+
+def test_targets_that_checkpoint_blocks_only_never_recompute_the_head() -> None:
+    for target in ("torchtitan", "megatron"):
+        s = searched(target, "llama3-8b-tight").strategy
+        assert s.default.recompute != "none", target  # the memory limit needs recomputation
+        assert s.for_unit("head").recompute == s.for_unit("embedding").recompute == "none"
+    s = searched("shardplan", "llama3-8b-tight").strategy
+    assert s.mesh.cp == s.mesh.ep == 1 and s.tp_mode == "megatron"
+
+
+@pytest.mark.parametrize("case", [("gpt2", "8xh100", 1024, 64, None, "full"),
+                                  ("gpt2", "8xh100", 1024, 64, 3.0, "full"),
+                                  ("gpt2", "8xh100", 1024, 64, 3.0, "staged"),
+                                  ("gpt2", "4xcpu", 128, 8, None, "full")])
+def test_shardplan_plans_pass_the_runtime_check(case: tuple[Any, ...]) -> None:
+    from runtime.apply import check_plan
+    from runtime.model import spec_for
+
+    model, cluster, seq, batch, limit, space = case
+    p = plan(model, cluster, seq, batch, memory_limit_gib=limit, space=space, top_k=1)
+    assert p.inputs.target.name == "shardplan"
+    dev = "cpu" if cluster.endswith("cpu") else "cuda"
+    for s in [p.strategy, *(a.strategy for a in p.alternatives)]:
+        check_plan(spec_for(model), p.model_copy(update={"strategy": s}), p.inputs.cluster.world_size, dev,
+                   seq_len=seq, global_batch=batch)
+
+
+def test_a_search_refuses_what_its_target_does_not_run() -> None:
+    with pytest.raises(ShardplanError, match=r"the shardplan target \(shardplan .*\) has no fp8 training"):
+        plan("gpt2", "8xh100", 1024, 64, precision="fp8")
+    with pytest.raises(ShardplanError, match=r"the megatron target \(megatron-core 0.16.1\) runs cross-entropy "
+                                             r"fused, not 'eager'"):
+        plan("gpt2", "8xh100", 1024, 64, target="megatron", cross_entropy="eager")
+    with pytest.raises(ShardplanError, match="unknown cross-entropy 'bogus'"):
+        plan("gpt2", "8xh100", 1024, 64, cross_entropy="bogus")
+
+
+def test_a_plan_of_the_target_any_is_refused_where_a_trainer_lacks_it() -> None:
+    p = make_plan({"mesh": {"dp_shard": 8, "cp": 2}, "cp_mode": "ulysses", "default": {"sharding": "zero1"}})
+    e = export(p, "torchtitan")
+    assert refusal(e) == ("torchtitan 0.2.2 cannot express: ZeRO-1; context parallelism mode ulysses "
+                          "(--nearest exports the nearest plan it can, re-priced)")
+    tp = export(make_plan({"mesh": {"dp_shard": 8, "tp": 2}, "default": {"sharding": "zero3"}}), "torchtitan")
+    assert [x.lacks for x in tp.losses] == ["tensor parallelism without sequence parallelism"]
+    assert tp.strategy.sequence_parallel and tomllib.loads(tp.text)["parallelism"]["enable_sequence_parallel"]
+    zb = export(make_plan({"mesh": {"pp": 2, "dp_shard": 8}, "schedule": "zb", "default": {"sharding": "zero3"}}),
+                "torchtitan")
+    assert [x.lacks for x in zb.losses] == ["schedule zb with 1 stage(s) per rank"] and zb.strategy.schedule == "1f1b"
+
+
+# ---- the command line and the document ----------------------------------------------------------
+
+def test_cli_plan_records_its_target_and_exports_to_it(tmp_path: Path) -> None:
+    out = tmp_path / "tt.json"
+    r = runner.invoke(app, ["plan", "--model", "gpt2", "--cluster", "8xh100", "--seq-len", "1024", "--global-batch",
+                            "64", "--target", "torchtitan", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "torchtitan 0.2.2" in r.stdout
+    doc = json.loads(out.read_text())
+    assert doc["schema_version"] == "1.2" and doc["inputs"]["target"] == {"name": "torchtitan", "version": "0.2.2"}
+    r = runner.invoke(app, ["export", str(out), "--to", "torchtitan", "-o", str(tmp_path / "tt.toml")])
+    assert r.exit_code == 0 and "warning" not in r.stderr and (tmp_path / "tt.toml").exists()
+    d = json.loads(runner.invoke(app, ["explain", str(out), "--json"]).stdout)
+    assert d["target"]["name"] == "torchtitan" and d["target"]["version"] == "0.2.2"
+    r = runner.invoke(app, ["plan", "--model", "gpt2", "--cluster", "8xh100", "--seq-len", "1024", "--global-batch",
+                            "64", "--target", "jax"])
+    assert r.exit_code == 2 and "unknown target 'jax'" in r.output and "Traceback" not in r.output
+
+
+def test_older_plans_read_as_the_target_any_and_price_the_same(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from planner.cli import main
+
+    doc = json.loads(searched("shardplan", "gpt2").to_json())
+    old = {**doc, "schema_version": "1.1", "inputs": {k: v for k, v in doc["inputs"].items() if k != "target"}}
+    p = parse_plan(old)
+    assert p.schema_version == "1.1" and p.inputs.target.name == ANY and p.inputs.target.version is None
+    f = tmp_path / "old.json"
+    f.write_text(json.dumps(old))
+    assert main(["estimate", "--plan", str(f), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["step_time_s"] == doc["predicted"]["step_time_s"]
+    with pytest.raises(PlanError, match="inputs: target 'shardplan' needs schema_version 1.2"):
+        parse_plan({**doc, "schema_version": "1.1"})
+    assert parse_plan({**doc, "inputs": {k: v for k, v in doc["inputs"].items() if k != "target"}}).inputs.target.name \
+        == ANY

@@ -1,0 +1,258 @@
+"""Training targets: what a trainer at a pinned version can run, one data file each.
+
+A target file (``vocab/targets/<name>.yaml``) names the trainer, its pinned release and the places
+in that release that say what it can express: the mesh axes, the sharding modes (overall, with a
+pipeline, with HSDP, beside model parallelism), tensor and context parallelism, the pipeline
+schedules with their stage-count rules and how layers may be split over stages, recomputation,
+offload, per-layer choices, OSDP operator splitting and fp8; and how it behaves where the cost model
+has a choice (the cross-entropy kernel and the gradient dtype). Adding a target, or a newer release,
+is adding or editing a file. Files are validated once, strictly (unknown keys, wrong types and
+inconsistent rules are refused, naming the file).
+
+The target ``any`` is no trainer: it allows the whole plan vocabulary and is what plans made before
+targets were recorded were searched with.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from vocab.errors import ShardplanError, UnknownNameError
+from vocab.io import decode_yaml, read_text, validate_document
+from vocab.strategy import (
+    CROSS_ENTROPY_CHOICES,
+    GRAD_DTYPE_CHOICES,
+    OFFLOADS,
+    RECOMPUTES,
+    SCHEDULES,
+    SHARDINGS,
+    Offload,
+    Recompute,
+    Schedule,
+    Sharding,
+)
+
+TARGETS_DIR = Path(__file__).parent / "targets"
+ANY = "any"
+DEFAULT_TARGET = "shardplan"
+AXES = ("pp", "tp", "cp", "ep", "dp_replicate", "dp_shard")
+NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
+
+Axis = Literal["pp", "tp", "cp", "ep", "dp_replicate", "dp_shard"]
+TpMode = Literal["megatron", "tsp"]
+CpMode = Literal["ring", "ulysses"]
+
+
+class TargetError(ShardplanError):
+    """A target file that cannot be read or does not validate."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class Source(_Strict):
+    """Where in the trainer's release a fact is stated."""
+
+    what: str = Field(..., min_length=1)
+    where: str = Field(..., min_length=1, description="file:line or file (symbol) in the pinned release")
+
+
+class ShardingCaps(_Strict):
+    """Sharding modes (``vocab.strategy.SHARDINGS``) overall and where other axes restrict them."""
+
+    modes: list[Sharding] = Field(..., min_length=1)
+    with_pp: list[Sharding] = Field(..., description="allowed with pp > 1")
+    with_hsdp: list[Sharding] = Field(..., description="allowed with dp_replicate > 1 and dp_shard > 1")
+    with_model_parallel: list[Sharding] = Field(
+        ..., description="allowed with data parallelism beside pp, tp, cp or ep > 1")
+    per_layer: bool = False
+
+
+class TensorParallelCaps(_Strict):
+    modes: list[TpMode] = Field(default_factory=list, description="empty: no tensor parallelism")
+    sequence_parallel: Literal["always", "optional", "never"] = "never"
+    kv_head_replication: bool = Field(
+        False, description="tp may exceed the KV heads (each copied to tp/kv ranks); else tp divides them "
+        "and the FFN width")
+
+
+class StageRule(_Strict):
+    """Virtual stages per pipeline rank a schedule accepts (``max`` null: no upper bound)."""
+
+    min: int = Field(1, ge=1)
+    max: int | None = Field(None, ge=1)
+
+
+class PipelineCaps(_Strict):
+    schedules: dict[Schedule, StageRule] = Field(default_factory=dict, description="empty: no pipeline")
+    stage_split: Literal["any", "first_last", "even"] = Field(
+        "even", description="any: every stage its own layer count; first_last: the middle stages equal, "
+        "virtual stages all equal; even: the trainer's even split only")
+
+
+class RecomputeCaps(_Strict):
+    modes: list[Recompute] = Field(..., min_length=1)
+    scope: Literal["units", "blocks"] = Field(
+        "blocks", description="units: any unit (embedding and head too); blocks: transformer blocks only")
+    per_layer: Literal["none", "every_nth", "first_per_stage", "any"] = "none"
+
+
+class OffloadCaps(_Strict):
+    modes: list[Offload] = Field(..., min_length=1)
+    needs: dict[Offload, list[Sharding]] = Field(
+        default_factory=dict, description="the shardings an offload mode works with")
+    per_layer: bool = False
+
+
+class Behaviour(_Strict):
+    """How the trainer behaves where the cost model has a knob (``vocab.strategy.Workload``): the
+    values it runs, the first being what a search for it assumes."""
+
+    cross_entropy: list[Literal["eager", "fused"]] = Field(..., min_length=1)
+    grad_dtype: list[Literal["fp32", "bf16"]] = Field(..., min_length=1)
+
+
+class Target(_Strict):
+    """What one trainer at one release can run, and how it behaves."""
+
+    name: str = Field(..., pattern=NAME.pattern)
+    trainer: str = Field(..., min_length=1, description="the trainer's name")
+    package: str = Field(..., min_length=1, description="the distribution the version pins")
+    version: str = Field(..., description="the pinned release")
+    exporter: str | None = Field(None, description="the planner.exports module that writes its configuration")
+    sources: list[Source] = Field(default_factory=list)
+    axes: list[Axis] = Field(..., min_length=1)
+    sharding: ShardingCaps
+    tensor_parallel: TensorParallelCaps = TensorParallelCaps()
+    context_parallel: list[CpMode] = Field(default_factory=list, description="modes; empty: none")
+    pipeline: PipelineCaps = PipelineCaps()
+    recompute: RecomputeCaps
+    offload: OffloadCaps
+    osdp_split: bool = False
+    fp8: bool = False
+    behaviour: Behaviour
+    notes: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Target:
+        problems = _problems(self)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    @property
+    def label(self) -> str:
+        """``package version``, e.g. ``torchtitan 0.2.2`` (``any`` for the target without a trainer)."""
+        return f"{self.package} {self.version}".strip()
+
+    def has(self, axis: str) -> bool:
+        return axis in self.axes
+
+
+def _problems(t: Target) -> list[str]:
+    out = []
+    if "dp_shard" not in t.axes:
+        out.append("axes must hold dp_shard (data parallelism)")
+    sh = t.sharding
+    for what, values in (("with_pp", sh.with_pp), ("with_hsdp", sh.with_hsdp),
+                         ("with_model_parallel", sh.with_model_parallel)):
+        extra = sorted(set(values) - set(sh.modes))
+        if extra:
+            out.append(f"sharding.{what} holds {extra}, which sharding.modes lacks")
+    for axis, present in (("tp", bool(t.tensor_parallel.modes)), ("cp", bool(t.context_parallel)),
+                          ("pp", bool(t.pipeline.schedules))):
+        if t.has(axis) != present:
+            out.append(f"axis {axis} and its modes disagree: list both or neither")
+    if "replicate" not in sh.modes:
+        out.append("sharding.modes must hold replicate (plain data parallelism)")
+    if "none" not in t.recompute.modes:
+        out.append("recompute.modes must hold none")
+    if "none" not in t.offload.modes:
+        out.append("offload.modes must hold none")
+    for mode, shardings in t.offload.needs.items():
+        if mode not in t.offload.modes or not set(shardings) <= set(sh.modes):
+            out.append(f"offload.needs.{mode} must name an offload mode and shardings of sharding.modes")
+    for sched, rule in t.pipeline.schedules.items():
+        if rule.max is not None and rule.max < rule.min:
+            out.append(f"pipeline.schedules.{sched}: max {rule.max} is below min {rule.min}")
+    if t.name != ANY and (not t.version or not t.sources):
+        out.append("a trainer's target needs its pinned version and sources")
+    return out
+
+
+def _any() -> Target:
+    everything = list(SHARDINGS)
+    return Target(
+        name=ANY, trainer="any", package="any", version="",
+        sources=[Source(what="the whole plan vocabulary", where="vocab/strategy.py")],
+        axes=list(AXES),  # type: ignore[arg-type]
+        sharding=ShardingCaps(modes=everything, with_pp=everything, with_hsdp=everything,  # type: ignore[arg-type]
+                              with_model_parallel=everything, per_layer=True),  # type: ignore[arg-type]
+        tensor_parallel=TensorParallelCaps(modes=["megatron", "tsp"], sequence_parallel="optional",
+                                           kv_head_replication=True),
+        context_parallel=["ring", "ulysses"],
+        pipeline=PipelineCaps(schedules={s: StageRule() for s in SCHEDULES}, stage_split="any"),  # type: ignore[misc]
+        recompute=RecomputeCaps(modes=list(RECOMPUTES), scope="units", per_layer="any"),  # type: ignore[arg-type]
+        offload=OffloadCaps(modes=list(OFFLOADS), needs={"params": ["zero3", "zero3_keep"]},  # type: ignore[arg-type]
+                            per_layer=True),
+        osdp_split=True, fp8=True,
+        behaviour=Behaviour(cross_entropy=list(CROSS_ENTROPY_CHOICES),  # type: ignore[arg-type]
+                            grad_dtype=list(GRAD_DTYPE_CHOICES)),  # type: ignore[arg-type]
+        notes=["no trainer: every choice of the plan vocabulary; plans of schema 1.0 and 1.1 read as this target"],
+    )
+
+
+def read_target(path: Path) -> Target:
+    """The target in the YAML file at ``path``; its name must be the file's stem."""
+    origin = f"target file '{path}'"
+    data = decode_yaml(read_text(path, "target file", TargetError), origin, TargetError)
+    if not isinstance(data, dict):
+        raise TargetError(f"{origin} must hold a mapping of fields")
+    t = validate_document(Target, data, origin, "target", TargetError)
+    if t.name != path.stem:
+        raise TargetError(f"{origin} names target '{t.name}'; a target file is named after its target")
+    if t.name == ANY:
+        raise TargetError(f"{origin}: '{ANY}' is the built-in target without a trainer")
+    return t
+
+
+@cache
+def targets() -> dict[str, Target]:
+    """Every target by name: the files of :data:`TARGETS_DIR`, and ``any``."""
+    out = {p.stem: read_target(p) for p in sorted(TARGETS_DIR.glob("*.yaml"))}
+    out[ANY] = _any()
+    return out
+
+
+def target_names() -> list[str]:
+    """The targets a plan may be searched for: the trainers, then ``any``."""
+    return [n for n in targets() if n != ANY] + [ANY]
+
+
+def load_target(name: str) -> Target:
+    """The target called ``name`` (case and surrounding spaces ignored); an unknown name raises
+    :class:`~vocab.errors.UnknownNameError` listing the known ones."""
+    table = targets()
+    key = name.strip().lower()
+    if key not in table:
+        raise UnknownNameError("target", name, table)
+    return table[key]
+
+
+def by_exporter(exporter: str) -> Target:
+    """The target an exporter module writes for."""
+    for t in targets().values():
+        if t.exporter == exporter:
+            return t
+    raise UnknownNameError("exporter", exporter, [t.exporter for t in targets().values() if t.exporter])
+
+
+if __name__ == "__main__":  # check every target file
+    for t in targets().values():
+        print(f"{t.name}: {t.label}")
