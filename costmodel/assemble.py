@@ -224,8 +224,12 @@ def rank_memory(units: Stacked, counts: F, layout: Layout, cfg: ConfigArrays, de
     def total(attr: str) -> F:
         return units(attr) @ counts.T
 
-    def largest(attr: str) -> F:  # the largest unit each rank holds (sizes are >= 0)
-        return np.where(held, units(attr)[..., None, :], 0.0).max(axis=-1)
+    def largest(attr: str) -> F:  # the largest unit each rank holds (sizes are >= 0), unit by unit
+        v = units(attr)
+        out = np.zeros((*v.shape[:-1], len(counts)))
+        for k in range(v.shape[-1]):
+            np.maximum(out, v[..., k, None] * held[:, k], out=out)
+        return out
 
     bucket = bucket_bytes(c, cfg.dp)[:, None, None]
     recv = recv[:, None, :]
