@@ -63,7 +63,7 @@ def test_torchtitan_toml() -> None:
     doc = tomllib.loads(e.text)
     par = doc["parallelism"]
     assert (par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"]) == (1, 2)
-    assert par["tensor_parallel_degree"] == 4 and par["enable_sequence_parallel"] is True
+    assert par["tensor_parallel_degree"] == 4 and "enable_sequence_parallel" not in par
     assert par["pipeline_parallel_degree"] == 2 and par["pipeline_parallel_schedule"] == "Interleaved1F1B"
     assert par["fsdp_reshard_after_forward"] == "always" and par["pipeline_parallel_microbatch_size"] == 2
     parts = par["module_fqns_per_model_part"]

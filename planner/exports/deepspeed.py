@@ -1,7 +1,9 @@
-"""DeepSpeed: the config JSON (batch sizes, precision, ZeRO stage, offload, ZeRO++ hpZ, AutoTP, Ulysses).
+"""DeepSpeed: the config JSON (batch sizes, precision, ZeRO stage, offload, ZeRO++ hpZ, AutoTP, Ulysses,
+the ``pipeline`` section of the pipeline engine and the ``activation_checkpointing`` section).
 
-Pipeline stages (``deepspeed.pipe.PipelineModule``), MoE expert parallelism (``deepspeed.moe``) and
-activation checkpointing live in the model code, not in this file; the notes say what to set there.
+The model code still builds the ``deepspeed.pipe.PipelineModule`` and the MoE layers (``deepspeed.moe``)
+and wraps the checkpointed modules; the notes say what to set there. ``activation_checkpointing`` keeps
+the activations whole on the GPU (no partitioning, no CPU copy), as the price assumes.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from typing import Any
 
 from planner.compare import label_units
 from planner.exports.base import Nearest
-from planner.exports.keys import DEEPSPEED, DEEPSPEED_ZERO_STAGE
+from planner.exports.keys import DEEPSPEED, DEEPSPEED_PARTITION, DEEPSPEED_ZERO_STAGE
 from vocab.strategy import Strategy
 
 SUFFIX = ".json"
@@ -56,4 +58,12 @@ def render(n: Nearest, s: Strategy, cost: str) -> str:
         cfg[K["tensor_parallel"]] = {K["autotp_size"]: m.tp}
     if m.cp > 1:
         cfg[K["sequence_parallel_size"]] = m.cp
+    rec = [s.for_unit(u).recompute for u in n.units]
+    if m.pp > 1:
+        every_block = bool(n.blocks) and all(s.for_unit(u).recompute == "full" for u in n.blocks)
+        cfg[K["pipeline"]] = {K["pipe_stages"]: m.pp, K["pipe_partition"]: DEEPSPEED_PARTITION,
+                              K["pipe_ac_interval"]: 1 if every_block else 0}
+    if any(r != "none" for r in rec):
+        cfg[K["ac"]] = {K["ac_partition"]: False, K["ac_cpu"]: False, K["ac_contiguous"]: False,
+                        K["ac_number"]: sum(r != "none" for r in rec)}
     return json.dumps({k: v for k, v in cfg.items() if k is not None}, indent=2) + "\n"

@@ -17,10 +17,8 @@ TORCHTITAN: Final[dict[str, str | None]] = {
     "dp_shard": "data_parallel_shard_degree",
     "reshard": "fsdp_reshard_after_forward",  # "default" | "always" | "never"
     "tp": "tensor_parallel_degree",
-    # The name. torchtitan applies sequence parallelism whenever tp > 1 and has no switch for
-    # it (its TP knobs are disable_loss_parallel / enable_async_tensor_parallel): set this entry to
-    # None to leave the key out.
-    "sequence_parallel": "enable_sequence_parallel",
+    # torchtitan applies sequence parallelism whenever tp > 1 and has no switch for it.
+    "sequence_parallel": None,
     "pp": "pipeline_parallel_degree",
     "schedule": "pipeline_parallel_schedule",
     "layers_per_stage": "pipeline_parallel_layers_per_stage",
@@ -74,7 +72,32 @@ MEGATRON: Final[dict[str, str | None]] = {
     "optimizer_offload_fraction": "--optimizer-offload-fraction",
     "overlap_grad": "--overlap-grad-reduce",
     "overlap_param": "--overlap-param-gather",
+    "tp_overlap": "--tp-comm-overlap",
+    # the model's shape (megatron-core TransformerConfig, GPTModel arguments)
+    "hidden": "--hidden-size",
+    "ffn_hidden": "--ffn-hidden-size",
+    "heads": "--num-attention-heads",
+    "head_dim": "--kv-channels",
+    "gqa": "--group-query-attention",
+    "kv_heads": "--num-query-groups",
+    "swiglu": "--swiglu",
+    "norm": "--normalization",
+    "position": "--position-embedding-type",
+    "max_seq": "--max-position-embeddings",
+    "untie": "--untie-embeddings-and-output-weights",
+    "no_bias": "--disable-bias-linear",
+    "qkv_bias": "--add-qkv-bias",
+    "qk_norm": "--qk-layernorm",
+    "attention_dropout": "--attention-dropout",
+    "hidden_dropout": "--hidden-dropout",
+    "experts": "--num-experts",
+    "top_k": "--moe-router-topk",
+    "moe_ffn_hidden": "--moe-ffn-hidden-size",
+    "shared_expert_hidden": "--moe-shared-expert-intermediate-size",
+    "moe_layer_freq": "--moe-layer-freq",
 }
+MEGATRON_NORM: Final = {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}
+MEGATRON_POSITION: Final = {"rope": "rope", "learned": "learned_absolute", "none": "none"}
 MEGATRON_CP_COMM: Final = {"ring": "p2p", "ulysses": "a2a"}
 MEGATRON_FP8_FORMAT: Final = "hybrid"
 
@@ -97,7 +120,17 @@ DEEPSPEED: Final[dict[str, str | None]] = {
     "tensor_parallel": "tensor_parallel",  # AutoTP training (DeepSpeed >= 0.16.4)
     "autotp_size": "autotp_size",
     "sequence_parallel_size": "sequence_parallel_size",  # DeepSpeed-Ulysses
+    "pipeline": "pipeline",  # read by PipelineEngine
+    "pipe_stages": "stages",
+    "pipe_partition": "partition",
+    "pipe_ac_interval": "activation_checkpoint_interval",
+    "ac": "activation_checkpointing",  # deepspeed.checkpointing.configure
+    "ac_partition": "partition_activations",
+    "ac_cpu": "cpu_checkpointing",
+    "ac_contiguous": "contiguous_memory_optimization",
+    "ac_number": "number_checkpoints",
 }
+DEEPSPEED_PARTITION: Final = "uniform"  # equal layer counts per stage
 DEEPSPEED_ZERO_STAGE: Final = {"replicate": 0, "zero1": 1, "zero2": 2, "zero3": 3}
 
 # ---- nanotron: YAML config --------------------------------------------------------------------------
@@ -110,7 +143,7 @@ NANOTRON: Final[dict[str, str | None]] = {
     "tp_mode": "tp_mode",
     "tp_async": "tp_linear_async_communication",
     "ep": "expert_parallel_size",
-    "recompute": "recompute_layer",
+    "recompute": None,  # nanotron 0.4 has no recomputation key
     "tokens": "tokens",
     "micro_batch": "micro_batch_size",
     "grad_accum": "batch_accumulation_per_replica",

@@ -1,13 +1,32 @@
-"""Megatron-LM: the parallelism, batch and precision flags of ``pretrain_gpt.py``, one per line.
+"""Megatron-LM: the model-shape, parallelism, batch, precision and overlap flags of ``pretrain_gpt.py``,
+one per line.
 
 The output parses with ``shlex.split(text, comments=True)``; pass it as
-``torchrun ... pretrain_gpt.py $(sed 's/#.*//' plan.args) <model and data flags>``.
+``torchrun ... pretrain_gpt.py $(sed 's/#.*//' plan.args) <tokenizer, data and optimizer flags>``.
+
+The model's shape comes from the plan's model (its recorded layer graph, preset or config file). The
+overlap flags are those the price assumes: the cost model hides the data-parallel gradient reduction
+(``dp_overlap``) and the distributed optimizer's parameter all-gather (``fsdp_overlap``) under compute,
+so ``--overlap-grad-reduce`` and, with the distributed optimizer, ``--overlap-param-gather`` are always
+set; ``--tp-comm-overlap`` only where the accelerator's cost constants hide TP collectives
+(``tp_overlap`` > 0) and sequence parallelism is on.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+from costmodel.constants import constants_for
 from planner.exports.base import Nearest, header, runs_text
-from planner.exports.keys import MEGATRON, MEGATRON_CP_COMM, MEGATRON_FP8_FORMAT
+from planner.exports.keys import (
+    MEGATRON,
+    MEGATRON_CP_COMM,
+    MEGATRON_FP8_FORMAT,
+    MEGATRON_NORM,
+    MEGATRON_POSITION,
+)
+from planner.reprice import plan_graph
+from vocab.errors import ShardplanError
 from vocab.strategy import Strategy
 
 SUFFIX = ".args"
@@ -16,6 +35,52 @@ SUFFIX = ".args"
 def adjust(n: Nearest) -> None:
     _stages(n)
     _recompute(n)
+    _shape(n)
+
+
+def _shape(n: Nearest) -> None:
+    """The model-shape flags of the plan's model (``n.extra["shape"]``), with a note for what has none."""
+    try:
+        cfg: dict[str, Any] = dict(plan_graph(n.plan).config)
+    except (ShardplanError, ImportError, OSError) as err:
+        n.notes.append(f"the model's shape flags are not written (its config is not loadable: {err})")
+        return
+    K, out = MEGATRON, []
+    heads, hidden = cfg.get("heads", 0), cfg.get("hidden", 0)
+    out += [(K["hidden"], hidden), (K["ffn_hidden"], cfg.get("ffn_hidden")), (K["heads"], heads)]
+    if cfg.get("head_dim") and heads and cfg["head_dim"] * heads != hidden:
+        out.append((K["head_dim"], cfg["head_dim"]))
+    if cfg.get("kv_heads") and cfg["kv_heads"] != heads:
+        out += [(K["gqa"], True), (K["kv_heads"], cfg["kv_heads"])]
+    act, norm, pos = cfg.get("activation", "gelu"), cfg.get("norm", "layernorm"), cfg.get("position", "learned")
+    if act == "swiglu":
+        out.append((K["swiglu"], True))
+    elif act != "gelu":
+        n.notes.append(f"activation {act!r} has no Megatron-LM flag (gelu is its default)")
+    if norm in MEGATRON_NORM:
+        out.append((K["norm"], MEGATRON_NORM[norm]))
+    else:
+        n.notes.append(f"normalization {norm!r} has no Megatron-LM flag")
+    if pos in MEGATRON_POSITION:
+        out.append((K["position"], MEGATRON_POSITION[pos]))
+    else:
+        n.notes.append(f"position embedding {pos!r} has no Megatron-LM flag")
+    out.append((K["max_seq"], max(cfg.get("max_seq") or 0, n.workload_model().seq_len)))
+    out += [(K["untie"], True if not cfg.get("tied_embeddings", True) else None),
+            (K["no_bias"], True if not cfg.get("bias", True) else None),
+            (K["qkv_bias"], True if cfg.get("qkv_bias") and not cfg.get("bias", True) else None),
+            (K["qk_norm"], True if cfg.get("qk_norm") else None),
+            (K["attention_dropout"], float(cfg.get("dropout", 0.0))), (K["hidden_dropout"], float(cfg.get("dropout", 0.0)))]
+    experts = cfg.get("experts", 0)
+    if experts:
+        moe_ffn = cfg.get("moe_ffn_hidden") or cfg.get("ffn_hidden")
+        out += [(K["experts"], experts), (K["top_k"], cfg.get("top_k") or 1), (K["moe_ffn_hidden"], moe_ffn)]
+        if cfg.get("shared_experts"):
+            out.append((K["shared_expert_hidden"], cfg["shared_experts"] * moe_ffn))
+        dense, layers = cfg.get("dense_layers", 0), cfg.get("layers", len(n.blocks))
+        if dense:
+            out.append((K["moe_layer_freq"], f"[0]*{dense}+[1]*{layers - dense}"))
+    n.extra["shape"] = out
 
 
 def _stages(n: Nearest) -> None:
@@ -81,8 +146,8 @@ def _recompute(n: Nearest) -> None:
 
 def render(n: Nearest, s: Strategy, cost: str) -> str:
     K, m, w = MEGATRON, s.mesh, n.workload_model()
-    flags: list[tuple[str | None, object]] = [(K["num_layers"], len(n.blocks) or None), (K["tp"], m.tp),
-                                             (K["pp"], m.pp)]
+    flags: list[tuple[str | None, object]] = [(K["num_layers"], len(n.blocks) or None),
+                                             *n.extra.get("shape", []), (K["tp"], m.tp), (K["pp"], m.pp)]
     sizes = s.stage_layout(len(n.blocks))
     if s.vpp > 1:
         flags.append((K["vpp_layers"], sizes[0]))
@@ -101,6 +166,8 @@ def render(n: Nearest, s: Strategy, cost: str) -> str:
             flags.append((K["dist_opt_instances"], m.dp_replicate))
     else:
         flags.append((K["overlap_grad"], True))
+    if m.tp > 1 and s.sequence_parallel and constants_for(n.plan.inputs.cluster.accelerator).tp_overlap > 0:
+        flags.append((K["tp_overlap"], True))
     rec = {n.choice[u]["recompute"] for u in n.blocks} - {"none"}
     if rec == {"selective"}:
         flags.append((K["recompute_granularity"], "selective"))

@@ -21,11 +21,10 @@ def adjust(n: Nearest) -> None:
 def render(n: Nearest, s: Strategy, cost: str) -> str:
     K, m, w = NANOTRON, s.mesh, n.workload_model()
     shard = n.values("sharding")[0] if n.units else s.default.sharding
-    rec = n.values("recompute")[0] if n.units else s.default.recompute
     par = {K["dp"]: m.dp // m.ep, K["pp"]: m.pp, K["tp"]: m.tp,
            K["pp_engine"]: NANOTRON_PP_ENGINES.get(s.schedule, "1f1b"),
            K["tp_mode"]: NANOTRON_TP_MODES[s.sequence_parallel], K["tp_async"]: s.sequence_parallel,
-           K["ep"]: m.ep, K["recompute"]: rec == "full"}
+           K["ep"]: m.ep}
     doc = {
         K["parallelism"]: par,
         K["tokens"]: {K["micro_batch"]: s.micro_batch, K["grad_accum"]: s.num_microbatches(w.global_batch),

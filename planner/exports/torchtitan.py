@@ -20,19 +20,34 @@ from vocab.strategy import Strategy
 SUFFIX = ".toml"
 
 
+def _rank_positions(n: Nearest) -> list[int]:
+    """Each block's 1-based position among the blocks its pipeline rank builds: torchtitan counts layers
+    for ``selective_ac_option = "N"`` per process, over the rank's (virtual) stages in order."""
+    p, sizes = n.mesh["pp"], n.stage_sizes()
+    owner = [v % p for v, size in enumerate(sizes) for _ in range(size)]
+    seen: dict[int, int] = {}
+    out = []
+    for r in owner:
+        seen[r] = seen.get(r, 0) + 1
+        out.append(seen[r])
+    return out
+
+
 def adjust(n: Nearest) -> None:
-    """Activation checkpointing of the transformer blocks: all alike, or full on every N-th."""
+    """Activation checkpointing of the transformer blocks: all alike, or full on every N-th block that a
+    pipeline rank builds (N at most the blocks of one rank)."""
     vals = n.values("recompute", n.blocks)
     if len(set(vals)) <= 1:
         return
-    idx = [block_index(u) for u in n.blocks]
     if set(vals) == {"none", "full"}:
-        for every in range(2, len(vals) + 1):
-            if all((v == "full") == ((i + 1) % every == 0) for i, v in zip(idx, vals, strict=True)):  # type: ignore[operator]
+        order = sorted(n.blocks, key=lambda u: block_index(u) or 0)
+        pos = dict(zip(order, _rank_positions(n), strict=True))
+        for every in range(2, max(pos.values()) + 1):
+            if all((v == "full") == (pos[u] % every == 0) for u, v in zip(n.blocks, vals, strict=True)):
                 n.extra["ac_every"] = every
                 return
-    collapse(n, "recompute", "torchtitan checkpoints all blocks alike, or fully every N-th block", n.blocks,
-             "per-layer recompute other than full on every N-th block")
+    collapse(n, "recompute", "torchtitan checkpoints all blocks alike, or fully every N-th block of a rank",
+             n.blocks, "per-layer recompute other than full on every N-th block of a pipeline rank")
 
 
 def _toml(v: Any) -> str:

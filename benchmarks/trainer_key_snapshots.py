@@ -1,0 +1,202 @@
+"""Write the key snapshots of the installed trainer releases into ``tests/snapshots/``.
+
+Run with a Python where the releases are importable (see ``docs/targets.md``, "Checking exports")::
+
+    python benchmarks/trainer_key_snapshots.py [torchtitan megatron deepspeed nanotron]
+
+Each file is named after the installed version (``torchtitan-0.2.2.json``, ``megatron_core-0.16.1.json``,
+``deepspeed-0.19.8.json``, ``nanotron-0.4.json``) and holds the configuration keys the release's own
+loader accepts, read from its dataclasses, pydantic models and constants. ``tests/test_export_keys.py``
+checks every key an export emits against the snapshot of its target's pinned version.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import re
+import sys
+import typing
+import warnings
+from pathlib import Path
+from typing import Any
+
+OUT = Path(__file__).resolve().parents[1] / "tests" / "snapshots"
+
+# Megatron-LM command-line flags (megatron/training/arguments.py, not in the megatron-core wheel) whose
+# megatron-core field has another name, or that have no core field at all ("fields": []).
+MEGATRON_LM_FLAGS: dict[str, dict[str, Any]] = {
+    "--num-layers-per-virtual-pipeline-stage": {"fields": ["virtual_pipeline_model_parallel_size"],
+                                                "note": "layers per virtual stage; the size is num_layers / pp / this"},
+    "--decoder-first-pipeline-num-layers": {"fields": ["num_layers_in_first_pipeline_stage"]},
+    "--decoder-last-pipeline-num-layers": {"fields": ["num_layers_in_last_pipeline_stage"]},
+    "--swiglu": {"fields": ["gated_linear_unit", "activation_func"], "note": "gated_linear_unit=True, F.silu"},
+    "--num-experts": {"fields": ["num_moe_experts"]},
+    "--fp8-format": {"fields": ["fp8"]},
+    "--disable-bias-linear": {"fields": ["add_bias_linear"], "note": "add_bias_linear=False"},
+    "--micro-batch-size": {"fields": [], "note": "no core field: Megatron-LM batch argument"},
+    "--global-batch-size": {"fields": [], "note": "no core field: Megatron-LM batch argument"},
+    "--seq-length": {"fields": [], "note": "no core field: Megatron-LM data argument"},
+    "--max-position-embeddings": {"fields": [], "note": "no core field: GPTModel(max_sequence_length=)"},
+    "--position-embedding-type": {"fields": [], "note": "no core field: GPTModel(position_embedding_type=)"},
+    "--untie-embeddings-and-output-weights": {
+        "fields": [], "note": "no core field: GPTModel(share_embeddings_and_output_weights=False)"},
+    "--group-query-attention": {"fields": [], "note": "no core field: enables --num-query-groups"},
+    "--vocab-size": {"fields": [], "note": "no core field: GPTModel(vocab_size=), padded by Megatron-LM"},
+    "--use-mcore-models": {"fields": [], "note": "no core field: Megatron-LM model choice"},
+}
+
+
+def _write(name: str, version: str, body: dict[str, Any]) -> Path:
+    OUT.mkdir(parents=True, exist_ok=True)
+    path = OUT / f"{name}-{version}.json"
+    path.write_text(json.dumps({"package": name, "version": version, **body}, indent=1, sort_keys=True) + "\n")
+    return path
+
+
+def _fields(cls: type) -> list[str]:
+    return sorted(f.name for f in dataclasses.fields(cls) if f.init)
+
+
+def torchtitan() -> Path:
+    from importlib.metadata import version
+
+    from torchtitan.config import JobConfig
+
+    job = JobConfig()
+    sections = {f.name: _fields(type(getattr(job, f.name))) for f in dataclasses.fields(JobConfig)
+                if dataclasses.is_dataclass(getattr(job, f.name))}
+    return _write("torchtitan", version("torchtitan"), {"loader": "torchtitan.config.ConfigManager",
+                                                        "sections": sections})
+
+
+def megatron() -> Path:
+    from megatron.core import ModelParallelConfig
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig
+    from megatron.core.package_info import __version__
+    from megatron.core.transformer import TransformerConfig
+
+    classes = {c.__name__: _fields(c) for c in (TransformerConfig, ModelParallelConfig,
+                                               DistributedDataParallelConfig, OptimizerConfig)}
+    known = {f for names in classes.values() for f in names}
+    for flag, entry in MEGATRON_LM_FLAGS.items():
+        missing = [f for f in entry["fields"] if f not in known]
+        if missing:
+            raise SystemExit(f"{flag}: fields {missing} are not in megatron-core {__version__}")
+    return _write("megatron_core", __version__, {"classes": classes, "lm_flags": MEGATRON_LM_FLAGS,
+                                                 "flag_rule": "--a-b is field a_b unless lm_flags names it"})
+
+
+def _pydantic_keys(model: Any) -> list[str]:
+    keys = set()
+    for name, f in model.model_fields.items():
+        keys.add(name)
+        if f.alias:
+            keys.add(f.alias)
+    return sorted(keys)
+
+
+def _constants(module: Any, prefix: str = "") -> set[str]:
+    return {v for k, v in vars(module).items() if k.isupper() and k.startswith(prefix) and isinstance(v, str)
+            and not k.endswith("_DEFAULT") and re.fullmatch(r"[a-z][a-z0-9_]*", v)}
+
+
+def deepspeed() -> Path:
+    import deepspeed as ds
+    import deepspeed.runtime.activation_checkpointing.config as act
+    import deepspeed.runtime.config as dsc
+    import deepspeed.runtime.constants as const
+    from deepspeed.runtime.precision_config import DeepSpeedBF16Config
+    from deepspeed.runtime.tensor_parallel.config import TPTrainingConfig
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+    from deepspeed.runtime.zero.offload_config import (
+        DeepSpeedZeroOffloadOptimizerConfig,
+        DeepSpeedZeroOffloadParamConfig,
+    )
+
+    src = inspect.getsource(dsc)
+    literal = set(re.findall(r"""(?:param_dict|ds_config|config)\.get\(\s*["'](\w+)["']""", src))
+    literal |= set(re.findall(r"""["'](\w+)["']\s+in\s+(?:param_dict|ds_config|config)\b""", src))
+    literal |= set(re.findall(r"""["'](\w+)["']\s+in\s+ds_config\b""",
+                              inspect.getsource(sys.modules[TPTrainingConfig.__module__])))
+    sections = {
+        "zero_optimization": _pydantic_keys(DeepSpeedZeroConfig),
+        "zero_optimization.offload_optimizer": _pydantic_keys(DeepSpeedZeroOffloadOptimizerConfig),
+        "zero_optimization.offload_param": _pydantic_keys(DeepSpeedZeroOffloadParamConfig),
+        "bf16": _pydantic_keys(DeepSpeedBF16Config),
+        "tensor_parallel": _pydantic_keys(TPTrainingConfig),
+        "activation_checkpointing": sorted(_constants(act, "ACT_CHKPT_") - {act.ACT_CHKPT}),
+        "pipeline": sorted(dsc.get_pipeline_config({})),
+    }
+    top = sorted((_constants(const) | literal | set(sections)) - {"pipeline"} | {"pipeline"})
+    strict = ["zero_optimization", "zero_optimization.offload_optimizer", "zero_optimization.offload_param",
+              "bf16", "tensor_parallel"]
+    return _write("deepspeed", ds.__version__, {
+        "loader": "deepspeed.runtime.config.DeepSpeedConfig", "top_level": top, "sections": sections,
+        "strict_sections": strict,
+        "note": "unknown top-level, activation_checkpointing and pipeline keys are ignored by the loader; "
+                "the pydantic sections in strict_sections forbid extra keys"})
+
+
+def _nanotron_config() -> Any:
+    """nanotron 0.4 has an import cycle (nanotron.config -> ... -> nanotron.logging -> nanotron.config.config):
+    import it with a stand-in nanotron.logging, then import the real one."""
+    import logging
+    import types
+
+    stub = types.ModuleType("nanotron.logging")
+
+    def _getattr(name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return lambda *a, **k: logging.getLogger("nanotron")
+
+    stub.__getattr__ = _getattr  # type: ignore[method-assign]
+    sys.modules["nanotron.logging"] = stub
+    try:
+        import nanotron.config as cfg
+    finally:
+        del sys.modules["nanotron.logging"]
+    import nanotron.logging  # noqa: F401
+    return cfg
+
+
+def _tree(tp: Any, seen: tuple[type, ...] = ()) -> Any:
+    """The dataclass field tree of a type: {field: subtree}, None for a leaf; a Union/Optional of
+    dataclasses merges their fields."""
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    if typing.get_origin(tp) in (typing.Union, getattr(__import__("types"), "UnionType", None)) and args:
+        subs = [_tree(a, seen) for a in args]
+        merged: dict[str, Any] = {}
+        for s in subs:
+            if isinstance(s, dict):
+                merged.update(s)
+        return merged or None
+    if dataclasses.is_dataclass(tp) and tp not in seen:
+        hints = typing.get_type_hints(tp)
+        return {f.name: _tree(hints.get(f.name), (*seen, tp)) for f in dataclasses.fields(tp) if f.init}
+    return None
+
+
+def nanotron() -> Path:
+    cfg = _nanotron_config()
+    import nanotron
+
+    return _write("nanotron", nanotron.__version__, {"loader": "nanotron.config.get_config_from_file (dacite strict)",
+                                                     "tree": _tree(cfg.Config)})
+
+
+SNAPSHOTS = {"torchtitan": torchtitan, "megatron": megatron, "deepspeed": deepspeed, "nanotron": nanotron}
+
+
+def main(argv: list[str]) -> int:
+    warnings.filterwarnings("ignore")
+    for name in argv or list(SNAPSHOTS):
+        print(SNAPSHOTS[name]().relative_to(OUT.parents[1]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
