@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import importlib.util
 import json
-import shlex
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ import yaml
 from planner.api import plan as search
 from planner.exports import export
 from tests.test_explain import make_plan
+from tests.test_exports import flags as megatron_flags
 from vocab.plan import Plan
 from vocab.targets import by_exporter
 
@@ -56,18 +56,6 @@ def plans(target: str) -> tuple[Plan, ...]:
 
 def texts(target: str) -> list[str]:
     return [export(p, target).text for p in plans(target)]
-
-
-def megatron_flags(text: str) -> dict[str, str | bool]:
-    out: dict[str, str | bool] = {}
-    key = ""
-    for tok in shlex.split(text, comments=True):
-        if tok.startswith("--"):
-            key = tok
-            out[key] = True
-        else:
-            out[key] = tok
-    return out
 
 
 def _unknown(doc: Any, tree: Any, path: str = "") -> list[str]:
