@@ -34,16 +34,23 @@ def gen_plan_doc(rnd: Any, fz: FuzzEnv) -> Case:
     from vocab.plan import load_plan, parse_plan
 
     name, doc, _ = rnd.choice(fz.plans)
+    return _document_case(rnd, fz, "plan-doc", "vocab.plan.", doc, PLAN_FOCUS, parse_plan, load_plan,
+                          [f"seed plan {name}"])
+
+
+def _document_case(rnd: Any, fz: FuzzEnv, family: str, prefix: str, doc: Any, focus: tuple[tuple[Any, ...], ...],
+                   parse: Callable[[Any], Any], load: Callable[[Path], Any], notes: list[str]) -> Case:
+    """A mutated ``doc`` given to ``parse`` as a dict or as text, or to ``load`` as a file."""
     mode = rnd.choice(("dict", "text", "file"))
-    tree, data, notes = mutate_document(rnd, doc, focus=PLAN_FOCUS, text_p=0.0 if mode == "dict" else 0.35)
-    notes = [f"seed plan {name}", *notes]
+    tree, data, changes = mutate_document(rnd, doc, focus=focus, text_p=0.0 if mode == "dict" else 0.35)
+    notes = [*notes, *changes]
     if mode == "dict":
-        return Case("plan-doc", "vocab.plan.parse_plan(dict)", notes, _in_process(parse_plan, tree), payload=data)
+        return Case(family, f"{prefix}{parse.__name__}(dict)", notes, _in_process(parse, tree), payload=data)
     if mode == "text":
         text = data.decode("utf-8", "surrogateescape")
-        return Case("plan-doc", "vocab.plan.parse_plan(str)", notes, _in_process(parse_plan, text), payload=data)
+        return Case(family, f"{prefix}{parse.__name__}(str)", notes, _in_process(parse, text), payload=data)
     path = fz.file(data)
-    return Case("plan-doc", "vocab.plan.load_plan(path)", notes, _in_process(load_plan, path), payload=data,
+    return Case(family, f"{prefix}{load.__name__}(path)", notes, _in_process(load, path), payload=data,
                 cleanup=[path])
 
 
@@ -54,16 +61,7 @@ def gen_profile_doc(rnd: Any, fz: FuzzEnv) -> Case:
     """``profiler.profile_schema.parse_profile`` (dict or text) and ``load_profile``."""
     from profiler.profile_schema import load_profile, parse_profile
 
-    mode = rnd.choice(("dict", "text", "file"))
-    tree, data, notes = mutate_document(rnd, fz.profile, focus=PROFILE_FOCUS, text_p=0.0 if mode == "dict" else 0.35)
-    if mode == "dict":
-        return Case("profile-doc", "parse_profile(dict)", notes, _in_process(parse_profile, tree), payload=data)
-    if mode == "text":
-        text = data.decode("utf-8", "surrogateescape")
-        return Case("profile-doc", "parse_profile(str)", notes, _in_process(parse_profile, text), payload=data)
-    path = fz.file(data)
-    return Case("profile-doc", "load_profile(path)", notes, _in_process(load_profile, path), payload=data,
-                cleanup=[path])
+    return _document_case(rnd, fz, "profile-doc", "", fz.profile, PROFILE_FOCUS, parse_profile, load_profile, [])
 
 
 SEQ_LENS: list[Any] = [None, 128, 128, 512, 1, 0, -1, 10**7, 10**9, BIG]
@@ -393,17 +391,16 @@ def gen_cli_values(rnd: Any, fz: FuzzEnv) -> Case:
     return Case("cli-values", f"shardplan {cmd} (flag values)", notes, _cli(argv), argv=argv, checks=[refused])
 
 
-def gen_cli_output(rnd: Any, fz: FuzzEnv) -> Case:
-    """-o onto a folder, under a regular file, into a missing folder, onto an existing file, with odd
-    names; a failed command must leave the target as it was, a successful one a whole file."""
-    cmd = rnd.choice(("plan", "export", "plot"))
-    name, _, seed_path = rnd.choice(fz.plans)
-    base = fz.name("", stem="outdir")
-    base.mkdir()
+#: the kinds of ``-o`` target :func:`output_target` makes
+OUTPUT_KINDS = ("dir", "under-file", "missing-dir", "existing", "new", "odd-suffix", "newline", "long", "dot")
+
+
+def output_target(base: Path, cmd: str, kind: str) -> Path:
+    """An ``-o`` of ``kind`` for ``cmd`` (plan, export or plot) inside the folder ``base``, which gets a
+    regular file and a subfolder to aim at (and the file an ``existing`` target replaces)."""
     (base / "file.json").write_text("{}\n")
     (base / "sub").mkdir()
     suffix = {"plan": ".json", "export": ".toml", "plot": ".svg"}[cmd]
-    kind = rnd.choice(("dir", "under-file", "missing-dir", "existing", "new", "odd-suffix", "newline", "long", "dot"))
     target = {
         "dir": base / "sub",
         "under-file": base / "file.json" / f"out{suffix}",
@@ -417,6 +414,18 @@ def gen_cli_output(rnd: Any, fz: FuzzEnv) -> Case:
     }[kind]
     if kind == "existing":
         target.write_bytes(b"previous contents\n")
+    return target
+
+
+def gen_cli_output(rnd: Any, fz: FuzzEnv) -> Case:
+    """-o onto a folder, under a regular file, into a missing folder, onto an existing file, with odd
+    names; a failed command must leave the target as it was, a successful one a whole file."""
+    cmd = rnd.choice(("plan", "export", "plot"))
+    name, _, seed_path = rnd.choice(fz.plans)
+    base = fz.name("", stem="outdir")
+    base.mkdir()
+    kind = rnd.choice(OUTPUT_KINDS)
+    target = output_target(base, cmd, kind)
     before = snapshot(target)
     if cmd == "plan":
         argv = ["plan", "--model", "gpt2", "--cluster", "4xcpu", "--seq-len", "128", "--global-batch",

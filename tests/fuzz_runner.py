@@ -66,18 +66,18 @@ def environment(env: dict[str, str | None] | None) -> Iterator[None]:
     env = {"SHARDPLAN_DEBUG": None, **(env or {})}
     old = {k: os.environ.get(k) for k in env}
     try:
-        for k, v in env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        _set_environment(env)
         yield
     finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        _set_environment(old)
+
+
+def _set_environment(env: dict[str, str | None]) -> None:
+    for k, v in env.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 @contextlib.contextmanager
