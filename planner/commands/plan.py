@@ -163,6 +163,7 @@ def plan_cmd(
         TimeElapsedColumn(),
         console=err_console,
         transient=True,
+        disable=not err_console.is_terminal,  # a bar is for a person: no stray line in logs and pipes
     ) as bar:
         task = bar.add_task("enumerating meshes", total=None)
 
