@@ -76,9 +76,9 @@ class RankMemory:
     acts: F
     core_run: F
     core_end: F
-    param_bytes: F
-    grad_bytes: F
-    optim_bytes: F
+    param_bytes: F | None = None  # the byte counts: only when asked for (``detail``)
+    grad_bytes: F | None = None
+    optim_bytes: F | None = None
 
     @property
     def peak_tensors(self) -> F:
@@ -86,7 +86,7 @@ class RankMemory:
 
     def rank(self, i: int) -> RankMemory:
         """Rank ``i``'s parts, of parts that carry a last axis over ranks."""
-        return RankMemory(*(getattr(self, f.name)[..., i] for f in fields(self)))
+        return RankMemory(*(None if (x := getattr(self, f.name)) is None else x[..., i] for f in fields(self)))
 
 
 @dataclass
@@ -119,11 +119,12 @@ def boundary_time(dev: DeviceModel, out_bytes: F, cfg: ConfigArrays, p: int) -> 
 
 
 def assemble(ua: Sequence[UnitCost], layout: Layout, cfg: ConfigArrays, dev: DeviceModel, w: Workload,
-             tail: F, detail: bool = False, rows: F | None = None) -> Assembled:
+             tail: F, detail: bool = False, rows: F | None = None, stacked: Stacked | None = None) -> Assembled:
     """Step time and peak memory of configurations ``cfg`` (one pipeline degree, ``layout.p``)
     under every option of the priced units ``ua`` (their ``rows``, when given, are ``cfg``'s);
     ``tail`` (n,) the end of backward's transient (:func:`costmodel.estimate.tied_sum_bytes`).
-    ``detail`` keeps every rank's parts."""
+    ``detail`` keeps every rank's parts; ``stacked``, the units stacked over every configuration
+    (``rows`` of them are ``cfg``)."""
     c, p, v = dev.c, layout.p, layout.v
     K = len(ua)
     m = w.global_batch / (cfg.dp * cfg.micro_batch)
@@ -140,10 +141,10 @@ def assemble(ua: Sequence[UnitCost], layout: Layout, cfg: ConfigArrays, dev: Dev
         np.maximum.at(last, inv.reshape(-1), np.arange(p))  # each kind's last rank
         sig, bounds = kinds[:, :K], kinds[:, K:]
 
-    units = Stacked(ua, rows)
+    units = stacked.take(rows) if stacked is not None and rows is not None else Stacked(ua, rows)
 
     def per_rank(attr: str) -> F:  # (n, O, distinct ranks)
-        return units(attr) @ sig.T
+        return units.mix(attr, sig)
 
     out = units("out_bytes")  # (n, K)
     p2p = np.stack([boundary_time(dev, out[:, k], cfg, p) for k in range(K)], axis=1)  # (n, K)
@@ -162,11 +163,11 @@ def assemble(ua: Sequence[UnitCost], layout: Layout, cfg: ConfigArrays, dev: Dev
     waiting = np.broadcast_to(weights_pending(sched, rs, p, m[:, None], v), (len(m), len(rs)))
     recv = (recv_bytes(sched, rs, p, m[:, None], v, sent[:, (rs - 1) % p], sent[:, rs])
             if p > 1 else np.zeros((len(m), len(rs))))
-    mem = rank_memory(units, sig[[j for j, _ in ranks]], layout, cfg, dev, w, fly, waiting, recv, tail)
+    mem = rank_memory(units, sig[[j for j, _ in ranks]], layout, cfg, dev, w, fly, waiting, recv, tail, detail)
     tensors = mem.peak_tensors.max(axis=-1)
     memory = tensors + c.context_bytes + c.fragmentation * tensors
     held = (sig * mult[:, None]).sum(axis=0)
-    hw = units("hw_flops") @ held
+    hw = units.mix("hw_flops", held[None, :])[..., 0]
     hw = hw * m[:, None] * (cfg.dp * cfg.tp * cfg.cp)[:, None]
     a = Assembled(step, memory, hw, m, (p2p_rank * mult).sum(axis=1))
     if detail:
@@ -185,23 +186,36 @@ def recv_bytes(schedule: Any, r: Any, p: int, m: Any, v: int, sent_in: Any, sent
 
 
 class Stacked:
-    """The priced units' arrays of one attribute side by side, (n, O, units), stacked once."""
+    """The priced units' arrays of one attribute side by side, (n, O, units), stacked once; with
+    ``rows``, those rows of ``whole`` (the same units stacked over every configuration)."""
 
-    def __init__(self, ua: Sequence[UnitCost], rows: F | None = None):
-        self.ua, self.rows = ua, rows
+    def __init__(self, ua: Sequence[UnitCost], rows: F | None = None, whole: Stacked | None = None):
+        self.ua, self.rows, self.whole = ua, rows, whole
         self._cache: dict[str, F] = {}
 
     def __call__(self, attr: str) -> F:
         if attr not in self._cache:
-            arrays = [getattr(u, attr) for u in self.ua]
-            if self.rows is not None:
-                arrays = [a[self.rows] for a in arrays]
-            self._cache[attr] = np.stack(arrays, axis=-1)
+            if self.whole is not None:
+                self._cache[attr] = self.whole(attr)[self.rows]
+            else:
+                arrays = [getattr(u, attr) for u in self.ua]
+                if self.rows is not None:
+                    arrays = [a[self.rows] for a in arrays]
+                self._cache[attr] = np.stack(arrays, axis=-1)
         return self._cache[attr]
+
+    def mix(self, attr: str, weights: F) -> F:
+        """``attr`` of R mixes of the units, ``weights`` (R, units): (n, O, R), as one 2-D product."""
+        v = self(attr)
+        return (v.reshape(-1, v.shape[-1]) @ weights.T).reshape(*v.shape[:-1], len(weights))
+
+    def take(self, rows: F) -> Stacked:
+        """The same units at configurations ``rows``."""
+        return Stacked(self.ua, rows, self)
 
 
 def rank_memory(units: Stacked, counts: F, layout: Layout, cfg: ConfigArrays, dev: DeviceModel, w: Workload,
-                fly: F, waiting: F, recv: F, tail: F) -> RankMemory:
+                fly: F, waiting: F, recv: F, tail: F, counts_bytes: bool = True) -> RankMemory:
     """Peak memory parts of R pipeline ranks, rank ``i`` holding ``counts[i]`` of each unit (R, K),
     with ``fly`` micro-batches in flight (:func:`costmodel.pipeline.in_flight`), ``waiting`` awaiting
     weight gradients (:func:`costmodel.pipeline.weights_pending`) and ``recv`` bytes of receive
@@ -216,13 +230,14 @@ def rank_memory(units: Stacked, counts: F, layout: Layout, cfg: ConfigArrays, de
       ``tail``;
     and at both the pipeline's receive buffers (:func:`costmodel.pipeline.recv_buffers`), kept
     between steps. Between the two, backward trades activations for gradients unit by unit.
+    ``counts_bytes`` adds the exact byte counts of parameters, gradients and optimizer states.
     """
     c, p = dev.c, layout.p
     m = w.global_batch / (cfg.dp * cfg.micro_batch)
     held = counts > 0  # (R, K)
 
     def total(attr: str) -> F:
-        return units(attr) @ counts.T
+        return units.mix(attr, counts)
 
     def largest(attr: str) -> F:  # the largest unit each rank holds (sizes are >= 0), unit by unit
         v = units(attr)
@@ -241,5 +256,8 @@ def rank_memory(units: Stacked, counts: F, layout: Layout, cfg: ConfigArrays, de
     gath = largest("gathered")
     core_run = live + acts + gath + largest("remat") + bucket + loss + recv
     core_end = grads + gath + bucket + tail[:, None, None] + recv
-    return RankMemory(total("state_params"), total("state_optim"), grads, live, acts, core_run, core_end,
-                      total("param_bytes"), total("grad_bytes"), total("optim_bytes"))
+    mem = RankMemory(total("state_params"), total("state_optim"), grads, live, acts, core_run, core_end)
+    if counts_bytes:
+        mem.param_bytes, mem.grad_bytes, mem.optim_bytes = (
+            total("param_bytes"), total("grad_bytes"), total("optim_bytes"))
+    return mem

@@ -47,13 +47,15 @@ class ConfigArrays:
 
     @classmethod
     def of(cls, configs: Sequence[MeshConfig]) -> ConfigArrays:
-        def col(attr: str, dtype: Any = float) -> F:
-            return np.array([getattr(c, attr) for c in configs], dtype=dtype)
-
-        return cls(col("pp"), col("dp_replicate"), col("dp_shard"), col("cp"), col("tp"), col("ep"),
-                   col("micro_batch"), col("vpp"), col("schedule", object), col("sequence_parallel", bool),
-                   np.array([c.tp_mode == "tsp" for c in configs], dtype=bool),
-                   np.array([c.cp_mode == "ulysses" for c in configs], dtype=bool))
+        degrees = np.array([(c.pp, c.dp_replicate, c.dp_shard, c.cp, c.tp, c.ep, c.micro_batch, c.vpp)
+                            for c in configs], dtype=float).reshape(-1, 8).T
+        modes = np.array([(c.sequence_parallel, c.tp_mode == "tsp", c.cp_mode == "ulysses") for c in configs],
+                         dtype=bool).reshape(-1, 3).T
+        schedule = np.empty(len(configs), dtype=object)
+        schedule[:] = [c.schedule for c in configs]
+        pp, dpr, dps, cp, tp, ep, mb, vpp = (np.ascontiguousarray(d) for d in degrees)
+        sp, tsp, uly = (np.ascontiguousarray(m) for m in modes)
+        return cls(pp, dpr, dps, cp, tp, ep, mb, vpp, schedule, sp, tsp, uly)
 
     @classmethod
     def of_strategy(cls, s: Strategy) -> ConfigArrays:

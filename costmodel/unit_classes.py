@@ -70,5 +70,5 @@ def _classes(graph: LayerGraph) -> tuple[list[tuple[str, list[LayerNode]]], list
 
 def block_classes(graph: LayerGraph) -> list[int]:
     """The class (:func:`unit_classes`) of every transformer block, in order."""
-    _, index = unit_classes(graph)
-    return [k for k, n in zip(index, unit_names(graph), strict=True) if n.startswith("layers.")]
+    return list(_cached(graph, "_block_classes", lambda: [
+        k for k, n in zip(unit_classes(graph)[1], unit_names(graph), strict=True) if n.startswith("layers.")]))

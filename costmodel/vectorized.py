@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from costmodel.assemble import Layout, assemble
+from costmodel.assemble import Layout, Stacked, assemble
 from costmodel.configs import ConfigArrays
 from costmodel.device import DeviceModel
 from costmodel.estimate import tied_sum_bytes
@@ -141,9 +141,10 @@ def price_grid(graph: LayerGraph, cluster: Cluster, w: Workload, configs: Sequen
     groups: dict[tuple[int, int], list[int]] = {}
     for i, (p, v) in enumerate(zip(cfg.pp.astype(int), cfg.vpp.astype(int), strict=True)):
         groups.setdefault((int(p), int(v)), []).append(i)
+    stacked = Stacked(ua)
     for (p, v), rows in groups.items():
         sl = np.array(rows)
-        a = assemble(ua, grid_layout(graph, p, v), cfg.rows(sl), dev, w, tail[sl], rows=sl)
+        a = assemble(ua, grid_layout(graph, p, v), cfg.rows(sl), dev, w, tail[sl], rows=sl, stacked=stacked)
         out["step"][sl], out["mem"][sl], out["hw"][sl] = a.step, a.memory / GIB, a.hw_flops
         n_mb[sl], p2p_total[sl] = a.n_mb, a.p2p_total
     peak = dev.acc.peak_flops(w.precision) * cluster.world_size

@@ -228,7 +228,7 @@ def stages_allowed(schedule: str, pp: int, vpp: int, blocks: int, opts: SpaceOpt
     for name, lo, hi in opts.stage_rules:
         if name == schedule and (vpp < lo or (hi is not None and vpp > hi)):
             return False
-    return split_allowed(even_split(blocks, pp * vpp), pp, opts.stage_split)
+    return opts.stage_split != "first_last" or split_allowed(even_split(blocks, pp * vpp), pp, opts.stage_split)
 
 
 def split_allowed(sizes: list[int], pp: int, rule: str) -> bool:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -62,10 +63,15 @@ def check_workload_choices(**values: str) -> None:
 
 def even_split(blocks: int, stages: int) -> list[int]:
     """Blocks per stage, as even as possible, the extra blocks on the middle stages."""
+    return list(_even_split(blocks, stages))
+
+
+@lru_cache(maxsize=4096)
+def _even_split(blocks: int, stages: int) -> tuple[int, ...]:
     base, extra = divmod(blocks, stages)
     order = sorted(range(stages), key=lambda i: abs(i - (stages - 1) / 2))
     bonus = set(order[:extra])
-    return [base + (1 if i in bonus else 0) for i in range(stages)]
+    return tuple(base + (1 if i in bonus else 0) for i in range(stages))
 
 
 def split_blocks(blocks: int, stages: int, stage_layers: Sequence[int] | None = None) -> list[int]:
