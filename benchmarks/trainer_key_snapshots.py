@@ -1,4 +1,4 @@
-"""Write the key snapshots of the installed trainer releases into ``tests/snapshots/``.
+"""Write the key snapshots of the installed trainer releases into ``vocab/targets/keys/``.
 
 Run with a Python where the releases are importable (see ``docs/targets.md``, "Checking exports")::
 
@@ -22,7 +22,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-OUT = Path(__file__).resolve().parents[1] / "tests" / "snapshots"
+OUT = Path(__file__).resolve().parents[1] / "vocab" / "targets" / "keys"
 
 # Megatron-LM command-line flags (megatron/training/arguments.py, not in the megatron-core wheel) whose
 # megatron-core field has another name, or that have no core field at all ("fields": []).

@@ -16,11 +16,12 @@ best plan found so far comes back with status ``time_limit`` and its proven gap.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from costmodel.device import DeviceModel
+from costmodel.report import GIB
 from planner.reprice import graph_record
 from profiler.graph import LayerGraph
 from profiler.hardware import Cluster, parse_cluster
@@ -65,13 +66,15 @@ def search_plan(
     cross_entropy: str | None = None,
     target: str = DEFAULT_TARGET,
     grad_dtype: str | None = None,
+    reserve: float | None = None,
 ) -> Planned:
     """Search and build the plan document; with several global batches the one with the most
     samples per second wins (throughput, not time per step, is compared). ``model`` is a preset
     name, a config path or dict, or a ``package.module:factory`` (imported and run: your call); the
     plan records the layer graph of a model that is not a preset or config file. ``target`` bounds
     the search; ``cross_entropy`` and ``grad_dtype`` default to how the target runs (and must be
-    values it runs)."""
+    values it runs). Without ``memory_limit_gib`` a plan may use the GPU's memory less ``reserve``
+    (a fraction; :data:`profiler.hardware.DEFAULT_RESERVE` by default), and records that limit."""
     if space not in SPACES:
         raise ShardplanError(f"unknown search space '{space}'; known: {', '.join(SPACES)}")
     if precision not in PRECISIONS:
@@ -94,6 +97,12 @@ def search_plan(
         raise ShardplanError(f"top-k must be >= 0, got {top_k}")
     graph = load_model(model, seq_len)
     cl = parse_cluster(cluster)
+    if reserve is not None:
+        if memory_limit_gib is not None:
+            raise ShardplanError("give a memory limit or a reserve, not both")
+        cl = replace(cl, reserve=reserve)
+    if memory_limit_gib is None:
+        memory_limit_gib = cl.memory_bytes / GIB
     prof = None
     if profile is not None:
         from profiler.profile_schema import load_profile
@@ -178,14 +187,15 @@ def plan(
     attention_kernel: str = "auto",
     cross_entropy: str | None = None,
     target: str = DEFAULT_TARGET,
+    reserve: float | None = None,
 ) -> Plan:
     """The fastest plan of ``space`` that ``target`` runs for ``model`` on ``cluster`` that fits
-    ``memory_limit_gib`` per GPU (the accelerator's memory by default). Raises
+    ``memory_limit_gib`` per GPU (by default the GPU's memory less ``reserve``, a fraction). Raises
     :class:`ShardplanError` when nothing fits, naming the least memory any plan of the space needs
     and what dominates it."""
     return search_plan(
         model, cluster, seq_len, global_batch, memory_limit_gib, space, precision, profile, time_limit, top_k,
-        attention_kernel=attention_kernel, cross_entropy=cross_entropy, target=target,
+        attention_kernel=attention_kernel, cross_entropy=cross_entropy, target=target, reserve=reserve,
     ).plan
 
 

@@ -16,7 +16,15 @@ from rich.markup import escape
 from rich.table import Table
 
 from planner.compare import describe_diff, describe_run, diff_strategies, label_units, runs
-from planner.reprice import memory_limit_gib, plan_cluster, predicted_dict, unit_key, units_of
+from planner.reprice import (
+    device_gib,
+    headroom_text,
+    memory_limit_gib,
+    plan_cluster,
+    predicted_dict,
+    unit_key,
+    units_of,
+)
 from vocab.errors import ShardplanError
 from vocab.plan import Plan
 from vocab.strategy import MESH_AXES
@@ -154,7 +162,8 @@ def explain_data(plan: Plan) -> dict[str, Any]:
         "workload": w.model_dump(),
         "predicted": {"step_time_s": pred["step_time_s"], "tokens_per_s_per_gpu": pred["tokens_per_s_per_gpu"],
                       "mfu": pred["mfu"], "hfu": pred["hfu"], "memory_peak_gib": pred["memory_peak_gib"],
-                      "memory_limit_gib": limit, "fits": bool(pred.get("fits", pred["memory_peak_gib"] <= limit))},
+                      "memory_limit_gib": limit, "fits": bool(pred.get("fits", pred["memory_peak_gib"] <= limit)),
+                      "device_gib": device_gib(plan), "headroom": headroom_text(plan)},
         "mesh": mesh_placement(plan),
         "schedule": schedule_info(plan),
         "layer_strategies": runs(plan.strategy, units),
@@ -191,7 +200,8 @@ def render_explain(d: dict[str, Any], console: Console) -> None:
     fit = "[green]fits[/]" if p["fits"] else "[bold red]DOES NOT FIT[/]"
     console.print(f"seq_len {w['seq_len']}, global batch {w['global_batch']}, {w['precision']}  |  step "
                   f"[bold]{p['step_time_s']:.4g} s[/], {p['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU, MFU "
-                  f"{p['mfu']:.1%}  |  peak {p['memory_peak_gib']:.1f} / {p['memory_limit_gib']:.1f} GiB {fit}")
+                  f"{p['mfu']:.1%}  |  peak {p['memory_peak_gib']:.1f} / {p['memory_limit_gib']:.1f} GiB {fit} "
+                  f"({escape(p['headroom'])})")
     console.print(f"[bold]target[/] {escape(target_line(d['target']))}", highlight=False)
     mesh = d["mesh"]
     t = Table(title=f"mesh: {mesh['world_size']} GPUs, scale-up domain {mesh['scale_up_domain']} GPUs")

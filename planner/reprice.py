@@ -64,6 +64,19 @@ def memory_limit_gib(plan: Plan) -> float:
     return plan.inputs.cluster.memory_gb * 1e9 / GIB
 
 
+def device_gib(plan: Plan) -> float:
+    """GiB of one of the plan's GPUs (what the driver reports, or the cluster's ``memory_gb``)."""
+    return plan.inputs.cluster.memory_gb * 1e9 / GIB
+
+
+def headroom_text(plan: Plan) -> str:
+    """How the plan's memory limit sits in the device: ``device 79.65 GiB, 5% reserved``."""
+    device, limit = device_gib(plan), memory_limit_gib(plan)
+    if limit > device * (1 + 1e-12):
+        return f"above the device's {device:.2f} GiB"
+    return f"device {device:.2f} GiB, {1 - limit / device:.0%} reserved"
+
+
 # ---- model and cluster --------------------------------------------------------------------------
 
 FACTORY_REFUSED = "factories are imported only from the command line --model"

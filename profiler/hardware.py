@@ -44,6 +44,13 @@ MAX_LINK_GBPS = 1_000_000.0
 MAX_LATENCY_US = 1_000_000.0
 #: a cost constant's value (overlap fractions, byte counts, passes)
 MAX_COST_CONSTANT = 1e18
+#: the fraction of a GPU's memory a plan leaves free by default: workspaces the cost model does not
+#: price (NCCL's NVLS and proxy buffers, cuBLAS and attention workspaces, a trainer's communication
+#: buffers such as Megatron's TP-overlap userbuffers) and allocator slack beyond the modelled
+#: fragmentation. A policy, not a measurement: ``shardplan plan --reserve`` changes it.
+DEFAULT_RESERVE = 0.05
+#: the largest reserve accepted
+MAX_RESERVE = 0.9
 
 Fraction = Annotated[float, Field(gt=0.0, le=1.0)]
 Count = Annotated[int, Field(gt=0, le=MAX_WORLD_SIZE)]
@@ -76,6 +83,7 @@ class _AcceleratorDoc(_Strict):
     kind: Literal["gpu", "cpu"]
     peak_tflops: dict[StrictStr, Annotated[float, Field(ge=0.0, le=MAX_TFLOPS)]]
     hbm_gb: Annotated[float, Field(gt=0.0, le=MAX_HBM_GB)]
+    memory_reported_mib: Annotated[float, Field(ge=0.0, le=MAX_HBM_GB * 1e9 / 2**20)] = 0.0
     hbm_tbps: Annotated[float, Field(gt=0.0, le=MAX_HBM_TBPS)]
     gpus_per_node: Count
     scale_up: _TierDoc
@@ -130,6 +138,8 @@ class Accelerator:
         kind: ``gpu`` or ``cpu`` (a profile must match it).
         peak_tflops: dense peak per dtype in TFLOP/s (0 = not supported).
         hbm_gb: memory capacity in GB as labelled by the vendor (1e9 bytes).
+        memory_reported_mib: the memory the driver reports per device (``nvidia-smi``'s total, MiB);
+            0 = not recorded, and the vendor's label read as 1e9-byte GB stands for it (a lower bound).
         hbm_tbps: memory bandwidth in TB/s.
         gpus_per_node: GPUs in one server (compute tray for NVL72).
         scale_up / scale_out: the two network tiers.
@@ -162,6 +172,7 @@ class Accelerator:
     attention_efficiency: dict[str, float] = field(default_factory=dict)
     cores_per_node: int = 0
     cost_constants: dict[str, float] = field(default_factory=dict)
+    memory_reported_mib: float = 0.0
     vendor: str = ""
     aliases: tuple[str, ...] = ()
     sources: dict[str, str] = field(default_factory=dict)
@@ -198,7 +209,8 @@ class Accelerator:
 
     @property
     def memory_bytes(self) -> float:
-        return self.hbm_gb * 1e9
+        """Bytes of one device: what the driver reports, else the vendor's label as 1e9-byte GB."""
+        return self.memory_reported_mib * 2**20 if self.memory_reported_mib else self.hbm_gb * 1e9
 
     def peak_flops(self, dtype: str) -> float:
         """Dense peak in FLOP/s for ``dtype``; fp8 falls back to bf16 where unsupported."""
@@ -336,9 +348,14 @@ class Cluster:
     accelerator: Accelerator
     nodes: int
     gpus_per_node: int
-    memory_gb: float = 0.0  # usable memory per GPU; 0 = the accelerator's capacity
+    memory_gb: float = 0.0  # memory per GPU in 1e9 bytes; 0 = the accelerator's (``Accelerator.memory_bytes``)
+    reserve: float = DEFAULT_RESERVE  # the fraction of it no plan may use
 
     def __post_init__(self) -> None:
+        if isinstance(self.reserve, bool) or not isinstance(self.reserve, int | float) or not (
+                0 <= self.reserve <= MAX_RESERVE):
+            raise ShardplanError(f"cluster: the memory reserve must be a fraction in 0..{MAX_RESERVE}, got "
+                                 f"{shown(self.reserve)}")
         for f in ("nodes", "gpus_per_node"):
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or not 0 < v <= MAX_WORLD_SIZE:
@@ -357,8 +374,15 @@ class Cluster:
         return max(self.gpus_per_node, min(dom, self.world_size))
 
     @property
+    def device_bytes(self) -> float:
+        """Bytes of one GPU: the cluster's ``memory_gb``, else what the accelerator reports."""
+        return self.memory_gb * 1e9 if self.memory_gb else self.accelerator.memory_bytes
+
+    @property
     def memory_bytes(self) -> float:
-        return (self.memory_gb or self.accelerator.hbm_gb) * 1e9
+        """Bytes a plan may use per GPU by default: the device less the :data:`DEFAULT_RESERVE`
+        (or the cluster's ``reserve``) kept for what the cost model does not price."""
+        return self.device_bytes * (1 - self.reserve)
 
     @property
     def name(self) -> str:
@@ -367,7 +391,7 @@ class Cluster:
     def to_dict(self) -> dict[str, Any]:
         return {"accelerator": self.accelerator.name, "nodes": self.nodes,
                 "gpus_per_node": self.gpus_per_node, "world_size": self.world_size,
-                "memory_gb": self.memory_gb or self.accelerator.hbm_gb}
+                "memory_gb": self.device_bytes / 1e9}
 
 
 _SHORTHAND = re.compile(r"^\s*(\d+)\s*[x×*]\s*([A-Za-z0-9._-]+)\s*$")

@@ -1,6 +1,6 @@
 """Every key an export emits is one its trainer's loader accepts at the pinned version.
 
-The key snapshots in ``tests/snapshots/`` are generated from the installed releases by
+The key snapshots in ``vocab/targets/keys/`` are generated from the installed releases by
 ``benchmarks/trainer_key_snapshots.py``; these tests always run. Where a trainer is importable, its own
 loader reads the exported file too (skipped otherwise).
 """
@@ -26,7 +26,7 @@ from vocab.plan import Plan
 from vocab.targets import by_exporter
 
 ROOT = Path(__file__).resolve().parents[1]
-SNAPSHOTS = ROOT / "tests" / "snapshots"
+SNAPSHOTS = ROOT / "vocab" / "targets" / "keys"
 SNAPSHOT_NAME = {"torchtitan": "torchtitan", "megatron": "megatron_core", "deepspeed": "deepspeed",
                  "nanotron": "nanotron"}
 TARGETS = tuple(SNAPSHOT_NAME)

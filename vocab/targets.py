@@ -23,7 +23,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from vocab.errors import ShardplanError, UnknownNameError
-from vocab.io import decode_yaml, read_text, validate_document
+from vocab.io import decode_json, decode_yaml, read_text, validate_document
 from vocab.strategy import (
     CROSS_ENTROPY_CHOICES,
     GRAD_DTYPE_CHOICES,
@@ -243,6 +243,19 @@ def load_target(name: str) -> Target:
     if key not in table:
         raise UnknownNameError("target", name, table)
     return table[key]
+
+
+KEYS_DIR = TARGETS_DIR / "keys"
+
+
+def key_snapshot(t: Target) -> dict:
+    """The configuration keys the target's pinned release accepts (``keys/<package>-<version>.json``,
+    written from the installed release by ``benchmarks/trainer_key_snapshots.py``)."""
+    path = KEYS_DIR / f"{t.package.replace('-', '_')}-{t.version}.json"
+    data = decode_json(read_text(path, "key snapshot", TargetError), f"key snapshot '{path.name}'", TargetError)
+    if not isinstance(data, dict) or data.get("version") != t.version:
+        raise TargetError(f"key snapshot '{path.name}' is not the keys of {t.label}")
+    return data
 
 
 def by_exporter(exporter: str) -> Target:

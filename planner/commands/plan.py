@@ -14,7 +14,7 @@ import typer
 from rich.table import Table
 
 from planner.cli import app, console, err_console, guard, print_json
-from planner.options import count_option, positive_option
+from planner.options import count_option, finite, positive_option
 from vocab.errors import ShardplanError
 from vocab.io import check_writable
 from vocab.strategy import MAX_GLOBAL_BATCH
@@ -85,13 +85,15 @@ def summary_table(planned: Any, wall_s: float) -> Table:
     t.add_row("step time", f"{pred.step_time_s:.4g} s")
     t.add_row("tokens/s/GPU", f"{pred.tokens_per_s_per_gpu:,.0f}")
     t.add_row("MFU / HFU", f"{pred.mfu:.1%} / {pred.hfu:.1%}")
+    from planner.reprice import headroom_text
+
     stages = pred.model_dump().get("stages", [])
     per = ", ".join(f"{st['total_gib']:.1f}" for st in stages)
     limit = pred.model_dump().get("memory_limit_gib")
     t.add_row(
         "peak memory",
-        f"{pred.memory_peak_gib:.2f} GiB of {limit:.2f} GiB"
-        + (f" (stages: {per})" if len(stages) > 1 else ""),
+        f"{pred.memory_peak_gib:.2f} GiB of {limit:.2f} GiB ({headroom_text(p)})"
+        + (f"; stages: {per}" if len(stages) > 1 else ""),
     )
     sol = p.solver
     gap = f", gap {sol.gap:.2%}" if sol.gap else ""
@@ -120,7 +122,12 @@ def plan_cmd(
         ..., "--global-batch", help="samples per step; a comma list compares throughput (samples/s)"
     ),
     memory_limit: float = positive_option(
-        None, "--memory-limit", help="per-GPU memory limit in GiB (default: all)"
+        None, "--memory-limit", help="per-GPU memory limit in GiB (default: the GPU's memory less --reserve)"
+    ),
+    reserve: float = typer.Option(
+        None, "--reserve", min=0.0, max=90.0, callback=finite,
+        help="percent of each GPU's memory no plan may use (default 5: workspaces and allocator slack the "
+        "cost model does not price)",
     ),
     space: str = typer.Option("full", "--space", help="fsdp | osdp | megatron | hybrid | full | staged (hybrid, every unit of a pipeline its own sharding, exact, slower)"),
     precision: str = typer.Option("bf16", "--precision", help="bf16 | fp8"),
@@ -185,6 +192,7 @@ def plan_cmd(
             attention_kernel,
             cross_entropy,
             target,
+            reserve=reserve / 100 if reserve is not None else None,
         )
     wall = time.perf_counter() - t0
     if output is not None:

@@ -20,6 +20,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from planner.compare import describe_diff, diff_strategies, label_units, unit_choices
+from planner.imports import inputs_line
 from planner.reprice import Repriced, block_index
 from vocab.errors import ShardplanError
 from vocab.plan import Plan
@@ -367,7 +368,8 @@ def header(plan: Plan, version: str, losses: list[Loss], cost: str = "", comment
     lines = [f"shardplan export for {version}",
              f"{plan.inputs.model} on {c.world_size}x {c.accelerator} ({c.nodes} nodes x {c.gpus_per_node}), "
              f"seq_len {w.seq_len}, global batch {w.global_batch}, {w.precision}",
-             f"plan: predicted {pr.step_time_s:.4g} s/step, {pr.memory_peak_gib:.1f} GiB peak per GPU"]
+             f"plan: predicted {pr.step_time_s:.4g} s/step, {pr.memory_peak_gib:.1f} GiB peak per GPU",
+             inputs_line(plan.inputs.model, c.model_dump(), plan.inputs.memory_limit_gib)]
     if losses:
         lines.append("NOT exactly the plan: the nearest plan this tool can express:")
         lines += [f"  - {x.what}: {x.detail}" for x in losses]

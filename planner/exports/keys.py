@@ -22,6 +22,8 @@ TORCHTITAN: Final[dict[str, str | None]] = {
     "pp": "pipeline_parallel_degree",
     "schedule": "pipeline_parallel_schedule",
     "layers_per_stage": "pipeline_parallel_layers_per_stage",
+    "first_less": "pipeline_parallel_first_stage_less_layers",  # the embedding's weight in layers
+    "last_less": "pipeline_parallel_last_stage_less_layers",  # the norm and head's weight in layers
     "fqns_per_part": "module_fqns_per_model_part",  # exact stage boundaries (uneven splits too)
     "pp_microbatch": "pipeline_parallel_microbatch_size",
     "cp": "context_parallel_degree",

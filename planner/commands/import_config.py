@@ -1,0 +1,55 @@
+"""``shardplan import``: a trainer's configuration read back into a plan, priced for its target.
+
+Reads a torchtitan TOML, Megatron-LM flags, a DeepSpeed JSON, a nanotron YAML or a script of
+``export --to python`` (:mod:`planner.imports`); keys the trainer's pinned release does not know,
+settings that make no plan and a model or cluster that cannot be found are one line and exit 2,
+with nothing written.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from planner.cli import app, console, err_console, guard
+from planner.options import positive_option
+from vocab.errors import ShardplanError
+
+
+@app.command("import")
+@guard
+def import_cmd(
+    config: Path = typer.Argument(..., help="the trainer's configuration: .toml, .args, .json, .yaml or .py"),
+    trainer: str | None = typer.Option(None, "--from", help="torchtitan | megatron | deepspeed | nanotron | "
+                                       "shardplan (default: from the file's suffix)"),
+    model: str | None = typer.Option(None, "--model", "-m", help="preset or config path (default: the model "
+                                     "the export's header names)"),
+    cluster: str | None = typer.Option(None, "--cluster", "-c", help="e.g. 1024xh100 (default: the header's)"),
+    seq_len: int | None = typer.Option(None, "--seq-len", min=1, help="tokens per sample, where the file has none"),
+    memory_limit: float | None = positive_option(None, "--memory-limit", help="GiB per GPU the plan must fit"),
+    output: Path | None = typer.Option(None, "--output", "-o", help="write the plan JSON here"),
+) -> None:
+    """Read a trainer's configuration into a plan and price it (then explain, compare, or search a better one)."""
+    from planner.imports import import_plan
+    from vocab.io import check_writable
+
+    if output is not None and output.suffix.lower() != ".json":
+        raise ShardplanError(f"-o must name a .json file, got '{output}'")
+    if output is not None:
+        check_writable(output, "-o")
+    from planner.reprice import predicted_dict
+
+    plan = import_plan(config, trainer, model, cluster, seq_len, memory_limit)
+    pr, s = predicted_dict(plan), plan.strategy
+    mesh = " ".join(f"{k}={v}" for k, v in s.mesh.axes().items() if v > 1) + (f" ep={s.mesh.ep}" if s.mesh.ep > 1
+                                                                               else "")
+    fits = "fits" if pr.get("fits", True) else "does NOT fit"
+    t = plan.inputs.target
+    console.print(f"{config.name} ({t.name} {t.version or ''}): {mesh or 'one GPU'}, micro-batch {s.micro_batch}, "
+                  f"{s.schedule}{f'/vpp{s.vpp}' if s.vpp > 1 else ''}; predicted {pr['step_time_s']:.4g} s/step, "
+                  f"{pr['memory_peak_gib']:.1f} GiB peak per GPU ({fits} {pr.get('memory_limit_gib', 0):.1f} GiB)",
+                  markup=False, highlight=False, soft_wrap=True)
+    if output is not None:
+        plan.save(output)
+        err_console.print(f"wrote {output}", highlight=False)

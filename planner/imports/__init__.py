@@ -1,0 +1,184 @@
+"""Read a trainer's configuration back into a plan (``shardplan import``).
+
+One module per trainer (``torchtitan``, ``megatron``, ``deepspeed``, ``nanotron``, ``python``), each
+with ``SUFFIXES`` (how its files are recognised), ``parse(text, origin)`` (the decoded document, every
+key checked against the keys the target's pinned release accepts: :func:`vocab.targets.key_snapshot`),
+``workload(doc)`` (what the file says of the sequence length, the global batch and the precision) and
+``strategy(doc, ctx)`` (the plan's strategy fields, given the model's units and the cluster's size).
+
+The model and the cluster come from ``--model`` and ``--cluster``, or from the ``shardplan-inputs``
+line that every export except DeepSpeed's JSON carries in its header (:func:`inputs_line`). The result
+is a plan for the trainer's target, priced with that target's behaviour: ``export`` then ``import``
+gives back the plan's strategy and its predicted step time.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vocab.errors import ShardplanError, UnknownNameError
+from vocab.io import read_text, validate_document
+from vocab.plan import Plan, TargetRef
+from vocab.strategy import Strategy, Workload, even_split
+from vocab.targets import Target, by_exporter
+
+#: the importers, by the exporter (and target) they read
+IMPORTERS = ("torchtitan", "megatron", "deepspeed", "nanotron", "python")
+INPUTS_TAG = "shardplan-inputs:"
+_INPUTS = re.compile(r"^\s*(?:#|//)\s*" + re.escape(INPUTS_TAG) + r"\s*(\{.*\})\s*$", re.MULTILINE)
+
+
+class ConfigError(ShardplanError):
+    """A trainer's configuration that cannot be read into a plan."""
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a configuration is read against: the model's units in order, its transformer block
+    count, the cluster's GPUs, and the file's name for messages."""
+
+    origin: str
+    units: list[str]
+    blocks: int
+    world: int
+
+
+def inputs_line(model: str, cluster: dict[str, Any], memory_limit_gib: float | None = None) -> str:
+    """The header line an export carries so that ``import`` finds the model, the cluster and the
+    plan's memory limit."""
+    data: dict[str, Any] = {"model": model, "cluster": cluster}
+    if memory_limit_gib is not None:
+        data["memory_limit_gib"] = memory_limit_gib
+    return f"{INPUTS_TAG} " + json.dumps(data, sort_keys=True)
+
+
+def read_inputs(text: str, origin: str) -> dict[str, Any]:
+    """The model and cluster the file's ``shardplan-inputs`` line names ({} when it has none)."""
+    m = _INPUTS.search(text)
+    if m is None:
+        return {}
+    try:
+        data = json.loads(m.group(1))
+    except ValueError:
+        raise ConfigError(f"{origin}: the {INPUTS_TAG} line is not JSON") from None
+    if not isinstance(data, dict) or not isinstance(data.get("model"), str):
+        raise ConfigError(f"{origin}: the {INPUTS_TAG} line must name a model and a cluster")
+    return data
+
+
+def importer_for(path: Path, trainer: str | None) -> str:
+    """The importer named by ``trainer`` (an importer or target name), or the one whose suffix ``path`` has."""
+    if trainer is not None:
+        key = trainer.strip().lower()
+        if key == "shardplan":
+            key = "python"
+        if key not in IMPORTERS:
+            raise UnknownNameError("trainer", trainer, [*IMPORTERS[:-1], "shardplan"])
+        return key
+    for name in IMPORTERS:
+        if path.suffix.lower() in _module(name).SUFFIXES:
+            return name
+    raise ConfigError(f"cannot tell the trainer of '{path.name}' from its suffix: give --from "
+                      f"{'|'.join([*IMPORTERS[:-1], 'shardplan'])}")
+
+
+def _module(name: str) -> Any:
+    return importlib.import_module(f"{__name__}.{name}")
+
+
+def unknown_keys(doc: Any, tree: Any, path: str = "") -> list[str]:
+    """Dotted keys of ``doc`` that a key tree ({key: subtree}, None for a leaf) does not hold."""
+    if not isinstance(doc, dict) or tree is None:
+        return []
+    bad = []
+    for k, v in doc.items():
+        if k not in tree:
+            bad.append(f"{path}{k}")
+        else:
+            bad += unknown_keys(v, tree[k], f"{path}{k}.")
+    return bad
+
+
+def refuse_unknown(bad: list[str], t: Target, origin: str) -> None:
+    """One error naming the keys ``t``'s pinned release does not know."""
+    if bad:
+        shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+        raise ConfigError(f"{origin}: {t.label} has no key {shown}")
+
+
+def count(value: Any, what: str, origin: str, minimum: int = 1) -> int:
+    """An integer setting of at least ``minimum`` (a bool or a float is not a count)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{origin}: {what} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def import_plan(path: str | Path, trainer: str | None = None, model: str | None = None,
+                cluster: str | dict[str, Any] | None = None, seq_len: int | None = None,
+                memory_limit_gib: float | None = None) -> Plan:
+    """The plan a trainer's configuration file runs, priced for that trainer's target."""
+    from planner.reprice import load_named_model, price
+    from profiler.hardware import parse_cluster
+
+    path = Path(path)
+    origin = f"'{path.name}'"
+    key = importer_for(path, trainer)
+    mod, t = _module(key), by_exporter(key)
+    text = read_text(path, f"{t.trainer} configuration", ConfigError)
+    head = read_inputs(text, origin)
+    model = model or head.get("model")
+    if not model:
+        raise ConfigError(f"{origin} does not name its model: give --model")
+    spec = cluster or head.get("cluster")
+    if not spec:
+        raise ConfigError(f"{origin} does not name its cluster: give --cluster")
+    cl = parse_cluster(spec)
+    limit = memory_limit_gib if memory_limit_gib is not None else head.get("memory_limit_gib")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int | float) or not 0 < limit < 1e9):
+        raise ConfigError(f"{origin}: the memory limit must be a positive number of GiB, got {limit!r}")
+    doc = mod.parse(text, origin)
+    found = mod.workload(doc, origin)
+    seq = seq_len or found.get("seq_len")
+    if not seq:
+        raise ConfigError(f"{origin} does not say the sequence length: give --seq-len")
+    if seq_len and found.get("seq_len") and seq_len != found["seq_len"]:
+        raise ConfigError(f"{origin} trains {found['seq_len']} tokens per sample, not --seq-len {seq_len}")
+    graph = load_named_model(model, seq)
+    units = [u for u, _ in graph.blocks()]
+    ctx = Context(origin, units, graph.num_blocks, cl.world_size)
+    fields = mod.strategy(doc, ctx)
+    implied_batch = fields.pop("global_batch", None)  # what the trainer derives when the file leaves it out
+    strategy = _validated(Strategy, fields, origin)
+    if strategy.stage_layers is not None and strategy.stage_layers == even_split(ctx.blocks, strategy.num_stages):
+        strategy = strategy.model_copy(update={"stage_layers": None})  # the even split, said as the plan says it
+    if strategy.mesh.world_size != cl.world_size:
+        raise ConfigError(f"{origin} lays out {strategy.mesh.world_size} GPUs ({_mesh_text(strategy)}), the cluster "
+                          f"has {cl.world_size}")
+    gb = found.get("global_batch", implied_batch)
+    if gb is None:
+        raise ConfigError(f"{origin} does not say the global batch")
+    if gb % (strategy.mesh.dp * strategy.micro_batch):
+        raise ConfigError(f"{origin}: global batch {gb} is not a multiple of micro-batch {strategy.micro_batch} x "
+                          f"{strategy.mesh.dp} data-parallel ranks")
+    ce, gd = t.behaviour.cross_entropy[0], t.behaviour.grad_dtype[0]
+    w = _validated(Workload, {"seq_len": seq, "global_batch": gb, "precision": found.get("precision", "bf16"),
+                              "cross_entropy": ce, "grad_dtype": gd}, origin)
+    plan = price(graph, cl, strategy, w, limit, model=model)
+    return plan.model_copy(update={"inputs": plan.inputs.model_copy(
+        update={"target": TargetRef(name=t.name, version=t.version or None)})})
+
+
+def _validated(cls: Any, data: dict[str, Any], origin: str) -> Any:
+    return validate_document(cls, data, f"the plan {origin} describes", cls.__name__.lower(), ConfigError)
+
+
+def _mesh_text(s: Strategy) -> str:
+    return " ".join(f"{k}={v}" for k, v in s.mesh.axes().items() if v > 1) or "one GPU"
+
+
+__all__ = ["IMPORTERS", "ConfigError", "Context", "import_plan", "importer_for", "inputs_line", "read_inputs"]

@@ -1,0 +1,213 @@
+"""Megatron-LM: ``pretrain_gpt.py`` flags (``export --to megatron``'s ``.args``) read back into a plan.
+
+The text is split as ``shlex.split(text, comments=True)``: ``--flag value`` or a bare ``--flag``; a flag
+megatron-core's pinned release does not know is an error. Read: ``--seq-length``, ``--global-batch-size``
+(required) and ``--micro-batch-size`` (required); precision fp8 with ``--fp8-format e4m3|hybrid``, else
+bf16 with ``--bf16`` or ``--fp16``, else fp32. The mesh: ``--tensor-model-parallel-size``,
+``--pipeline-model-parallel-size``, ``--context-parallel-size``, ``--expert-model-parallel-size``, the
+data-parallel ranks ``world / (tp*pp*cp)`` all sharded, or ``--num-distributed-optimizer-instances N``
+replicas of ``dp / N``. ``--sequence-parallel`` (off when tp = 1); ``--cp-comm-type`` p2p (ring) or a2a
+(Ulysses). Interleaved 1F1B with ``--num-layers-per-virtual-pipeline-stage L``: ``vpp = layers / (pp*L)``;
+else 1F1B, with ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers`` (the
+other stages share the rest evenly). ZeRO-1 with ``--use-distributed-optimizer``, DDP otherwise;
+``--optimizer-cpu-offload`` (fraction 1.0) offloads the optimizer. Blocks only recompute:
+``--recompute-granularity selective`` (all), ``full`` with ``--recompute-method uniform`` (all) or
+``block`` with ``--recompute-num-layers k`` (the first k of every virtual stage). ``--num-layers`` must
+be the model's block count; other shape and overlap flags are accepted and not read.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from planner.exports.keys import MEGATRON as K
+from planner.exports.keys import MEGATRON_CP_COMM
+from planner.imports import ConfigError, Context, refuse_unknown
+from vocab.targets import by_exporter, key_snapshot
+
+SUFFIXES = (".args",)
+CP_MODES = {v: k for k, v in MEGATRON_CP_COMM.items()}
+FP8_FORMATS = ("e4m3", "hybrid")
+RECOMPUTE_METHODS = ("uniform", "block")
+FP16 = "--fp16"  # not in planner.exports.keys.MEGATRON: the exporter never writes it
+#: flags the pinned release knows whose plans are not priced here
+UNPRICED = ("--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
+            "--pipeline-model-parallel-layout", "--use-megatron-fsdp", "--use-custom-fsdp",
+            "--virtual-pipeline-model-parallel-size")
+
+Doc = dict[str, list[str]]  # flag -> the values after it ([] for a bare flag)
+
+
+def _key(name: str) -> str:
+    return str(K[name])
+
+
+def parse(text: str, origin: str) -> Doc:
+    try:
+        tokens = shlex.split(text, comments=True)
+    except ValueError as e:
+        raise ConfigError(f"{origin} is not a list of command-line flags: {e}") from None
+    doc: Doc = {}
+    flag = None
+    for tok in tokens:
+        if tok.startswith("--"):
+            flag = tok
+            doc[flag] = []  # given twice: the last one counts, as argparse reads it
+        elif flag is None:
+            raise ConfigError(f"{origin}: {tok!r} follows no --flag")
+        else:
+            doc[flag].append(tok)
+    t = by_exporter("megatron")
+    snap = key_snapshot(t)
+    fields = {f for names in snap["classes"].values() for f in names}
+    refuse_unknown([f for f in doc if f not in snap["lm_flags"] and f[2:].replace("-", "_") not in fields], t, origin)
+    unpriced = [f for f in UNPRICED if f in doc]
+    if unpriced:
+        raise ConfigError(f"{origin}: {', '.join(unpriced)} is not priced by shardplan")
+    return doc
+
+
+def _on(doc: Doc, name: str, origin: str) -> bool:
+    flag = _key(name)
+    if doc.get(flag):
+        raise ConfigError(f"{origin}: {flag} takes no value, got {' '.join(doc[flag])!r}")
+    return flag in doc
+
+
+def _str(doc: Doc, name: str, origin: str) -> str | None:
+    flag = _key(name)
+    if flag not in doc:
+        return None
+    if len(doc[flag]) != 1:
+        raise ConfigError(f"{origin}: {flag} takes one value, got {len(doc[flag])}")
+    return doc[flag][0]
+
+
+def _int(doc: Doc, name: str, origin: str, default: int | None = None, minimum: int = 1,
+         required: bool = False) -> int | None:
+    raw = _str(doc, name, origin)
+    if raw is None and required:
+        raise ConfigError(f"{origin} has no {_key(name)}: Megatron-LM needs it")
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        raise ConfigError(f"{origin}: {_key(name)} must be an integer >= {minimum}, got {raw!r}")
+    return value
+
+
+def workload(doc: Doc, origin: str) -> dict[str, Any]:
+    out: dict[str, Any] = {"global_batch": _int(doc, "global_batch", origin, required=True)}
+    seq = _int(doc, "seq_len", origin)
+    if seq is not None:
+        out["seq_len"] = seq
+    fp8 = _str(doc, "fp8", origin)
+    if fp8 is not None and fp8 not in FP8_FORMATS:
+        raise ConfigError(f"{origin}: {_key('fp8')} {fp8!r} is not one of {', '.join(FP8_FORMATS)}")
+    half = _on(doc, "bf16", origin) or FP16 in doc  # fp16 is priced as bf16: two bytes a value
+    out["precision"] = "fp8" if fp8 is not None else "bf16" if half else "fp32"
+    return out
+
+
+def strategy(doc: Doc, ctx: Context) -> dict[str, Any]:
+    o = ctx.origin
+    layers = _int(doc, "num_layers", o, ctx.blocks)
+    if layers != ctx.blocks:
+        raise ConfigError(f"{o}: {_key('num_layers')} {layers} is not the model's {ctx.blocks} layers")
+    tp, pp, cp, ep = (_int(doc, a, o, 1) or 1 for a in ("tp", "pp", "cp", "ep"))
+    dp, rest = divmod(ctx.world, tp * pp * cp)
+    if rest or not dp:
+        raise ConfigError(f"{o}: tp {tp} x pp {pp} x cp {cp} does not divide the cluster's {ctx.world} GPUs")
+    dist_opt = _on(doc, "dist_opt", o)
+    replicas = _int(doc, "dist_opt_instances", o, 1) or 1
+    if replicas > 1 and not dist_opt:
+        raise ConfigError(f"{o}: {_key('dist_opt_instances')} needs {_key('dist_opt')}")
+    if dp % replicas:
+        raise ConfigError(f"{o}: {_key('dist_opt_instances')} {replicas} does not divide {dp} data-parallel ranks")
+    fields: dict[str, Any] = {
+        "mesh": {"pp": pp, "dp_replicate": replicas, "dp_shard": dp // replicas, "cp": cp, "tp": tp, "ep": ep},
+        "micro_batch": _int(doc, "micro_batch", o, required=True),
+        "sequence_parallel": _on(doc, "sp", o) and tp > 1}
+    comm = _str(doc, "cp_comm", o) or "p2p"
+    if comm not in CP_MODES:
+        raise ConfigError(f"{o}: {_key('cp_comm')} {comm!r} is not priced; accepted: {', '.join(CP_MODES)}")
+    fields["cp_mode"] = CP_MODES[comm]
+    _pipeline(doc, fields, ctx)
+    offload = _on(doc, "optimizer_offload", o)
+    if offload and not dist_opt:
+        raise ConfigError(f"{o}: {_key('optimizer_offload')} needs {_key('dist_opt')}")
+    fraction = _str(doc, "optimizer_offload_fraction", o) or "1"
+    try:
+        whole = float(fraction) == 1.0
+    except ValueError:
+        whole = False
+    if offload and not whole:
+        raise ConfigError(f"{o}: {_key('optimizer_offload_fraction')} {fraction!r} is not priced (1.0 is)")
+    unit = {"sharding": "zero1" if dist_opt else "replicate", "offload": "optimizer" if offload else "none"}
+    per_block = _recompute(doc, fields, ctx)
+    common = max(set(per_block), key=per_block.count, default="none")
+    recompute = dict(zip([u for u in ctx.units if u.startswith("layers.")], per_block, strict=True))
+    fields["default"] = {**unit, "recompute": common}
+    fields["layers"] = [{"unit": u, **unit, "recompute": recompute.get(u, "none")} for u in ctx.units
+                        if recompute.get(u, "none") != common]
+    return fields
+
+
+def _pipeline(doc: Doc, fields: dict[str, Any], ctx: Context) -> None:
+    o, pp, blocks = ctx.origin, fields["mesh"]["pp"], ctx.blocks
+    per_virtual = _int(doc, "vpp_layers", o)
+    first, last = _int(doc, "first_stage_layers", o, minimum=0), _int(doc, "last_stage_layers", o, minimum=0)
+    if pp == 1:
+        given = [_key(k) for k, v in (("vpp_layers", per_virtual), ("first_stage_layers", first),
+                                      ("last_stage_layers", last)) if v is not None]
+        if given:
+            raise ConfigError(f"{o}: {', '.join(given)} needs {_key('pp')} > 1")
+        return
+    if per_virtual is not None:
+        if first is not None or last is not None:
+            raise ConfigError(f"{o}: {_key('vpp_layers')} cannot be combined with uneven first/last stages")
+        if blocks % (pp * per_virtual):
+            raise ConfigError(f"{o}: {blocks} layers do not split into {_key('vpp_layers')} {per_virtual} "
+                              f"over {pp} pipeline ranks")
+        vpp = blocks // (pp * per_virtual)
+        fields.update(schedule="interleaved" if vpp > 1 else "1f1b", vpp=vpp)
+        return
+    if first is None and last is None:
+        if blocks % pp:
+            raise ConfigError(f"{o}: {blocks} layers do not split evenly over {_key('pp')} {pp} (give "
+                              f"{_key('first_stage_layers')} or {_key('last_stage_layers')})")
+        return
+    ends = [n for n in (first, last) if n is not None]
+    others, rest = pp - len(ends), blocks - sum(ends)
+    if rest < 0 or (others == 0 and rest) or (others and rest % others):
+        raise ConfigError(f"{o}: {blocks} layers do not split over {pp} stages with {'-' if first is None else first} on "
+                          f"the first and {'-' if last is None else last} on the last, the others equal")
+    mid = rest // others if others else 0
+    fields["stage_layers"] = [first if first is not None else mid, *[mid] * (pp - 2),
+                              last if last is not None else mid]
+
+
+def _recompute(doc: Doc, fields: dict[str, Any], ctx: Context) -> list[str]:
+    """Each block's recompute, in order."""
+    o = ctx.origin
+    granularity = _str(doc, "recompute_granularity", o)
+    if granularity is None:
+        return ["none"] * ctx.blocks
+    if granularity == "selective":
+        return ["selective"] * ctx.blocks
+    if granularity != "full":
+        raise ConfigError(f"{o}: {_key('recompute_granularity')} {granularity!r} is not one of full, selective")
+    method = _str(doc, "recompute_method", o)
+    if method not in RECOMPUTE_METHODS:
+        raise ConfigError(f"{o}: {_key('recompute_granularity')} full needs {_key('recompute_method')} "
+                          f"{' or '.join(RECOMPUTE_METHODS)}, got {method!r}")
+    if method == "uniform":
+        return ["full"] * ctx.blocks
+    k = _int(doc, "recompute_num_layers", o, required=True) or 1
+    n = fields["mesh"]["pp"] * fields.get("vpp", 1)
+    stages = fields.get("stage_layers") or [ctx.blocks // n] * n  # Megatron's stages are even unless given
+    return ["full" if j < k else "none" for size in stages for j in range(size)]
