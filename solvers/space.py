@@ -384,8 +384,9 @@ def _keep(values: tuple[str, ...], allowed: list[str] | tuple[str, ...]) -> tupl
 
 
 def _rules(cfg: MeshConfig) -> tuple[bool, bool, bool]:
-    """Whether a configuration has a pipeline, HSDP, and data parallelism beside model parallelism."""
-    return (cfg.pp > 1, cfg.dp_replicate > 1 and cfg.dp_shard > 1,
+    """Whether a configuration has a pipeline, data-parallel replicas (HSDP, or DDP across replicas), and
+    data parallelism beside model parallelism."""
+    return (cfg.pp > 1, cfg.dp_replicate > 1,
             cfg.dp > 1 and max(cfg.pp, cfg.tp, cfg.cp, cfg.ep) > 1)
 
 

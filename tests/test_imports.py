@@ -14,6 +14,7 @@ from planner.cli import main
 from planner.exports import export
 from planner.imports import ConfigError, import_plan, importer_for, inputs_line, read_inputs
 from planner.imports.torchtitan import generated_sizes
+from vocab.errors import ShardplanError
 from vocab.plan import Plan, load_plan
 
 JOBS = {  # the headline jobs: model, cluster, tokens per sample, samples per step
@@ -43,14 +44,24 @@ def close(a: Plan, b: Plan) -> bool:
     return abs(a.predicted.step_time_s - b.predicted.step_time_s) <= 1e-9 * a.predicted.step_time_s
 
 
+#: jobs a target has no plan for, and why: nanotron 0.4 cannot recompute activations
+NO_PLAN = {("405b", "nanotron"): "no plan in the 'full' space fits"}
+
+
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("job", list(JOBS))
 def test_headline_jobs_round_trip(job: str, target: str, tmp_path: Path) -> None:
     """plan --target T, export --to T, import: the same step time and peak memory (DeepSpeed's JSON
-    names no model, cluster or sequence length: they are given)."""
+    names no model, cluster, sequence length or expert parallelism: they are given)."""
+    if (job, target) in NO_PLAN:
+        with pytest.raises(ShardplanError, match=NO_PLAN[job, target]) as err:
+            job_plan(job, target)
+        assert f"target {target}" in str(err.value)
+        return
     p = job_plan(job, target)
     model, cluster, seq, _ = JOBS[job]
-    given = {"model": model, "cluster": cluster, "seq_len": seq} if target == "deepspeed" else {}
+    given = {"model": model, "cluster": cluster, "seq_len": seq, "ep": p.strategy.mesh.ep} \
+        if target == "deepspeed" else {}
     back = round_trip(p, target, tmp_path, **given)
     assert close(p, back), (p.strategy, back.strategy)
     assert back.predicted.memory_peak_gib == pytest.approx(p.predicted.memory_peak_gib, rel=1e-9)

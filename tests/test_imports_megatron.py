@@ -185,19 +185,17 @@ def test_cli_exits_2_and_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFi
     assert main(["import", str(good), "-o", str(out)]) == 0 and out.exists()
 
 
-#: exports that say they are exact but do not round-trip (exporter quirks, planner/exports/megatron.py)
-QUIRKS = {
-    "fp32-plan-gets-bf16": lambda: made("gpt2", {"mesh": {"dp_shard": 16}}, precision="fp32"),
-    "ddp-replicas-flattened": lambda: made("gpt2", {"mesh": {"dp_replicate": 2, "dp_shard": 8}}),
-}
-
-
-@pytest.mark.parametrize("name", list(QUIRKS))
-@pytest.mark.xfail(strict=True, reason="the exporter calls this export exact: fp32 is written as --bf16; DDP "
-                   "replicas x shards are written as one flat data-parallel group")
-def test_exporter_quirks(name: str, tmp_path: Path) -> None:
-    p = QUIRKS[name]()
+def test_fp32_and_flat_data_parallelism(tmp_path: Path) -> None:
+    """An fp32 plan is written without --bf16 and comes back fp32; DDP split into replicas x shards is not
+    Megatron's (one flat data-parallel group), so the export says it lacks it instead of calling it exact."""
+    p = made("gpt2", {"mesh": {"dp_shard": 16}}, precision="fp32")
     e = export(p, "megatron")
-    path = tmp_path / f"{name}.args"
+    path = tmp_path / "fp32.args"
     path.write_text(e.text)
-    assert not e.exact or import_plan(path).predicted.step_time_s == pytest.approx(p.predicted.step_time_s, rel=1e-9)
+    assert e.exact and "--bf16" not in e.text
+    back = import_plan(path)
+    assert back.inputs.workload.precision == "fp32"
+    assert back.predicted.step_time_s == pytest.approx(p.predicted.step_time_s, rel=1e-9)
+    hsdp = export(made("gpt2", {"mesh": {"dp_replicate": 2, "dp_shard": 8}}), "megatron")
+    assert not hsdp.exact and any("dp_replicate" in x.lacks or "HSDP" in x.lacks or "replica" in x.lacks
+                                  for x in hsdp.losses)

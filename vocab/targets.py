@@ -68,7 +68,8 @@ class ShardingCaps(_Strict):
 
     modes: list[Sharding] = Field(..., min_length=1)
     with_pp: list[Sharding] = Field(..., description="allowed with pp > 1")
-    with_hsdp: list[Sharding] = Field(..., description="allowed with dp_replicate > 1 and dp_shard > 1")
+    with_hsdp: list[Sharding] = Field(
+        ..., description="allowed with data-parallel replicas (dp_replicate > 1): DDP across replicas, HSDP")
     with_model_parallel: list[Sharding] = Field(
         ..., description="allowed with data parallelism beside pp, tp, cp or ep > 1")
     per_layer: bool = False

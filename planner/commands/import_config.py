@@ -28,6 +28,8 @@ def import_cmd(
     cluster: str | None = typer.Option(None, "--cluster", "-c", help="e.g. 1024xh100 (default: the header's)"),
     seq_len: int | None = typer.Option(None, "--seq-len", min=1, help="tokens per sample, where the file has none"),
     memory_limit: float | None = positive_option(None, "--memory-limit", help="GiB per GPU the plan must fit"),
+    ep: int | None = typer.Option(None, "--ep", min=1, help="expert parallelism, for a DeepSpeed JSON (DeepSpeed "
+                                  "sets it in the model code)"),
     output: Path | None = typer.Option(None, "--output", "-o", help="write the plan JSON here"),
 ) -> None:
     """Read a trainer's configuration into a plan and price it (then explain, compare, or search a better one)."""
@@ -40,7 +42,7 @@ def import_cmd(
         check_writable(output, "-o")
     from planner.reprice import predicted_dict
 
-    plan = import_plan(config, trainer, model, cluster, seq_len, memory_limit)
+    plan = import_plan(config, trainer, model, cluster, seq_len, memory_limit, ep)
     pr, s = predicted_dict(plan), plan.strategy
     mesh = " ".join(f"{k}={v}" for k, v in s.mesh.axes().items() if v > 1) + (f" ep={s.mesh.ep}" if s.mesh.ep > 1
                                                                                else "")

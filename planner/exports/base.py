@@ -224,15 +224,23 @@ def _offload_needs(n: Nearest, t: Target, shardings: tuple[str, ...]) -> None:
 
 
 def _hsdp(n: Nearest, t: Target) -> None:
+    """Data-parallel replicas (``dp_replicate > 1``) with shardings the target does not run across
+    replicas (``sharding.with_hsdp``, or no ``dp_replicate`` axis) become one flat group. Plain
+    replicas without a shard group (``dp_shard = cp = 1``) price the same either way: no loss."""
     m = n.mesh
-    if m["dp_replicate"] > 1 and m["dp_shard"] > 1:
-        bad = sorted({v for v in n.values("sharding") if v != "replicate" and v not in t.sharding.with_hsdp})
-        if bad:
-            n.lose("HSDP", f"dp_replicate={m['dp_replicate']} x dp_shard={m['dp_shard']} → dp_shard="
-                           f"{m['dp_replicate'] * m['dp_shard']} ({t.name} shards {'/'.join(bad)} over all "
-                           "data-parallel ranks)", f"HSDP with {'/'.join(SHARDING_NAMES[b] for b in bad)}")
-            n.extra["hsdp_shard"] = m["dp_shard"]
-            m["dp_shard"], m["dp_replicate"] = m["dp_shard"] * m["dp_replicate"], 1
+    if m["dp_replicate"] == 1:
+        return
+    allowed = t.sharding.with_hsdp if t.has("dp_replicate") else []
+    bad = sorted({v for v in n.values("sharding") if v not in allowed})
+    if not bad:
+        return
+    flat = m["dp_replicate"] * m["dp_shard"]
+    if m["dp_shard"] * m["cp"] > 1 or bad != ["replicate"]:
+        n.lose("HSDP", f"dp_replicate={m['dp_replicate']} x dp_shard={m['dp_shard']} → dp_shard={flat} ({t.name} "
+                       "runs " + "/".join(SHARDING_NAMES[b] for b in bad) + " over one flat data-parallel group)",
+               f"data-parallel replicas with {'/'.join(SHARDING_NAMES[b] for b in bad)}")
+        n.extra["hsdp_shard"] = m["dp_shard"]
+    m["dp_shard"], m["dp_replicate"] = flat, 1
 
 
 def _schedule(n: Nearest, t: Target) -> None:

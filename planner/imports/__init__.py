@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +40,16 @@ class ConfigError(ShardplanError):
 @dataclass(frozen=True)
 class Context:
     """What a configuration is read against: the model's units in order, its transformer block
-    count, the cluster's GPUs, and the file's name for messages."""
+    count and config keys (``hidden``, ``heads``, ...), the cluster's GPUs, the file's name for
+    messages, and the expert parallelism given on the command line (for a trainer whose file does
+    not hold it; None when not given)."""
 
     origin: str
     units: list[str]
     blocks: int
     world: int
+    config: dict[str, Any] = field(default_factory=dict)
+    ep: int | None = None
 
 
 def inputs_line(model: str, cluster: dict[str, Any], memory_limit_gib: float | None = None) -> str:
@@ -120,8 +124,9 @@ def count(value: Any, what: str, origin: str, minimum: int = 1) -> int:
 
 def import_plan(path: str | Path, trainer: str | None = None, model: str | None = None,
                 cluster: str | dict[str, Any] | None = None, seq_len: int | None = None,
-                memory_limit_gib: float | None = None) -> Plan:
-    """The plan a trainer's configuration file runs, priced for that trainer's target."""
+                memory_limit_gib: float | None = None, ep: int | None = None) -> Plan:
+    """The plan a trainer's configuration file runs, priced for that trainer's target; ``ep`` is the
+    expert parallelism of a trainer whose file does not hold it (DeepSpeed sets it in the model code)."""
     from planner.reprice import load_named_model, price
     from profiler.hardware import parse_cluster
 
@@ -150,8 +155,10 @@ def import_plan(path: str | Path, trainer: str | None = None, model: str | None 
         raise ConfigError(f"{origin} trains {found['seq_len']} tokens per sample, not --seq-len {seq_len}")
     graph = load_named_model(model, seq)
     units = [u for u, _ in graph.blocks()]
-    ctx = Context(origin, units, graph.num_blocks, cl.world_size)
+    ctx = Context(origin, units, graph.num_blocks, cl.world_size, dict(graph.config), ep)
     fields = mod.strategy(doc, ctx)
+    if ep is not None and not getattr(mod, "EP_FROM_COMMAND_LINE", False):
+        raise ConfigError(f"{origin} says its own expert parallelism; --ep is for a DeepSpeed JSON")
     implied_batch = fields.pop("global_batch", None)  # what the trainer derives when the file leaves it out
     strategy = _validated(Strategy, fields, origin)
     if strategy.stage_layers is not None and strategy.stage_layers == even_split(ctx.blocks, strategy.num_stages):

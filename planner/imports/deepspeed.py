@@ -23,7 +23,7 @@ It reads exactly these keys (every other key must be one DeepSpeed 0.19.8 knows,
 
 Not in the JSON: the model, the cluster and the sequence length (``--model``, ``--cluster``,
 ``--seq-len``), and expert parallelism, which the model code sets (``deepspeed.moe.layer.MoE(ep_size=)``):
-it is read as ep = 1.
+it is ``--ep`` (``Context.ep``; 1 when not given).
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ from planner.imports import ConfigError, Context, count, refuse_unknown, unknown
 from vocab.io import decode_json
 from vocab.targets import by_exporter, key_snapshot
 
+#: expert parallelism comes from the command line (``import --ep``): the JSON has no key for it
+EP_FROM_COMMAND_LINE = True
 SUFFIXES = (".json",)
 K = {k: str(v) for k, v in DEEPSPEED.items() if v is not None}
 BF16_OLD = "bfloat16"  # DeepSpeed's old name of the bf16 section (not in planner.exports.keys)
@@ -102,7 +104,7 @@ def strategy(doc: dict[str, Any], ctx: Context) -> dict[str, Any]:
         raise ConfigError(f"{o}: autotp_size {tp} x pipeline stages {pp} x sequence_parallel_size {cp} does not "
                           f"divide {ctx.world} GPUs")
     dp = ctx.world // (tp * pp * cp)
-    fields: dict[str, Any] = {"mesh": {"pp": pp, "dp_shard": dp, "cp": cp, "tp": tp, "ep": 1},
+    fields: dict[str, Any] = {"mesh": {"pp": pp, "dp_shard": dp, "cp": cp, "tp": tp, "ep": ctx.ep or 1},
                               "schedule": "1f1b", "sequence_parallel": False,
                               "cp_mode": "ulysses" if cp > 1 else "ring"}
     _batch(doc, dp, fields, o)

@@ -113,11 +113,26 @@ def workload(doc: Doc, origin: str) -> dict[str, Any]:
     return out
 
 
+#: model-shape flags and the model config key each must equal (when both are there)
+SHAPE = {"hidden": "hidden", "ffn_hidden": "ffn_hidden", "heads": "heads", "kv_heads": "kv_heads",
+         "experts": "experts", "top_k": "top_k"}
+
+
+def _check_shape(doc: Doc, ctx: Context) -> None:
+    """The flags' model shape is the model's: a file for another model is refused, naming the flag."""
+    for flag, key in SHAPE.items():
+        value, want = _int(doc, flag, ctx.origin), ctx.config.get(key)
+        if value is not None and want and value != want:
+            raise ConfigError(f"{ctx.origin}: {_key(flag)} {value} is not the model's {key} {want}: the flags are "
+                              "for another model (give --model)")
+
+
 def strategy(doc: Doc, ctx: Context) -> dict[str, Any]:
     o = ctx.origin
     layers = _int(doc, "num_layers", o, ctx.blocks)
     if layers != ctx.blocks:
         raise ConfigError(f"{o}: {_key('num_layers')} {layers} is not the model's {ctx.blocks} layers")
+    _check_shape(doc, ctx)
     tp, pp, cp, ep = (_int(doc, a, o, 1) or 1 for a in ("tp", "pp", "cp", "ep"))
     dp, rest = divmod(ctx.world, tp * pp * cp)
     if rest or not dp:
