@@ -86,7 +86,8 @@ def round_trip(job: str, target: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / f"plan{e.suffix}"
         path.write_text(e.text)
-        back = import_plan(path, model=model, cluster=cluster, seq_len=seq)
+        back = import_plan(path, model=model, cluster=cluster, seq_len=seq,
+                           ep=p.strategy.mesh.ep if target == "deepspeed" else None)
     out["delta"] = abs(back.predicted.step_time_s - p.predicted.step_time_s) / p.predicted.step_time_s
     return out
 
@@ -97,12 +98,21 @@ def expert(job: str) -> dict[str, Any]:
     t = load_target(target)
     w = Workload(seq_len=seq, global_batch=gb, cross_entropy=t.behaviour.cross_entropy[0],
                  grad_dtype=t.behaviour.grad_dtype[0])
-    p = price(load_named_model(model, seq), parse_cluster(cluster), Strategy.model_validate(fields), w, model=model)
+    graph = load_named_model(model, seq)
+    if t.recompute.scope == "blocks":  # the trainer checkpoints transformer blocks only
+        d = fields.get("default", {})
+        fields = {**fields, "layers": [{"unit": u, **d, "recompute": "none"} for u, _ in graph.blocks()
+                                       if not u.startswith("layers.")]}
+    p = price(graph, parse_cluster(cluster), Strategy.model_validate(fields), w, model=model)
     missing = [x.lacks for x in lacks(p, EXPORTER.get(target, target)) if not x.behaviour]
     pred = predicted_dict(p)
+    worst = max(pred["stages"], key=lambda st: st["total_gib"])
+    parts = ", ".join(f"{k} {worst[k + '_gib']:.1f}" for k in ("params", "grads", "optimizer", "activations",
+                                                                "buffers", "overhead"))
     return {"job": job, "target": target, "mesh": _mesh(p.strategy), "step": pred["step_time_s"],
             "mem": pred["memory_peak_gib"], "limit": pred["memory_limit_gib"], "fits": pred["fits"],
-            "lacks": "; ".join(missing) or "-", "source": source}
+            "lacks": "; ".join(missing) or "-", "source": source,
+            "worst": f"stage {worst['stage']}: {parts} GiB"}
 
 
 def main() -> None:
@@ -119,16 +129,17 @@ def main() -> None:
         for target in a.targets:
             r = round_trip(job, target)
             if "error" in r:
-                print(f"| {job} | {target} | no plan: {r['error']} | | | | |")
+                print(f"| {job} | {target} | no plan: {r['error'].split(' (pp=')[0]} | | | | |")
                 continue
             print(f"| {job} | {target} | {r['mesh']} | {r['step']:.3f} | {r['mem']:.1f} / {r['limit']:.1f} | "
                   f"{r['export']} | {r['delta']:.1e} |", flush=True)
-    print("\n| job | target | published config | step (s) | peak / limit (GiB) | fits | target lacks | source |")
-    print("|---|---|---|---:|---:|---|---|---|")
+    print("\n| job | target | published config | step (s) | peak / limit (GiB) | fits | fullest GPU | target lacks "
+          "| source |")
+    print("|---|---|---|---:|---:|---|---|---|---|")
     for job in a.jobs:
         r = expert(job)
         print(f"| {job} | {r['target']} | {r['mesh']} | {r['step']:.3f} | {r['mem']:.1f} / {r['limit']:.1f} | "
-              f"{'yes' if r['fits'] else 'NO'} | {r['lacks']} | {r['source']} |", flush=True)
+              f"{'yes' if r['fits'] else 'NO'} | {r['worst']} | {r['lacks']} | {r['source']} |", flush=True)
 
 
 if __name__ == "__main__":
