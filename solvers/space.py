@@ -383,21 +383,26 @@ def _keep(values: tuple[str, ...], allowed: list[str] | tuple[str, ...]) -> tupl
     return tuple(v for v in values if v in allowed)
 
 
-def _rules(cfg: MeshConfig) -> tuple[bool, bool, bool]:
-    """Whether a configuration has a pipeline, data-parallel replicas (HSDP, or DDP across replicas), and
-    data parallelism beside model parallelism."""
+def _rules(cfg: MeshConfig) -> tuple[bool, bool, bool, bool]:
+    """Whether a configuration has a pipeline, data-parallel replicas (HSDP, or DDP across replicas),
+    data parallelism beside model parallelism, and data parallelism without a shard group
+    (``dp_shard·cp == 1``: whatever the sharding, it runs as plain DDP)."""
     return (cfg.pp > 1, cfg.dp_replicate > 1,
-            cfg.dp > 1 and max(cfg.pp, cfg.tp, cfg.cp, cfg.ep) > 1)
+            cfg.dp > 1 and max(cfg.pp, cfg.tp, cfg.cp, cfg.ep) > 1, cfg.dp > 1 and cfg.dp_shard * cfg.cp == 1)
 
 
 def mesh_shardings(opts: SpaceOptions, cfg: MeshConfig) -> tuple[str, ...]:
     """The shardings a mesh configuration may take: those of the space, less what a pipeline, HSDP
-    or data parallelism beside model parallelism rules out."""
+    or data parallelism beside model parallelism rules out; none where there is no shard group and
+    the rules rule out DDP, which every sharding then is."""
     out = opts.shardings
-    for applies, allowed in zip(_rules(cfg), (opts.pp_shardings, opts.hsdp_shardings, opts.mp_shardings),
-                                strict=True):
-        if applies:
-            out = _keep(out, allowed)
+    pp, replicas, beside, plain = _rules(cfg)
+    rules = [r for applies, r in zip((pp, replicas, beside), (opts.pp_shardings, opts.hsdp_shardings,
+                                                               opts.mp_shardings), strict=True) if applies]
+    for allowed in rules:
+        out = _keep(out, allowed)
+    if plain and any("replicate" not in allowed for allowed in rules):
+        return ()
     return out
 
 
@@ -405,7 +410,7 @@ def grid_mask(configs: list[MeshConfig], options: list[GridOption], opts: SpaceO
     """Which (configuration, uniform option) cells the space allows, shape (C, O); None: all."""
     if all(set(opts.shardings) <= set(x) for x in (opts.pp_shardings, opts.hsdp_shardings, opts.mp_shardings)):
         return None
-    rows: dict[tuple[bool, bool, bool], np.ndarray] = {}
+    rows: dict[tuple[bool, bool, bool, bool], np.ndarray] = {}
     for cfg in configs:
         key = _rules(cfg)
         if key not in rows:

@@ -20,7 +20,7 @@ from typing import Any
 from planner.exports.keys import TORCHTITAN as K
 from planner.exports.keys import TORCHTITAN_CP_ROTATE, TORCHTITAN_FLOAT8, TORCHTITAN_FQN, TORCHTITAN_SCHEDULES
 from planner.imports import ConfigError, Context, count, refuse_unknown, unknown_keys
-from vocab.strategy import rank_blocks
+from vocab.strategy import RECOMPUTES, rank_blocks
 from vocab.targets import by_exporter, key_snapshot
 
 SUFFIXES = (".toml",)
@@ -195,7 +195,7 @@ def _units(doc: dict[str, Any], fields: dict[str, Any], ctx: Context, sharding: 
     else:
         per_block = [{"none": "none", "full": "full", "selective": "selective"}[mode]] * ctx.blocks
     recompute = dict(zip(blocks, per_block, strict=True))
-    common = max(set(per_block), key=per_block.count) if per_block else "none"
+    common = max(RECOMPUTES, key=per_block.count)  # the most frequent; a tie goes to the earlier (none first)
     layers = [{"unit": u, "sharding": sharding, "recompute": recompute.get(u, "none"), "offload": offload}
               for u in ctx.units if recompute.get(u, "none") != common]
     fields["default"] = {"sharding": sharding, "recompute": common, "offload": offload}
