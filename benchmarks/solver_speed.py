@@ -110,7 +110,8 @@ if {space!r} == "grid":
     print(json.dumps({{"seconds": min(times), "rate": gr.size / min(times), "objective": float(gr.step_time_s.min())}}))
 else:
     from solvers.hybrid import search
-    t = time.perf_counter(); r = search(g, cl, w, {space!r}, top_k=5); t = time.perf_counter() - t
+    limit = cl.accelerator.hbm_gb * 1e9 / 2**30  # one limit for every checkout (defaults differ between them)
+    t = time.perf_counter(); r = search(g, cl, w, {space!r}, limit, top_k=5); t = time.perf_counter() - t
     print(json.dumps({{"seconds": t, "objective": r.objective, "status": r.status}}))
 """
 
@@ -127,9 +128,10 @@ def _command(root: Path, case: tuple, space: str) -> float:
     model, cluster, seq, gb = case[:4]
     with tempfile.TemporaryDirectory() as tmp:
         t = time.perf_counter()
+        limit = parse_cluster(cluster).accelerator.hbm_gb * 1e9 / 2**30
         subprocess.run([sys.executable, "-m", "planner.cli", "plan", "--model", model, "--cluster", cluster,
-                        "--seq-len", str(seq), "--global-batch", str(gb), "--space", space, "-o",
-                        str(Path(tmp) / "p.json")], capture_output=True, cwd=root, check=True,
+                        "--seq-len", str(seq), "--global-batch", str(gb), "--space", space, "--memory-limit",
+                        str(limit), "-o", str(Path(tmp) / "p.json")], capture_output=True, cwd=root, check=True,
                        env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
         return time.perf_counter() - t
 
