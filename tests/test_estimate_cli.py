@@ -77,6 +77,22 @@ def test_estimate_errors_exit_2(args: list[str], needle: str) -> None:
     assert r.exit_code == 2 and needle in r.output, r.output
 
 
+def test_target_prices_its_behaviour_and_refuses_what_it_lacks() -> None:
+    """--target megatron prices with Megatron's fused cross-entropy (the loss's memory) and refuses
+    ZeRO-3, which Megatron-LM's distributed optimizer does not do."""
+    def memory(*extra: str) -> float:
+        r = runner.invoke(app, [*BASE, "--tp", "4", "--zero", "1", "--json", *extra])
+        assert r.exit_code == 0, r.output
+        return json.loads(r.stdout)["memory_peak_gib"]
+
+    assert memory("--target", "megatron") == memory("--cross-entropy", "fused")
+    assert memory("--target", "megatron") < memory()  # the fused kernel keeps no fp32 logit gradients
+    r = runner.invoke(app, [*BASE, "--tp", "4", "--zero", "3", "--target", "megatron"])
+    assert r.exit_code == 2 and "megatron-core 0.16.1 cannot express: ZeRO-3" in r.output
+    r = runner.invoke(app, [*BASE, "--target", "megatron", "--cross-entropy", "eager"])
+    assert r.exit_code == 2 and "runs cross-entropy fused, not 'eager'" in r.output
+
+
 def test_ep_must_divide_experts() -> None:
     r = runner.invoke(
         app,

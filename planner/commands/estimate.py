@@ -64,10 +64,11 @@ KEYS = (
     "plan",
     "tp_mode",
     "cp_mode",
+    "target",
 )
 COUNTS = ("seq_len", "global_batch", "micro_batch", "tp", "pp", "cp", "ep", "dp", "dp_shard", "dp_replicate", "vpp")
 NAMES = ("recompute", "schedule", "precision", "attention_kernel", "cross_entropy", "grad_dtype", "profile", "plan",
-         "tp_mode", "cp_mode")
+         "tp_mode", "cp_mode", "target")
 LIMITS = ("memory_limit", "memory_limit_gib")
 CLUSTER_COUNTS = ("nodes", "gpus", "gpus_per_node")
 
@@ -224,8 +225,9 @@ def price_args(a: dict[str, Any], *, model_from_cli: bool = False) -> dict[str, 
         raise ShardplanError("give --seq-len and --global-batch (or --plan)")
     precision = a.get("precision") or (wl.precision if wl else "bf16")
     kernel = a.get("attention_kernel") or (wl.attention_kernel if wl else "auto")
-    ce = a.get("cross_entropy") or (wl.cross_entropy if wl else "eager")
-    grad = a.get("grad_dtype") or (wl.grad_dtype if wl else "fp32")
+    target = _target(a.get("target"), precision, a)
+    ce = a.get("cross_entropy") or (target[1] if target else wl.cross_entropy if wl else "eager")
+    grad = a.get("grad_dtype") or (target[2] if target else wl.grad_dtype if wl else "fp32")
     check_workload_choices(attention_kernel=kernel, cross_entropy=ce, grad_dtype=grad)
     try:
         w = Workload(seq_len=seq, global_batch=gb, precision=precision, attention_kernel=kernel,
@@ -272,7 +274,37 @@ def price_args(a: dict[str, Any], *, model_from_cli: bool = False) -> dict[str, 
     limit = a.get("memory_limit", a.get("memory_limit_gib"))
     if limit is None and plan is not None:
         limit = plan.inputs.memory_limit_gib
-    return estimate(graph, cluster, s, w, prof, float(limit) if limit is not None else None).to_dict()
+    rep = estimate(graph, cluster, s, w, prof, float(limit) if limit is not None else None).to_dict()
+    if target is not None:
+        _check_expressible(target[0], graph, cluster, s, w, a.get("model") or (plan.inputs.model if plan else ""))
+        rep["target"] = target[0].name
+    return rep
+
+
+def _target(name: str | None, precision: str, a: dict[str, Any]) -> tuple[Any, str, str] | None:
+    """The target ``--target`` names, with the cross-entropy kernel and gradient dtype it prices with."""
+    if not name:
+        return None
+    from planner.api import target_behaviour
+    from vocab.targets import load_target
+
+    t = load_target(name)
+    ce, grad = target_behaviour(t, precision, a.get("cross_entropy"), a.get("grad_dtype"))
+    return t, ce, grad
+
+
+def _check_expressible(t: Any, graph: Any, cluster: Any, s: Any, w: Any, model: str) -> None:
+    """One line naming what target ``t`` cannot express of strategy ``s`` (nothing for ``any``)."""
+    from planner.exports import lacks
+    from planner.reprice import price
+    from vocab.targets import ANY
+
+    if t.name == ANY or not t.exporter:
+        return
+    doc = price(graph, cluster, s, w, model=model or graph.model_id)
+    missing = list(dict.fromkeys(x.lacks for x in lacks(doc, t.exporter) if not x.behaviour))
+    if missing:
+        raise ShardplanError(f"{t.label} cannot express: {'; '.join(missing)}")
 
 
 def report_json(rep: dict[str, Any], indent: int | None = None) -> str:
@@ -390,6 +422,8 @@ def estimate_cmd(
         None, "--cross-entropy", help="eager (PyTorch F.cross_entropy, the default) | fused (Megatron)"
     ),
     grad_dtype: str = typer.Option(None, "--grad-dtype", help="gradient buffers: fp32 (default) | bf16"),
+    target: str = typer.Option(None, "--target", help="price as this trainer runs it (its cross-entropy and "
+                               "gradient dtype), and refuse what it cannot express"),
     sequence_parallel: bool = typer.Option(
         False, "--sequence-parallel", help="Megatron sequence parallelism"
     ),
@@ -413,6 +447,7 @@ def estimate_cmd(
         "attention_kernel": attention_kernel,
         "cross_entropy": cross_entropy,
         "grad_dtype": grad_dtype,
+        "target": target,
         "profile": str(profile) if profile else None,
         "memory_limit": memory_limit,
     }
