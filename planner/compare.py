@@ -124,6 +124,8 @@ def plan_rows(plan: Plan) -> dict[str, Any]:
         "model": inp.model, "cluster": f"{c.world_size}x {c.accelerator} ({c.nodes} nodes x {c.gpus_per_node})",
         "seq_len": inp.workload.seq_len, "global_batch": inp.workload.global_batch,
         "precision": inp.workload.precision, "memory limit (GiB)": memory_limit_gib(plan),
+        "target": f"{inp.target.name} {inp.target.version or ''}".strip(),
+        "cross-entropy": inp.workload.cross_entropy, "gradient dtype": inp.workload.grad_dtype,
     }
     rows.update(strategy_fields(plan.strategy))
     rows["micro-batches"] = plan.strategy.num_microbatches(inp.workload.global_batch)

@@ -122,6 +122,15 @@ def test_compare_lists_differences_first() -> None:
     assert data["best"] in ("a", "b") and len(data["summary"]) == 2
 
 
+def test_compare_shows_the_targets_apart() -> None:
+    """Plans searched for different trainers differ in their target and in how the trainer runs them."""
+    a = make_plan(FSDP, target=TargetRef(name="torchtitan", version="0.2.2"))
+    b = make_plan(FSDP, target=TargetRef(name="megatron", version="0.16.1"), cross_entropy="fused")
+    diff = {r["field"]: r["values"] for r in compare([a, b], ["a", "b"])["differences"]}
+    assert diff["target"] == ["torchtitan 0.2.2", "megatron 0.16.1"]
+    assert diff["cross-entropy"] == ["eager", "fused"]
+
+
 def test_cli_explain_text_and_json(plan_file: Path, wide: None) -> None:
     r = runner.invoke(app, ["explain", str(plan_file)])
     assert r.exit_code == 0, r.output
