@@ -8,33 +8,30 @@ loader reads the exported file too (skipped otherwise).
 from __future__ import annotations
 
 import functools
-import importlib.util
 import json
 import tomllib
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import pytest
 import yaml
 
 from planner.api import plan as search
 from planner.exports import export
+from planner.imports import unknown_keys
 from tests.test_explain import make_plan
 from tests.test_exports import flags as megatron_flags
+from tests.trainer_loaders import trainer_loader
 from vocab.plan import Plan
-from vocab.targets import by_exporter
+from vocab.targets import by_exporter, key_snapshot
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAPSHOTS = ROOT / "vocab" / "targets" / "keys"
-SNAPSHOT_NAME = {"torchtitan": "torchtitan", "megatron": "megatron_core", "deepspeed": "deepspeed",
-                 "nanotron": "nanotron"}
-TARGETS = tuple(SNAPSHOT_NAME)
+TARGETS = ("torchtitan", "megatron", "deepspeed", "nanotron")
 
 
 def snapshot(target: str) -> dict[str, Any]:
-    t = by_exporter(target)
-    return json.loads((SNAPSHOTS / f"{SNAPSHOT_NAME[target]}-{t.version}.json").read_text())
+    return key_snapshot(by_exporter(target))
 
 
 @functools.cache
@@ -58,33 +55,20 @@ def texts(target: str) -> list[str]:
     return [export(p, target).text for p in plans(target)]
 
 
-def _unknown(doc: Any, tree: Any, path: str = "") -> list[str]:
-    """Keys of ``doc`` missing from a snapshot tree ({key: subtree}, None for a leaf)."""
-    if not isinstance(doc, dict) or tree is None:
-        return []
-    bad = []
-    for k, v in doc.items():
-        if k not in tree:
-            bad.append(f"{path}{k}")
-        else:
-            bad += _unknown(v, tree[k], f"{path}{k}.")
-    return bad
-
-
 def test_snapshots_name_the_pinned_versions() -> None:
+    """Every pinned release has its key snapshot (``vocab.targets.key_snapshot`` refuses a missing one or
+    one of another version); run benchmarks/trainer_key_snapshots.py with the release installed."""
     for target in TARGETS:
         t = by_exporter(target)
-        path = SNAPSHOTS / f"{SNAPSHOT_NAME[target]}-{t.version}.json"
-        assert path.is_file(), f"{t.package} {t.version} is pinned but {path.name} is missing: run " \
-                               "benchmarks/trainer_key_snapshots.py with that release installed"
-        assert json.loads(path.read_text())["version"] == t.version
+        assert snapshot(target)["version"] == t.version
+        assert (SNAPSHOTS / f"{t.package.replace('-', '_')}-{t.version}.json").is_file()
 
 
 def test_torchtitan_keys_are_in_the_snapshot() -> None:
     sections = snapshot("torchtitan")["sections"]
     for text in texts("torchtitan"):
         doc = tomllib.loads(text)
-        assert _unknown(doc, {k: dict.fromkeys(v) for k, v in sections.items()}) == []
+        assert unknown_keys(doc, {k: dict.fromkeys(v) for k, v in sections.items()}) == []
         assert "enable_sequence_parallel" not in doc["parallelism"]
         ac = doc["activation_checkpoint"]
         assert ac["mode"] in ("none", "selective", "full")
@@ -138,113 +122,16 @@ def test_nanotron_keys_are_in_the_snapshot() -> None:
     tree = snapshot("nanotron")["tree"]
     for text in texts("nanotron"):
         doc = yaml.safe_load(text)
-        assert _unknown(doc, tree) == [] and "recompute_layer" not in doc["parallelism"]
+        assert unknown_keys(doc, tree) == [] and "recompute_layer" not in doc["parallelism"]
         assert doc["parallelism"]["pp_engine"] in ("afab", "1f1b")
         assert doc["parallelism"]["tp_mode"] in ("ALL_REDUCE", "REDUCE_SCATTER")
 
 
-# ---- the trainers' own loaders, where installed ------------------------------------------------------
+# ---- the trainers' own loaders (installed from tests/trainers.txt) --------------------------------------
 
-def test_torchtitan_loader_accepts_the_exports(tmp_path: Path) -> None:
-    manager = pytest.importorskip("torchtitan.config.manager")
-    for i, text in enumerate(texts("torchtitan")):
-        path = tmp_path / f"{i}.toml"
-        path.write_text(text)
-        manager.ConfigManager().parse_args(["--job.config_file", str(path)])
-
-
-def test_megatron_configs_accept_the_flags() -> None:
-    pytest.importorskip("megatron.core")
-    import torch
-    import torch.nn.functional as F
-    from megatron.core.distributed import DistributedDataParallelConfig
-    from megatron.core.transformer import TransformerConfig
-
-    snap = snapshot("megatron")
-    tc_fields = set(snap["classes"]["TransformerConfig"])
-    ddp_fields = set(snap["classes"]["DistributedDataParallelConfig"])
-    for p in plans("megatron"):
-        f = megatron_flags(export(p, "megatron").text)
-
-        def val(v: str | bool) -> Any:
-            if v is True:
-                return True
-            for cast in (int, float):
-                try:
-                    return cast(v)
-                except ValueError:
-                    pass
-            return v
-
-        kw = {k[2:].replace("-", "_"): val(v) for k, v in f.items() if k not in snap["lm_flags"]}
-        tc = {k: v for k, v in kw.items() if k in tc_fields}
-        if "--swiglu" in f:
-            tc.update(gated_linear_unit=True, activation_func=F.silu)
-        if "--num-experts" in f:
-            tc["num_moe_experts"] = int(f["--num-experts"])  # type: ignore[arg-type]
-        if "--disable-bias-linear" in f:
-            tc["add_bias_linear"] = False
-        pp = tc.get("pipeline_model_parallel_size", 1)
-        if "--num-layers-per-virtual-pipeline-stage" in f:
-            tc["virtual_pipeline_model_parallel_size"] = tc["num_layers"] // pp // int(
-                f["--num-layers-per-virtual-pipeline-stage"])  # type: ignore[arg-type]
-        if "--decoder-first-pipeline-num-layers" in f:
-            tc["num_layers_in_first_pipeline_stage"] = int(f["--decoder-first-pipeline-num-layers"])  # type: ignore[arg-type]
-        if "--decoder-last-pipeline-num-layers" in f:
-            tc["num_layers_in_last_pipeline_stage"] = int(f["--decoder-last-pipeline-num-layers"])  # type: ignore[arg-type]
-        if pp > 1:
-            tc["pipeline_dtype"] = torch.bfloat16
-        tc.pop("fp8", None)
-        TransformerConfig(**tc)
-        DistributedDataParallelConfig(**{k: v for k, v in kw.items() if k in ddp_fields})
-
-
-def test_deepspeed_config_accepts_the_exports() -> None:
-    pytest.importorskip("deepspeed")
-    import deepspeed.runtime.config as dsc
-
-    for p in plans("deepspeed"):
-        e = export(p, "deepspeed")
-        m = e.strategy.mesh
-        world = m.dp_replicate * m.dp_shard
-        with mock.patch.object(dsc.dist, "get_rank", return_value=0), \
-                mock.patch.object(dsc.dist, "get_world_size", return_value=world * m.cp):
-            dsc.DeepSpeedConfig(json.loads(e.text))
-
-
-NANOTRON_BASE = """
-general: {project: shardplan, run: check, seed: 42}
-model:
-  init_method: {std: 0.025}
-  dtype: bfloat16
-  model_config: {is_llama_config: true, hidden_size: 256, intermediate_size: 688, num_attention_heads: 8,
-                 num_hidden_layers: 4, num_key_value_heads: 2, vocab_size: 32000}
-tokenizer: {tokenizer_name_or_path: gpt2}
-tokens: {train_steps: 10}
-optimizer:
-  weight_decay: 0.01
-  clip_grad: 1.0
-  accumulate_grad_in_fp32: true
-  adam_eps: 1.0e-08
-  adam_beta1: 0.9
-  adam_beta2: 0.95
-  torch_adam_is_fused: true
-  learning_rate_scheduler: {learning_rate: 0.0003, lr_warmup_steps: 2, lr_warmup_style: linear,
-                            lr_decay_style: cosine, min_decay_lr: 1.0e-05}
-"""
-
-
-def test_nanotron_loader_accepts_the_exports(tmp_path: Path) -> None:
-    pytest.importorskip("nanotron")
-    spec = importlib.util.spec_from_file_location("snapshots", ROOT / "benchmarks" / "trainer_key_snapshots.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    cfg = mod._nanotron_config()
-    for i, text in enumerate(texts("nanotron")):
-        doc = yaml.safe_load(NANOTRON_BASE)
-        for k, v in yaml.safe_load(text).items():
-            doc[k] = {**doc.get(k, {}), **v}
-        path = tmp_path / f"{i}.yaml"
-        path.write_text(yaml.safe_dump(doc))
-        cfg.get_config_from_file(str(path))
+@pytest.mark.parametrize("target", TARGETS)
+def test_trainer_loaders_accept_the_exports(target: str, tmp_path: Path) -> None:
+    loader = trainer_loader(target)
+    assert loader is not None
+    for i, p in enumerate(plans(target)):
+        loader(export(p, target), tmp_path / str(i))

@@ -14,6 +14,7 @@ from planner.cli import main
 from planner.exports import export
 from planner.imports import ConfigError, import_plan, importer_for, inputs_line, read_inputs
 from planner.imports.torchtitan import generated_sizes
+from tests.trainer_loaders import trainer_loader
 from vocab.errors import ShardplanError
 from vocab.plan import Plan, load_plan
 
@@ -33,8 +34,12 @@ def job_plan(job: str, target: str) -> Plan:
     return search(model, cluster, seq, gb, target=target)
 
 
-def round_trip(p: Plan, target: str, tmp_path: Path, **given: object) -> Plan:
+def round_trip(p: Plan, target: str, tmp_path: Path, load: bool = False, **given: object) -> Plan:
+    """``p`` exported for ``target`` (read by the trainer's own loader with ``load``) and imported back."""
     e = export(p, EXPORTER.get(target, target))
+    loader = trainer_loader(EXPORTER.get(target, target), skip=False) if load else None
+    if loader is not None:
+        loader(e, tmp_path / "loader")
     path = tmp_path / f"{target}{e.suffix}"
     path.write_text(e.text)
     return import_plan(path, **given)  # type: ignore[arg-type]
@@ -51,8 +56,9 @@ NO_PLAN = {("405b", "nanotron"): "no plan in the 'full' space fits"}
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("job", list(JOBS))
 def test_headline_jobs_round_trip(job: str, target: str, tmp_path: Path) -> None:
-    """plan --target T, export --to T, import: the same step time and peak memory (DeepSpeed's JSON
-    names no model, cluster, sequence length or expert parallelism: they are given)."""
+    """plan --target T, export --to T, the trainer's own loader accepts it, import: the same step time and
+    peak memory (DeepSpeed's JSON names no model, cluster, sequence length or expert parallelism: they
+    are given)."""
     if (job, target) in NO_PLAN:
         with pytest.raises(ShardplanError, match=NO_PLAN[job, target]) as err:
             job_plan(job, target)
@@ -62,7 +68,7 @@ def test_headline_jobs_round_trip(job: str, target: str, tmp_path: Path) -> None
     model, cluster, seq, _ = JOBS[job]
     given = {"model": model, "cluster": cluster, "seq_len": seq, "ep": p.strategy.mesh.ep} \
         if target == "deepspeed" else {}
-    back = round_trip(p, target, tmp_path, **given)
+    back = round_trip(p, target, tmp_path, load=True, **given)
     assert close(p, back), (p.strategy, back.strategy)
     assert back.predicted.memory_peak_gib == pytest.approx(p.predicted.memory_peak_gib, rel=1e-9)
     assert back.inputs.target.name == target and back.inputs.workload == p.inputs.workload

@@ -1,0 +1,170 @@
+"""The trainers' own loaders, run on an export: torchtitan's ``ConfigManager``, megatron-core's config
+dataclasses (Megatron-LM's argument parser is not in the wheel), DeepSpeed's ``DeepSpeedConfig`` and
+nanotron's strict ``get_config_from_file``. The trainers come from ``tests/trainers.txt`` (the README's
+test command installs them); where one is not installed its checks are skipped, and an installed
+release other than the one its target pins fails.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.util
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import pytest
+import yaml
+
+from planner.exports.base import Exported
+from vocab.targets import by_exporter, key_snapshot
+
+ROOT = Path(__file__).resolve().parents[1]
+MODULE = {"torchtitan": "torchtitan.config.manager", "megatron": "megatron.core", "deepspeed": "deepspeed",
+          "nanotron": "nanotron"}
+
+Loader = Callable[[Exported, Path], None]
+
+
+def trainer_loader(target: str, skip: bool = True) -> Loader | None:
+    """The loader of ``target``'s trainer. Where the trainer is not installed the test is skipped (or,
+    without ``skip``, None is returned); an installed release other than the pinned one fails."""
+    if target == "python":
+        return LOADERS[target]
+    t = by_exporter(target)
+    try:
+        installed = importlib.metadata.version(t.package)
+    except importlib.metadata.PackageNotFoundError:
+        if not skip:
+            return None
+        pytest.skip(f"{t.package} is not installed (pip install --no-deps -r tests/trainers.txt)")
+    assert installed == t.version, f"{t.package} {installed} is installed, the {target} target pins {t.version}"
+    if target != "nanotron":
+        importlib.import_module(MODULE[target])  # installed: an import error is a failure, not a skip
+    return LOADERS[target]
+
+
+def _torchtitan(e: Exported, where: Path) -> None:
+    from torchtitan.config.manager import ConfigManager
+
+    where.mkdir(parents=True, exist_ok=True)
+    path = where / "job.toml"
+    path.write_text(e.text)
+    ConfigManager().parse_args(["--job.config_file", str(path)])
+
+
+def _flags(text: str) -> dict[str, str | bool]:
+    from tests.test_exports import flags
+
+    return flags(text)
+
+
+def _megatron(e: Exported, where: Path) -> None:
+    import torch
+    import torch.nn.functional as F
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.transformer import TransformerConfig
+
+    snap = key_snapshot(by_exporter("megatron"))
+    tc_fields = set(snap["classes"]["TransformerConfig"])
+    ddp_fields = set(snap["classes"]["DistributedDataParallelConfig"])
+    f = _flags(e.text)
+
+    def val(v: str | bool) -> Any:
+        if v is True:
+            return True
+        for cast in (int, float):
+            try:
+                return cast(v)
+            except ValueError:
+                pass
+        return v
+
+    kw = {k[2:].replace("-", "_"): val(v) for k, v in f.items() if k not in snap["lm_flags"]}
+    tc = {k: v for k, v in kw.items() if k in tc_fields}
+    if "--swiglu" in f:
+        tc.update(gated_linear_unit=True, activation_func=F.silu)
+    if "--num-experts" in f:
+        tc["num_moe_experts"] = int(f["--num-experts"])  # type: ignore[arg-type]
+    if "--disable-bias-linear" in f:
+        tc["add_bias_linear"] = False
+    pp = tc.get("pipeline_model_parallel_size", 1)
+    if "--num-layers-per-virtual-pipeline-stage" in f:
+        tc["virtual_pipeline_model_parallel_size"] = tc["num_layers"] // pp // int(
+            f["--num-layers-per-virtual-pipeline-stage"])  # type: ignore[arg-type]
+    if "--decoder-first-pipeline-num-layers" in f:
+        tc["num_layers_in_first_pipeline_stage"] = int(f["--decoder-first-pipeline-num-layers"])  # type: ignore[arg-type]
+    if "--decoder-last-pipeline-num-layers" in f:
+        tc["num_layers_in_last_pipeline_stage"] = int(f["--decoder-last-pipeline-num-layers"])  # type: ignore[arg-type]
+    if pp > 1:
+        tc["pipeline_dtype"] = torch.bfloat16
+    tc.pop("fp8", None)
+    TransformerConfig(**tc)
+    DistributedDataParallelConfig(**{k: v for k, v in kw.items() if k in ddp_fields})
+
+
+def _deepspeed(e: Exported, where: Path) -> None:
+    import deepspeed.runtime.config as dsc
+
+    m = e.strategy.mesh
+    world = m.dp_replicate * m.dp_shard
+    with mock.patch.object(dsc.dist, "get_rank", return_value=0), \
+            mock.patch.object(dsc.dist, "get_world_size", return_value=world * m.cp):
+        dsc.DeepSpeedConfig(json.loads(e.text))
+
+
+#: the rest of a nanotron config around an export's parallelism, tokens and optimizer blocks
+NANOTRON_BASE = """
+general: {project: shardplan, run: check, seed: 42}
+model:
+  init_method: {std: 0.025}
+  dtype: bfloat16
+  model_config: {is_llama_config: true, hidden_size: 256, intermediate_size: 688, num_attention_heads: 8,
+                 num_hidden_layers: 4, num_key_value_heads: 2, vocab_size: 32000}
+tokenizer: {tokenizer_name_or_path: gpt2}
+tokens: {train_steps: 10}
+optimizer:
+  weight_decay: 0.01
+  clip_grad: 1.0
+  accumulate_grad_in_fp32: true
+  adam_eps: 1.0e-08
+  adam_beta1: 0.9
+  adam_beta2: 0.95
+  torch_adam_is_fused: true
+  learning_rate_scheduler: {learning_rate: 0.0003, lr_warmup_steps: 2, lr_warmup_style: linear,
+                            lr_decay_style: cosine, min_decay_lr: 1.0e-05}
+"""
+
+
+def _nanotron_config() -> Any:
+    spec = importlib.util.spec_from_file_location("snapshots", ROOT / "benchmarks" / "trainer_key_snapshots.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod._nanotron_config()
+
+
+def _nanotron(e: Exported, where: Path) -> None:
+    cfg = _nanotron_config()
+    doc = yaml.safe_load(NANOTRON_BASE)
+    for k, v in yaml.safe_load(e.text).items():
+        doc[k] = {**doc.get(k, {}), **v}
+    where.mkdir(parents=True, exist_ok=True)
+    path = where / "config.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    cfg.get_config_from_file(str(path))
+
+
+def _shardplan(e: Exported, where: Path) -> None:
+    """The project's own script: it compiles, and the plan it embeds parses (what it does first)."""
+    from planner.imports.python import parse
+
+    compile(e.text, "plan.py", "exec")
+    assert parse(e.text, "the script").strategy == e.strategy
+
+
+LOADERS: dict[str, Loader] = {"torchtitan": _torchtitan, "megatron": _megatron, "deepspeed": _deepspeed,
+                              "nanotron": _nanotron, "python": _shardplan}
