@@ -96,8 +96,7 @@ def expert(job: str) -> dict[str, Any]:
     target, fields, source = EXPERT[job]
     model, cluster, seq, gb = JOBS[job]
     t = load_target(target)
-    w = Workload(seq_len=seq, global_batch=gb, cross_entropy=t.behaviour.cross_entropy[0],
-                 grad_dtype=t.behaviour.grad_dtype[0])
+    w = Workload(seq_len=seq, global_batch=gb, **t.behaviour.workload())
     graph = load_named_model(model, seq)
     if t.recompute.scope == "blocks":  # the trainer checkpoints transformer blocks only
         d = fields.get("default", {})

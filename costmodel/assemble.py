@@ -161,7 +161,7 @@ def assemble(ua: Sequence[UnitCost], layout: Layout, cfg: ConfigArrays, dev: Dev
     rs = np.array([r for _, r in ranks])
     fly = np.broadcast_to(in_flight(sched, rs, p, m[:, None], v), (len(m), len(rs)))  # (n, ranks)
     waiting = np.broadcast_to(weights_pending(sched, rs, p, m[:, None], v), (len(m), len(rs)))
-    recv = (recv_bytes(sched, rs, p, m[:, None], v, sent[:, (rs - 1) % p], sent[:, rs])
+    recv = (recv_bytes(sched, rs, p, m[:, None], v, sent[:, (rs - 1) % p], sent[:, rs], w.recv_buffers)
             if p > 1 else np.zeros((len(m), len(rs))))
     mem = rank_memory(units, sig[[j for j, _ in ranks]], layout, cfg, dev, w, fly, waiting, recv, tail, detail)
     tensors = mem.peak_tensors.max(axis=-1)
@@ -176,12 +176,13 @@ def assemble(ua: Sequence[UnitCost], layout: Layout, cfg: ConfigArrays, dev: Dev
     return a
 
 
-def recv_bytes(schedule: Any, r: Any, p: int, m: Any, v: int, sent_in: Any, sent_out: Any) -> Any:
+def recv_bytes(schedule: Any, r: Any, p: int, m: Any, v: int, sent_in: Any, sent_out: Any,
+               kind: str = "per_micro_batch") -> Any:
     """Bytes of the receive buffers pipeline rank ``r`` keeps beyond its activations
     (:func:`costmodel.pipeline.recv_buffers`): ``sent_in`` bytes arrive per micro-batch at its
     stages with a previous stage (what rank ``r - 1`` sends), ``sent_out`` bytes of output
     gradients at its stages with a next one (what it sends itself)."""
-    fwd, grad = recv_buffers(schedule, r, p, m, v)
+    fwd, grad = recv_buffers(schedule, r, p, m, v, kind)
     return fwd * sent_in + grad * sent_out
 
 

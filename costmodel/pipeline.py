@@ -160,15 +160,25 @@ def weights_pending(schedule: Any, stage: Any, p: int, m: Any, v: int = 1) -> An
     return _select_schedule(schedule, 0.0 * m, 0.0 * m, zb, 0.0 * m)
 
 
-def recv_buffers(schedule: Any, stage: Any, p: int, m: Any, v: int = 1) -> tuple[Any, Any]:
+def recv_buffers(schedule: Any, stage: Any, p: int, m: Any, v: int = 1, kind: str = "per_micro_batch"
+                 ) -> tuple[Any, Any]:
     """(forward, gradient) receive buffers pipeline rank ``stage`` holds beyond what the activations
-    count, per virtual stage with a previous (forward) or next (gradient) stage.
+    count, per virtual stage with a previous (forward) or next (gradient) stage, as the trainer keeps
+    them (``Workload.recv_buffers``):
 
-    torch's ``PipelineStage`` allocates one activation-sized buffer per micro-batch for the inputs it
-    receives and one per micro-batch for the output gradients, and keeps them between steps. The
-    ``in_flight`` micro-batches' input buffers are already counted (the stage's first op saves its
-    input), as are the output gradients of those awaiting weight gradients (``weights_pending``:
-    the last op's output gradient is the received one)."""
-    if p == 1:
-        return 0.0 * np.asarray(m, dtype=float), 0.0 * np.asarray(m, dtype=float)
+    * ``per_micro_batch``: torch's ``PipelineStage`` allocates one activation-sized buffer per
+      micro-batch for the inputs it receives and one per micro-batch for the output gradients, and
+      keeps them between steps. The ``in_flight`` micro-batches' input buffers are already counted
+      (the stage's first op saves its input), as are the output gradients of those awaiting weight
+      gradients (``weights_pending``: the last op's output gradient is the received one).
+    * ``one``: DeepSpeed's ``PipelineEngine`` receives into one buffer each way and clones it into
+      the micro-batch's input (``pipe_recv_buf``, ``grad_layer``): one of each beyond the activations.
+    * ``none``: Megatron-LM and nanotron allocate each received tensor when it arrives
+      (``p2p_communication._communicate``, ``P2PTensorMetaData.create_empty_storage``); it is the
+      micro-batch's input, freed with its activations: nothing beyond them."""
+    zero = 0.0 * np.asarray(m, dtype=float)
+    if p == 1 or kind == "none":
+        return zero, zero
+    if kind == "one":
+        return zero + 1.0, zero + 1.0
     return m - in_flight(schedule, stage, p, m, v), m - weights_pending(schedule, stage, p, m, v)

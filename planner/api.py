@@ -114,8 +114,8 @@ def search_plan(
     errors = []
     for b in sorted({int(x) for x in batches}):
         w = Workload(seq_len=seq_len, global_batch=b, precision=precision,  # type: ignore[arg-type]
-                     attention_kernel=attention_kernel, cross_entropy=cross_entropy,  # type: ignore[arg-type]
-                     grad_dtype=grad_dtype)  # type: ignore[arg-type]
+                     attention_kernel=attention_kernel,  # type: ignore[arg-type]
+                     **t.behaviour.workload(cross_entropy, grad_dtype))
         try:
             res = search(graph, cl, w, opts, memory_limit_gib, dev, time_limit, top_k, progress)
         except ShardplanError as e:

@@ -154,7 +154,7 @@ class PipelineProblem:
         n = self.p * self.v  # a rank's virtual stages with a previous one, and with a next one
         prev = np.array([sum(k > 0 for k in range(r, n, self.p)) for r in ranks])
         nxt = np.array([sum(k < n - 1 for k in range(r, n, self.p)) for r in ranks])
-        recv = recv_bytes(cfg.schedule, ranks, self.p, self.m, self.v, out * prev, out * nxt)
+        recv = recv_bytes(cfg.schedule, ranks, self.p, self.m, self.v, out * prev, out * nxt, w.recv_buffers)
         self._recv = [float(x) for x in np.broadcast_to(recv, ranks.shape)]
 
     @classmethod

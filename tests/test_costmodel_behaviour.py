@@ -192,3 +192,21 @@ def test_overlapped_communication_costs_its_interference_fraction() -> None:
     assert busy.step_time_s > free.step_time_s
     assert busy.time.comm["dp"] > free.time.comm["dp"]
     assert busy.time.compute == free.time.compute
+
+
+def test_receive_buffers_follow_the_trainer() -> None:
+    """The same pipeline plan: torch's PipelineStage keeps a receive buffer per micro-batch beyond the
+    in-flight activations, DeepSpeed one each way, Megatron-LM and nanotron none; time is unchanged."""
+    from costmodel.pipeline import recv_buffers
+
+    g, cl = load_model("llama3-8b", 4096), parse_cluster("16xh100")
+    s = Strategy(mesh=Mesh(pp=4, dp_shard=4), micro_batch=1, schedule="1f1b")
+    reports = {k: estimate(g, cl, s, Workload(seq_len=4096, global_batch=64, recv_buffers=k))
+               for k in ("per_micro_batch", "one", "none")}
+    mem = {k: r.memory_peak_gib for k, r in reports.items()}
+    assert mem["per_micro_batch"] > mem["one"] > mem["none"]
+    assert len({r.step_time_s for r in reports.values()}) == 1
+    # rank 1 of 4 with 16 micro-batches, 3 of them in flight: 13 input and 16 gradient buffers beyond them
+    assert recv_buffers("1f1b", 1, 4, 16.0) == (13.0, 16.0)
+    assert recv_buffers("1f1b", 1, 4, 16.0, kind="one") == (1.0, 1.0)
+    assert recv_buffers("1f1b", 1, 4, 16.0, kind="none") == (0.0, 0.0)

@@ -218,7 +218,7 @@ def test_cli_plan_records_its_target_and_exports_to_it(tmp_path: Path) -> None:
     assert r.exit_code == 0, r.output
     assert "torchtitan 0.2.2" in r.stdout
     doc = json.loads(out.read_text())
-    assert doc["schema_version"] == "1.2" and doc["inputs"]["target"] == {"name": "torchtitan", "version": "0.2.2"}
+    assert doc["schema_version"] == "1.3" and doc["inputs"]["target"] == {"name": "torchtitan", "version": "0.2.2"}
     r = runner.invoke(app, ["export", str(out), "--to", "torchtitan", "-o", str(tmp_path / "tt.toml")])
     assert r.exit_code == 0 and "warning" not in r.stderr and (tmp_path / "tt.toml").exists()
     d = json.loads(runner.invoke(app, ["explain", str(out), "--json"]).stdout)
@@ -244,3 +244,18 @@ def test_older_plans_read_as_the_target_any_and_price_the_same(tmp_path: Path,
         parse_plan({**doc, "schema_version": "1.1"})
     assert parse_plan({**doc, "inputs": {k: v for k, v in doc["inputs"].items() if k != "target"}}).inputs.target.name \
         == ANY
+
+
+def test_plans_record_the_targets_receive_buffers() -> None:
+    """A plan for Megatron-LM is priced with its receive buffers (none beyond the activations) and records
+    them (schema 1.3); a 1.2 document was priced with torch's and may name no other; a 1.2 document
+    without the field reads as torch's."""
+    p = searched("megatron", "gpt2")
+    assert p.schema_version == "1.3" and p.inputs.workload.recv_buffers == "none"
+    doc = json.loads(p.to_json())
+    with pytest.raises(PlanError, match="workload.recv_buffers 'none' needs schema_version 1.3"):
+        parse_plan({**doc, "schema_version": "1.2"})
+    older = json.loads(searched("shardplan", "gpt2").to_json())
+    older["schema_version"] = "1.2"
+    del older["inputs"]["workload"]["recv_buffers"]
+    assert parse_plan(older).inputs.workload.recv_buffers == "per_micro_batch"

@@ -42,10 +42,12 @@ Schedule = Literal["gpipe", "1f1b", "interleaved", "zb"]
 AttentionKernel = Literal["auto", "flash2", "flash3"]
 CROSS_ENTROPY_CHOICES = ("eager", "fused")
 GRAD_DTYPE_CHOICES = ("fp32", "bf16")
+RECV_BUFFER_CHOICES = ("per_micro_batch", "one", "none")
 #: the workload's kernel and buffer choices: field -> (what a message calls it, accepted values)
 WORKLOAD_CHOICES = {"attention_kernel": ("attention kernel", ATTENTION_KERNEL_CHOICES),
                     "cross_entropy": ("cross-entropy", CROSS_ENTROPY_CHOICES),
-                    "grad_dtype": ("gradient dtype", GRAD_DTYPE_CHOICES)}
+                    "grad_dtype": ("gradient dtype", GRAD_DTYPE_CHOICES),
+                    "recv_buffers": ("pipeline receive buffers", RECV_BUFFER_CHOICES)}
 #: Transient memory of the loss beside the fp32 softmax it keeps, as a multiple of that softmax:
 #: PyTorch eager ``F.cross_entropy(logits.float())`` holds, in its backward, the incoming gradient
 #: of the log-softmax and the outgoing one (2x); a fused kernel (Megatron's vocab-parallel
@@ -176,6 +178,12 @@ class Workload(_Strict):
     grad_dtype: Literal["fp32", "bf16"] = Field(
         "fp32", description="gradient buffers under bf16/fp8: fp32 (Megatron's main_grad, FSDP2 with an fp32 "
         "reduce dtype, DeepSpeed's bf16 optimizer) or 16-bit (the ZeRO paper's 2 bytes per parameter)"
+    )
+    recv_buffers: Literal["per_micro_batch", "one", "none"] = Field(
+        "per_micro_batch", description="pipeline receive buffers kept beyond the activations: per_micro_batch "
+        "(torch's PipelineStage: one per micro-batch, held between steps), one (DeepSpeed's pipeline engine: "
+        "one input and one gradient buffer, reused), none (Megatron-LM, nanotron: allocated per receive, "
+        "freed with the activations)"
     )
 
     @property

@@ -29,6 +29,7 @@ from vocab.strategy import (
     GRAD_DTYPE_CHOICES,
     OFFLOADS,
     RECOMPUTES,
+    RECV_BUFFER_CHOICES,
     SCHEDULES,
     SHARDINGS,
     Offload,
@@ -117,6 +118,15 @@ class Behaviour(_Strict):
 
     cross_entropy: list[Literal["eager", "fused"]] = Field(..., min_length=1)
     grad_dtype: list[Literal["fp32", "bf16"]] = Field(..., min_length=1)
+    recv_buffers: list[Literal["per_micro_batch", "one", "none"]] = Field(
+        default_factory=lambda: ["per_micro_batch"], min_length=1,
+        description="pipeline receive buffers kept beyond the activations (vocab.strategy.Workload)")
+
+    def workload(self, cross_entropy: str | None = None, grad_dtype: str | None = None) -> dict[str, str]:
+        """The workload fields a plan for the target is priced with: its first value of each, or the
+        cross-entropy kernel and gradient dtype asked for."""
+        return {"cross_entropy": cross_entropy or self.cross_entropy[0], "grad_dtype": grad_dtype or self.grad_dtype[0],
+                "recv_buffers": self.recv_buffers[0]}
 
 
 class Target(_Strict):
@@ -204,7 +214,8 @@ def _any() -> Target:
                             per_layer=True),
         osdp_split=True, fp8=True,
         behaviour=Behaviour(cross_entropy=list(CROSS_ENTROPY_CHOICES),  # type: ignore[arg-type]
-                            grad_dtype=list(GRAD_DTYPE_CHOICES)),  # type: ignore[arg-type]
+                            grad_dtype=list(GRAD_DTYPE_CHOICES),  # type: ignore[arg-type]
+                            recv_buffers=list(RECV_BUFFER_CHOICES)),  # type: ignore[arg-type]
         notes=["no trainer: every choice of the plan vocabulary; plans of schema 1.0 and 1.1 read as this target"],
     )
 

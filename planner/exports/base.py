@@ -7,8 +7,8 @@ plan still fits where the plan did), values the target lacks (the next more memo
 has; sharding also by what a pipeline and data parallelism beside model parallelism allow, and by
 what an offload needs), HSDP, schedule and its stages per rank, uneven stages, context and expert
 parallelism, TSP, sequence parallelism, fp8; then the target's behaviour (cross-entropy kernel,
-gradient dtype), which is re-priced but not something the target lacks. A target module may then
-adjust further (``adjust``) before rendering.
+gradient dtype, pipeline receive buffers), which is re-priced but not something the target lacks. A
+target module may then adjust further (``adjust``) before rendering.
 """
 
 from __future__ import annotations
@@ -307,7 +307,8 @@ def _precision(n: Nearest, t: Target) -> None:
         n.lose("fp8", f"fp8 → bf16 ({t.name} has no fp8 training)")
         w["precision"] = "bf16"
     for key, what, allowed in (("cross_entropy", "cross-entropy", t.behaviour.cross_entropy),
-                               ("grad_dtype", "gradient dtype", t.behaviour.grad_dtype)):
+                               ("grad_dtype", "gradient dtype", t.behaviour.grad_dtype),
+                               ("recv_buffers", "pipeline receive buffers", t.behaviour.recv_buffers)):
         if w[key] not in allowed:
             n.behave(what, f"{w[key]} → {allowed[0]} (how {t.name} runs it)")
             w[key] = allowed[0]

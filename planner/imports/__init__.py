@@ -172,9 +172,8 @@ def import_plan(path: str | Path, trainer: str | None = None, model: str | None 
     if gb % (strategy.mesh.dp * strategy.micro_batch):
         raise ConfigError(f"{origin}: global batch {gb} is not a multiple of micro-batch {strategy.micro_batch} x "
                           f"{strategy.mesh.dp} data-parallel ranks")
-    ce, gd = t.behaviour.cross_entropy[0], t.behaviour.grad_dtype[0]
     w = _validated(Workload, {"seq_len": seq, "global_batch": gb, "precision": found.get("precision", "bf16"),
-                              "cross_entropy": ce, "grad_dtype": gd}, origin)
+                              **t.behaviour.workload()}, origin)
     plan = price(graph, cl, strategy, w, limit, model=model)
     return plan.model_copy(update={"inputs": plan.inputs.model_copy(
         update={"target": TargetRef(name=t.name, version=t.version or None)})})
