@@ -34,7 +34,7 @@ MIXED = {"mesh": {"pp": 2, "dp_replicate": 2, "dp_shard": 2, "tp": 2}, "schedule
          "layers": [{"unit": "layers.0", "sharding": "zero2", "recompute": "full"},
                     {"unit": "layers.1", "sharding": "zero3", "recompute": "full", "split": 4}]}
 UNSPLIT = {**MIXED, "layers": [{**x, "split": 1} for x in MIXED["layers"]]}  # what the runtime runs
-FUSED = {"cross_entropy": "fused"}  # how Megatron-LM and nanotron compute the loss
+FUSED = {"cross_entropy": "fused", "recv_buffers": "none"}  # how Megatron-LM and nanotron run the loss and buffers
 
 
 def flags(text: str) -> dict[str, Any]:

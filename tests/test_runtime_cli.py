@@ -144,18 +144,36 @@ def test_sigterm_to_train_ends_every_rank_and_leaves_nothing(plan2: Path, tmp_pa
          "--plan", str(plan2), "--nproc", "2", "--steps", "100000", "--output", str(out_file)],
         env={**os.environ, "TMPDIR": str(scratch)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     parent = psutil.Process(proc.pid)
-    deadline = time.monotonic() + 120
-    while len(parent.children()) < 2 and time.monotonic() < deadline:  # both ranks started
-        time.sleep(0.2)
-    ranks = [c for c in parent.children(recursive=True) if "resource_tracker" not in " ".join(c.cmdline())]
-    assert len(ranks) >= 2
-    while not list(scratch.glob("shardplan-train-*")) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    time.sleep(3)  # training under way
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=60)
+
+    def ranks() -> list[psutil.Process]:  # the rank processes (multiprocessing's resource tracker aside)
+        out = []
+        for c in parent.children(recursive=True):
+            try:
+                if "resource_tracker" not in " ".join(c.cmdline()):
+                    out.append(c)
+            except psutil.NoSuchProcess:
+                pass
+        return out
+
+    try:
+        deadline = time.monotonic() + 120
+        while len(ranks()) < 2 and time.monotonic() < deadline:  # both ranks started
+            time.sleep(0.2)
+        started = ranks()
+        assert len(started) >= 2
+        while not list(scratch.glob("shardplan-train-*")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(3)  # training under way
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:  # whatever failed, no training is left running for the next test
+        if proc.poll() is None:
+            for c in parent.children(recursive=True):
+                c.kill()
+            proc.kill()
+            proc.communicate()
     assert proc.returncode == 2 and "stopped by SIGTERM" in out and "Traceback" not in out
-    gone, alive = psutil.wait_procs(ranks, timeout=10)
+    gone, alive = psutil.wait_procs(started, timeout=10)
     assert alive == []
     assert list(scratch.glob("shardplan-train-*")) == [] and not out_file.exists()  # (torch caches aside)
 

@@ -306,6 +306,8 @@ def _precision(n: Nearest, t: Target) -> None:
     if w["precision"] == "fp8" and not t.fp8:
         n.lose("fp8", f"fp8 → bf16 ({t.name} has no fp8 training)")
         w["precision"] = "bf16"
+    if n.mesh["pp"] == 1:  # no pipeline, no receive buffers: how the target keeps them changes nothing
+        w["recv_buffers"] = t.behaviour.recv_buffers[0]
     for key, what, allowed in (("cross_entropy", "cross-entropy", t.behaviour.cross_entropy),
                                ("grad_dtype", "gradient dtype", t.behaviour.grad_dtype),
                                ("recv_buffers", "pipeline receive buffers", t.behaviour.recv_buffers)):
