@@ -145,6 +145,7 @@ BAD_TOML = {
     "schedule": ('[parallelism]\npipeline_parallel_degree = 2\npipeline_parallel_schedule = "ZBVZeroBubble"\n',
                  "is not priced"),
     "ac mode": ('[activation_checkpoint]\nmode = "memory_budget"\n', "activation_checkpoint.mode"),
+    "micro-batches": ('[parallelism]\npipeline_parallel_degree = 4\n', "must split into at least pp = 4 micro-batches"),
     "fqns": ('[parallelism]\npipeline_parallel_degree = 2\nmodule_fqns_per_model_part = [["tok_embeddings", '
              '"layers.0"], ["layers.2", "norm", "output"]]\n', "once each, in order"),
 }

@@ -111,7 +111,7 @@ def _pipeline(par: dict[str, Any], fields: dict[str, Any], ctx: Context) -> None
         raise ConfigError(f"{o}: pipeline_parallel_schedule {name!r} is not priced; known: {', '.join(SCHEDULES)}")
     sched = SCHEDULES[name]
     mb = count(par.get(str(K["pp_microbatch"]), 1), f"parallelism.{K['pp_microbatch']}", o)
-    fields["micro_batch"], fields["schedule"] = mb, sched
+    fields["local_batch"], fields["micro_batch"], fields["schedule"] = fields["micro_batch"], mb, sched
     parts = par.get(str(K["fqns_per_part"]))
     if parts is not None:
         sizes = _part_sizes(parts, ctx)
@@ -132,6 +132,10 @@ def _pipeline(par: dict[str, Any], fields: dict[str, Any], ctx: Context) -> None
     if sched != "interleaved" and v > 1:
         raise ConfigError(f"{o}: schedule {name} runs one stage per rank, the config has {v}")
     fields["stage_layers"] = sizes
+    local = fields.pop("local_batch")  # the local batch, split into micro-batches of mb
+    if local % mb or local // mb < pp:
+        raise ConfigError(f"{o}: local_batch_size {local} must split into at least pp = {pp} micro-batches of "
+                          f"pipeline_parallel_microbatch_size {mb} (torch's pipeline schedules need as many)")
 
 
 def generated_sizes(stages: int, blocks: int, first: int, last: int, origin: str) -> list[int]:
