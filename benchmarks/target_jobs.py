@@ -29,16 +29,20 @@ from planner.reprice import load_named_model, predicted_dict, price  # noqa: E40
 from profiler.hardware import parse_cluster  # noqa: E402
 from vocab.errors import ShardplanError  # noqa: E402
 from vocab.strategy import Strategy, Workload  # noqa: E402
-from vocab.targets import load_target  # noqa: E402
+from vocab.targets import ANY, load_target, target_names  # noqa: E402
 
-JOBS = {  # name: (model, cluster, seq_len, global batch)
-    "70b": ("llama3-70b", "1024xh100", 8192, 1024),
-    "405b": ("llama3.1-405b", "16384xh100", 8192, 2048),
-    "175b": ("gpt3-175b", "1024xa100-80gb", 2048, 1536),
-    "mixtral": ("mixtral-8x22b", "256xh100", 4096, 512),
-}
-TARGETS = ("shardplan", "torchtitan", "megatron", "deepspeed", "nanotron")
-EXPORTER = {"shardplan": "python"}
+sys.path.append(str(Path(__file__).resolve().parent))  # its sibling scripts, after the packages
+from solver_speed import CASES  # noqa: E402
+
+#: the headline jobs of solver_speed.py: name -> (model, cluster, seq_len, global batch)
+JOBS = {name: case[:4] for name, case in CASES.items()}
+#: every trainer's target
+TARGETS = tuple(t for t in target_names() if t != ANY)
+
+
+def exporter(target: str) -> str:
+    """The export that writes for ``target`` (its file's ``exporter``)."""
+    return str(load_target(target).exporter)
 
 #: published configurations of the jobs (their mesh on the job's cluster), the target that runs them and
 #: where they are stated
@@ -78,7 +82,7 @@ def round_trip(job: str, target: str) -> dict[str, Any]:
     except ShardplanError as e:
         return {"job": job, "target": target, "error": str(e)}
     wall = time.perf_counter() - t0
-    e = export(p, EXPORTER.get(target, target))
+    e = export(p, exporter(target))
     problem = refusal(e)
     out = {"job": job, "target": target, "step": p.predicted.step_time_s, "mem": p.predicted.memory_peak_gib,
            "limit": predicted_dict(p)["memory_limit_gib"], "mesh": _mesh(p.strategy), "search_s": wall,
@@ -103,7 +107,7 @@ def expert(job: str) -> dict[str, Any]:
         fields = {**fields, "layers": [{"unit": u, **d, "recompute": "none"} for u, _ in graph.blocks()
                                        if not u.startswith("layers.")]}
     p = price(graph, parse_cluster(cluster), Strategy.model_validate(fields), w, model=model)
-    missing = [x.lacks for x in lacks(p, EXPORTER.get(target, target)) if not x.behaviour]
+    missing = [x.lacks for x in lacks(p, exporter(target)) if not x.behaviour]
     pred = predicted_dict(p)
     worst = max(pred["stages"], key=lambda st: st["total_gib"])
     parts = ", ".join(f"{k} {worst[k + '_gib']:.1f}" for k in ("params", "grads", "optimizer", "activations",

@@ -14,18 +14,13 @@ from planner.cli import main
 from planner.exports import export
 from planner.imports import ConfigError, import_plan, importer_for, inputs_line, read_inputs
 from planner.imports.torchtitan import generated_sizes
+from tests.benchmark_scripts import benchmark_script
 from tests.trainer_loaders import trainer_loader
 from vocab.errors import ShardplanError
 from vocab.plan import Plan, load_plan
 
-JOBS = {  # the headline jobs: model, cluster, tokens per sample, samples per step
-    "70b": ("llama3-70b", "1024xh100", 8192, 1024),
-    "405b": ("llama3.1-405b", "16384xh100", 8192, 2048),
-    "175b": ("gpt3-175b", "1024xa100-80gb", 2048, 1536),
-    "mixtral": ("mixtral-8x22b", "256xh100", 4096, 512),
-}
-TARGETS = ("shardplan", "torchtitan", "megatron", "deepspeed", "nanotron")
-EXPORTER = {"shardplan": "python"}
+_JOBS = benchmark_script("target_jobs")
+JOBS, TARGETS, exporter = _JOBS.JOBS, _JOBS.TARGETS, _JOBS.exporter  # the headline jobs, every trainer's target
 
 
 @functools.cache
@@ -36,8 +31,8 @@ def job_plan(job: str, target: str) -> Plan:
 
 def round_trip(p: Plan, target: str, tmp_path: Path, load: bool = False, **given: object) -> Plan:
     """``p`` exported for ``target`` (read by the trainer's own loader with ``load``) and imported back."""
-    e = export(p, EXPORTER.get(target, target))
-    loader = trainer_loader(EXPORTER.get(target, target), skip=False) if load else None
+    e = export(p, exporter(target))
+    loader = trainer_loader(exporter(target), skip=False) if load else None
     if loader is not None:
         loader(e, tmp_path / "loader")
     path = tmp_path / f"{target}{e.suffix}"

@@ -27,7 +27,7 @@ def plans() -> dict[str, Plan]:
         "zero1": search("llama3-8b", "16xh100", 2048, 64, target="nanotron"),
         "tp-sequence-parallel": search("llama3-8b", "16xh100", 4096, 64, memory_limit_gib=18, target="nanotron"),
         "gpt2": search("gpt2", "16xh100", 1024, 64, target="nanotron"),
-        "moe-pipeline-ep": search("mixtral-8x7b", "16xh100", 2048, 64, target="nanotron"),
+        "moe-pipeline": search("mixtral-8x7b", "16xh100", 2048, 64, target="nanotron"),
         "gpipe-tp-replicate": make_plan({"mesh": {"pp": 4, "dp_shard": 2, "tp": 2}, "schedule": "gpipe",
                                          "sequence_parallel": True, "default": {"sharding": "replicate"}}),
         "nearest-no-recompute": make_plan({"mesh": {"pp": 2, "dp_shard": 4, "tp": 2}, "micro_batch": 1, **FULL}),

@@ -13,6 +13,7 @@ import planner.commands  # noqa: F401  (registers ``train``)
 from planner.cli import app
 from runtime.launch import FAIL_ENV, free_port
 from runtime.plans import hand_plan
+from tests.processes import rank_processes
 from vocab.strategy import LayerStrategy as L
 from vocab.strategy import Mesh, Strategy
 
@@ -33,15 +34,8 @@ def _train(*args: str) -> tuple[int, str]:
 
 
 def _workers() -> list[psutil.Process]:
-    """Live child processes that are training ranks (not multiprocessing's resource tracker)."""
-    out = []
-    for c in psutil.Process().children(recursive=True):
-        try:
-            if "resource_tracker" not in " ".join(c.cmdline()) and c.status() != psutil.STATUS_ZOMBIE:
-                out.append(c)
-        except psutil.NoSuchProcess:
-            pass
-    return out
+    """Live child processes of this test that are training ranks."""
+    return rank_processes(live=True)
 
 
 def test_corrupt_plan_file(tmp_path: Path) -> None:
@@ -145,21 +139,11 @@ def test_sigterm_to_train_ends_every_rank_and_leaves_nothing(plan2: Path, tmp_pa
         env={**os.environ, "TMPDIR": str(scratch)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     parent = psutil.Process(proc.pid)
 
-    def ranks() -> list[psutil.Process]:  # the rank processes (multiprocessing's resource tracker aside)
-        out = []
-        for c in parent.children(recursive=True):
-            try:
-                if "resource_tracker" not in " ".join(c.cmdline()):
-                    out.append(c)
-            except psutil.NoSuchProcess:
-                pass
-        return out
-
     try:
         deadline = time.monotonic() + 120
-        while len(ranks()) < 2 and time.monotonic() < deadline:  # both ranks started
+        while len(rank_processes(parent)) < 2 and time.monotonic() < deadline:  # both ranks started
             time.sleep(0.2)
-        started = ranks()
+        started = rank_processes(parent)
         assert len(started) >= 2
         while not list(scratch.glob("shardplan-train-*")) and time.monotonic() < deadline:
             time.sleep(0.2)

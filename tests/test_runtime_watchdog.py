@@ -19,6 +19,7 @@ from planner.cli import app
 from planner.commands import train as train_cmd
 from runtime.launch import FAIL_ENV, WATCHDOG_S, Stale, _Watch, stale_rank
 from runtime.plans import hand_plan
+from tests.processes import rank_processes
 from vocab.strategy import LayerStrategy as L
 from vocab.strategy import Mesh, Strategy
 
@@ -87,17 +88,6 @@ def test_the_cli_default_is_the_launch_default() -> None:
     assert train_cmd.WATCHDOG_S == WATCHDOG_S
 
 
-def _ranks(parent: psutil.Process) -> list[psutil.Process]:
-    out = []
-    for c in parent.children(recursive=True):
-        try:
-            if "resource_tracker" not in " ".join(c.cmdline()):
-                out.append(c)
-        except psutil.NoSuchProcess:
-            pass
-    return out
-
-
 @pytest.mark.slow
 def test_a_stopped_rank_ends_train_with_one_line_and_no_processes_left(plan2: Path, tmp_path: Path) -> None:
     watchdog = 5.0
@@ -111,7 +101,7 @@ def test_a_stopped_rank_ends_train_with_one_line_and_no_processes_left(plan2: Pa
     try:
         deadline, stopped_at = time.monotonic() + 180, None
         while stopped_at is None and proc.poll() is None and time.monotonic() < deadline:
-            for c in _ranks(parent):
+            for c in rank_processes(parent):
                 seen.setdefault(c.pid, c)
                 try:
                     if c.status() == psutil.STATUS_STOPPED:

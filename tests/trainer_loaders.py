@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from planner.exports.base import Exported
+from tests.benchmark_scripts import benchmark_script
 from vocab.targets import by_exporter, key_snapshot
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -140,11 +141,7 @@ optimizer:
 
 
 def _nanotron_config() -> Any:
-    spec = importlib.util.spec_from_file_location("snapshots", ROOT / "benchmarks" / "trainer_key_snapshots.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod._nanotron_config()
+    return benchmark_script("trainer_key_snapshots")._nanotron_config()
 
 
 def _nanotron(e: Exported, where: Path) -> None:

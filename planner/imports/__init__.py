@@ -24,7 +24,7 @@ from typing import Any
 from vocab.errors import ShardplanError, UnknownNameError
 from vocab.io import read_text, validate_document
 from vocab.plan import Plan, TargetRef
-from vocab.strategy import Strategy, Workload, even_split
+from vocab.strategy import RECOMPUTES, Strategy, Workload, even_split
 from vocab.targets import Target, by_exporter
 
 #: the importers, by the exporter (and target) they read
@@ -120,6 +120,17 @@ def count(value: Any, what: str, origin: str, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigError(f"{origin}: {what} must be an integer >= {minimum}, got {value!r}")
     return value
+
+
+def unit_choices(units: list[str], recompute: dict[str, str], sharding: str, offload: str) -> dict[str, Any]:
+    """The strategy's ``default`` and ``layers`` for a trainer that sets sharding and offload for the whole
+    model: every unit ``sharding`` and ``offload``, its recomputation from ``recompute`` (none for a
+    unit it does not name); the most frequent recomputation is the default (a tie goes to none)."""
+    per_unit = [recompute.get(u, "none") for u in units]
+    common = max(RECOMPUTES, key=per_unit.count)
+    unit = {"sharding": sharding, "offload": offload}
+    return {"default": {**unit, "recompute": common},
+            "layers": [{"unit": u, **unit, "recompute": r} for u, r in zip(units, per_unit, strict=True) if r != common]}
 
 
 def import_plan(path: str | Path, trainer: str | None = None, model: str | None = None,

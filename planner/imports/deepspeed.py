@@ -28,11 +28,10 @@ it is ``--ep`` (``Context.ep``; 1 when not given).
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
 from planner.exports.keys import DEEPSPEED, DEEPSPEED_PARTITION, DEEPSPEED_ZERO_STAGE
-from planner.imports import ConfigError, Context, count, refuse_unknown, unknown_keys
+from planner.imports import ConfigError, Context, count, refuse_unknown, unit_choices, unknown_keys
 from vocab.io import decode_json
 from vocab.targets import by_exporter, key_snapshot
 
@@ -115,11 +114,7 @@ def strategy(doc: dict[str, Any], ctx: Context) -> dict[str, Any]:
     if pp > 1 and stage > 1:
         raise ConfigError(f"{o}: DeepSpeed's pipeline engine runs ZeRO stage 0 or 1, not {stage}")
     offload = _offload(zero, stage, o)
-    recompute = _recompute(doc, pipe, ctx)
-    common = Counter(recompute.values()).most_common(1)[0][0]
-    default = {"sharding": SHARDINGS[stage], "offload": offload}
-    fields["default"] = {**default, "recompute": common}
-    fields["layers"] = [{"unit": u, **default, "recompute": r} for u, r in recompute.items() if r != common]
+    fields.update(unit_choices(ctx.units, _recompute(doc, pipe, ctx), SHARDINGS[stage], offload))
     return fields
 
 

@@ -23,8 +23,7 @@ from typing import Any
 
 from planner.exports.keys import MEGATRON as K
 from planner.exports.keys import MEGATRON_CP_COMM
-from planner.imports import ConfigError, Context, refuse_unknown
-from vocab.strategy import RECOMPUTES
+from planner.imports import ConfigError, Context, refuse_unknown, unit_choices
 from vocab.targets import by_exporter, key_snapshot
 
 SUFFIXES = (".args",)
@@ -163,13 +162,9 @@ def strategy(doc: Doc, ctx: Context) -> dict[str, Any]:
         whole = False
     if offload and not whole:
         raise ConfigError(f"{o}: {_key('optimizer_offload_fraction')} {fraction!r} is not priced (1.0 is)")
-    unit = {"sharding": "zero1" if dist_opt else "replicate", "offload": "optimizer" if offload else "none"}
-    per_block = _recompute(doc, fields, ctx)
-    common = max(RECOMPUTES, key=per_block.count)  # the most frequent; a tie goes to the earlier (none first)
-    recompute = dict(zip([u for u in ctx.units if u.startswith("layers.")], per_block, strict=True))
-    fields["default"] = {**unit, "recompute": common}
-    fields["layers"] = [{"unit": u, **unit, "recompute": recompute.get(u, "none")} for u in ctx.units
-                        if recompute.get(u, "none") != common]
+    recompute = dict(zip([u for u in ctx.units if u.startswith("layers.")], _recompute(doc, fields, ctx), strict=True))
+    fields.update(unit_choices(ctx.units, recompute, "zero1" if dist_opt else "replicate",
+                               "optimizer" if offload else "none"))
     return fields
 
 

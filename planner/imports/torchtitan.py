@@ -19,8 +19,8 @@ from typing import Any
 
 from planner.exports.keys import TORCHTITAN as K
 from planner.exports.keys import TORCHTITAN_CP_ROTATE, TORCHTITAN_FLOAT8, TORCHTITAN_FQN, TORCHTITAN_SCHEDULES
-from planner.imports import ConfigError, Context, count, refuse_unknown, unknown_keys
-from vocab.strategy import RECOMPUTES, rank_blocks
+from planner.imports import ConfigError, Context, count, refuse_unknown, unit_choices, unknown_keys
+from vocab.strategy import rank_blocks
 from vocab.targets import by_exporter, key_snapshot
 
 SUFFIXES = (".toml",)
@@ -198,12 +198,7 @@ def _units(doc: dict[str, Any], fields: dict[str, Any], ctx: Context, sharding: 
         per_block = ["full" if _position(fields, ctx.blocks, b) % every == 0 else "none" for b in range(ctx.blocks)]
     else:
         per_block = [{"none": "none", "full": "full", "selective": "selective"}[mode]] * ctx.blocks
-    recompute = dict(zip(blocks, per_block, strict=True))
-    common = max(RECOMPUTES, key=per_block.count)  # the most frequent; a tie goes to the earlier (none first)
-    layers = [{"unit": u, "sharding": sharding, "recompute": recompute.get(u, "none"), "offload": offload}
-              for u in ctx.units if recompute.get(u, "none") != common]
-    fields["default"] = {"sharding": sharding, "recompute": common, "offload": offload}
-    fields["layers"] = layers
+    fields.update(unit_choices(ctx.units, dict(zip(blocks, per_block, strict=True)), sharding, offload))
     return fields
 
 
