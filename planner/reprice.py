@@ -217,9 +217,10 @@ def unit_split(strategy: Strategy, unit: str) -> int:
 def price(
     graph: LayerGraph, cluster: Cluster, strategy: Strategy, workload: Workload,
     memory_limit_gib: float | None = None, model: str | None = None, profile: str | None = None,
-    alternatives: Iterable[Strategy] = (),
+    alternatives: Iterable[Strategy] = (), report: dict[str, Any] | None = None,
 ) -> Plan:
-    """Price ``strategy`` with the cost model and wrap it into a plan document (solver ``user``)."""
+    """Price ``strategy`` with the cost model and wrap it into a plan document (solver ``user``);
+    ``report``, the strategy's estimate (``Report.to_dict``) when it is already made."""
     from costmodel.estimate import estimate
     from profiler.profile_schema import load_profile
 
@@ -234,8 +235,9 @@ def price(
         profile=profile,
     )
     alts = [Alternative(strategy=a, predicted=predicted(a)) for a in alternatives]
-    return Plan(inputs=inputs, strategy=strategy, predicted=predicted(strategy), solver=SolverInfo(name="user"),
-                alternatives=alts)
+    return Plan(inputs=inputs, strategy=strategy,
+                predicted=Predicted(**report) if report is not None else predicted(strategy),
+                solver=SolverInfo(name="user"), alternatives=alts)
 
 
 def plan_from_strategy(

@@ -277,7 +277,7 @@ def price_args(a: dict[str, Any], *, model_from_cli: bool = False) -> dict[str, 
         limit = plan.inputs.memory_limit_gib
     rep = estimate(graph, cluster, s, w, prof, float(limit) if limit is not None else None).to_dict()
     if target is not None:
-        _check_expressible(target[0], graph, cluster, s, w, a.get("model") or (plan.inputs.model if plan else ""))
+        _check_expressible(target[0], graph, cluster, s, w, a.get("model") or (plan.inputs.model if plan else ""), rep)
         rep["target"] = target[0].name
     return rep
 
@@ -294,15 +294,15 @@ def _target(name: str | None, precision: str, a: dict[str, Any]) -> tuple[Any, s
     return t, ce, grad
 
 
-def _check_expressible(t: Any, graph: Any, cluster: Any, s: Any, w: Any, model: str) -> None:
-    """One line naming what target ``t`` cannot express of strategy ``s`` (nothing for ``any``)."""
+def _check_expressible(t: Any, graph: Any, cluster: Any, s: Any, w: Any, model: str, rep: dict[str, Any]) -> None:
+    """One line naming what target ``t`` cannot express of strategy ``s``, priced ``rep`` (nothing for ``any``)."""
     from planner.exports import lacks
     from planner.reprice import price
     from vocab.targets import ANY
 
     if t.name == ANY or not t.exporter:
         return
-    doc = price(graph, cluster, s, w, model=model or graph.model_id)
+    doc = price(graph, cluster, s, w, model=model or graph.model_id, report=rep)
     missing = list(dict.fromkeys(x.lacks for x in lacks(doc, t.exporter) if not x.behaviour))
     if missing:
         raise ShardplanError(f"{t.label} cannot express: {'; '.join(missing)}")
