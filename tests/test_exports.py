@@ -284,3 +284,13 @@ def test_what_a_target_lacks_is_lost_with_a_price(strategy: dict[str, Any], targ
     assert lost in [x.what for x in e.losses]
     assert e.repriced is not None and e.repriced.error is None and e.repriced.delta_s is not None
     assert e.cost_line().startswith("predicted cost: step time")
+
+
+def test_torchtitan_runs_no_ddp_beside_tensor_parallelism() -> None:
+    """Replicas with no shard group run any sharding as DDP, which torchtitan refuses beside TP: the export
+    says so, and the nearest plan makes the replicas its FSDP group."""
+    e = export(make_plan({"mesh": {"dp_replicate": 4, "tp": 4}, "sequence_parallel": True,
+                          "default": {"sharding": "zero3"}}), "torchtitan")
+    assert [x.lacks for x in e.losses] == ["DDP beside model parallelism"]
+    assert (e.strategy.mesh.dp_replicate, e.strategy.mesh.dp_shard) == (1, 4)
+    assert export(make_plan({"mesh": {"dp_replicate": 16}}), "torchtitan").exact  # plain DDP alone runs

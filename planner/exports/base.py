@@ -224,17 +224,26 @@ def _offload_needs(n: Nearest, t: Target, shardings: tuple[str, ...]) -> None:
 
 
 def _hsdp(n: Nearest, t: Target) -> None:
-    """Data-parallel replicas (``dp_replicate > 1``) with shardings the target does not run across
-    replicas (``sharding.with_hsdp``, or no ``dp_replicate`` axis) become one flat group. Plain
-    replicas without a shard group (``dp_shard = cp = 1``) price the same either way: no loss."""
+    """Data-parallel replicas (``dp_replicate > 1``) become one flat group where the target does not run
+    them: with no shard group (``dp_shard = cp = 1``) every sharding is plain DDP, so where the target
+    rules DDP out (``shardings_for``: torchtitan beside model parallelism) the replicas become the shard
+    group, as :func:`solvers.space.mesh_shardings` rules such a mesh out of a search; otherwise where
+    the target runs the shardings not across replicas (``sharding.with_hsdp``, or no ``dp_replicate``
+    axis). Plain replicas without a shard group price the same either way: no loss."""
     m = n.mesh
     if m["dp_replicate"] == 1:
+        return
+    flat = m["dp_replicate"] * m["dp_shard"]
+    if m["dp_shard"] * m["cp"] == 1 and "replicate" not in shardings_for(t, m)[0]:
+        # no shard group: every sharding runs as DDP, which the target does not run beside this parallelism
+        n.lose("DDP", f"dp_replicate={m['dp_replicate']} → dp_shard={flat} ({t.name} runs no DDP beside model "
+                      "parallelism: its data parallelism is a shard group)", "DDP beside model parallelism")
+        m["dp_shard"], m["dp_replicate"] = flat, 1
         return
     allowed = t.sharding.with_hsdp if t.has("dp_replicate") else []
     bad = sorted({v for v in n.values("sharding") if v not in allowed})
     if not bad:
         return
-    flat = m["dp_replicate"] * m["dp_shard"]
     if m["dp_shard"] * m["cp"] > 1 or bad != ["replicate"]:
         n.lose("HSDP", f"dp_replicate={m['dp_replicate']} x dp_shard={m['dp_shard']} → dp_shard={flat} ({t.name} "
                        "runs " + "/".join(SHARDING_NAMES[b] for b in bad) + " over one flat data-parallel group)",
