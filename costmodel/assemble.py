@@ -22,7 +22,7 @@ from costmodel.constants import CostConstants
 from costmodel.device import DeviceModel
 from costmodel.pipeline import in_flight, recv_buffers, schedule_time, weights_pending
 from costmodel.state_groups import grads_held
-from costmodel.units import UnitCost
+from costmodel.units import PER_OPTION, UnitCost
 from vocab.strategy import Workload
 
 F = np.ndarray
@@ -119,12 +119,12 @@ def boundary_time(dev: DeviceModel, out_bytes: F, cfg: ConfigArrays, p: int) -> 
 
 
 def assemble(ua: Sequence[UnitCost], layout: Layout, cfg: ConfigArrays, dev: DeviceModel, w: Workload,
-             tail: F, detail: bool = False, rows: F | None = None, stacked: Stacked | None = None) -> Assembled:
+             tail: F, detail: bool = False, stacked: StackedRows | None = None) -> Assembled:
     """Step time and peak memory of configurations ``cfg`` (one pipeline degree, ``layout.p``)
-    under every option of the priced units ``ua`` (their ``rows``, when given, are ``cfg``'s);
+    under every option of the priced units ``ua``;
     ``tail`` (n,) the end of backward's transient (:func:`costmodel.estimate.tied_sum_bytes`).
-    ``detail`` keeps every rank's parts; ``stacked``, the units stacked over every configuration
-    (``rows`` of them are ``cfg``)."""
+    ``detail`` keeps every rank's parts; ``stacked``, the units already stacked at ``cfg``
+    (:meth:`Stacked.take`)."""
     c, p, v = dev.c, layout.p, layout.v
     K = len(ua)
     m = w.global_batch / (cfg.dp * cfg.micro_batch)
@@ -141,7 +141,7 @@ def assemble(ua: Sequence[UnitCost], layout: Layout, cfg: ConfigArrays, dev: Dev
         np.maximum.at(last, inv.reshape(-1), np.arange(p))  # each kind's last rank
         sig, bounds = kinds[:, :K], kinds[:, K:]
 
-    units = stacked.take(rows) if stacked is not None and rows is not None else Stacked(ua, rows)
+    units = stacked if stacked is not None else Stacked(ua).take(slice(None))
 
     def per_rank(attr: str) -> F:  # (n, O, distinct ranks)
         return units.mix(attr, sig)
@@ -187,35 +187,67 @@ def recv_bytes(schedule: Any, r: Any, p: int, m: Any, v: int, sent_in: Any, sent
 
 
 class Stacked:
-    """The priced units' arrays of one attribute side by side, (n, O, units), stacked once; with
-    ``rows``, those rows of ``whole`` (the same units stacked over every configuration)."""
+    """The priced units' arrays of one attribute side by side, stacked once: viewed (n, O, units),
+    held units first in memory, so that mixing units is one matrix product and every per-rank result
+    (n, O, ranks) keeps its ranks outermost (reducing over ranks is an elementwise maximum).
 
-    def __init__(self, ua: Sequence[UnitCost], rows: F | None = None, whole: Stacked | None = None):
-        self.ua, self.rows, self.whole = ua, rows, whole
+    ``order`` (a permutation of the configurations) puts the configurations of one assembly next to
+    each other: :meth:`take` of them is a slice."""
+
+    def __init__(self, ua: Sequence[UnitCost], order: F | None = None):
+        self.ua, self.order = ua, order
+        self._whole: dict[str, F] = {}
+
+    def whole(self, attr: str) -> F:
+        """(units, O, C) of a per-option quantity, (units, C) of a per-configuration one, the
+        configurations in ``order``; a column shared by several options is written from one array."""
+        if attr not in self._whole:
+            self._whole[attr] = self._build(attr)
+        return self._whole[attr]
+
+    def _build(self, attr: str) -> F:
+        if attr not in PER_OPTION:  # per configuration (out_bytes)
+            out = np.stack([np.asarray(getattr(u, attr), dtype=float) for u in self.ua])
+            return out if self.order is None else out[:, self.order]
+        cols0 = self.ua[0].columns(attr)
+        out = np.empty((len(self.ua), len(cols0), len(cols0[0])))
+        for k, u in enumerate(self.ua):
+            shared: dict[int, tuple[F, list[int]]] = {}
+            for j, col in enumerate(u.columns(attr)):
+                shared.setdefault(id(col), (col, []))[1].append(j)
+            for col, js in shared.values():
+                out[k, js] = col
+        return out if self.order is None else np.take(out, self.order, axis=-1)
+
+    def take(self, rows: slice) -> StackedRows:
+        """The configurations ``rows`` (a slice of ``order``)."""
+        return StackedRows(self, rows)
+
+
+class StackedRows:
+    """Configurations ``rows`` of a :class:`Stacked` (a slice: contiguous rows, copied once per quantity)."""
+
+    def __init__(self, whole: Stacked, rows: slice = slice(None)):
+        self.source, self.rows = whole, rows
         self._cache: dict[str, F] = {}
 
-    def __call__(self, attr: str) -> F:
+    def slab(self, attr: str) -> F:
+        """(units, O, n) or (units, n), C-contiguous."""
         if attr not in self._cache:
-            if self.whole is not None:
-                self._cache[attr] = self.whole(attr)[self.rows]
-            else:
-                arrays = [getattr(u, attr) for u in self.ua]
-                if self.rows is not None:
-                    arrays = [a[self.rows] for a in arrays]
-                self._cache[attr] = np.stack(arrays, axis=-1)
+            self._cache[attr] = np.ascontiguousarray(self.source.whole(attr)[..., self.rows])
         return self._cache[attr]
+
+    def __call__(self, attr: str) -> F:
+        """(n, O, units), or (n, units) for a per-configuration quantity."""
+        return self.slab(attr).T
 
     def mix(self, attr: str, weights: F) -> F:
         """``attr`` of R mixes of the units, ``weights`` (R, units): (n, O, R), as one 2-D product."""
-        v = self(attr)
-        return (v.reshape(-1, v.shape[-1]) @ weights.T).reshape(*v.shape[:-1], len(weights))
-
-    def take(self, rows: F) -> Stacked:
-        """The same units at configurations ``rows``."""
-        return Stacked(self.ua, rows, self)
+        v = self.slab(attr)
+        return (weights @ v.reshape(len(v), -1)).reshape(len(weights), *v.shape[1:]).T
 
 
-def rank_memory(units: Stacked, counts: F, layout: Layout, cfg: ConfigArrays, dev: DeviceModel, w: Workload,
+def rank_memory(units: StackedRows, counts: F, layout: Layout, cfg: ConfigArrays, dev: DeviceModel, w: Workload,
                 fly: F, waiting: F, recv: F, tail: F, counts_bytes: bool = True) -> RankMemory:
     """Peak memory parts of R pipeline ranks, rank ``i`` holding ``counts[i]`` of each unit (R, K),
     with ``fly`` micro-batches in flight (:func:`costmodel.pipeline.in_flight`), ``waiting`` awaiting
@@ -241,11 +273,11 @@ def rank_memory(units: Stacked, counts: F, layout: Layout, cfg: ConfigArrays, de
         return units.mix(attr, counts)
 
     def largest(attr: str) -> F:  # the largest unit each rank holds (sizes are >= 0), unit by unit
-        v = units(attr)
-        out = np.zeros((*v.shape[:-1], len(counts)))
-        for k in range(v.shape[-1]):
-            np.maximum(out, v[..., k, None] * held[:, k], out=out)
-        return out
+        v = units.slab(attr)
+        out = np.zeros((len(counts), *v.shape[1:]))
+        for r, k in zip(*np.nonzero(held), strict=True):
+            np.maximum(out[r], v[k], out=out[r])
+        return out.T
 
     bucket = bucket_bytes(c, cfg.dp)[:, None, None]
     recv = recv[:, None, :]

@@ -126,6 +126,12 @@ class UnitCost:
         self.__dict__[attr] = value
         return value
 
+    def columns(self, attr: str) -> list[Any]:
+        """The O per-option arrays (C,) of a :data:`PER_OPTION` quantity, as priced (an array shared
+        by options is one object)."""
+        columns = self.__dict__.get("_columns") or {}
+        return columns[attr] if attr in columns else list(np.asarray(getattr(self, attr)).T)
+
     @property
     def comm(self) -> dict[str, Any]:
         return {"tp": self.comm_tp, "cp": self.comm_cp, "ep": self.comm_ep, "dp": self.comm_dp}

@@ -138,13 +138,14 @@ def price_grid(graph: LayerGraph, cluster: Cluster, w: Workload, configs: Sequen
     out = {k: np.zeros((C, n_opt)) for k in ("step", "mem", "hw")}
     n_mb, p2p_total = np.zeros(C), np.zeros(C)
     tail = tied_sum_bytes(graph, cfg.pp, cfg.tp, w)
-    groups: dict[tuple[int, int], list[int]] = {}
-    for i, (p, v) in enumerate(zip(cfg.pp.astype(int), cfg.vpp.astype(int), strict=True)):
-        groups.setdefault((int(p), int(v)), []).append(i)
-    stacked = Stacked(ua)
-    for (p, v), rows in groups.items():
-        sl = np.array(rows)
-        a = assemble(ua, grid_layout(graph, p, v), cfg.rows(sl), dev, w, tail[sl], rows=sl, stacked=stacked)
+    # one assembly per (pp, vpp), its configurations next to each other in the stacked units
+    order = np.lexsort((cfg.vpp, cfg.pp))
+    key = np.stack([cfg.pp[order], cfg.vpp[order]])
+    starts = np.flatnonzero(np.r_[True, (key[:, 1:] != key[:, :-1]).any(axis=0)])
+    stacked = Stacked(ua, order)
+    for s, e in zip(starts, np.r_[starts[1:], C], strict=True):
+        sl, p, v = order[s:e], int(key[0, s]), int(key[1, s])
+        a = assemble(ua, grid_layout(graph, p, v), cfg.rows(sl), dev, w, tail[sl], stacked=stacked.take(slice(s, e)))
         out["step"][sl], out["mem"][sl], out["hw"][sl] = a.step, a.memory / GIB, a.hw_flops
         n_mb[sl], p2p_total[sl] = a.n_mb, a.p2p_total
     peak = dev.acc.peak_flops(w.precision) * cluster.world_size
