@@ -187,64 +187,59 @@ def recv_bytes(schedule: Any, r: Any, p: int, m: Any, v: int, sent_in: Any, sent
 
 
 class Stacked:
-    """The priced units' arrays of one attribute side by side, stacked once: viewed (n, O, units),
-    held units first in memory, so that mixing units is one matrix product and every per-rank result
-    (n, O, ranks) keeps its ranks outermost (reducing over ranks is an elementwise maximum).
+    """The priced units' arrays of one attribute side by side, stacked once: (units, C, O) in memory,
+    viewed (n, O, units). Mixing the units of a slice of configurations is then one matrix product
+    on a view, and every per-rank result (n, O, ranks) keeps its ranks outermost in memory (reducing
+    over ranks is an elementwise maximum)."""
 
-    ``order`` (a permutation of the configurations) puts the configurations of one assembly next to
-    each other: :meth:`take` of them is a slice."""
-
-    def __init__(self, ua: Sequence[UnitCost], order: F | None = None):
-        self.ua, self.order = ua, order
+    def __init__(self, ua: Sequence[UnitCost]):
+        self.ua = ua
         self._whole: dict[str, F] = {}
 
     def whole(self, attr: str) -> F:
-        """(units, O, C) of a per-option quantity, (units, C) of a per-configuration one, the
-        configurations in ``order``; a column shared by several options is written from one array."""
+        """(units, C, O) of a per-option quantity, (units, C) of a per-configuration one; a column
+        shared by several options is written from one array."""
         if attr not in self._whole:
             self._whole[attr] = self._build(attr)
         return self._whole[attr]
 
     def _build(self, attr: str) -> F:
         if attr not in PER_OPTION:  # per configuration (out_bytes)
-            out = np.stack([np.asarray(getattr(u, attr), dtype=float) for u in self.ua])
-            return out if self.order is None else out[:, self.order]
+            return np.stack([np.asarray(getattr(u, attr), dtype=float) for u in self.ua])
         cols0 = self.ua[0].columns(attr)
-        out = np.empty((len(self.ua), len(cols0), len(cols0[0])))
+        out = np.empty((len(self.ua), len(cols0[0]), len(cols0)))
         for k, u in enumerate(self.ua):
             shared: dict[int, tuple[F, list[int]]] = {}
             for j, col in enumerate(u.columns(attr)):
                 shared.setdefault(id(col), (col, []))[1].append(j)
             for col, js in shared.values():
-                out[k, js] = col
-        return out if self.order is None else np.take(out, self.order, axis=-1)
+                out[k][:, js] = col[:, None]
+        return out
 
     def take(self, rows: slice) -> StackedRows:
-        """The configurations ``rows`` (a slice of ``order``)."""
+        """The configurations ``rows`` (a slice: views, nothing copied)."""
         return StackedRows(self, rows)
 
 
 class StackedRows:
-    """Configurations ``rows`` of a :class:`Stacked` (a slice: contiguous rows, copied once per quantity)."""
+    """Configurations ``rows`` (a slice) of a :class:`Stacked`."""
 
     def __init__(self, whole: Stacked, rows: slice = slice(None)):
         self.source, self.rows = whole, rows
-        self._cache: dict[str, F] = {}
 
     def slab(self, attr: str) -> F:
-        """(units, O, n) or (units, n), C-contiguous."""
-        if attr not in self._cache:
-            self._cache[attr] = np.ascontiguousarray(self.source.whole(attr)[..., self.rows])
-        return self._cache[attr]
+        """(units, n, O) or (units, n): rows of configurations, each contiguous."""
+        return self.source.whole(attr)[:, self.rows]
 
     def __call__(self, attr: str) -> F:
         """(n, O, units), or (n, units) for a per-configuration quantity."""
-        return self.slab(attr).T
+        v = self.slab(attr)
+        return v.transpose(1, 2, 0) if v.ndim == 3 else v.T
 
     def mix(self, attr: str, weights: F) -> F:
         """``attr`` of R mixes of the units, ``weights`` (R, units): (n, O, R), as one 2-D product."""
         v = self.slab(attr)
-        return (weights @ v.reshape(len(v), -1)).reshape(len(weights), *v.shape[1:]).T
+        return (weights @ v.reshape(len(v), -1)).reshape(len(weights), *v.shape[1:]).transpose(1, 2, 0)
 
 
 def rank_memory(units: StackedRows, counts: F, layout: Layout, cfg: ConfigArrays, dev: DeviceModel, w: Workload,
@@ -277,7 +272,7 @@ def rank_memory(units: StackedRows, counts: F, layout: Layout, cfg: ConfigArrays
         out = np.zeros((len(counts), *v.shape[1:]))
         for r, k in zip(*np.nonzero(held), strict=True):
             np.maximum(out[r], v[k], out=out[r])
-        return out.T
+        return out.transpose(1, 2, 0)
 
     bucket = bucket_bytes(c, cfg.dp)[:, None, None]
     recv = recv[:, None, :]

@@ -109,11 +109,12 @@ class UnitCost:
 
     def __init__(self, name: str, block: int | None, out_bytes: Any, params: Any,
                  columns: dict[str, list[F]] | None = None, values: dict[str, Any] | None = None,
-                 has_attention: bool = False, has_experts: bool = False):
+                 has_attention: bool = False, has_experts: bool = False, rows: F | None = None):
         self.name, self.block = name, block
         self.out_bytes, self.params = out_bytes, params
         self.has_attention, self.has_experts = has_attention, has_experts
         self._columns = columns or {}
+        self._rows = rows  # configuration i is row rows[i] of the columns
         self.__dict__.update(values or {})
 
     def __getattr__(self, attr: str) -> Any:
@@ -123,14 +124,25 @@ class UnitCost:
         cols = columns[attr]  # O arrays of shape (C,)
         # (C, O) C-contiguous (rows are taken from it); one configuration: one cheap copy
         value = np.array(cols).T if len(cols[0]) == 1 else np.stack(cols, axis=1)
+        if self.__dict__.get("_rows") is not None:
+            value = value[self._rows]
         self.__dict__[attr] = value
         return value
+
+    def reordered(self, rows: F) -> UnitCost:
+        """The same costs with configuration ``i`` at row ``rows[i]`` of these (gathered when read)."""
+        if self._rows is not None:
+            rows = self._rows[rows]
+        return UnitCost(self.name, self.block, np.asarray(self.out_bytes)[rows], np.asarray(self.params)[rows],
+                        self._columns, has_attention=self.has_attention, has_experts=self.has_experts, rows=rows)
 
     def columns(self, attr: str) -> list[Any]:
         """The O per-option arrays (C,) of a :data:`PER_OPTION` quantity, as priced (an array shared
         by options is one object)."""
         columns = self.__dict__.get("_columns") or {}
-        return columns[attr] if attr in columns else list(np.asarray(getattr(self, attr)).T)
+        if attr in columns and self.__dict__.get("_rows") is None:
+            return columns[attr]
+        return list(np.asarray(getattr(self, attr)).T)
 
     @property
     def comm(self) -> dict[str, Any]:
@@ -138,7 +150,8 @@ class UnitCost:
 
     def at(self, i: int = 0, j: int = 0, name: str | None = None, block: int | None = None) -> UnitCost:
         """Configuration ``i`` under option ``j``, as floats (exact byte counts as integers)."""
-        values = {f: (int if f.endswith("_bytes") else float)(self._columns[f][j][i]) for f in PER_OPTION}
+        r = i if self._rows is None else int(self._rows[i])
+        values = {f: (int if f.endswith("_bytes") else float)(self._columns[f][j][r]) for f in PER_OPTION}
         return UnitCost(self.name if name is None else name, self.block if name is None else block,
                         float(self.out_bytes[i]), int(self.params[i]), values=values,
                         has_attention=self.has_attention, has_experts=self.has_experts)

@@ -127,7 +127,10 @@ def price_grid(graph: LayerGraph, cluster: Cluster, w: Workload, configs: Sequen
     if C == 0:
         e = np.zeros((0, n_opt))
         return GridReport(list(configs), opts, e, e, e, e, e, e.astype(bool), np.zeros(0), limit)
-    cfg = ConfigArrays.of(configs)
+    # configurations with one (pp, vpp) next to each other: each takes one assembly, on a slice
+    whole = ConfigArrays.of(configs)
+    order = np.lexsort((whole.vpp, whole.pp))
+    cfg = whole.rows(order)
     ua = []
     for name, nodes in reps:
         large = frozenset(large_ops(nodes)) if large_ops else frozenset()
@@ -138,16 +141,18 @@ def price_grid(graph: LayerGraph, cluster: Cluster, w: Workload, configs: Sequen
     out = {k: np.zeros((C, n_opt)) for k in ("step", "mem", "hw")}
     n_mb, p2p_total = np.zeros(C), np.zeros(C)
     tail = tied_sum_bytes(graph, cfg.pp, cfg.tp, w)
-    # one assembly per (pp, vpp), its configurations next to each other in the stacked units
-    order = np.lexsort((cfg.vpp, cfg.pp))
-    key = np.stack([cfg.pp[order], cfg.vpp[order]])
+    key = np.stack([cfg.pp, cfg.vpp])
     starts = np.flatnonzero(np.r_[True, (key[:, 1:] != key[:, :-1]).any(axis=0)])
-    stacked = Stacked(ua, order)
+    stacked = Stacked(ua)
     for s, e in zip(starts, np.r_[starts[1:], C], strict=True):
-        sl, p, v = order[s:e], int(key[0, s]), int(key[1, s])
-        a = assemble(ua, grid_layout(graph, p, v), cfg.rows(sl), dev, w, tail[sl], stacked=stacked.take(slice(s, e)))
+        sl = slice(s, e)
+        a = assemble(ua, grid_layout(graph, int(key[0, s]), int(key[1, s])), cfg.rows(sl), dev, w, tail[sl],
+                     stacked=stacked.take(sl))
         out["step"][sl], out["mem"][sl], out["hw"][sl] = a.step, a.memory / GIB, a.hw_flops
         n_mb[sl], p2p_total[sl] = a.n_mb, a.p2p_total
+    back = np.argsort(order)  # the caller's order
+    out = {k: v[back] for k, v in out.items()}
+    n_mb, p2p_total, ua = n_mb[back], p2p_total[back], [u.reordered(back) for u in ua]
     peak = dev.acc.peak_flops(w.precision) * cluster.world_size
     step = out["step"]
     tokens = w.global_batch * graph.seq_len
