@@ -18,7 +18,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from runtime import apply_plan, build_optimizer, state_bytes, train_step
+from runtime import apply_plan, build_optimizer, shard_sequence, state_bytes, train_step
 from runtime.mesh import backend_for, device_type
 from runtime.model import TINY_MODELS, Transformer
 from vocab.plan import load_plan
@@ -64,6 +64,8 @@ def main() -> None:
     vocab = TINY_MODELS["tiny-llama"].vocab
 
     for step, (x, y) in enumerate(batches(mine, vocab, args.seq_len, args.global_batch, args.steps)):
+        if info.mesh.size("cp") > 1:  # context parallelism: this rank's tokens of each sequence
+            x, y = (shard_sequence(t, info.mesh.coord("cp"), info.mesh.size("cp")) for t in (x, y))
         loss = train_step(model, x.to(dev), y.to(dev))  # None on pipeline ranks without the loss
         opt.step()
         mem = state_bytes(model, opt)

@@ -11,7 +11,8 @@ Public API::
 
 With tensor parallelism the model returns vocabulary-sharded logits (a DTensor): a loop of one's
 own computes the loss and runs its backward inside ``loss_context(tp)`` (``loss_parallel``), as
-``train_step`` does.
+``train_step`` does. With context parallelism each rank passes its tokens of each sequence
+(``shard_sequence(tokens, cp_rank, cp)``).
 
 Heavy modules (torch.distributed) load on first use of these names.
 """
@@ -20,8 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["apply_plan", "build_optimizer", "train_step", "state_bytes", "loss_context", "Transformer",
-           "PlanMismatchError"]
+__all__ = ["apply_plan", "build_optimizer", "train_step", "state_bytes", "loss_context", "shard_sequence",
+           "Transformer", "PlanMismatchError"]
 
 _WHERE = {
     "apply_plan": "runtime.apply",
@@ -29,6 +30,7 @@ _WHERE = {
     "train_step": "runtime.train",
     "state_bytes": "runtime.memory",
     "loss_context": "runtime.tensor_parallel",
+    "shard_sequence": "runtime.context_parallel",
     "Transformer": "runtime.model",
     "PlanMismatchError": "runtime.validate",
 }

@@ -4,7 +4,8 @@ Order of application (each step documented in its module):
 
 1. check plan against model, process group and device (:mod:`runtime.validate`), changing nothing;
 2. build the named mesh (:mod:`runtime.mesh`);
-3. cut pipeline stages (:mod:`runtime.pipeline`);
+3. cut pipeline stages (:mod:`runtime.pipeline`); context parallelism tells attention and
+   positions which tokens the rank holds (:mod:`runtime.context_parallel`);
 4. split operators (OSDP, :mod:`runtime.splitting`);
 5. tensor / sequence parallelism (:mod:`runtime.tensor_parallel`);
 6. activation checkpointing (:mod:`runtime.checkpointing`);
@@ -30,6 +31,7 @@ from torch.distributed.tensor import DTensor
 
 from runtime import checkpointing, splitting, tensor_parallel
 from runtime.adapters import ModelAdapter, adapt
+from runtime.context_parallel import ContextShard
 from runtime.mesh import RuntimeMesh, build_mesh, device_type, wrap_mesh
 from runtime.pipeline import PipelineRunner, TiedPair, build_pipeline, make_runner, tied_pair_group
 from runtime.sharding import shard
@@ -147,9 +149,12 @@ def check_plan(spec: dict[str, Any], plan: Any, world_size: int, dev: str, seq_l
                 f"a pipeline of {m.pp} stages needs at least {m.pp} micro-batches per step "
                 f"(torch.distributed.pipelining refuses fewer): global batch {global_batch} / data-parallel "
                 f"{dp} / micro-batch {strategy.micro_batch} gives {n_mb}")
-    if seq_len and strategy.sequence_parallel and seq_len % strategy.mesh.tp:
-        raise ShardplanError(f"sequence parallelism splits the sequence over tp={strategy.mesh.tp}: "
-                             f"seq_len {seq_len} is not divisible by it")
+    if seq_len and m.cp > 1 and seq_len % (2 * m.cp):
+        raise ShardplanError(f"context parallelism cuts each sequence into 2*cp = {2 * m.cp} chunks (head-tail load "
+                             f"balancing): seq_len {seq_len} is not divisible by it")
+    if seq_len and strategy.sequence_parallel and seq_len % (strategy.mesh.tp * m.cp):
+        raise ShardplanError(f"sequence parallelism splits each rank's {seq_len // m.cp} tokens over "
+                             f"tp={strategy.mesh.tp}: not divisible")
 
 
 def _groups(ad: ModelAdapter, stage: nn.Module, strategy: Strategy, splits: list[tuple[str, int]]) -> list[tuple[str, list[str]]]:
@@ -187,6 +192,16 @@ def _checkpoint(ad: ModelAdapter, stage: nn.Module, strategy: Strategy, dev: str
                 checkpointing.wrap(stage.get_submodule(p), ls.recompute, dev)
 
 
+def _context(stages: list[nn.Module], cs: ContextShard) -> None:
+    """Every attention core and position table of the reference model learns this rank's tokens."""
+    from runtime.model import AttentionCore, Embedding
+
+    for st in stages:
+        for m in st.modules():
+            if isinstance(m, AttentionCore | Embedding):
+                m.context = cs
+
+
 def _splits(ad: ModelAdapter, stage: nn.Module, strategy: Strategy) -> list[tuple[str, int]]:
     targets = split_targets(ad, strategy, stage)
     for path, k in targets:
@@ -195,7 +210,8 @@ def _splits(ad: ModelAdapter, stage: nn.Module, strategy: Strategy) -> list[tupl
 
 
 def apply_plan(model: nn.Module, plan: Any, mesh: DeviceMesh | RuntimeMesh | None = None, *,
-               mixed_precision: MixedPrecisionPolicy | None = None, n_microbatches: int | None = None) -> nn.Module:
+               mixed_precision: MixedPrecisionPolicy | None = None, n_microbatches: int | None = None,
+               cp_rotate: str = "alltoall") -> nn.Module:
     """Apply ``plan`` (a :class:`vocab.plan.Plan` or a :class:`Strategy`) to ``model``.
 
     Runs on every rank of an initialised default process group whose size is the plan's world
@@ -212,6 +228,8 @@ def apply_plan(model: nn.Module, plan: Any, mesh: DeviceMesh | RuntimeMesh | Non
         mixed_precision: FSDP2 policy for the ``zero3`` units (fp32 when None).
         n_microbatches: pipeline micro-batches per step (default: the plan's global batch over
             ``dp * micro_batch`` when ``plan`` is a Plan, else ``2 * pp``).
+        cp_rotate: how ring attention moves K/V (``alltoall``: point to point round the ring;
+            ``allgather``), see :mod:`runtime.context_parallel`.
     """
     strategy, facts = _strategy_of(plan)
     if getattr(model, "_shardplan", None) is not None:
@@ -233,6 +251,8 @@ def apply_plan(model: nn.Module, plan: Any, mesh: DeviceMesh | RuntimeMesh | Non
         stages = [model]
     for st in stages:
         st.to(device)
+    if strategy.mesh.cp > 1:
+        _context(stages, ContextShard(rt.group("cp"), rt.coord("cp"), strategy.mesh.cp, strategy.cp_mode, cp_rotate))
     replicated: list[ReplicatedParams] = []
     units: list[str] = []
     for st in stages:

@@ -4,11 +4,16 @@ The mesh always has the five axes of :data:`vocab.strategy.MESH_AXES` in that or
 (``pp, dp_replicate, dp_shard, cp, tp``), size-1 axes included: slicing a size-1 axis is cheap
 and keeps every coordinate well defined. ``ep`` is not an axis of its own (see
 :mod:`vocab.strategy`); the runtime rejects plans with ``ep > 1``.
+
+Dense states are sharded over ``dp_shard × cp`` (the ``cp`` ranks hold the same parameters and
+see other tokens of the same sequences, so their gradients average like data parallelism's), as
+the cost model prices them and torchtitan runs them: :meth:`RuntimeMesh.shard_mesh` flattens the
+two axes into one (``dp_shard_cp``) when ``cp > 1``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -38,6 +43,7 @@ class RuntimeMesh:
 
     mesh: DeviceMesh
     sizes: dict[str, int]
+    _flat: DeviceMesh | None = field(default=None, init=False, repr=False)
 
     @property
     def device_type(self) -> str:
@@ -65,11 +71,34 @@ class RuntimeMesh:
         """Index of this rank's data shard (replica-major), the same on all its TP/PP peers."""
         return self.coord("dp_replicate") * self.sizes["dp_shard"] + self.coord("dp_shard")
 
+    @property
+    def shard_size(self) -> int:
+        """Ranks that shard dense states: ``dp_shard × cp``."""
+        return self.sizes["dp_shard"] * self.sizes["cp"]
+
+    @property
+    def reduce_size(self) -> int:
+        """Ranks whose gradients are averaged: ``dp_replicate × dp_shard × cp``."""
+        return self.dp_size * self.sizes["cp"]
+
+    def shard_mesh(self) -> DeviceMesh:
+        """1-D mesh of the ranks that shard dense states: ``dp_shard``, or ``dp_shard × cp``
+        flattened (``dp_shard_cp``) with context parallelism."""
+        if self.sizes["cp"] == 1:
+            return self.sub("dp_shard")
+        if self._flat is None:
+            self._flat = self.mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
+        return self._flat
+
+    def shard_group(self) -> dist.ProcessGroup:
+        return self.shard_mesh().get_group()
+
     def fsdp_mesh(self) -> DeviceMesh:
-        """1-D ``dp_shard`` mesh, or the 2-D ``(dp_replicate, dp_shard)`` mesh for HSDP."""
+        """The 1-D :meth:`shard_mesh`, or for HSDP the 2-D mesh of ``dp_replicate`` and it."""
+        flat = self.shard_mesh()
         if self.sizes["dp_replicate"] > 1:
-            return self.sub("dp_replicate", "dp_shard")
-        return self.sub("dp_shard")
+            return self.mesh["dp_replicate", "dp_shard" if self.sizes["cp"] == 1 else "dp_shard_cp"]
+        return flat
 
     def tp_mesh(self) -> DeviceMesh:
         return self.sub("tp")

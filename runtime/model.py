@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from profiler.model_config import TransformerConfig
+from runtime.context_parallel import ContextShard
 from vocab.errors import ShardplanError
 
 #: Small decoders for tests and for ``shardplan train --model tiny-*`` (no download needed).
@@ -105,20 +106,26 @@ class Embedding(nn.Module):
         super().__init__()
         self.tok = nn.Embedding(cfg.vocab, cfg.hidden)
         self.pos = nn.Embedding(cfg.max_seq, cfg.hidden) if cfg.position == "learned" else None
+        self.context: ContextShard | None = None  # context parallelism: this rank's tokens
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         h = self.tok(tokens)
         if self.pos is not None:
-            positions = torch.arange(tokens.shape[1], device=tokens.device)
-            h = h + self.pos(positions)
+            h = h + self.pos(positions(tokens.shape[1], tokens.device, self.context))
         return h
 
 
-def _rope(x: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
-    """Rotary position embedding of ``x`` shaped (batch, seq, heads, head_dim), half-split layout."""
-    s, d = x.shape[1], x.shape[-1]
+def positions(n: int, device: torch.device, context: ContextShard | None) -> torch.Tensor:
+    """Global positions of the ``n`` tokens a rank holds (all of them without context parallelism)."""
+    return torch.arange(n, device=device) if context is None else context.positions(n, device)
+
+
+def _rope(x: torch.Tensor, pos: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
+    """Rotary position embedding of ``x`` shaped (batch, seq, heads, head_dim) at positions ``pos``
+    (seq,), half-split layout."""
+    d = x.shape[-1]
     inv = 1.0 / (base ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))
-    ang = torch.outer(torch.arange(s, device=x.device, dtype=torch.float32), inv)  # (s, d/2)
+    ang = torch.outer(pos.to(torch.float32), inv)  # (s, d/2)
     cos = torch.cat([ang.cos(), ang.cos()], -1)[None, :, None, :].to(x.dtype)
     sin = torch.cat([ang.sin(), ang.sin()], -1)[None, :, None, :].to(x.dtype)
     x1, x2 = x[..., : d // 2], x[..., d // 2 :]
@@ -133,6 +140,7 @@ class AttentionCore(nn.Module):
         self.group = cfg.heads // cfg.kv_heads  # query heads per KV head
         self.head_dim = cfg.head_dim
         self.rope = cfg.position == "rope"
+        self.context: ContextShard | None = None  # context parallelism: attention across ranks
 
     def forward(self, qkv: torch.Tensor) -> torch.Tensor:
         b, s, _ = qkv.shape
@@ -141,12 +149,16 @@ class AttentionCore(nn.Module):
         q = x[:, :, :, :g].reshape(b, s, -1, d)
         k, v = x[:, :, :, g], x[:, :, :, g + 1]
         if self.rope:
-            q, k = _rope(q), _rope(k)
+            pos = positions(s, qkv.device, self.context)
+            q, k = _rope(q, pos), _rope(k, pos)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (b, heads, s, d)
         if g > 1:
             k = k.repeat_interleave(g, dim=1)
             v = v.repeat_interleave(g, dim=1)
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if self.context is not None:
+            o = self.context.attention(q.contiguous(), k.contiguous(), v.contiguous())
+        else:
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return o.transpose(1, 2).reshape(b, s, -1)
 
 

@@ -1,6 +1,6 @@
 """Data-parallel sharding per unit: which parameter gets which plan value, and FSDP2 for ZeRO-3.
 
-How each plan value maps onto PyTorch (``N`` = ``dp_shard`` ranks, ``R`` = ``dp_replicate``):
+How each plan value maps onto PyTorch (``N`` = ``dp_shard × cp`` ranks, ``R`` = ``dp_replicate``):
 
 ================  ============================================================  ===========================
 plan value        PyTorch                                                       per-rank state at rest
@@ -15,7 +15,7 @@ plan value        PyTorch                                                       
 ``zero3``         ``fully_shard(unit, reshard_after_forward=True)``             everything 1/N
 ``zero3_keep``    ``fully_shard(unit, reshard_after_forward=False)``: gathered  everything 1/N (gathered
                   parameters kept from forward to backward                      params live fwd→bwd)
-HSDP (R > 1)      ``fully_shard`` on the 2-D ``(dp_replicate, dp_shard)`` mesh:  as above, 1/N
+HSDP (R > 1)      ``fully_shard`` on the 2-D ``(dp_replicate, N)`` mesh:         as above, 1/N
                   placements ``(Replicate(), Shard(0))``
 ================  ============================================================  ===========================
 
@@ -46,8 +46,8 @@ FSDP_VALUES = ("zero3", "zero3_keep")
 
 
 def effective_value(ls: LayerStrategy, rt: RuntimeMesh) -> str:
-    """The sharding actually applied: every value is replication when ``dp_shard`` is 1."""
-    return ls.sharding if rt.size("dp_shard") > 1 else "replicate"
+    """The sharding actually applied: every value is replication when ``dp_shard × cp`` is 1."""
+    return ls.sharding if rt.shard_size > 1 else "replicate"
 
 
 @dataclass
@@ -105,10 +105,9 @@ def shard(ad: ModelAdapter, stage: nn.Module, strategy: Strategy, rt: RuntimeMes
         root_ls = resolve(strategy, "embed") if tied_in_stage else strategy.default
         _fsdp([stage], rt, root_ls, mp, custom, root=True)
         units.append("<root>")
-    dp = rt.dp_size
-    shard_g = rt.group("dp_shard") if rt.size("dp_shard") > 1 else None
+    shard_g = rt.shard_group() if rt.shard_size > 1 else None
     rep_g = rt.group("dp_replicate") if rt.size("dp_replicate") > 1 else None
-    replicated = [ReplicatedParams(STAGES[v], ps, shard_g, rep_g, dp) for v, ps in sorted(by_value.items())]
+    replicated = [ReplicatedParams(STAGES[v], ps, shard_g, rep_g, rt.reduce_size) for v, ps in sorted(by_value.items())]
     if rt.device_type != "cuda" and any(resolve(strategy, u).offload != "none" for u in ad.units()):
         notes.append("offload requested: a no-op on CPU")
     return ShardingResult(replicated=replicated, fsdp_units=units, notes=notes)

@@ -2,7 +2,8 @@
 
 Data is the same on every run: step ``k`` of seed ``s`` draws ``global_batch`` sequences of
 ``seq_len + 1`` uniform tokens from a generator seeded with ``(s, k)``; data-parallel rank ``d``
-trains rows ``[d·B/dp, (d+1)·B/dp)``. Losses are next-token cross entropy, averaged over the global
+trains rows ``[d·B/dp, (d+1)·B/dp)``, and of them, with context parallelism, the tokens of
+:func:`runtime.context_parallel.shard_sequence`. Losses are next-token cross entropy, averaged over the global
 batch, so a plan's losses are comparable with :func:`reference_losses` one step at a time.
 """
 
@@ -20,6 +21,7 @@ from torch import nn
 
 from runtime.adapters import adapt
 from runtime.apply import applied, build_optimizer
+from runtime.context_parallel import shard_sequence
 from runtime.memory import TensorPeak, peak_bytes, state_bytes
 from runtime.model import build, lm_loss
 from runtime.tensor_parallel import loss_context, plain
@@ -98,16 +100,17 @@ def train_step(model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor, n_
 
 
 def global_loss(model: nn.Module, loss: torch.Tensor | None) -> float:
-    """The step's loss averaged over data parallelism, the same number on every rank."""
+    """The step's loss averaged over data and context parallelism (every ``cp`` rank holds as many
+    tokens), the same number on every rank."""
     info = applied(model)
     rt = info.mesh
-    reporter = rt.coord("tp") == 0 and rt.coord("cp") == 0 and (info.pipeline is None or info.pipeline.has_last)
+    reporter = rt.coord("tp") == 0 and (info.pipeline is None or info.pipeline.has_last)
     dev = torch.device(rt.device_type, torch.cuda.current_device()) if rt.device_type == "cuda" else torch.device("cpu")
     t = torch.zeros((), dtype=torch.float64, device=dev)
     if reporter and loss is not None:
         t += loss.double()
     dist.all_reduce(t)
-    return float(t) / rt.dp_size
+    return float(t) / rt.reduce_size
 
 
 def run(model: nn.Module, vocab: int, s: TrainSettings, n_microbatches: int = 1,
@@ -141,6 +144,8 @@ def run(model: nn.Module, vocab: int, s: TrainSettings, n_microbatches: int = 1,
     for k in range(s.steps):
         x, y = synthetic_batch(k, s, vocab)
         x, y = x[d * rows : (d + 1) * rows].to(dev), y[d * rows : (d + 1) * rows].to(dev)
+        if rt.size("cp") > 1:  # this rank's tokens of each sequence (head-tail load balancing)
+            x, y = (shard_sequence(t, rt.coord("cp"), rt.size("cp")) for t in (x, y))
         if rt.device_type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         tracker = TensorPeak() if k == tracked else nullcontext()

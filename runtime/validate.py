@@ -59,8 +59,11 @@ def check(ad: ModelAdapter, strategy: Strategy, world_size: int, device: str, mo
     if m.ep > 1:
         problems.append(f"expert parallelism (ep={m.ep}) is not implemented by the runtime")
     if m.cp > 1:
-        problems.append(f"context parallelism (cp={m.cp}) is not supported on device '{device}' by this runtime "
-                        "(torch's context_parallel needs CUDA SDPA kernels; the runtime does not wire it yet)")
+        if ad.kind != "reference":
+            problems.append(f"context parallelism (cp={m.cp}) is implemented for the reference model only, not {ad.kind}")
+        local_heads = ad.heads // m.tp if ad.heads % m.tp == 0 else 0
+        if strategy.cp_mode == "ulysses" and local_heads and local_heads % m.cp:
+            problems.append(f"Ulysses splits the {local_heads} heads of a tp rank over cp={m.cp}: not divisible")
     if m.tp > 1:
         for what, n in (("heads", ad.heads), ("kv_heads", ad.kv_heads), ("ffn_hidden", ad.ffn_hidden)):
             if n % m.tp:

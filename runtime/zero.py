@@ -63,9 +63,10 @@ class ReplicatedParams:
 
     Attributes:
         stage: 0 (``replicate``), 1 (``zero1``) or 2 (``zero2``).
-        shard_group: the ``dp_shard`` group (slices are 1/its size); None when of size 1.
+        shard_group: the ``dp_shard`` group, ``dp_shard × cp`` with context parallelism (slices
+            are 1/its size); None when of size 1.
         replicate_group: the ``dp_replicate`` group; None when of size 1.
-        dp_size: all data-parallel ranks (the gradient average's divisor).
+        dp_size: every rank the gradients average over (``dp_replicate × dp_shard × cp``).
     """
 
     stage: int

@@ -24,6 +24,7 @@ from planner.cli import app
 from planner.exports import TARGETS, export, keys, refusal, target_of
 from tests.test_explain import make_plan
 from vocab.plan import Plan, parse_plan
+from vocab.strategy import Strategy
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]
@@ -176,23 +177,27 @@ def test_python_script_embeds_the_plan_exactly() -> None:
 
 
 @pytest.mark.slow
-def test_python_script_runs(tmp_path: Path) -> None:
+@pytest.mark.parametrize("strategy", [{}, {"mesh": {"cp": 2}, "micro_batch": 4}], ids=["one-process", "cp2"])
+def test_python_script_runs(tmp_path: Path, strategy: dict[str, Any]) -> None:
     cfg = tmp_path / "tiny_gpt2.json"
     cfg.write_text(json.dumps({"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 256,
                                "n_positions": 64}))
     from planner.reprice import plan_from_strategy
 
+    world = Strategy.model_validate(strategy).mesh.world_size
     script = tmp_path / "train.py"
-    script.write_text(export(plan_from_strategy(str(cfg), "1xcpu", {}, 32, 4), "python").text)
+    script.write_text(export(plan_from_strategy(str(cfg), f"{world}xcpu", strategy, 32, 4), "python").text)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0",
-           "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
-    r = subprocess.run([sys.executable, str(script), "1"], env=env, cwd=tmp_path, capture_output=True, text=True,
-                       timeout=120)
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert "step 0: loss" in r.stdout
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+           "WORLD_SIZE": str(world)}
+    procs = [subprocess.Popen([sys.executable, str(script), "1"], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                              cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(world)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0] * world, [e[-2000:] for _, e in outs]
+    assert sum("step 0: loss" in out for out, _ in outs) == world  # every rank its own tokens' loss
 
 
 def test_a_renamed_key_follows_from_keys_py(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -55,10 +55,10 @@ def test_plan_for_another_world_size_or_model(plan2: Path, tmp_path: Path) -> No
     assert code == 2 and "needs 2 processes" in out and "--nproc is 4" in out
     code, out = _train("--model", "tiny-gpt", "--plan", str(plan2), "--nproc", "2")
     assert code == 2 and "made for model 'tiny-llama'" in out and "activation swiglu vs gelu" in out
-    cp = tmp_path / "cp.json"
-    hand_plan("tiny-llama", Strategy(mesh=Mesh(cp=2))).save(cp)
-    code, out = _train("--model", "tiny-llama", "--plan", str(cp))
-    assert code == 2 and "context parallelism (cp=2)" in out
+    ep = tmp_path / "ep.json"
+    hand_plan("tiny-llama", Strategy(mesh=Mesh(dp_shard=2, ep=2))).save(ep)
+    code, out = _train("--model", "tiny-llama", "--plan", str(ep))
+    assert code == 2 and "expert parallelism (ep=2)" in out
     code, out = _train("--model", "llama2-70b", "--plan", str(plan2))
     assert code == 2 and "parameters" in out
     code, out = _train("--model", "tiny-llama", "--plan", str(plan2), "--global-batch", "7")
@@ -89,6 +89,18 @@ def test_train_reports_losses_memory_and_parity(plan2: Path, tmp_path: Path) -> 
     assert second["memory_tracked"]
     for r in second["ranks"]:  # live tensors peak above the states they hold, below the process's RSS
         assert 10 * n < r["tensor_peak_bytes"] < r["peak_bytes"]
+    assert _workers() == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["ring", "ulysses"])
+def test_context_parallel_plans_train_like_one_process(mode: str, tmp_path: Path) -> None:
+    plan = tmp_path / f"cp-{mode}.json"
+    hand_plan("tiny-llama", Strategy(mesh=Mesh(cp=2), cp_mode=mode, micro_batch=4)).save(plan)
+    code, out = _train("--model", "tiny-llama", "--plan", str(plan), "--steps", "2", "--check-parity", "--json")
+    assert code == 0, out
+    rep = json.loads(out)
+    assert rep["parity"] is True and rep["max_loss_diff"] < 1e-5 * rep["reference_losses"][0]
     assert _workers() == []
 
 

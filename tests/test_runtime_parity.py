@@ -36,6 +36,8 @@ W2_GPT = {
     "tp_sp": Strategy(mesh=Mesh(tp=2), sequence_parallel=True),
     "pp_1f1b": Strategy(mesh=Mesh(pp=2), schedule="1f1b"),
     "pp_gpipe": Strategy(mesh=Mesh(pp=2), schedule="gpipe", stage_layers=[1, 3]),
+    # context parallelism: learned positions and the tied embedding over a sequence split two ways
+    "cp_ring_zero3": Strategy(mesh=Mesh(cp=2), default=L(sharding="zero3")),
 }
 W2_LLAMA = {
     "zero2": Strategy(mesh=Mesh(dp_shard=2), default=L(sharding="zero2")),
@@ -45,6 +47,8 @@ W2_LLAMA = {
     "tp_sp": Strategy(mesh=Mesh(tp=2), sequence_parallel=True),
     "pp_interleaved": Strategy(mesh=Mesh(pp=2), schedule="interleaved", vpp=2),
     "pp_zb": Strategy(mesh=Mesh(pp=2), schedule="zb", default=L(recompute="full")),
+    "cp_ring": Strategy(mesh=Mesh(cp=2), default=L(sharding="zero2")),  # RoPE at the global positions
+    "cp_ulysses": Strategy(mesh=Mesh(cp=2), cp_mode="ulysses", default=L(sharding="zero1", recompute="full")),
 }
 W2_HF = {
     ("hf-llama", "tp_sp"): Strategy(mesh=Mesh(tp=2), sequence_parallel=True),
@@ -66,6 +70,13 @@ W4 = {
         L(unit="embedding", sharding="zero2"), L(unit="layers.0", sharding="zero3", recompute="full"),
         L(unit="layers.1", sharding="replicate"), L(unit="layers.1.mlp.up", sharding="zero3"),
         L(unit="layers.2", sharding="zero3", split=2), L(unit="head", sharding="zero3")]),
+    # context parallelism with the other axes: states sharded over dp_shard x cp, TP+SP inside the
+    # cp ranks, pipeline stages of sequence chunks, Ulysses beside replicas
+    ("tiny-llama", "cp_fsdp"): Strategy(mesh=Mesh(dp_shard=2, cp=2), default=L(sharding="zero3")),
+    ("tiny-llama", "cp_tp_sp"): Strategy(mesh=Mesh(cp=2, tp=2), sequence_parallel=True),
+    ("tiny-llama", "cp_pp"): Strategy(mesh=Mesh(pp=2, cp=2), schedule="1f1b"),
+    ("tiny-gpt", "cp_ulysses_hsdp"): Strategy(mesh=Mesh(dp_replicate=2, cp=2), cp_mode="ulysses",
+                                              default=L(sharding="zero3")),
 }
 
 
@@ -221,9 +232,12 @@ def test_four_process_meshes_match_single_process(w4: dict, key: tuple[str, str]
         assert b == [(local, local, 2 * local)] * 4
     elif key[1] in ("pp_tp", "pp_mixed"):  # the two ranks of a stage hold equal shares; the stages differ
         assert b[0] == b[1] and b[2] == b[3] and b[0] != b[2]
-    else:  # two stages, each sharded over 2 ranks; the last holds a copy of the tied embedding
+    elif key[1] == "pp_fsdp":  # two stages, each sharded over 2 ranks; the last holds a copy of the tied embedding
         cfg = TINY_MODELS["tiny-gpt"]
         assert sum(x[0] for x in b) == F * (n + cfg.vocab * cfg.hidden)
+    elif key[1] in ("cp_fsdp", "cp_ulysses_hsdp"):  # sharded over dp_shard x cp: 4 and 2 ways
+        shards = 4 if key[1] == "cp_fsdp" else 2
+        assert sum(x[0] for x in b) == 4 // shards * F * n and len(set(b)) <= 2
 
 
 # ---- the cost model predicts the same bytes ----------------------------------------------------
