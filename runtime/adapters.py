@@ -35,6 +35,8 @@ from vocab.errors import ShardplanError
 UNIT_OPS = {"embedding": ("embed",), "head": ("final_norm", "head")}
 #: Operators inside a block (graph names relative to ``layers.<i>``).
 BLOCK_OPS = ("attn_norm", "attn.qkv", "attn.core", "attn.out", "mlp_norm", "mlp.up", "mlp.act", "mlp.down")
+#: Operators of a mixture-of-experts block in the reference model, in place of the ``mlp`` ones.
+MOE_OPS = ("moe.router", "moe.experts", "moe.shared.up", "moe.shared.down")
 
 
 @dataclass
@@ -117,7 +119,7 @@ class ModelAdapter:
 
 def _reference(model: nn.Module) -> ModelAdapter:
     cfg = model.cfg
-    in_block = {op: (op,) for op in BLOCK_OPS}
+    in_block = {op: (op,) for op in (*BLOCK_OPS, *(MOE_OPS if cfg.is_moe else ()))}
     return ModelAdapter(
         kind="reference", model=model, num_layers=cfg.layers, heads=cfg.heads, kv_heads=cfg.kv_heads,
         hidden=cfg.hidden, ffn_hidden=cfg.ffn_hidden, vocab=cfg.vocab, tied=cfg.tied_embeddings,

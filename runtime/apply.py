@@ -5,7 +5,8 @@ Order of application (each step documented in its module):
 1. check plan against model, process group and device (:mod:`runtime.validate`), changing nothing;
 2. build the named mesh (:mod:`runtime.mesh`);
 3. cut pipeline stages (:mod:`runtime.pipeline`); context parallelism tells attention and
-   positions which tokens the rank holds (:mod:`runtime.context_parallel`);
+   positions which tokens the rank holds (:mod:`runtime.context_parallel`); expert parallelism
+   keeps this rank's experts (:mod:`runtime.experts`);
 4. split operators (OSDP, :mod:`runtime.splitting`);
 5. tensor / sequence parallelism (:mod:`runtime.tensor_parallel`);
 6. activation checkpointing (:mod:`runtime.checkpointing`);
@@ -32,6 +33,7 @@ from torch.distributed.tensor import DTensor
 from runtime import checkpointing, splitting, tensor_parallel
 from runtime.adapters import ModelAdapter, adapt
 from runtime.context_parallel import ContextShard
+from runtime.experts import ExpertShard, rebalance
 from runtime.mesh import RuntimeMesh, build_mesh, device_type, wrap_mesh
 from runtime.pipeline import PipelineRunner, TiedPair, build_pipeline, make_runner, tied_pair_group
 from runtime.sharding import shard
@@ -202,6 +204,27 @@ def _context(stages: list[nn.Module], cs: ContextShard) -> None:
                 m.context = cs
 
 
+def _experts(stages: list[nn.Module], ep: ExpertShard) -> None:
+    """Every MoE block keeps the experts of its EP rank: ``[rank·E/ep, (rank+1)·E/ep)``."""
+    from runtime.model import Experts
+
+    for st in stages:
+        for m in st.modules():
+            if isinstance(m, Experts):
+                n = m.up.shape[0] // ep.size
+                mine = slice(ep.rank * n, (ep.rank + 1) * n)
+                m.up = nn.Parameter(m.up.detach()[mine].clone())
+                m.down = nn.Parameter(m.down.detach()[mine].clone())
+                m.ep = ep
+
+
+def moe_blocks(model: nn.Module) -> list[nn.Module]:
+    """This rank's mixture-of-experts blocks."""
+    from runtime.model import MoE
+
+    return [m for st in applied(model).stages for m in st.modules() if isinstance(m, MoE)]
+
+
 def _splits(ad: ModelAdapter, stage: nn.Module, strategy: Strategy) -> list[tuple[str, int]]:
     targets = split_targets(ad, strategy, stage)
     for path, k in targets:
@@ -253,6 +276,9 @@ def apply_plan(model: nn.Module, plan: Any, mesh: DeviceMesh | RuntimeMesh | Non
         st.to(device)
     if strategy.mesh.cp > 1:
         _context(stages, ContextShard(rt.group("cp"), rt.coord("cp"), strategy.mesh.cp, strategy.cp_mode, cp_rotate))
+    if strategy.mesh.ep > 1:
+        em = rt.expert_mesh()
+        _experts(stages, ExpertShard(em.get_group("ep"), em.get_local_rank("ep"), rt.ep))
     replicated: list[ReplicatedParams] = []
     units: list[str] = []
     for st in stages:
@@ -323,11 +349,16 @@ def build_optimizer(model: nn.Module, cls: type[torch.optim.Optimizer] = torch.o
     """A ``cls`` optimizer over :func:`optimizer_params` with the plan's step hooks.
 
     Before each ``step``: DDP/ZeRO gradient reduction, then the sum of tied pipeline copies'
-    gradients. After: all-gather of ZeRO-1/2 slices.
+    gradients. After: all-gather of ZeRO-1/2 slices, and the MoE blocks' balancing biases moved
+    by the step's load over every rank (:func:`runtime.experts.rebalance`).
     """
     info = applied(model)
     opt = cls(param_groups(optimizer_params(model)), **kwargs)
     tied_param = _tied_optim_param(info)
+    moe = moe_blocks(model)
+    rt = info.mesh
+    load_groups = [rt.shard_group() if rt.shard_size > 1 else None,
+                   rt.group("dp_replicate") if rt.size("dp_replicate") > 1 else None]
 
     def pre(_opt: Any, _args: Any, _kwargs: Any) -> None:
         for r in info.replicated:
@@ -340,6 +371,7 @@ def build_optimizer(model: nn.Module, cls: type[torch.optim.Optimizer] = torch.o
     def post(_opt: Any, _args: Any, _kwargs: Any) -> None:
         for r in info.replicated:
             r.gather_params()
+        rebalance(moe, load_groups)
 
     opt.register_step_pre_hook(pre)
     opt.register_step_post_hook(post)

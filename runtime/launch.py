@@ -174,7 +174,7 @@ def _run_job(job: Job, progress: Callable[[], None], on_step: Callable[[int], No
     torch.manual_seed(s.seed)
     model, vocab = build(job.model)
     progress()
-    key = tuple(strategy.mesh.axes().items())
+    key = (*strategy.mesh.axes().items(), ("ep", strategy.mesh.ep))
     if key not in _MESHES:  # jobs of one launch share meshes (process groups are costly)
         _MESHES[key] = build_mesh(strategy.mesh)
     mp = None

@@ -3,7 +3,8 @@
 The mesh always has the five axes of :data:`vocab.strategy.MESH_AXES` in that order
 (``pp, dp_replicate, dp_shard, cp, tp``), size-1 axes included: slicing a size-1 axis is cheap
 and keeps every coordinate well defined. ``ep`` is not an axis of its own (see
-:mod:`vocab.strategy`); the runtime rejects plans with ``ep > 1``.
+:mod:`vocab.strategy`): expert parallelism groups ``ep`` consecutive ranks of ``dp_shard × cp``
+(:meth:`RuntimeMesh.expert_mesh`).
 
 Dense states are sharded over ``dp_shard × cp`` (the ``cp`` ranks hold the same parameters and
 see other tokens of the same sequences, so their gradients average like data parallelism's), as
@@ -21,6 +22,9 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from vocab.errors import ShardplanError
 from vocab.strategy import MESH_AXES, Mesh
+
+#: axes of :meth:`RuntimeMesh.expert_mesh`
+EXPERT_AXES = ("pp", "dp_replicate", "efsdp", "ep", "tp")
 
 
 def device_type() -> str:
@@ -43,7 +47,9 @@ class RuntimeMesh:
 
     mesh: DeviceMesh
     sizes: dict[str, int]
+    ep: int = 1
     _flat: DeviceMesh | None = field(default=None, init=False, repr=False)
+    _experts: DeviceMesh | None = field(default=None, init=False, repr=False)
 
     @property
     def device_type(self) -> str:
@@ -93,6 +99,22 @@ class RuntimeMesh:
     def shard_group(self) -> dist.ProcessGroup:
         return self.shard_mesh().get_group()
 
+    def expert_mesh(self) -> DeviceMesh:
+        """The ranks as ``(pp, dp_replicate, efsdp, ep, tp)``: the ``dp_shard × cp`` ranks cut into
+        expert-parallel groups of ``ep`` consecutive ranks (as the cost model lays them out);
+        ``efsdp`` (``dp_shard × cp / ep``) holds the replicas of one EP rank's experts."""
+        if self._experts is None:
+            s = self.sizes
+            shape = (s["pp"], s["dp_replicate"], self.shard_size // self.ep, self.ep, s["tp"])
+            ranks = torch.arange(dist.get_world_size()).reshape(shape)
+            self._experts = DeviceMesh(self.device_type, ranks, mesh_dim_names=EXPERT_AXES)
+        return self._experts
+
+    def expert_fsdp_mesh(self) -> DeviceMesh:
+        """What shards the experts' states: ``efsdp``, with ``dp_replicate`` for HSDP."""
+        mesh = self.expert_mesh()
+        return mesh["dp_replicate", "efsdp"] if self.sizes["dp_replicate"] > 1 else mesh["efsdp"]
+
     def fsdp_mesh(self) -> DeviceMesh:
         """The 1-D :meth:`shard_mesh`, or for HSDP the 2-D mesh of ``dp_replicate`` and it."""
         flat = self.shard_mesh()
@@ -108,8 +130,6 @@ def build_mesh(plan_mesh: Mesh, dev: str | None = None) -> RuntimeMesh:
     """Build the named mesh of ``plan_mesh`` inside an initialised default process group."""
     if not dist.is_initialized():
         raise ShardplanError("apply_plan needs an initialised process group (torch.distributed.init_process_group)")
-    if plan_mesh.ep != 1:
-        raise ShardplanError(f"the runtime does not implement expert parallelism (plan has ep={plan_mesh.ep})")
     world = dist.get_world_size()
     if plan_mesh.world_size != world:
         raise ShardplanError(
@@ -118,7 +138,7 @@ def build_mesh(plan_mesh: Mesh, dev: str | None = None) -> RuntimeMesh:
         )
     sizes = plan_mesh.axes()
     mesh = init_device_mesh(dev or device_type(), tuple(sizes[a] for a in MESH_AXES), mesh_dim_names=MESH_AXES)
-    return RuntimeMesh(mesh=mesh, sizes=sizes)
+    return RuntimeMesh(mesh=mesh, sizes=sizes, ep=plan_mesh.ep)
 
 
 def wrap_mesh(mesh: DeviceMesh | RuntimeMesh, plan_mesh: Mesh) -> RuntimeMesh:
@@ -129,7 +149,9 @@ def wrap_mesh(mesh: DeviceMesh | RuntimeMesh, plan_mesh: Mesh) -> RuntimeMesh:
         if tuple(mesh.mesh_dim_names or ()) != MESH_AXES:
             raise ShardplanError(f"the mesh must have the axes {MESH_AXES} (size-1 ones included), "
                                  f"not {mesh.mesh_dim_names}")
-        rt = RuntimeMesh(mesh=mesh, sizes=dict(zip(MESH_AXES, mesh.shape, strict=True)))
+        rt = RuntimeMesh(mesh=mesh, sizes=dict(zip(MESH_AXES, mesh.shape, strict=True)), ep=plan_mesh.ep)
     if rt.sizes != plan_mesh.axes():
         raise ShardplanError(f"the given mesh {rt.sizes} is not the plan's {plan_mesh.axes()}")
+    if rt.ep != plan_mesh.ep:
+        raise ShardplanError(f"the given mesh has ep={rt.ep}, the plan ep={plan_mesh.ep}")
     return rt

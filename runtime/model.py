@@ -12,6 +12,9 @@ exactly like the operators of :func:`profiler.transformer.build_graph`::
     layers.<i>.mlp.up          fused gate+up for SwiGLU (interleaved columns), up for GELU
     layers.<i>.mlp.act
     layers.<i>.mlp.down
+    layers.<i>.moe.router      MoE blocks instead of mlp: router (no bias), the experts' stacked
+    layers.<i>.moe.experts     weights, and the always-on shared experts (``shared.up``,
+    layers.<i>.moe.shared.*    ``shared.down``) where the config has them
     final_norm
     head                       LM head; with tied embeddings it shares ``embed.tok.weight``
 
@@ -35,7 +38,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from profiler.model_config import TransformerConfig
+from runtime import experts as moe_routing
 from runtime.context_parallel import ContextShard
+from runtime.experts import ExpertShard
 from vocab.errors import ShardplanError
 
 #: Small decoders for tests and for ``shardplan train --model tiny-*`` (no download needed).
@@ -50,6 +55,18 @@ TINY_MODELS: dict[str, TransformerConfig] = {
         ffn_hidden=128, activation="swiglu", norm="rmsnorm", position="rope", bias=False,
         tied_embeddings=False, source="shardplan runtime test model (Llama style, GQA)",
     ),
+    "tiny-mixtral": TransformerConfig(
+        name="tiny-mixtral", layers=4, hidden=64, heads=4, kv_heads=2, vocab=256, max_seq=64,
+        ffn_hidden=64, activation="swiglu", norm="rmsnorm", position="rope", bias=False,
+        tied_embeddings=False, experts=4, top_k=2,
+        source="shardplan runtime test model (Mixtral style: every block 4 experts, top-2)",
+    ),
+    "tiny-deepseek": TransformerConfig(
+        name="tiny-deepseek", layers=4, hidden=64, heads=4, kv_heads=4, vocab=256, max_seq=64,
+        ffn_hidden=128, moe_ffn_hidden=32, activation="swiglu", norm="rmsnorm", position="rope", bias=False,
+        tied_embeddings=False, experts=8, top_k=2, shared_experts=1, dense_layers=1,
+        source="shardplan runtime test model (DeepSeek style: a dense first block, 8 fine experts top-2, one shared)",
+    ),
 }
 
 #: Largest model ``shardplan train`` builds from a preset (parameters); bigger ones need real GPUs.
@@ -61,8 +78,6 @@ def unsupported_features(cfg: TransformerConfig) -> list[str]:
     out = []
     if cfg.arch != "decoder":
         out.append(f"arch '{cfg.arch}' (only decoders)")
-    if cfg.is_moe:
-        out.append("mixture-of-experts layers")
     if cfg.qk_norm:
         out.append("qk_norm")
     if cfg.type_vocab:
@@ -200,19 +215,91 @@ class MLP(nn.Module):
         return self.down(self.act(self.up(x)))
 
 
-class Block(nn.Module):
-    """One pre-norm transformer block (``layers.<i>``)."""
+class SharedExperts(nn.Module):
+    """Always-on experts of a MoE block (``moe.shared``): one MLP of their summed width."""
 
     def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        n_in, width = (2 if cfg.activation == "swiglu" else 1), cfg.moe_ffn_hidden * cfg.shared_experts
+        self.up = nn.Linear(cfg.hidden, n_in * width, bias=False)
+        self.act = Activation(cfg.activation)
+        self.down = nn.Linear(width, cfg.hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(self.act(self.up(x)))
+
+
+class Experts(nn.Module):
+    """The routed experts' weights (``moe.experts``): ``up`` (E, h, n·f) and ``down`` (E, f, h),
+    gate and up interleaved as in :class:`MLP`; with expert parallelism this rank's E/ep only."""
+
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        n_in, f = (2 if cfg.activation == "swiglu" else 1), cfg.moe_ffn_hidden
+        self.up = nn.Parameter(torch.empty(cfg.experts, cfg.hidden, n_in * f))
+        self.down = nn.Parameter(torch.empty(cfg.experts, f, cfg.hidden))
+        self.act = Activation(cfg.activation)
+        self.ep: ExpertShard | None = None
+
+    def compute(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        """Rows sorted by this rank's experts, ``counts`` of each."""
+        up, down = self.up, self.down
+        if self.ep is not None:  # the gradient sums the EP group's ranks: see runtime.experts
+            up, down = moe_routing.scale_grad(up, 1 / self.ep.size), moe_routing.scale_grad(down, 1 / self.ep.size)
+        return moe_routing.grouped_mm(self.act(moe_routing.grouped_mm(x, up, counts)), down, counts)
+
+    def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        if self.ep is None:
+            return self.compute(x, counts.tolist())
+        return moe_routing.dispatch_compute_combine(x, counts, self.ep, self.compute)
+
+
+class MoE(nn.Module):
+    """A mixture-of-experts MLP (``layers.<i>.moe``): each token's hidden state goes to ``top_k``
+    experts (:func:`runtime.experts.route`), their outputs weighed and summed, plus the shared
+    experts'. Balancing is auxiliary-loss-free (:func:`runtime.experts.rebalance`)."""
+
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        self.top_k = cfg.top_k
+        self.router = nn.Linear(cfg.hidden, cfg.experts, bias=False)
+        self.experts = Experts(cfg)
+        self.shared = SharedExperts(cfg) if cfg.shared_experts else None
+        self.register_buffer("balance_bias", torch.zeros(cfg.experts))
+        self.register_buffer("load", torch.zeros(cfg.experts), persistent=False)  # tokens per expert this step
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = x.reshape(-1, x.shape[-1])
+        scores = self.router(t).float().softmax(-1)
+        chosen, weights = moe_routing.route(scores, self.balance_bias, self.top_k)
+        flat = chosen.reshape(-1)
+        counts = torch.bincount(flat, minlength=scores.shape[-1])
+        if moe_routing.counting():
+            self.load += counts.to(self.load.dtype)
+        order = torch.argsort(flat, stable=True)
+        token = order // self.top_k
+        ys = self.experts(t[token], counts) * weights.reshape(-1)[order, None].to(t.dtype)
+        out = torch.zeros_like(t).index_add(0, token, ys)
+        if self.shared is not None:
+            out = out + self.shared(t)
+        return out.view_as(x)
+
+
+class Block(nn.Module):
+    """One pre-norm transformer block (``layers.<i>``): attention, then an MLP or a MoE."""
+
+    def __init__(self, cfg: TransformerConfig, i: int = 0) -> None:
         super().__init__()
         self.attn_norm = _norm(cfg)
         self.attn = Attention(cfg)
         self.mlp_norm = _norm(cfg)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg) if not cfg.is_moe_layer(i) else None
+        self.moe = MoE(cfg) if cfg.is_moe_layer(i) else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x))
-        return x + self.mlp(self.mlp_norm(x))
+        ffn = self.mlp if self.mlp is not None else self.moe
+        return x + ffn(self.mlp_norm(x))
 
 
 class Transformer(nn.Module):
@@ -230,7 +317,7 @@ class Transformer(nn.Module):
             raise ShardplanError(f"the runtime reference model cannot build '{cfg.name}': {'; '.join(bad)}")
         self.cfg = cfg
         self.embed: Embedding | None = Embedding(cfg)
-        self.layers = nn.ModuleDict({str(i): Block(cfg) for i in range(cfg.layers)})
+        self.layers = nn.ModuleDict({str(i): Block(cfg, i) for i in range(cfg.layers)})
         self.final_norm: nn.Module | None = _norm(cfg)
         self.head: nn.Linear | None = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
         self._init(init_std)
@@ -243,8 +330,10 @@ class Transformer(nn.Module):
                 nn.init.normal_(m.weight, std=std)
             if isinstance(m, nn.Linear) and m.bias is not None:
                 nn.init.zeros_(m.bias)
+            if isinstance(m, Experts):
+                nn.init.normal_(m.up, std=std)
         for name, p in self.named_parameters():  # GPT-2 style scaled init of residual outputs
-            if name.endswith(("attn.out.weight", "mlp.down.weight")):
+            if name.endswith(("attn.out.weight", "mlp.down.weight", "experts.down", "shared.down.weight")):
                 nn.init.normal_(p, std=std / math.sqrt(2 * self.cfg.layers))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -19,6 +19,11 @@ HSDP (R > 1)      ``fully_shard`` on the 2-D ``(dp_replicate, N)`` mesh:        
                   placements ``(Replicate(), Shard(0))``
 ================  ============================================================  ===========================
 
+With expert parallelism (``ep > 1``) the routed experts' weights (``moe.experts``) are sharded the
+same way over ``efsdp`` (``N / ep``: the ranks holding the same experts) instead of ``N``, FSDP2
+units of their own, their gradients averaged over the expert's replicas (:mod:`runtime.experts`
+says why that is the mean loss's gradient).
+
 FSDP2 has no ZeRO-1/2 of its own (``reshard_after_forward=False`` is ZeRO-3 whose gathered
 parameters outlive forward, not ZeRO-2: parameters stay sharded at rest); that is why those
 values use the runtime's own collectives. With ``N == 1`` every value is plain replication over R.
@@ -57,11 +62,22 @@ class ShardingResult:
     notes: list[str]
 
 
+def expert_value(ls: LayerStrategy, rt: RuntimeMesh) -> str:
+    """The sharding applied to expert weights under expert parallelism: replication when ``efsdp``
+    (``dp_shard × cp / ep``) is 1."""
+    return ls.sharding if rt.shard_size // rt.ep > 1 else "replicate"
+
+
+def _is_expert(path: str, rt: RuntimeMesh) -> bool:
+    return rt.ep > 1 and ".moe.experts." in f".{path}"
+
+
 def _fsdp(mods: list[nn.Module], rt: RuntimeMesh, ls: LayerStrategy, mp: MixedPrecisionPolicy,
-          ignored: set[nn.Parameter], root: bool = False) -> None:
+          ignored: set[nn.Parameter], root: bool = False, experts: bool = False) -> None:
     offload: OffloadPolicy = CPUOffloadPolicy() if ls.offload != "none" and rt.device_type == "cuda" else OffloadPolicy()
     target = mods[0] if len(mods) == 1 else mods
-    fully_shard(target, mesh=rt.fsdp_mesh(), reshard_after_forward=False if root else ls.sharding == "zero3",
+    fully_shard(target, mesh=rt.expert_fsdp_mesh() if experts else rt.fsdp_mesh(),
+                reshard_after_forward=False if root else ls.sharding == "zero3",
                 mp_policy=mp, offload_policy=offload, ignored_params=ignored or None)
 
 
@@ -75,17 +91,33 @@ def shard(ad: ModelAdapter, stage: nn.Module, strategy: Strategy, rt: RuntimeMes
     """
     notes: list[str] = []
     by_value: dict[str, list[nn.Parameter]] = {}
+    expert_by_value: dict[str, list[nn.Parameter]] = {}
     fsdp_params: set[nn.Parameter] = set()
+    expert_units: list[tuple[str, nn.Module, LayerStrategy]] = []
     for path, p in stage.named_parameters():
-        value = effective_value(resolve(strategy, graph_name(ad, path)), rt)
+        ls = resolve(strategy, graph_name(ad, path))
+        if _is_expert(path, rt):
+            value = expert_value(ls, rt)
+            if value in FSDP_VALUES:
+                owner = path.rsplit(".", 1)[0]
+                if owner not in [u for u, _, _ in expert_units]:
+                    expert_units.append((owner, stage.get_submodule(owner), ls))
+            else:
+                expert_by_value.setdefault(value, []).append(p)
+            continue
+        value = effective_value(ls, rt)
         if value in FSDP_VALUES:
             fsdp_params.add(p)
         else:
             by_value.setdefault(value, []).append(p)
-    custom = {p for ps in by_value.values() for p in ps}
+    custom = {p for ps in (*by_value.values(), *expert_by_value.values()) for p in ps}
     units: list[str] = []
+    taken: set[int] = set()
+    for path, mod, ls in expert_units:  # experts first: their own units on the expert mesh
+        _fsdp([mod], rt, ls, mp, set(), experts=True)
+        taken |= {id(q) for q in mod.parameters()}
+        units.append(path)
     if fsdp_params:
-        taken: set[int] = set()
         for gname, paths in groups:
             ls = resolve(strategy, gname)
             if effective_value(ls, rt) not in FSDP_VALUES:
@@ -108,6 +140,10 @@ def shard(ad: ModelAdapter, stage: nn.Module, strategy: Strategy, rt: RuntimeMes
     shard_g = rt.shard_group() if rt.shard_size > 1 else None
     rep_g = rt.group("dp_replicate") if rt.size("dp_replicate") > 1 else None
     replicated = [ReplicatedParams(STAGES[v], ps, shard_g, rep_g, rt.reduce_size) for v, ps in sorted(by_value.items())]
+    if expert_by_value:  # replicas of an expert: the same EP rank in every EP group
+        eg = rt.expert_mesh().get_group("efsdp") if rt.shard_size // rt.ep > 1 else None
+        replicated += [ReplicatedParams(STAGES[v], ps, eg, rep_g, rt.reduce_size // rt.ep)
+                       for v, ps in sorted(expert_by_value.items())]
     if rt.device_type != "cuda" and any(resolve(strategy, u).offload != "none" for u in ad.units()):
         notes.append("offload requested: a no-op on CPU")
     return ShardingResult(replicated=replicated, fsdp_units=units, notes=notes)

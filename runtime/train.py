@@ -22,8 +22,9 @@ from torch import nn
 from runtime.adapters import adapt
 from runtime.apply import applied, build_optimizer
 from runtime.context_parallel import shard_sequence
+from runtime.experts import rebalance
 from runtime.memory import TensorPeak, peak_bytes, state_bytes
-from runtime.model import build, lm_loss
+from runtime.model import MoE, build, lm_loss
 from runtime.tensor_parallel import loss_context, plain
 
 LR = 1e-3
@@ -65,12 +66,14 @@ def reference_losses(spec: dict[str, Any], s: TrainSettings,
     model, vocab = build(spec)
     fwd = adapt(model).forward_logits
     opt = torch.optim.AdamW(model.parameters(), **make_optimizer_kwargs(s))
+    moe = [m for m in model.modules() if isinstance(m, MoE)]
     out = []
     for k in range(s.steps):
         x, y = synthetic_batch(k, s, vocab)
         loss = lm_loss(fwd(model, x), y)
         loss.backward()
         opt.step()
+        rebalance(moe, [])
         opt.zero_grad(set_to_none=True)
         out.append(float(loss.detach()))
         if on_step is not None:

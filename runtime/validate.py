@@ -56,8 +56,16 @@ def check(ad: ModelAdapter, strategy: Strategy, world_size: int, device: str, mo
         problems.append(model_problem)
     if m.world_size != world_size:
         problems.append(f"world size: the plan's mesh {m.axes()} has {m.world_size} ranks, the process group {world_size}")
+    experts = getattr(getattr(ad.model, "cfg", None), "experts", 0) if ad.kind == "reference" else 0
     if m.ep > 1:
-        problems.append(f"expert parallelism (ep={m.ep}) is not implemented by the runtime")
+        if not experts:
+            problems.append(f"expert parallelism (ep={m.ep}) needs a mixture-of-experts model of the runtime's own")
+        elif experts % m.ep:
+            problems.append(f"ep={m.ep} does not divide the {experts} experts")
+        if (m.dp_shard * m.cp) % m.ep:
+            problems.append(f"ep={m.ep} must divide dp_shard x cp = {m.dp_shard * m.cp} (expert ranks are data-parallel ranks)")
+    if experts and m.tp > 1:
+        problems.append(f"tp={m.tp} with mixture-of-experts blocks: the runtime does not split experts over tensor-parallel ranks")
     if m.cp > 1:
         if ad.kind != "reference":
             problems.append(f"context parallelism (cp={m.cp}) is implemented for the reference model only, not {ad.kind}")

@@ -36,7 +36,8 @@ runs it.
 A search is for a target (:mod:`vocab.targets`): :func:`restrict` narrows a space to what the
 target runs. Most of it is the space's own fields; the rest the generators and the search check:
 the virtual stages per rank a schedule takes and how layers may split over stages
-(:func:`stages_allowed`), tp dividing the KV heads and the FFN width (``strict_tp``), the shardings a
+(:func:`stages_allowed`), tp dividing the KV heads and the FFN width (``strict_tp``), tp only for
+dense models (``tp_experts``), the shardings a
 pipeline, HSDP or model parallelism leave (:func:`mesh_shardings`, :func:`grid_mask`), the
 shardings an offload needs (:func:`offload_fits`) and recomputation of the blocks only
 (:func:`blocks_recompute`).
@@ -107,6 +108,7 @@ class SpaceOptions:
     stage_split: str = "any"  # any | first_last | even (:func:`split_allowed`)
     recompute_blocks_only: bool = False  # the embedding and the head never recompute
     strict_tp: bool = False  # tp divides the KV heads and the FFN width (no KV-head replication)
+    tp_experts: bool = True  # tp > 1 for mixture-of-experts models
 
     def with_(self, **kw: object) -> SpaceOptions:
         return replace(self, **kw)  # type: ignore[arg-type]
@@ -246,7 +248,8 @@ def mesh_configs(
     world = cluster.world_size
     blocks = graph.num_blocks
     heads = int(graph.config.get("heads", 0) or 0)
-    for tp in tp_degrees(graph, cluster, world, opts.strict_tp) if opts.tp else [1]:
+    moe = bool(graph.config.get("experts", 0))
+    for tp in tp_degrees(graph, cluster, world, opts.strict_tp) if opts.tp and (opts.tp_experts or not moe) else [1]:
         for pp in pp_degrees(graph, world // tp) if opts.pp else [1]:
             for cp in cp_degrees(w.seq_len, world // (tp * pp)) if opts.cp else [1]:
                 dp = world // (tp * pp * cp)
@@ -376,7 +379,7 @@ def restrict(space: SpaceOptions, target: Target) -> SpaceOptions:
         offload_needs=tuple((m, tuple(v)) for m, v in t.offload.needs.items()),
         stage_rules=rules, stage_split=t.pipeline.stage_split,
         recompute_blocks_only=t.recompute.scope == "blocks",
-        strict_tp=not t.tensor_parallel.kv_head_replication)
+        strict_tp=not t.tensor_parallel.kv_head_replication, tp_experts=t.tensor_parallel.experts)
 
 
 def _keep(values: tuple[str, ...], allowed: list[str] | tuple[str, ...]) -> tuple[str, ...]:

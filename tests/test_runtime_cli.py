@@ -92,12 +92,20 @@ def test_train_reports_losses_memory_and_parity(plan2: Path, tmp_path: Path) -> 
     assert _workers() == []
 
 
+FORCED = {  # plans the search may pick, forced: context parallelism both ways, expert parallelism
+    "cp-ring": ("tiny-llama", Strategy(mesh=Mesh(cp=2), micro_batch=4)),
+    "cp-ulysses": ("tiny-llama", Strategy(mesh=Mesh(cp=2), cp_mode="ulysses", micro_batch=4)),
+    "ep": ("tiny-mixtral", Strategy(mesh=Mesh(dp_shard=2, ep=2), micro_batch=4, default=L(sharding="zero3"))),
+}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["ring", "ulysses"])
-def test_context_parallel_plans_train_like_one_process(mode: str, tmp_path: Path) -> None:
-    plan = tmp_path / f"cp-{mode}.json"
-    hand_plan("tiny-llama", Strategy(mesh=Mesh(cp=2), cp_mode=mode, micro_batch=4)).save(plan)
-    code, out = _train("--model", "tiny-llama", "--plan", str(plan), "--steps", "2", "--check-parity", "--json")
+@pytest.mark.parametrize("name", list(FORCED))
+def test_forced_plans_train_like_one_process(name: str, tmp_path: Path) -> None:
+    model, strategy = FORCED[name]
+    plan = tmp_path / f"{name}.json"
+    hand_plan(model, strategy).save(plan)
+    code, out = _train("--model", model, "--plan", str(plan), "--steps", "2", "--check-parity", "--json")
     assert code == 0, out
     rep = json.loads(out)
     assert rep["parity"] is True and rep["max_loss_diff"] < 1e-5 * rep["reference_losses"][0]

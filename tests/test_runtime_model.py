@@ -59,8 +59,9 @@ def test_gpt2_preset_parameter_count_on_meta() -> None:
 def test_resolve_config_rejects_big_and_unsupported_models() -> None:
     with pytest.raises(ShardplanError, match="parameters"):
         resolve_config("llama2-7b")
-    with pytest.raises(ShardplanError, match="mixture-of-experts"):
+    with pytest.raises(ShardplanError, match="parameters"):
         resolve_config("mixtral-8x7b")
+    assert resolve_config("tiny-mixtral").experts == 4 and resolve_config("tiny-deepseek").shared_experts == 1
     with pytest.raises(ShardplanError, match="arch 'encoder'"):
         resolve_config("bert-large")
     with pytest.raises(ShardplanError, match="unknown model"):
@@ -193,6 +194,10 @@ def test_validation_lists_every_difference() -> None:
     assert "cannot be combined with tp=2" in _problems(llama, Strategy(mesh=Mesh(tp=2), default=L(split=2)), 2)
     msg = _problems(llama, Strategy(mesh=Mesh(pp=2), stage_layers=[1, 2]), 2)
     assert "sum to 3" in msg
+    assert "needs a mixture-of-experts model" in _problems(llama, Strategy(mesh=Mesh(dp_shard=2, ep=2)), 2)
+    mixtral = Transformer(TINY_MODELS["tiny-mixtral"])
+    msg = _problems(mixtral, Strategy(mesh=Mesh(dp_shard=8, ep=8, tp=2)), 16)
+    assert "ep=8 does not divide the 4 experts" in msg and "tp=2 with mixture-of-experts blocks" in msg
     gpt = Transformer(TINY_MODELS["tiny-gpt"])
     msg = _problems(gpt, Strategy(mesh=Mesh(pp=2), layers=[L(unit="head", sharding="zero2")]), 2)
     assert "same sharding for 'embedding' and 'head'" in msg and "replicate and zero2" in msg

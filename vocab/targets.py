@@ -82,6 +82,7 @@ class TensorParallelCaps(_Strict):
     kv_head_replication: bool = Field(
         False, description="tp may exceed the KV heads (each copied to tp/kv ranks); else tp divides them "
         "and the FFN width")
+    experts: bool = Field(True, description="tp splits mixture-of-experts blocks; false: no tp for MoE models")
 
 
 class StageRule(_Strict):
