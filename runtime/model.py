@@ -320,7 +320,8 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleDict({str(i): Block(cfg, i) for i in range(cfg.layers)})
         self.final_norm: nn.Module | None = _norm(cfg)
         self.head: nn.Linear | None = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
-        self._init(init_std)
+        if self.head.weight.device.type != "meta":  # nothing to draw on meta tensors (shapes only)
+            self._init(init_std)
         if cfg.tied_embeddings:
             self.head.weight = self.embed.tok.weight
 

@@ -1,0 +1,144 @@
+"""Every plan the ``shardplan`` target's space holds runs in the runtime.
+
+The runtime's check refuses nothing the space contains (every mesh configuration and unit option
+of the tiny models at worlds 2, 4 and 8), and plans drawn from the space (hypothesis: mesh, schedule,
+micro-batch, modes, and per unit sharding, recomputation and OSDP's per-operator sharding) train
+like one process and hold the state bytes the cost model predicts.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from costmodel.estimate import estimate
+from profiler.hardware import parse_cluster
+from profiler.transformer import build_graph
+from runtime.adapters import adapt
+from runtime.apply import check_plan
+from runtime.launch import Job, launch
+from runtime.model import TINY_MODELS, Transformer, spec_for
+from runtime.train import TrainSettings
+from runtime.validate import check
+from solvers.space import SPACES, mesh_configs, mesh_shardings, restrict, unit_options
+from vocab.strategy import LayerStrategy, MeshConfig, Strategy, Workload
+from vocab.targets import load_target
+
+SETTINGS = TrainSettings(steps=3, global_batch=8, seq_len=32, seed=0)
+MODELS = ("tiny-gpt", "tiny-llama", "tiny-mixtral", "tiny-deepseek")
+OPTS = restrict(SPACES["full"], load_target("shardplan"))
+WORKLOAD = Workload(seq_len=SETTINGS.seq_len, global_batch=SETTINGS.global_batch, precision="fp32")
+#: operators OSDP may shard apart from their unit (ZeRO-3 while the unit is replicated or ZeRO-1)
+LARGE = {"dense": ("mlp.up", "mlp.down"), "moe": ("moe.experts",)}
+
+
+@cache
+def space(model: str, world: int) -> list[MeshConfig]:
+    g = build_graph(TINY_MODELS[model], SETTINGS.seq_len)
+    return list(mesh_configs(g, parse_cluster(f"{world}xcpu"), WORKLOAD, OPTS))
+
+
+def choices(cfg: MeshConfig) -> list[tuple[str, str, str, bool]]:
+    """(sharding, recompute, offload, mixed) a unit of ``cfg`` may take in the space."""
+    allowed = mesh_shardings(OPTS, cfg)
+    out = [(sh, rc, off, mixed) for sh, rc, off, _, mixed in unit_options(OPTS, cfg.dp_shard * cfg.cp)
+           if sh in allowed or (cfg.dp_shard * cfg.cp == 1 and allowed)]
+    return list(dict.fromkeys(out))
+
+
+def _entries(model: str, unit: str, choice: tuple[str, str, str, bool]) -> list[LayerStrategy]:
+    sh, rc, off, mixed = choice
+    out = [LayerStrategy(unit=unit, sharding=sh, recompute=rc, offload=off)]  # type: ignore[arg-type]
+    if mixed and unit.startswith("layers."):
+        cfg = TINY_MODELS[model]
+        ops = LARGE["moe" if cfg.is_moe_layer(int(unit.split(".")[1])) else "dense"]
+        out += [LayerStrategy(unit=f"{unit}.{op}", sharding="zero3", offload=off) for op in ops]  # type: ignore[arg-type]
+    return out
+
+
+def plan_of(model: str, cfg: MeshConfig, picks: list[tuple[str, str, str, bool]]) -> Strategy:
+    """``cfg`` with a choice per unit (embedding, blocks, head); a pipeline shares one sharding and
+    offload (the full space's rule), recomputation stays per unit."""
+    units = ["embedding", *(f"layers.{i}" for i in range(TINY_MODELS[model].layers)), "head"]
+    if cfg.pp > 1:
+        sh, off = picks[0][0], picks[0][2]
+        picks = [(sh, rc, off, False) for _, rc, _, _ in picks]
+    if TINY_MODELS[model].tied_embeddings:  # the tied head takes the embedding's choice
+        picks = [*picks[:-1], picks[0]]
+    layers = [e for u, c in zip(units, picks, strict=True) for e in _entries(model, u, c)]
+    return cfg.strategy(layers=layers)
+
+
+# ---- the runtime refuses nothing the space holds ------------------------------------------------
+@pytest.mark.parametrize("world", [2, 4, 8])
+@pytest.mark.parametrize("model", MODELS)
+def test_the_runtime_refuses_nothing_the_space_holds(model: str, world: int) -> None:
+    configs = space(model, world)
+    assert configs
+    with torch.device("meta"):
+        ad = adapt(Transformer(TINY_MODELS[model]))
+    for cfg in configs:
+        units = 2 + TINY_MODELS[model].layers
+        for choice in choices(cfg):
+            s = plan_of(model, cfg, [choice] * units)
+            check(ad, s, world, "cpu")
+        check_plan(spec_for(model), cfg.strategy(), world, "cpu", SETTINGS.seq_len, SETTINGS.global_batch)
+
+
+def test_the_space_holds_every_runtime_feature() -> None:
+    """What the space of the tiny models offers at 4 and 8 ranks: every axis, schedule and mode."""
+    cfgs = [c for m in MODELS for w in (4, 8) for c in space(m, w)]
+    seen = {"pp", "tp", "cp", "ep", "dp_replicate", "dp_shard"} & {
+        a for c in cfgs for a in ("pp", "tp", "cp", "ep", "dp_replicate", "dp_shard") if getattr(c, a) > 1}
+    assert seen == {"pp", "tp", "cp", "ep", "dp_replicate", "dp_shard"}
+    assert {c.schedule for c in cfgs if c.pp > 1} == {"1f1b", "interleaved", "zb"}
+    assert {c.cp_mode for c in cfgs if c.cp > 1} == {"ring", "ulysses"} and any(c.sequence_parallel for c in cfgs)
+    assert {x for c in cfgs for x in choices(c)} >= {("zero3", "full", "params", False), ("zero1", "selective", "none", True)}
+
+
+# ---- drawn plans train like one process ----------------------------------------------------------
+def _predicted(model: str, s: Strategy, world: int) -> list[tuple[int, int, int]]:
+    g = build_graph(TINY_MODELS[model], SETTINGS.seq_len)
+    r = estimate(g, parse_cluster(f"{world}xcpu"), s, WORKLOAD)
+    return [(st.param_bytes, st.grad_bytes, st.optim_bytes) for st in r.stages for _ in range(world // s.mesh.pp)]
+
+
+def _draw(data: Any, world: int) -> dict[str, tuple[str, Strategy]]:
+    out = {}
+    for model in MODELS:
+        cfg = data.draw(st.sampled_from(space(model, world)), label=f"{model} mesh")
+        opts = choices(cfg)
+        units = 2 + TINY_MODELS[model].layers
+        picks = [data.draw(st.sampled_from(opts), label=f"{model} unit {u}") for u in range(units)]
+        out[f"{model}/{world}"] = (model, plan_of(model, cfg, picks))
+    return out
+
+
+def _train(plans: dict[str, tuple[str, Strategy]], world: int) -> None:
+    jobs = [Job(model=spec_for(m), plan_json=s.model_dump_json(), settings=SETTINGS.to_dict(), name=name,
+                reference=True) for name, (m, s) in plans.items()]
+    for res in launch(jobs, world):
+        model, s = plans[res["name"]]
+        got, ref = [x["loss"] for x in res["steps"]], res["reference_losses"]
+        assert got[0] == pytest.approx(ref[0], rel=1e-6, abs=0), (res["name"], s)
+        assert got == pytest.approx(ref, rel=1e-4, abs=0), (res["name"], s)  # see test_runtime_parity
+        bytes_ = [(r["param_bytes"], r["grad_bytes"], r["optim_bytes"]) for r in res["steps"][-1]["ranks"]]
+        assert bytes_ == _predicted(model, s, world), (res["name"], s)
+
+
+#: a fixed set (derandomized), generated only: no explicit or shrunk examples unless one fails
+DRAWS = settings(max_examples=3, deadline=None, derandomize=True, database=None, phases=[Phase.generate, Phase.shrink],
+                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 4])
+@DRAWS
+@given(data=st.data())
+def test_drawn_plans_train_like_one_process(world: int, data: Any) -> None:
+    _train(_draw(data, world), world)
