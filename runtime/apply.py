@@ -234,7 +234,7 @@ def _splits(ad: ModelAdapter, stage: nn.Module, strategy: Strategy) -> list[tupl
 
 def apply_plan(model: nn.Module, plan: Any, mesh: DeviceMesh | RuntimeMesh | None = None, *,
                mixed_precision: MixedPrecisionPolicy | None = None, n_microbatches: int | None = None,
-               cp_rotate: str = "alltoall") -> nn.Module:
+               cp_rotate: str = "allgather") -> nn.Module:
     """Apply ``plan`` (a :class:`vocab.plan.Plan` or a :class:`Strategy`) to ``model``.
 
     Runs on every rank of an initialised default process group whose size is the plan's world
@@ -251,8 +251,9 @@ def apply_plan(model: nn.Module, plan: Any, mesh: DeviceMesh | RuntimeMesh | Non
         mixed_precision: FSDP2 policy for the ``zero3`` units (fp32 when None).
         n_microbatches: pipeline micro-batches per step (default: the plan's global batch over
             ``dp * micro_batch`` when ``plan`` is a Plan, else ``2 * pp``).
-        cp_rotate: how ring attention moves K/V (``alltoall``: point to point round the ring;
-            ``allgather``), see :mod:`runtime.context_parallel`.
+        cp_rotate: how ring attention moves K/V: ``allgather`` (what the cost model prices a ring
+            as, and what the torchtitan export writes) or ``alltoall`` (point to point round the
+            ring, K/V blocks merged by log-sum-exp); see :mod:`runtime.context_parallel`.
     """
     strategy, facts = _strategy_of(plan)
     if getattr(model, "_shardplan", None) is not None:

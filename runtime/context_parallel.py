@@ -6,7 +6,8 @@ every rank gets the same share of the causal mask's work. :func:`shard_sequence`
 that way; :meth:`ContextShard.positions` gives the global positions of a rank's tokens (RoPE and
 learned positions use them).
 
-Attention (``cp_mode`` and ``cp_rotate`` of the plan):
+Attention (the plan's ``cp_mode``; for a ring, ``apply_plan``'s ``cp_rotate``, ``allgather`` by
+default: the cost model prices a ring as an all-gather of K/V, and the torchtitan export writes it):
 
 * ``ring`` with ``alltoall`` rotation: the K/V chunks travel round the ring by point-to-point
   sends, ``cp-1`` steps; each step attends the local queries to the visiting chunk with the fused
@@ -70,7 +71,7 @@ class ContextShard:
     rank: int
     size: int
     mode: str = "ring"  # or "ulysses"
-    rotate: str = "alltoall"  # ring only: "alltoall" (point-to-point) or "allgather"
+    rotate: str = "allgather"  # ring only: "allgather" or "alltoall" (point to point)
 
     def positions(self, local_len: int, device: Any = None) -> torch.Tensor:
         """Global positions of this rank's ``local_len`` tokens."""
