@@ -69,7 +69,7 @@ def _table(report: dict[str, Any]) -> None:
 @app.command()
 @guard
 def train(
-    model: str = typer.Option(..., "--model", "-m", help="tiny-gpt, tiny-llama, hf-llama, hf-gpt2 or a small preset (gpt2)"),
+    model: str = typer.Option(..., "--model", "-m", help="tiny-gpt, tiny-llama, tiny-mixtral, tiny-deepseek, hf-llama, hf-gpt2 or a small preset (gpt2)"),
     plan_path: Path = typer.Option(..., "--plan", "-p", help="plan JSON (shardplan plan ... -o plan.json)"),
     nproc: int = count_option(None, "--nproc", "-n", help="local processes (default: the plan's world size)",
                               maximum=1024),
