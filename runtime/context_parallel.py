@@ -200,8 +200,8 @@ class _RingAttention(torch.autograd.Function):
 
 def _ring_allgather(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cs: ContextShard) -> torch.Tensor:
     n = q.shape[-2]
-    k_all = fc.all_gather_tensor_autograd(k.contiguous(), gather_dim=2, group=cs.group)
-    v_all = fc.all_gather_tensor_autograd(v.contiguous(), gather_dim=2, group=cs.group)
+    k_all = fc.all_gather_single_autograd(k.contiguous(), gather_dim=2, group=cs.group)
+    v_all = fc.all_gather_single_autograd(v.contiguous(), gather_dim=2, group=cs.group)
     k_all, v_all = fc.wait_tensor(k_all), fc.wait_tensor(v_all)
     kpos = torch.cat([zigzag_index(n * cs.size, r, cs.size, q.device) for r in range(cs.size)])
     mask = cs.positions(n, q.device)[:, None] >= kpos[None, :]
