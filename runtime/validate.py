@@ -102,4 +102,4 @@ def check(ad: ModelAdapter, strategy: Strategy, world_size: int, device: str, mo
             problems.append(f"unit '{ls.unit}': offload '{ls.offload}' needs zero3 sharding in the runtime (FSDP2)")
     if problems:
         uniq = list(dict.fromkeys(problems))
-        raise PlanMismatchError("plan and model disagree:\n  - " + "\n  - ".join(uniq))
+        raise PlanMismatchError("plan and model disagree: " + "; ".join(uniq))
