@@ -4,6 +4,8 @@
 #
 #   benchmarks/gpu_profile.sh [accelerator]        # accelerator: h200, h100-sxm, ... (default: guessed)
 #
+# Then one `shardplan train` per strategy family (benchmarks/gpu_train_families.py).
+#
 # Environment: DEVICE (default cuda:0), PROFILE (output file; default $OUT/gpu_profile.json when OUT
 # is set, else /tmp/gpu_profile.json), LIMIT_S (time limit of the sweep, default 290).
 set -euo pipefail
@@ -30,3 +32,9 @@ timeout --signal=INT --kill-after=10 "$LIMIT_S" \
 echo "compute profile: $(( $(date +%s) - start )) s -> $PROFILE"
 "$PY" benchmarks/gpu_profile_compare.py "$PROFILE" ${ACC:+--accelerator "$ACC"} \
     --json "${PROFILE%.json}.compare.json"
+
+# then one `shardplan train` per strategy family on the visible GPUs: predicted against measured
+# step time and peak memory (TRAIN_LIMIT_S bounds it; TRAIN=0 skips it)
+if [ "$DEVICE" != "cpu" ] && [ "${TRAIN:-1}" != "0" ]; then
+    timeout --signal=INT --kill-after=10 "${TRAIN_LIMIT_S:-240}" "$PY" benchmarks/gpu_train_families.py || true
+fi
