@@ -33,7 +33,7 @@ from costmodel.node_costs import (
     node_times,
     tp_divisor,
 )
-from costmodel.state_groups import group_costs
+from costmodel.state_groups import group_costs, state_bytes
 from profiler.graph import LayerNode
 from vocab.strategy import LayerStrategy, Strategy, Workload
 
@@ -181,6 +181,12 @@ def price_unit(name: str, nodes: Sequence[LayerNode], dev: DeviceModel, cfg: Con
                                                     tp, 1.0) * a
                      for n, a in zip(nodes, aw, strict=True) if carries_weights(n) and n.kind != "loss"), z)
     first_acts = acts[0] if nodes[0].kind == "norm" else z
+    # TSP's transients: the whole sequence's K/V of every head, and the largest operator's weight
+    # shards in flight (one computed with, one arriving) with, in backward, its gradient shard
+    # travelling home
+    pb, gb, _ = state_bytes(w)
+    shard = np.max(np.stack(local), axis=0) if local else z
+    tsp_buffers = np.where(cfg.tsp & (tp > 1), traffic.kv_bytes + shard * (2 * pb + gb), 0.0)
 
     compute: dict[tuple, tuple[F, ...]] = {}
     by_rc: dict[tuple, dict[str, F]] = {}
@@ -217,6 +223,8 @@ def price_unit(name: str, nodes: Sequence[LayerNode], dev: DeviceModel, cfg: Con
             col["time"] = (col["fwd"] + col["bwd"] + col["recompute"] + col["accumulate"] + col["comm_tp"]
                            + col["comm_cp"] + col["comm_ep"] + col["comm_dp"])
             col["states"] = col["state_params"] + col["state_grads"] + col["state_optim"]
+            if cfg.tsp.any():
+                col["gathered"] = col["gathered"] + tsp_buffers
             whole[key] = col
         cols.append(whole[key])
     columns = {k: [col[k] for col in cols] for k in PER_OPTION}
@@ -250,12 +258,15 @@ class _Traffic:
         self.cfg = cfg
         tp, cp, b = cfg.tp, cfg.cp, cfg.micro_batch
         z = np.zeros(cfg.size)
-        self.cp_bytes, self.ep_bytes = z, z
+        self.cp_bytes, self.ep_bytes, self.kv_bytes = z, z, z
         self.tp_msgs = self.sp_grads = self.sp_params = 0
         for n, a in zip(nodes, aw, strict=True):
             if n.kind == "attention":
                 kv = n.dims.get("kv_heads", 1) * n.dims.get("head_dim", 1)
-                self.cp_bytes = self.cp_bytes + 2 * 2 * b * n.dims.get("seq", w.seq_len) * kv / tp * a  # K and V
+                # K and V of the whole sequence (2 bytes a value, ``a`` times that in fp32): every
+                # KV head under TSP (each rank attends all heads of its tokens), the rank's heads else
+                self.kv_bytes = self.kv_bytes + 2 * 2 * b * n.dims.get("seq", w.seq_len) * kv * a
+                self.cp_bytes = self.cp_bytes + 2 * 2 * b * n.dims.get("seq", w.seq_len) * kv / tp * a
             if n.kind == "experts":
                 tok = b * w.seq_len / cp / np.where(cfg.sequence_parallel, tp, 1.0)
                 self.ep_bytes = self.ep_bytes + 2 * tok * n.dims.get("top_k", 1) * n.dims.get("in", 0)
@@ -288,7 +299,7 @@ class _Traffic:
             wbytes = GATHER_BYTES * params * tp
             t = passes * dev.collective_time("all_gather", wbytes, tpg)
             t = t + dev.collective_time("reduce_scatter", wbytes * GRAD_REDUCE_BYTES / GATHER_BYTES, tpg)
-            t = t + passes * dev.collective_time("all_gather", self.cp_bytes, tpg)
+            t = t + passes * dev.collective_time("all_gather", self.kv_bytes, tpg)
             comm_tp = np.where(tsp, c.exposed(t, c.fsdp_overlap * compute), comm_tp)
         # CP: ring — K/V gathered in forward, again plus dK/dV in backward; Ulysses — all-to-all of
         # q, k, v and of the output, forward and backward

@@ -52,6 +52,31 @@ def test_parameter_side_transient_of_a_unit(sharding: str, batch: int, gathered:
     assert price("layers.0", g.nodes).gathered == gathered * 1_000_000
 
 
+@pytest.mark.parametrize("tp", [2, 4, 8])
+def test_tsp_holds_the_whole_sequences_kv_and_weight_shards_in_flight(tp: int) -> None:
+    """TSP (each of tp ranks holds 1/tp of the tokens and of the weights): attention needs the K/V of
+    the whole sequence in every KV head, whatever tp (2 tensors x b x s x kv_heads x head_dim, bf16);
+    the projections stream weight shards round the ring, so the largest operator's shard is in
+    flight twice (computed with, arriving, bf16) and its gradient shard once (fp32). Megatron TP on
+    the same mesh holds none of it."""
+    cfg = TransformerConfig(name="llama-k", layers=2, hidden=2048, heads=16, kv_heads=4, vocab=32000,
+                            max_seq=4096, ffn_hidden=5632, activation="swiglu", norm="rmsnorm", position="rope")
+    seq, b = 4096, 2
+    g = build_graph(cfg, seq)
+    nodes = dict(g.blocks())["layers.0"]
+    w = Workload(seq_len=seq, global_batch=8 // tp * b)  # one micro-batch: no gradient held beside a new one
+    dev = DeviceModel(parse_cluster("8xh100"))
+
+    def gathered(mode: str) -> float:
+        s = Strategy(mesh=Mesh(tp=tp, dp_shard=8 // tp), micro_batch=b, tp_mode=mode)  # type: ignore[arg-type]
+        return UnitPricer(dev, s, w)("layers.0", nodes).gathered
+
+    kv = 2 * b * seq * cfg.kv_heads * cfg.head_dim * 2
+    largest = cfg.hidden * 2 * cfg.ffn_hidden // tp  # the fused gate+up projection's shard
+    assert gathered("megatron") == 0
+    assert gathered("tsp") == kv + largest * (2 * 2 + 4)
+
+
 def _gpt_block_acts(tp: int, sp: bool, recompute: str, seq: int = 2048, b: int = 4) -> tuple[float, dict]:
     cfg = TransformerConfig(name="gpt-k", layers=4, hidden=1024, heads=16, vocab=51200, max_seq=seq,
                             bias=True, dropout=0.1, attention_impl="eager")
