@@ -181,12 +181,7 @@ def price_unit(name: str, nodes: Sequence[LayerNode], dev: DeviceModel, cfg: Con
                                                     tp, 1.0) * a
                      for n, a in zip(nodes, aw, strict=True) if carries_weights(n) and n.kind != "loss"), z)
     first_acts = acts[0] if nodes[0].kind == "norm" else z
-    # TSP's transients: the whole sequence's K/V of every head, and the largest operator's weight
-    # shards in flight (one computed with, one arriving) with, in backward, its gradient shard
-    # travelling home
-    pb, gb, _ = state_bytes(w)
-    shard = np.max(np.stack(local), axis=0) if local else z
-    tsp_buffers = np.where(cfg.tsp & (tp > 1), traffic.kv_bytes + shard * (2 * pb + gb), 0.0)
+    tsp_buffers = _tsp_buffers(cfg, w, local, traffic.kv_bytes) if cfg.tsp.any() else None
 
     compute: dict[tuple, tuple[F, ...]] = {}
     by_rc: dict[tuple, dict[str, F]] = {}
@@ -223,7 +218,7 @@ def price_unit(name: str, nodes: Sequence[LayerNode], dev: DeviceModel, cfg: Con
             col["time"] = (col["fwd"] + col["bwd"] + col["recompute"] + col["accumulate"] + col["comm_tp"]
                            + col["comm_cp"] + col["comm_ep"] + col["comm_dp"])
             col["states"] = col["state_params"] + col["state_grads"] + col["state_optim"]
-            if cfg.tsp.any():
+            if tsp_buffers is not None:
                 col["gathered"] = col["gathered"] + tsp_buffers
             whole[key] = col
         cols.append(whole[key])
@@ -231,6 +226,15 @@ def price_unit(name: str, nodes: Sequence[LayerNode], dev: DeviceModel, cfg: Con
     return UnitCost(name, nodes[0].block, out_bytes, params, columns,
                     has_attention=any(n.kind == "attention" for n in nodes),
                     has_experts=any(n.kind == "experts" for n in nodes))
+
+
+def _tsp_buffers(cfg: ConfigArrays, w: Workload, local: list[F], kv_bytes: F) -> F:
+    """TSP's transients while the unit runs: the whole sequence's K/V of every head, and the largest
+    operator's weight shards in flight (one computed with, one arriving) with, in backward, its
+    gradient shard travelling home."""
+    pb, gb, _ = state_bytes(w)
+    shard = np.max(np.stack(local), axis=0)
+    return np.where(cfg.tsp & (cfg.tp > 1), kv_bytes + shard * (2 * pb + gb), 0.0)
 
 
 def _compute(nodes: list[LayerNode], dev: DeviceModel, cfg: ConfigArrays, w: Workload, tdiv: list[F],
@@ -258,7 +262,7 @@ class _Traffic:
         self.cfg = cfg
         tp, cp, b = cfg.tp, cfg.cp, cfg.micro_batch
         z = np.zeros(cfg.size)
-        self.cp_bytes, self.ep_bytes, self.kv_bytes = z, z, z
+        self.ep_bytes, self.kv_bytes = z, z
         self.tp_msgs = self.sp_grads = self.sp_params = 0
         for n, a in zip(nodes, aw, strict=True):
             if n.kind == "attention":
@@ -266,7 +270,6 @@ class _Traffic:
                 # K and V of the whole sequence (2 bytes a value, ``a`` times that in fp32): every
                 # KV head under TSP (each rank attends all heads of its tokens), the rank's heads else
                 self.kv_bytes = self.kv_bytes + 2 * 2 * b * n.dims.get("seq", w.seq_len) * kv * a
-                self.cp_bytes = self.cp_bytes + 2 * 2 * b * n.dims.get("seq", w.seq_len) * kv / tp * a
             if n.kind == "experts":
                 tok = b * w.seq_len / cp / np.where(cfg.sequence_parallel, tp, 1.0)
                 self.ep_bytes = self.ep_bytes + 2 * tok * n.dims.get("top_k", 1) * n.dims.get("in", 0)
@@ -275,6 +278,7 @@ class _Traffic:
             k, p = sp_partial_grads(n)
             self.sp_grads, self.sp_params = self.sp_grads + k, self.sp_params + p
         self.act_msg = 2.0 * b * w.seq_len / cp * _hidden(nodes) * ew
+        self.cp_bytes = self.kv_bytes / tp  # what a context-parallel ring gathers: the tp rank's heads
 
     def comm(self, dev: DeviceModel, passes: int, params: F, compute: F, attn_time: F) -> dict[str, F]:
         cfg, c = self.cfg, dev.c
