@@ -47,6 +47,7 @@ class ModelAdapter:
         kind: ``reference``, ``hf-llama`` or ``hf-gpt2``.
         model: the module.
         num_layers / heads / kv_heads / hidden / ffn_hidden / vocab: shape facts validation needs.
+        experts: routed experts per MoE block (0: a dense model).
         tied: whether the LM head shares the token embedding's weight.
         paths: graph operator name -> module paths (relative to ``model``) implementing it.
         block_prefix: module path of block 0 without the index (``layers.``, ``model.layers.``).
@@ -65,6 +66,7 @@ class ModelAdapter:
     top: dict[str, tuple[str, ...]]
     in_block: dict[str, tuple[str, ...]]
     forward_logits: Callable[[nn.Module, torch.Tensor], torch.Tensor] = field(repr=False, default=None)  # type: ignore[assignment]
+    experts: int = 0
 
     # ---- names ---------------------------------------------------------------------------
     def block_path(self, i: int) -> str:
@@ -124,7 +126,7 @@ def _reference(model: nn.Module) -> ModelAdapter:
         kind="reference", model=model, num_layers=cfg.layers, heads=cfg.heads, kv_heads=cfg.kv_heads,
         hidden=cfg.hidden, ffn_hidden=cfg.ffn_hidden, vocab=cfg.vocab, tied=cfg.tied_embeddings,
         block_prefix="layers.", top={"embed": ("embed",), "final_norm": ("final_norm",), "head": ("head",)},
-        in_block=in_block, forward_logits=lambda m, x: m(x),
+        in_block=in_block, forward_logits=lambda m, x: m(x), experts=cfg.experts,
     )
 
 

@@ -194,35 +194,36 @@ def _checkpoint(ad: ModelAdapter, stage: nn.Module, strategy: Strategy, dev: str
                 checkpointing.wrap(stage.get_submodule(p), ls.recompute, dev)
 
 
+def _modules(stages: list[nn.Module], kind: type | tuple[type, ...]) -> list[Any]:
+    """The modules of ``kind`` in this rank's stages."""
+    return [m for st in stages for m in st.modules() if isinstance(m, kind)]
+
+
 def _context(stages: list[nn.Module], cs: ContextShard) -> None:
     """Every attention core and position table of the reference model learns this rank's tokens."""
     from runtime.model import AttentionCore, Embedding
 
-    for st in stages:
-        for m in st.modules():
-            if isinstance(m, AttentionCore | Embedding):
-                m.context = cs
+    for m in _modules(stages, (AttentionCore, Embedding)):
+        m.context = cs
 
 
 def _experts(stages: list[nn.Module], ep: ExpertShard) -> None:
     """Every MoE block keeps the experts of its EP rank: ``[rank·E/ep, (rank+1)·E/ep)``."""
     from runtime.model import Experts
 
-    for st in stages:
-        for m in st.modules():
-            if isinstance(m, Experts):
-                n = m.up.shape[0] // ep.size
-                mine = slice(ep.rank * n, (ep.rank + 1) * n)
-                m.up = nn.Parameter(m.up.detach()[mine].clone())
-                m.down = nn.Parameter(m.down.detach()[mine].clone())
-                m.ep = ep
+    for m in _modules(stages, Experts):
+        n = m.up.shape[0] // ep.size
+        mine = slice(ep.rank * n, (ep.rank + 1) * n)
+        m.up = nn.Parameter(m.up.detach()[mine].clone())
+        m.down = nn.Parameter(m.down.detach()[mine].clone())
+        m.ep = ep
 
 
 def moe_blocks(model: nn.Module) -> list[nn.Module]:
     """This rank's mixture-of-experts blocks."""
     from runtime.model import MoE
 
-    return [m for st in applied(model).stages for m in st.modules() if isinstance(m, MoE)]
+    return _modules(applied(model).stages, MoE)
 
 
 def _splits(ad: ModelAdapter, stage: nn.Module, strategy: Strategy) -> list[tuple[str, int]]:
@@ -358,8 +359,7 @@ def build_optimizer(model: nn.Module, cls: type[torch.optim.Optimizer] = torch.o
     tied_param = _tied_optim_param(info)
     moe = moe_blocks(model)
     rt = info.mesh
-    load_groups = [rt.shard_group() if rt.shard_size > 1 else None,
-                   rt.group("dp_replicate") if rt.size("dp_replicate") > 1 else None]
+    load_groups = list(rt.reduce_groups())
 
     def pre(_opt: Any, _args: Any, _kwargs: Any) -> None:
         for r in info.replicated:

@@ -99,6 +99,12 @@ class RuntimeMesh:
     def shard_group(self) -> dist.ProcessGroup:
         return self.shard_mesh().get_group()
 
+    def reduce_groups(self) -> tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]:
+        """(shard group, ``dp_replicate`` group), each None where of size 1: the ranks that hold
+        other tokens, over which gradients average and MoE loads add up."""
+        return (self.shard_group() if self.shard_size > 1 else None,
+                self.group("dp_replicate") if self.sizes["dp_replicate"] > 1 else None)
+
     def expert_mesh(self) -> DeviceMesh:
         """The ranks as ``(pp, dp_replicate, efsdp, ep, tp)``: the ``dp_shard × cp`` ranks cut into
         expert-parallel groups of ``ep`` consecutive ranks (as the cost model lays them out);

@@ -50,9 +50,10 @@ from vocab.strategy import LayerStrategy, Strategy
 FSDP_VALUES = ("zero3", "zero3_keep")
 
 
-def effective_value(ls: LayerStrategy, rt: RuntimeMesh) -> str:
-    """The sharding actually applied: every value is replication when ``dp_shard × cp`` is 1."""
-    return ls.sharding if rt.shard_size > 1 else "replicate"
+def effective_value(ls: LayerStrategy, shard_size: int) -> str:
+    """The sharding actually applied over a shard group of ``shard_size`` ranks (``dp_shard × cp``;
+    for experts under expert parallelism ``dp_shard × cp / ep``): replication where it is 1."""
+    return ls.sharding if shard_size > 1 else "replicate"
 
 
 @dataclass
@@ -60,12 +61,6 @@ class ShardingResult:
     replicated: list[ReplicatedParams]
     fsdp_units: list[str]
     notes: list[str]
-
-
-def expert_value(ls: LayerStrategy, rt: RuntimeMesh) -> str:
-    """The sharding applied to expert weights under expert parallelism: replication when ``efsdp``
-    (``dp_shard × cp / ep``) is 1."""
-    return ls.sharding if rt.shard_size // rt.ep > 1 else "replicate"
 
 
 def _is_expert(path: str, rt: RuntimeMesh) -> bool:
@@ -97,7 +92,7 @@ def shard(ad: ModelAdapter, stage: nn.Module, strategy: Strategy, rt: RuntimeMes
     for path, p in stage.named_parameters():
         ls = resolve(strategy, graph_name(ad, path))
         if _is_expert(path, rt):
-            value = expert_value(ls, rt)
+            value = effective_value(ls, rt.shard_size // rt.ep)
             if value in FSDP_VALUES:
                 owner = path.rsplit(".", 1)[0]
                 if owner not in [u for u, _, _ in expert_units]:
@@ -105,7 +100,7 @@ def shard(ad: ModelAdapter, stage: nn.Module, strategy: Strategy, rt: RuntimeMes
             else:
                 expert_by_value.setdefault(value, []).append(p)
             continue
-        value = effective_value(ls, rt)
+        value = effective_value(ls, rt.shard_size)
         if value in FSDP_VALUES:
             fsdp_params.add(p)
         else:
@@ -120,7 +115,7 @@ def shard(ad: ModelAdapter, stage: nn.Module, strategy: Strategy, rt: RuntimeMes
     if fsdp_params:
         for gname, paths in groups:
             ls = resolve(strategy, gname)
-            if effective_value(ls, rt) not in FSDP_VALUES:
+            if effective_value(ls, rt.shard_size) not in FSDP_VALUES:
                 continue
             mods = [stage.get_submodule(p) for p in paths]
             if tied_in_stage and unit_of(gname) == "embedding":
@@ -137,8 +132,7 @@ def shard(ad: ModelAdapter, stage: nn.Module, strategy: Strategy, rt: RuntimeMes
         root_ls = resolve(strategy, "embed") if tied_in_stage else strategy.default
         _fsdp([stage], rt, root_ls, mp, custom, root=True)
         units.append("<root>")
-    shard_g = rt.shard_group() if rt.shard_size > 1 else None
-    rep_g = rt.group("dp_replicate") if rt.size("dp_replicate") > 1 else None
+    shard_g, rep_g = rt.reduce_groups()
     replicated = [ReplicatedParams(STAGES[v], ps, shard_g, rep_g, rt.reduce_size) for v, ps in sorted(by_value.items())]
     if expert_by_value:  # replicas of an expert: the same EP rank in every EP group
         eg = rt.expert_mesh().get_group("efsdp") if rt.shard_size // rt.ep > 1 else None

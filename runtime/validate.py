@@ -56,7 +56,7 @@ def check(ad: ModelAdapter, strategy: Strategy, world_size: int, device: str, mo
         problems.append(model_problem)
     if m.world_size != world_size:
         problems.append(f"world size: the plan's mesh {m.axes()} has {m.world_size} ranks, the process group {world_size}")
-    experts = getattr(getattr(ad.model, "cfg", None), "experts", 0) if ad.kind == "reference" else 0
+    experts = ad.experts
     if m.ep > 1:
         if not experts:
             problems.append(f"expert parallelism (ep={m.ep}) needs a mixture-of-experts model of the runtime's own")
