@@ -10,6 +10,7 @@ import pytest
 from runtime.launch import Job, launch
 from runtime.model import TINY_MODELS, spec_for
 from runtime.train import TrainSettings, reference_losses
+from tests.runtime_checks import assert_parity, predicted_state_bytes, state_bytes
 from vocab.strategy import LayerStrategy as L
 from vocab.strategy import Mesh, Strategy
 
@@ -123,16 +124,6 @@ def w4() -> dict:
     return _run(W4, 4)
 
 
-def _assert_parity(res: dict[str, Any], model: str) -> None:
-    """Losses equal those of the same model trained in one process (computed by rank 0). The first
-    step is exact to float rounding; later ones within 1e-4: Adam's first update is about
-    ``lr·sign(g)``, so the rounding of gradients near zero moves weights by up to 2·lr, and in a MoE
-    block that may change a token's experts."""
-    got = [s["loss"] for s in res["steps"]]
-    assert got[0] == pytest.approx(res["reference_losses"][0], rel=1e-6, abs=0), res["name"]
-    assert got == pytest.approx(res["reference_losses"], rel=1e-4, abs=0), res["name"]
-
-
 def test_reference_is_independent_of_the_launch(w2: dict) -> None:
     assert w2[("tiny-llama", "zero2")]["reference_losses"] == reference_losses(spec_for("tiny-llama"), SETTINGS)
 
@@ -171,10 +162,6 @@ def _expected(model: str, s: Strategy) -> tuple[int, int, int]:
     return int(out[0]), int(out[1]), int(out[2])
 
 
-def _bytes(res: dict[str, Any]) -> list[tuple[int, int, int]]:
-    return [(r["param_bytes"], r["grad_bytes"], r["optim_bytes"]) for r in res["steps"][-1]["ranks"]]
-
-
 TP_SHARDED = ("embed.tok.", "attn.qkv.", "attn.out.weight", "mlp.up.", "mlp.down.weight", "head.weight")
 
 
@@ -186,22 +173,22 @@ def _tp_local(model: str, tp: int) -> int:
 @pytest.mark.parametrize("family", list(W2_GPT))
 def test_tiny_gpt_families_match_single_process(w2: dict, family: str) -> None:
     res = w2[("tiny-gpt", family)]
-    _assert_parity(res, "tiny-gpt")
+    assert_parity(res, "tiny-gpt")
     s = W2_GPT[family]
     if s.mesh.dp_shard == 2:
-        assert _bytes(res) == [_expected("tiny-gpt", s)] * 2, family
+        assert state_bytes(res) == [_expected("tiny-gpt", s)] * 2, family
 
 
 def test_tiny_gpt_bytes_of_simple_families(w2: dict) -> None:
     n = sum(_numels("tiny-gpt").values())
-    assert _bytes(w2[("tiny-gpt", "ddp")])[0] == (F * n, F * n, 2 * F * n)
-    assert _bytes(w2[("tiny-gpt", "zero3")])[0] == (F * n // 2, F * n // 2, F * n)  # Adam = 2 x params
+    assert state_bytes(w2[("tiny-gpt", "ddp")])[0] == (F * n, F * n, 2 * F * n)
+    assert state_bytes(w2[("tiny-gpt", "zero3")])[0] == (F * n // 2, F * n // 2, F * n)  # Adam = 2 x params
     local = F * _tp_local("tiny-gpt", 2)
-    assert _bytes(w2[("tiny-gpt", "tp_sp")]) == [(local, local, 2 * local)] * 2
+    assert state_bytes(w2[("tiny-gpt", "tp_sp")]) == [(local, local, 2 * local)] * 2
     cfg = TINY_MODELS["tiny-gpt"]
     per_block = (F * n - F * (cfg.vocab + cfg.max_seq + 2) * cfg.hidden) // cfg.layers
     emb, head_copy, final_norm = F * (cfg.vocab + cfg.max_seq) * cfg.hidden, F * cfg.vocab * cfg.hidden, F * 2 * cfg.hidden
-    gp = _bytes(w2[("tiny-gpt", "pp_gpipe")])  # stages of 1 and 3 blocks; the tied head is copied
+    gp = state_bytes(w2[("tiny-gpt", "pp_gpipe")])  # stages of 1 and 3 blocks; the tied head is copied
     assert [b[0] for b in gp] == [emb + per_block, 3 * per_block + final_norm + head_copy]
     assert "embedding" not in w2[("tiny-gpt", "zero3")]["fsdp_units"]  # tied: in the root unit
     assert "layers.1.mlp.up.slices.3" in w2[("tiny-gpt", "split")]["fsdp_units"]
@@ -210,15 +197,15 @@ def test_tiny_gpt_bytes_of_simple_families(w2: dict) -> None:
 @pytest.mark.parametrize("family", list(W2_LLAMA))
 def test_tiny_llama_families_match_single_process(w2: dict, family: str) -> None:
     res = w2[("tiny-llama", family)]
-    _assert_parity(res, "tiny-llama")
+    assert_parity(res, "tiny-llama")
     s = W2_LLAMA[family]
     if s.mesh.dp_shard == 2:
-        assert _bytes(res) == [_expected("tiny-llama", s)] * 2, family
+        assert state_bytes(res) == [_expected("tiny-llama", s)] * 2, family
     if s.mesh.tp == 2:
         local = F * _tp_local("tiny-llama", 2)
-        assert _bytes(res) == [(local, local, 2 * local)] * 2
+        assert state_bytes(res) == [(local, local, 2 * local)] * 2
     if s.mesh.pp == 2:
-        assert sum(b[0] for b in _bytes(res)) == F * sum(_numels("tiny-llama").values())
+        assert sum(b[0] for b in state_bytes(res)) == F * sum(_numels("tiny-llama").values())
 
 
 def test_bf16_mixed_precision_keeps_fp32_master_weights(w2: dict) -> None:
@@ -226,32 +213,32 @@ def test_bf16_mixed_precision_keeps_fp32_master_weights(w2: dict) -> None:
     got = [s["loss"] for s in res["steps"]]
     assert got == pytest.approx(res["reference_losses"], rel=2e-2)  # bf16 compute: close, not equal
     assert got != pytest.approx(res["reference_losses"], rel=1e-6, abs=0)
-    assert _bytes(res) == _bytes(w2[("tiny-llama", "zero3_selective")])  # sharded fp32 state unchanged
+    assert state_bytes(res) == state_bytes(w2[("tiny-llama", "zero3_selective")])  # sharded fp32 state unchanged
 
 
 @pytest.mark.parametrize("key", list(W2_MOE), ids=lambda k: "-".join(k))
 def test_mixture_of_experts_match_single_process(w2: dict, key: tuple[str, str]) -> None:
-    _assert_parity(w2[key], key[0])
-    assert _bytes(w2[key]) == _predicted(key[0], W2_MOE[key], 2)  # experts split over EP ranks as priced
+    assert_parity(w2[key], key[0])
+    assert state_bytes(w2[key]) == _predicted(key[0], W2_MOE[key], 2)  # experts split over EP ranks as priced
 
 
 def test_expert_parallelism_holds_a_share_of_the_experts(w2: dict) -> None:
     n = sum(_numels("tiny-mixtral").values())
-    dp, ep = _bytes(w2[("tiny-mixtral", "dp")])[0][0], _bytes(w2[("tiny-mixtral", "ep")])[0][0]
+    dp, ep = state_bytes(w2[("tiny-mixtral", "dp")])[0][0], state_bytes(w2[("tiny-mixtral", "ep")])[0][0]
     assert dp == ep == F * n // 2  # experts: sharded by zero3 over 2 ranks, or held whole by 2 EP ranks
 
 
 @pytest.mark.parametrize("key", list(W2_HF), ids=lambda k: "-".join(k))
 def test_hugging_face_models_match_single_process(w2: dict, key: tuple[str, str]) -> None:
-    _assert_parity(w2[key], key[0])
+    assert_parity(w2[key], key[0])
 
 
 @pytest.mark.parametrize("key", list(W4), ids=lambda k: "-".join(k))
 def test_four_process_meshes_match_single_process(w4: dict, key: tuple[str, str]) -> None:
     res = w4[key]
-    _assert_parity(res, key[0])
+    assert_parity(res, key[0])
     n = sum(_numels(key[0]).values())
-    b = _bytes(res)
+    b = state_bytes(res)
     if key[1] == "hsdp":
         assert b == [(F * n // 2, F * n // 2, F * n)] * 4
     elif key[1] == "hsdp_zero2":
@@ -271,17 +258,8 @@ def test_four_process_meshes_match_single_process(w4: dict, key: tuple[str, str]
 
 # ---- the cost model predicts the same bytes ----------------------------------------------------
 def _predicted(model: str, s: Strategy, world: int) -> list[tuple[int, int, int]]:
-    """Per-rank (param, grad, optimizer) bytes the cost model predicts for the plan, rank order."""
-    from costmodel.estimate import estimate
-    from profiler.hardware import parse_cluster
-    from profiler.transformer import build_graph
-    from vocab.strategy import Workload
-
-    g = build_graph(TINY_MODELS[model], SETTINGS.seq_len)
-    w = Workload(seq_len=SETTINGS.seq_len, global_batch=SETTINGS.global_batch, precision="fp32")
-    r = estimate(g, parse_cluster(f"{world}xcpu"), _one_microbatch(s), w)
-    per_stage = world // s.mesh.pp
-    return [(st.param_bytes, st.grad_bytes, st.optim_bytes) for st in r.stages for _ in range(per_stage)]
+    """Per-rank bytes the cost model predicts for the plan as the launch runs it."""
+    return predicted_state_bytes(model, _one_microbatch(s), world, SETTINGS)
 
 
 COSTED = [("tiny-gpt", k) for k in W2_GPT] + [("tiny-llama", k) for k in W2_LLAMA]
@@ -290,9 +268,9 @@ COSTED = [("tiny-gpt", k) for k in W2_GPT] + [("tiny-llama", k) for k in W2_LLAM
 @pytest.mark.parametrize("key", COSTED, ids=lambda k: "-".join(k))
 def test_state_bytes_equal_the_cost_model_prediction(w2: dict, key: tuple[str, str]) -> None:
     s = (W2_GPT if key[0] == "tiny-gpt" else W2_LLAMA)[key[1]]
-    assert _bytes(w2[key]) == _predicted(key[0], s, 2)
+    assert state_bytes(w2[key]) == _predicted(key[0], s, 2)
 
 
 @pytest.mark.parametrize("key", list(W4), ids=lambda k: "-".join(k))
 def test_four_process_state_bytes_equal_the_cost_model_prediction(w4: dict, key: tuple[str, str]) -> None:
-    assert _bytes(w4[key]) == _predicted(key[0], W4[key], 4)
+    assert state_bytes(w4[key]) == _predicted(key[0], W4[key], 4)

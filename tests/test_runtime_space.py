@@ -16,7 +16,6 @@ import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from costmodel.estimate import estimate
 from profiler.hardware import parse_cluster
 from profiler.transformer import build_graph
 from runtime.adapters import adapt
@@ -26,6 +25,7 @@ from runtime.model import TINY_MODELS, Transformer, spec_for
 from runtime.train import TrainSettings
 from runtime.validate import check
 from solvers.space import SPACES, mesh_configs, mesh_shardings, restrict, unit_options
+from tests.runtime_checks import assert_parity, predicted_state_bytes, state_bytes
 from vocab.strategy import LayerStrategy, MeshConfig, Strategy, Workload
 from vocab.targets import load_target
 
@@ -102,12 +102,6 @@ def test_the_space_holds_every_runtime_feature() -> None:
 
 
 # ---- drawn plans train like one process ----------------------------------------------------------
-def _predicted(model: str, s: Strategy, world: int) -> list[tuple[int, int, int]]:
-    g = build_graph(TINY_MODELS[model], SETTINGS.seq_len)
-    r = estimate(g, parse_cluster(f"{world}xcpu"), s, WORKLOAD)
-    return [(st.param_bytes, st.grad_bytes, st.optim_bytes) for st in r.stages for _ in range(world // s.mesh.pp)]
-
-
 def _draw(data: Any, world: int) -> dict[str, tuple[str, Strategy]]:
     out = {}
     for model in MODELS:
@@ -124,11 +118,8 @@ def _train(plans: dict[str, tuple[str, Strategy]], world: int) -> None:
                 reference=True) for name, (m, s) in plans.items()]
     for res in launch(jobs, world):
         model, s = plans[res["name"]]
-        got, ref = [x["loss"] for x in res["steps"]], res["reference_losses"]
-        assert got[0] == pytest.approx(ref[0], rel=1e-6, abs=0), (res["name"], s)
-        assert got == pytest.approx(ref, rel=1e-4, abs=0), (res["name"], s)  # see test_runtime_parity
-        bytes_ = [(r["param_bytes"], r["grad_bytes"], r["optim_bytes"]) for r in res["steps"][-1]["ranks"]]
-        assert bytes_ == _predicted(model, s, world), (res["name"], s)
+        assert_parity(res, s)
+        assert state_bytes(res) == predicted_state_bytes(model, s, world, SETTINGS), (res["name"], s)
 
 
 #: a fixed set (derandomized), generated only: no explicit or shrunk examples unless one fails
