@@ -229,12 +229,14 @@ def price_unit(name: str, nodes: Sequence[LayerNode], dev: DeviceModel, cfg: Con
 
 
 def _tsp_buffers(cfg: ConfigArrays, w: Workload, local: list[F], kv_bytes: F) -> F:
-    """TSP's transients while the unit runs: the whole sequence's K/V of every head, and the largest
-    operator's weight shards in flight (one computed with, one arriving) with, in backward, its
-    gradient shard travelling home."""
-    pb, gb, _ = state_bytes(w)
+    """TSP's transients while the unit runs: the whole sequence's K/V of every KV head, and, at the
+    peak in backward, the largest operator's weight shards in flight (the one computed with and
+    sent on, the one arriving; with two ranks only the first) with two of its gradient accumulators
+    (the one sent on, the one arriving; fp32) — what :mod:`runtime.tsp`'s rings hold."""
+    pb, _, _ = state_bytes(w)
     shard = np.max(np.stack(local), axis=0)
-    return np.where(cfg.tsp & (cfg.tp > 1), kv_bytes + shard * (2 * pb + gb), 0.0)
+    weights = np.where(cfg.tp > 2, 2.0, 1.0)
+    return np.where(cfg.tsp & (cfg.tp > 1), kv_bytes + shard * (weights * pb + 2 * GRAD_REDUCE_BYTES), 0.0)
 
 
 def _compute(nodes: list[LayerNode], dev: DeviceModel, cfg: ConfigArrays, w: Workload, tdiv: list[F],
@@ -280,6 +282,13 @@ class _Traffic:
         self.act_msg = 2.0 * b * w.seq_len / cp * _hidden(nodes) * ew
         self.cp_bytes = self.kv_bytes / tp  # what a context-parallel ring gathers: the tp rank's heads
 
+    def tsp_volumes(self, params: F) -> tuple[F, F, F]:
+        """TSP, per micro-batch, the bytes of: a pass's all-gather of the unit's weights (every rank's
+        shard of ``params``, bf16), the reduce-scatter of their gradients (fp32, once) and a pass's
+        all-gather of the whole sequence's K/V."""
+        wbytes = GATHER_BYTES * params * self.cfg.tp
+        return wbytes, wbytes * GRAD_REDUCE_BYTES / GATHER_BYTES, self.kv_bytes
+
     def comm(self, dev: DeviceModel, passes: int, params: F, compute: F, attn_time: F) -> dict[str, F]:
         cfg, c = self.cfg, dev.c
         tp, cp, ep = cfg.tp, cfg.cp, cfg.ep
@@ -300,10 +309,10 @@ class _Traffic:
                 meg = meg + np.where(cfg.sequence_parallel, sp, 0.0)
             comm_tp = np.where(megatron, c.exposed(meg, meg * c.tp_overlap), comm_tp)
         if tsp.any():  # TSP: weight shards streamed around the tp ring, K/V gathered for attention
-            wbytes = GATHER_BYTES * params * tp
+            wbytes, gbytes, kv = self.tsp_volumes(params)
             t = passes * dev.collective_time("all_gather", wbytes, tpg)
-            t = t + dev.collective_time("reduce_scatter", wbytes * GRAD_REDUCE_BYTES / GATHER_BYTES, tpg)
-            t = t + passes * dev.collective_time("all_gather", self.kv_bytes, tpg)
+            t = t + dev.collective_time("reduce_scatter", gbytes, tpg)
+            t = t + passes * dev.collective_time("all_gather", kv, tpg)
             comm_tp = np.where(tsp, c.exposed(t, c.fsdp_overlap * compute), comm_tp)
         # CP: ring — K/V gathered in forward, again plus dK/dV in backward; Ulysses — all-to-all of
         # q, k, v and of the output, forward and backward
@@ -319,6 +328,13 @@ class _Traffic:
             a2a = 2 * dev.collective_time("all_to_all", self.ep_bytes, cfg.ep_group) * passes
             comm_ep = np.where(experts, c.exposed(a2a, a2a * c.ep_overlap), comm_ep)
         return {"comm_tp": comm_tp, "comm_cp": comm_cp, "comm_ep": comm_ep}
+
+
+def tsp_volumes(nodes: Sequence[LayerNode], cfg: ConfigArrays, w: Workload) -> tuple[F, F, F]:
+    """:meth:`_Traffic.tsp_volumes` of a unit's ``nodes``: what its TSP rings move per micro-batch."""
+    nodes = list(nodes)
+    traffic = _Traffic(nodes, cfg, w, [act_width(n, w.precision) for n in nodes], act_width(None, w.precision))
+    return traffic.tsp_volumes(sum((local_params(n, cfg) for n in nodes), np.zeros(cfg.size, dtype=np.int64)))
 
 
 def _hidden(nodes: list[LayerNode]) -> int:

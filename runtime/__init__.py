@@ -11,8 +11,8 @@ Public API::
 
 With tensor parallelism the model returns vocabulary-sharded logits (a DTensor): a loop of one's
 own computes the loss and runs its backward inside ``loss_context(tp)`` (``loss_parallel``), as
-``train_step`` does. With context parallelism each rank passes its tokens of each sequence
-(``shard_sequence(tokens, cp_rank, cp)``).
+``train_step`` does. Each rank passes its part of the global batch, ``local_batch(model, tokens)``:
+its data-parallel rows and, with context parallelism or TSP, its tokens of each sequence.
 
 Heavy modules (torch.distributed) load on first use of these names.
 """
@@ -21,13 +21,14 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["apply_plan", "build_optimizer", "train_step", "state_bytes", "loss_context", "shard_sequence",
+__all__ = ["apply_plan", "build_optimizer", "train_step", "state_bytes", "loss_context", "local_batch", "shard_sequence",
            "Transformer", "PlanMismatchError"]
 
 _WHERE = {
     "apply_plan": "runtime.apply",
     "build_optimizer": "runtime.apply",
     "train_step": "runtime.train",
+    "local_batch": "runtime.train",
     "state_bytes": "runtime.memory",
     "loss_context": "runtime.tensor_parallel",
     "shard_sequence": "runtime.context_parallel",

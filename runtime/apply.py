@@ -4,11 +4,11 @@ Order of application (each step documented in its module):
 
 1. check plan against model, process group and device (:mod:`runtime.validate`), changing nothing;
 2. build the named mesh (:mod:`runtime.mesh`);
-3. cut pipeline stages (:mod:`runtime.pipeline`); context parallelism tells attention and
-   positions which tokens the rank holds (:mod:`runtime.context_parallel`); expert parallelism
+3. cut pipeline stages (:mod:`runtime.pipeline`); context parallelism (and TSP) tells attention
+   and positions which tokens the rank holds (:mod:`runtime.context_parallel`); expert parallelism
    keeps this rank's experts (:mod:`runtime.experts`);
 4. split operators (OSDP, :mod:`runtime.splitting`);
-5. tensor / sequence parallelism (:mod:`runtime.tensor_parallel`);
+5. tensor / sequence parallelism (:mod:`runtime.tensor_parallel`), or TSP (:mod:`runtime.tsp`);
 6. activation checkpointing (:mod:`runtime.checkpointing`);
 7. data-parallel sharding per unit (:mod:`runtime.sharding`, :mod:`runtime.zero`);
 8. pipeline schedule.
@@ -37,6 +37,7 @@ from runtime.experts import ExpertShard, rebalance
 from runtime.mesh import RuntimeMesh, build_mesh, device_type, wrap_mesh
 from runtime.pipeline import PipelineRunner, TiedPair, build_pipeline, make_runner, tied_pair_group
 from runtime.sharding import shard
+from runtime.tsp import TspGroup, apply_tsp
 from runtime.units import resolve, split_targets, unit_of
 from runtime.validate import check
 from runtime.zero import ReplicatedParams, local
@@ -154,6 +155,9 @@ def check_plan(spec: dict[str, Any], plan: Any, world_size: int, dev: str, seq_l
     if seq_len and m.cp > 1 and seq_len % (2 * m.cp):
         raise ShardplanError(f"context parallelism cuts each sequence into 2*cp = {2 * m.cp} chunks (head-tail load "
                              f"balancing): seq_len {seq_len} is not divisible by it")
+    if seq_len and m.tp > 1 and strategy.tp_mode == "tsp" and seq_len % (2 * m.cp * m.tp):
+        raise ShardplanError(f"TSP cuts each sequence into 2*cp*tp = {2 * m.cp * m.tp} chunks (head-tail load "
+                             f"balancing): seq_len {seq_len} is not divisible by it")
     if seq_len and strategy.sequence_parallel and seq_len % (strategy.mesh.tp * m.cp):
         raise ShardplanError(f"sequence parallelism splits each rank's {seq_len // m.cp} tokens over "
                              f"tp={strategy.mesh.tp}: not divisible")
@@ -263,7 +267,8 @@ def apply_plan(model: nn.Module, plan: Any, mesh: DeviceMesh | RuntimeMesh | Non
     dev = mesh.device_type if mesh is not None else device_type()
     world = dist.get_world_size() if dist.is_initialized() else 1
     check(ad, strategy, world, dev, model_problem(ad, facts))
-    rt = wrap_mesh(mesh, strategy.mesh) if mesh is not None else build_mesh(strategy.mesh, dev)
+    tsp = strategy.tp_mode == "tsp" and strategy.mesh.tp > 1
+    rt = wrap_mesh(mesh, strategy.mesh, tsp) if mesh is not None else build_mesh(strategy.mesh, dev, tsp)
     device = torch.device(dev, torch.cuda.current_device()) if dev == "cuda" else torch.device("cpu")
     pp = strategy.mesh.pp
     notes: list[str] = []
@@ -276,8 +281,8 @@ def apply_plan(model: nn.Module, plan: Any, mesh: DeviceMesh | RuntimeMesh | Non
         stages = [model]
     for st in stages:
         st.to(device)
-    if strategy.mesh.cp > 1:
-        _context(stages, ContextShard(rt.group("cp"), rt.coord("cp"), strategy.mesh.cp, strategy.cp_mode, cp_rotate))
+    if rt.seq_size > 1:  # context parallelism or TSP: this rank holds some of each sequence's tokens
+        _context(stages, ContextShard(rt.seq_group(), rt.seq_rank, rt.seq_size, strategy.cp_mode, cp_rotate))
     if strategy.mesh.ep > 1:
         em = rt.expert_mesh()
         _experts(stages, ExpertShard(em.get_group("ep"), em.get_local_rank("ep"), rt.ep))
@@ -285,7 +290,9 @@ def apply_plan(model: nn.Module, plan: Any, mesh: DeviceMesh | RuntimeMesh | Non
     units: list[str] = []
     for st in stages:
         splits = _splits(ad, st, strategy)
-        if strategy.mesh.tp > 1:
+        if tsp:
+            apply_tsp(st, TspGroup(rt.group("tp"), rt.coord("tp"), strategy.mesh.tp))
+        elif strategy.mesh.tp > 1:
             tensor_parallel.parallelize(ad, st, rt.tp_mesh(), strategy.sequence_parallel)
         _checkpoint(ad, st, strategy, dev)
         tied_here = ad.tied and getattr(st, "embed", True) is not None and getattr(st, "head", True) is not None

@@ -77,13 +77,19 @@ class ContextShard:
         """Global positions of this rank's ``local_len`` tokens."""
         return zigzag_index(local_len * self.size, self.rank, self.size, device)
 
+    gathered: int = 0  # elements of K/V the all-gather rotation received (whole sequences)
+
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Causal attention of the local queries over the whole sequence; (batch, heads, tokens, dim)
-        each, as many K/V heads as query heads."""
+        each, the K/V heads dividing the query heads (grouped-query attention: each K/V head serves
+        the consecutive query heads of its group)."""
+        if self.rotate == "allgather" and self.mode == "ring":  # K/V move as they are, then repeat
+            return _ring_allgather(q, k, v, self)
+        g = q.shape[1] // k.shape[1]
+        if g > 1:
+            k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
         if self.mode == "ulysses":
             return _ulysses(q, k, v, self)
-        if self.rotate == "allgather":
-            return _ring_allgather(q, k, v, self)
         return _RingAttention.apply(q, k, v, self)
 
 
@@ -203,6 +209,10 @@ def _ring_allgather(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cs: Conte
     k_all = fc.all_gather_single_autograd(k.contiguous(), gather_dim=2, group=cs.group)
     v_all = fc.all_gather_single_autograd(v.contiguous(), gather_dim=2, group=cs.group)
     k_all, v_all = fc.wait_tensor(k_all), fc.wait_tensor(v_all)
+    cs.gathered += k_all.numel() + v_all.numel()
+    g = q.shape[1] // k.shape[1]
+    if g > 1:
+        k_all, v_all = k_all.repeat_interleave(g, dim=1), v_all.repeat_interleave(g, dim=1)
     kpos = torch.cat([zigzag_index(n * cs.size, r, cs.size, q.device) for r in range(cs.size)])
     mask = cs.positions(n, q.device)[:, None] >= kpos[None, :]
     return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)

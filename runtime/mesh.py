@@ -9,7 +9,8 @@ and keeps every coordinate well defined. ``ep`` is not an axis of its own (see
 Dense states are sharded over ``dp_shard × cp`` (the ``cp`` ranks hold the same parameters and
 see other tokens of the same sequences, so their gradients average like data parallelism's), as
 the cost model prices them and torchtitan runs them: :meth:`RuntimeMesh.shard_mesh` flattens the
-two axes into one (``dp_shard_cp``) when ``cp > 1``.
+two axes into one (``dp_shard_cp``) when ``cp > 1``. Under TSP the ``tp`` ranks hold other tokens
+too: the sequence is cut over ``cp × tp`` ranks (:meth:`RuntimeMesh.seq_group`).
 """
 
 from __future__ import annotations
@@ -48,7 +49,9 @@ class RuntimeMesh:
     mesh: DeviceMesh
     sizes: dict[str, int]
     ep: int = 1
+    tsp: bool = False  # tp_mode tsp: the tp ranks hold other tokens of the sequence too
     _flat: DeviceMesh | None = field(default=None, init=False, repr=False)
+    _seq: DeviceMesh | None = field(default=None, init=False, repr=False)
     _experts: DeviceMesh | None = field(default=None, init=False, repr=False)
 
     @property
@@ -86,6 +89,26 @@ class RuntimeMesh:
     def reduce_size(self) -> int:
         """Ranks whose gradients are averaged: ``dp_replicate × dp_shard × cp``."""
         return self.dp_size * self.sizes["cp"]
+
+    @property
+    def seq_size(self) -> int:
+        """Ranks that hold other tokens of the same sequences: ``cp``, times ``tp`` under TSP."""
+        return self.sizes["cp"] * (self.sizes["tp"] if self.tsp else 1)
+
+    @property
+    def seq_rank(self) -> int:
+        """This rank's index among them (``cp``-major: the flattened ``cp × tp`` order)."""
+        return self.coord("cp") * (self.sizes["tp"] if self.tsp else 1) + (self.coord("tp") if self.tsp else 0)
+
+    def seq_group(self) -> dist.ProcessGroup:
+        """The group of :attr:`seq_size` ranks: ``cp``, ``tp`` (TSP), or both flattened (``cp_tp``)."""
+        if not self.tsp:
+            return self.group("cp")
+        if self.sizes["cp"] == 1:
+            return self.group("tp")
+        if self._seq is None:
+            self._seq = self.mesh["cp", "tp"]._flatten("cp_tp")
+        return self._seq.get_group()
 
     def shard_mesh(self) -> DeviceMesh:
         """1-D mesh of the ranks that shard dense states: ``dp_shard``, or ``dp_shard × cp``
@@ -132,7 +155,7 @@ class RuntimeMesh:
         return self.sub("tp")
 
 
-def build_mesh(plan_mesh: Mesh, dev: str | None = None) -> RuntimeMesh:
+def build_mesh(plan_mesh: Mesh, dev: str | None = None, tsp: bool = False) -> RuntimeMesh:
     """Build the named mesh of ``plan_mesh`` inside an initialised default process group."""
     if not dist.is_initialized():
         raise ShardplanError("apply_plan needs an initialised process group (torch.distributed.init_process_group)")
@@ -144,10 +167,10 @@ def build_mesh(plan_mesh: Mesh, dev: str | None = None) -> RuntimeMesh:
         )
     sizes = plan_mesh.axes()
     mesh = init_device_mesh(dev or device_type(), tuple(sizes[a] for a in MESH_AXES), mesh_dim_names=MESH_AXES)
-    return RuntimeMesh(mesh=mesh, sizes=sizes, ep=plan_mesh.ep)
+    return RuntimeMesh(mesh=mesh, sizes=sizes, ep=plan_mesh.ep, tsp=tsp)
 
 
-def wrap_mesh(mesh: DeviceMesh | RuntimeMesh, plan_mesh: Mesh) -> RuntimeMesh:
+def wrap_mesh(mesh: DeviceMesh | RuntimeMesh, plan_mesh: Mesh, tsp: bool = False) -> RuntimeMesh:
     """A user's mesh as a :class:`RuntimeMesh`, checked against the plan's degrees."""
     if isinstance(mesh, RuntimeMesh):
         rt = mesh
@@ -155,9 +178,10 @@ def wrap_mesh(mesh: DeviceMesh | RuntimeMesh, plan_mesh: Mesh) -> RuntimeMesh:
         if tuple(mesh.mesh_dim_names or ()) != MESH_AXES:
             raise ShardplanError(f"the mesh must have the axes {MESH_AXES} (size-1 ones included), "
                                  f"not {mesh.mesh_dim_names}")
-        rt = RuntimeMesh(mesh=mesh, sizes=dict(zip(MESH_AXES, mesh.shape, strict=True)), ep=plan_mesh.ep)
+        rt = RuntimeMesh(mesh=mesh, sizes=dict(zip(MESH_AXES, mesh.shape, strict=True)), ep=plan_mesh.ep, tsp=tsp)
     if rt.sizes != plan_mesh.axes():
         raise ShardplanError(f"the given mesh {rt.sizes} is not the plan's {plan_mesh.axes()}")
     if rt.ep != plan_mesh.ep:
         raise ShardplanError(f"the given mesh has ep={rt.ep}, the plan ep={plan_mesh.ep}")
+    rt.tsp = tsp
     return rt

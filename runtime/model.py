@@ -167,12 +167,12 @@ class AttentionCore(nn.Module):
             pos = positions(s, qkv.device, self.context)
             q, k = _rope(q, pos), _rope(k, pos)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (b, heads, s, d)
-        if g > 1:
-            k = k.repeat_interleave(g, dim=1)
-            v = v.repeat_interleave(g, dim=1)
-        if self.context is not None:
+        if self.context is not None:  # it moves the K/V heads, then repeats them for their query heads
             o = self.context.attention(q.contiguous(), k.contiguous(), v.contiguous())
         else:
+            if g > 1:
+                k = k.repeat_interleave(g, dim=1)
+                v = v.repeat_interleave(g, dim=1)
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return o.transpose(1, 2).reshape(b, s, -1)
 

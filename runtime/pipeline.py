@@ -157,4 +157,5 @@ def make_runner(mods: list[Transformer], ids: list[int], strategy: Strategy, rt:
     else:
         schedule = cls(stages[0], n_microbatches=n_microbatches, loss_fn=lm_loss)
     return PipelineRunner(stages=stages, modules=mods, schedule=schedule, has_first=0 in ids,
-                          has_last=(n_stages - 1) in ids, n_microbatches=n_microbatches, tp=strategy.mesh.tp)
+                          has_last=(n_stages - 1) in ids, n_microbatches=n_microbatches,
+                          tp=1 if rt.tsp else strategy.mesh.tp)

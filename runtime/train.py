@@ -2,8 +2,8 @@
 
 Data is the same on every run: step ``k`` of seed ``s`` draws ``global_batch`` sequences of
 ``seq_len + 1`` uniform tokens from a generator seeded with ``(s, k)``; data-parallel rank ``d``
-trains rows ``[d·B/dp, (d+1)·B/dp)``, and of them, with context parallelism, the tokens of
-:func:`runtime.context_parallel.shard_sequence`. Losses are next-token cross entropy, averaged over the global
+trains rows ``[d·B/dp, (d+1)·B/dp)``, and of them, with context parallelism or TSP, the tokens of
+:func:`runtime.context_parallel.shard_sequence` (:func:`local_batch`). Losses are next-token cross entropy, averaged over the global
 batch, so a plan's losses are comparable with :func:`reference_losses` one step at a time.
 """
 
@@ -95,25 +95,34 @@ def train_step(model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor, n_
     total = torch.zeros((), dtype=torch.float32, device=tokens.device)
     n = max(1, min(n_microbatches, tokens.shape[0]))
     for xs, ys in zip(tokens.chunk(n), targets.chunk(n), strict=True):
-        with loss_context(info.mesh.size("tp")):  # vocabulary-parallel loss under TP
+        with loss_context(1 if info.mesh.tsp else info.mesh.size("tp")):  # vocabulary-parallel loss under TP
             loss = lm_loss(fwd(model, xs), ys) * (xs.shape[0] / tokens.shape[0])
             loss.backward()
         total += plain(loss.detach())
     return total
 
 
+def local_batch(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a global ``(batch, seq)`` tensor: its data-parallel rows and, with context
+    parallelism or TSP, its tokens of each sequence (head-tail load balancing)."""
+    rt = applied(model).mesh
+    rows = batch.shape[0] // rt.dp_size
+    mine = batch[rt.dp_rank * rows : (rt.dp_rank + 1) * rows]
+    return shard_sequence(mine, rt.seq_rank, rt.seq_size) if rt.seq_size > 1 else mine
+
+
 def global_loss(model: nn.Module, loss: torch.Tensor | None) -> float:
-    """The step's loss averaged over data and context parallelism (every ``cp`` rank holds as many
-    tokens), the same number on every rank."""
+    """The step's loss averaged over data parallelism and the ranks that hold other tokens (context
+    parallelism, TSP; every one holds as many), the same number on every rank."""
     info = applied(model)
     rt = info.mesh
-    reporter = rt.coord("tp") == 0 and (info.pipeline is None or info.pipeline.has_last)
+    reporter = (rt.tsp or rt.coord("tp") == 0) and (info.pipeline is None or info.pipeline.has_last)
     dev = torch.device(rt.device_type, torch.cuda.current_device()) if rt.device_type == "cuda" else torch.device("cpu")
     t = torch.zeros((), dtype=torch.float64, device=dev)
     if reporter and loss is not None:
         t += loss.double()
     dist.all_reduce(t)
-    return float(t) / rt.reduce_size
+    return float(t) / (rt.dp_size * rt.seq_size)
 
 
 def run(model: nn.Module, vocab: int, s: TrainSettings, n_microbatches: int = 1,
@@ -140,15 +149,11 @@ def run(model: nn.Module, vocab: int, s: TrainSettings, n_microbatches: int = 1,
 
     opt.register_step_pre_hook(measure)
     dev = torch.device(rt.device_type, torch.cuda.current_device()) if rt.device_type == "cuda" else torch.device("cpu")
-    dp, d = rt.dp_size, rt.dp_rank
-    rows = s.global_batch // dp
     tracked = min(1, s.steps - 1) if rt.device_type != "cuda" else -1
     out = []
     for k in range(s.steps):
         x, y = synthetic_batch(k, s, vocab)
-        x, y = x[d * rows : (d + 1) * rows].to(dev), y[d * rows : (d + 1) * rows].to(dev)
-        if rt.size("cp") > 1:  # this rank's tokens of each sequence (head-tail load balancing)
-            x, y = (shard_sequence(t, rt.coord("cp"), rt.size("cp")) for t in (x, y))
+        x, y = local_batch(model, x).to(dev), local_batch(model, y).to(dev)
         if rt.device_type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         tracker = TensorPeak() if k == tracked else nullcontext()

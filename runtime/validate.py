@@ -72,12 +72,15 @@ def check(ad: ModelAdapter, strategy: Strategy, world_size: int, device: str, mo
         local_heads = ad.heads // m.tp if ad.heads % m.tp == 0 else 0
         if strategy.cp_mode == "ulysses" and local_heads and local_heads % m.cp:
             problems.append(f"Ulysses splits the {local_heads} heads of a tp rank over cp={m.cp}: not divisible")
-    if m.tp > 1:
+    if m.tp > 1 and strategy.tp_mode == "tsp":
+        if ad.kind != "reference":
+            problems.append(f"tp_mode tsp is implemented for the reference model only, not {ad.kind}")
+        if m.cp > 1 and strategy.cp_mode == "ulysses":
+            problems.append("tp_mode tsp with Ulysses context parallelism: the runtime runs TSP with ring attention")
+    elif m.tp > 1:
         for what, n in (("heads", ad.heads), ("kv_heads", ad.kv_heads), ("ffn_hidden", ad.ffn_hidden)):
             if n % m.tp:
                 problems.append(f"tp={m.tp} does not divide {what}={n}")
-        if strategy.tp_mode != "megatron":
-            problems.append(f"tp_mode '{strategy.tp_mode}' is not implemented by the runtime (only 'megatron')")
     if m.pp > 1:
         if ad.kind != "reference":
             problems.append(f"pipeline parallelism (pp={m.pp}) is implemented for the reference model only, not {ad.kind}")

@@ -109,6 +109,7 @@ class SpaceOptions:
     recompute_blocks_only: bool = False  # the embedding and the head never recompute
     strict_tp: bool = False  # tp divides the KV heads and the FFN width (no KV-head replication)
     tp_experts: bool = True  # tp > 1 for mixture-of-experts models
+    tsp_cp_modes: tuple[str, ...] = ("ring", "ulysses")  # context-parallel modes beside TSP
 
     def with_(self, **kw: object) -> SpaceOptions:
         return replace(self, **kw)  # type: ignore[arg-type]
@@ -259,9 +260,12 @@ def mesh_configs(
                             n_mb = w.global_batch // (dp * b)
                             for sched, vpp in schedules(pp, n_mb, blocks, opts):
                                 for tpm in opts.tp_modes if tp > 1 else ("megatron",):
+                                    if tpm == "tsp" and w.seq_len % (2 * cp * tp):
+                                        continue  # TSP cuts sequences into 2·cp·tp chunks (head-tail)
                                     sps = (False,) if tp == 1 or tpm == "tsp" else opts.sequence_parallel
                                     for sp in sps:
-                                        for cpm in opts.cp_modes if cp > 1 else ("ring",):
+                                        cpms = opts.cp_modes if tpm != "tsp" else opts.tsp_cp_modes
+                                        for cpm in cpms if cp > 1 else ("ring",):
                                             if cpm == "ulysses" and heads % (tp * cp):
                                                 continue
                                             yield MeshConfig(
@@ -379,7 +383,8 @@ def restrict(space: SpaceOptions, target: Target) -> SpaceOptions:
         offload_needs=tuple((m, tuple(v)) for m, v in t.offload.needs.items()),
         stage_rules=rules, stage_split=t.pipeline.stage_split,
         recompute_blocks_only=t.recompute.scope == "blocks",
-        strict_tp=not t.tensor_parallel.kv_head_replication, tp_experts=t.tensor_parallel.experts)
+        strict_tp=not t.tensor_parallel.kv_head_replication, tp_experts=t.tensor_parallel.experts,
+        tsp_cp_modes=_keep(cp_modes, t.tensor_parallel.tsp_context))
 
 
 def _keep(values: tuple[str, ...], allowed: list[str] | tuple[str, ...]) -> tuple[str, ...]:

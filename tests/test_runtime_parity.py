@@ -39,6 +39,8 @@ W2_GPT = {
     "pp_gpipe": Strategy(mesh=Mesh(pp=2), schedule="gpipe", stage_layers=[1, 3]),
     # context parallelism: learned positions and the tied embedding over a sequence split two ways
     "cp_ring_zero3": Strategy(mesh=Mesh(cp=2), default=L(sharding="zero3")),
+    # TSP: every weight (the tied table, positions, biases, norms) on the ring, tokens split
+    "tsp": Strategy(mesh=Mesh(tp=2), tp_mode="tsp", default=L(sharding="replicate", recompute="selective")),
 }
 W2_LLAMA = {
     "zero2": Strategy(mesh=Mesh(dp_shard=2), default=L(sharding="zero2")),
@@ -50,6 +52,7 @@ W2_LLAMA = {
     "pp_zb": Strategy(mesh=Mesh(pp=2), schedule="zb", default=L(recompute="full")),
     "cp_ring": Strategy(mesh=Mesh(cp=2), default=L(sharding="zero2")),  # RoPE at the global positions
     "cp_ulysses": Strategy(mesh=Mesh(cp=2), cp_mode="ulysses", default=L(sharding="zero1", recompute="full")),
+    "tsp_full": Strategy(mesh=Mesh(tp=2), tp_mode="tsp", default=L(sharding="zero2", recompute="full")),
 }
 # mixture of experts: routing, shared experts, dense first blocks; experts split over EP ranks
 W2_MOE = {
@@ -90,6 +93,14 @@ W4 = {
     ("tiny-deepseek", "ep_hsdp"): Strategy(mesh=Mesh(dp_replicate=2, dp_shard=2, ep=2), default=L(sharding="zero3")),
     ("tiny-mixtral", "ep_pp"): Strategy(mesh=Mesh(pp=2, dp_shard=2, ep=2), default=L(sharding="zero1")),
     ("tiny-deepseek", "ep4"): Strategy(mesh=Mesh(dp_shard=4, ep=4), default=L(sharding="zero1")),
+    # TSP with FSDP per unit and operator, with ring context parallelism (tokens over cp x tp), in
+    # pipeline stages (the tied table's copy on the ring too), and over four ranks
+    ("tiny-llama", "tsp_fsdp"): Strategy(mesh=Mesh(dp_shard=2, tp=2), tp_mode="tsp", default=L(sharding="zero3"),
+                                         layers=MIXED),
+    ("tiny-llama", "tsp_cp"): Strategy(mesh=Mesh(cp=2, tp=2), tp_mode="tsp", default=L(sharding="zero3")),
+    ("tiny-gpt", "tsp_pp"): Strategy(mesh=Mesh(pp=2, tp=2), tp_mode="tsp", schedule="1f1b",
+                                     default=L(sharding="replicate", recompute="full")),
+    ("tiny-gpt", "tsp4"): Strategy(mesh=Mesh(tp=4), tp_mode="tsp", default=L(sharding="zero1")),
 }
 
 
@@ -177,6 +188,9 @@ def test_tiny_gpt_families_match_single_process(w2: dict, family: str) -> None:
     s = W2_GPT[family]
     if s.mesh.dp_shard == 2:
         assert state_bytes(res) == [_expected("tiny-gpt", s)] * 2, family
+    if s.tp_mode == "tsp":  # every parameter, norms and biases too, cut over the two ranks
+        n = sum(_numels("tiny-gpt").values())
+        assert state_bytes(res) == [(F * n // 2, F * n // 2, F * n)] * 2
 
 
 def test_tiny_gpt_bytes_of_simple_families(w2: dict) -> None:
@@ -201,7 +215,7 @@ def test_tiny_llama_families_match_single_process(w2: dict, family: str) -> None
     s = W2_LLAMA[family]
     if s.mesh.dp_shard == 2:
         assert state_bytes(res) == [_expected("tiny-llama", s)] * 2, family
-    if s.mesh.tp == 2:
+    if s.mesh.tp == 2 and s.tp_mode == "megatron":
         local = F * _tp_local("tiny-llama", 2)
         assert state_bytes(res) == [(local, local, 2 * local)] * 2
     if s.mesh.pp == 2:

@@ -98,6 +98,7 @@ def test_the_space_holds_every_runtime_feature() -> None:
     assert seen == {"pp", "tp", "cp", "ep", "dp_replicate", "dp_shard"}
     assert {c.schedule for c in cfgs if c.pp > 1} == {"1f1b", "interleaved", "zb"}
     assert {c.cp_mode for c in cfgs if c.cp > 1} == {"ring", "ulysses"} and any(c.sequence_parallel for c in cfgs)
+    assert {c.tp_mode for c in cfgs if c.tp > 1} == {"megatron", "tsp"} and any(c.tp_mode == "tsp" and c.cp > 1 for c in cfgs)
     assert {x for c in cfgs for x in choices(c)} >= {("zero3", "full", "params", False), ("zero1", "selective", "none", True)}
 
 

@@ -83,6 +83,8 @@ class TensorParallelCaps(_Strict):
         False, description="tp may exceed the KV heads (each copied to tp/kv ranks); else tp divides them "
         "and the FFN width")
     experts: bool = Field(True, description="tp splits mixture-of-experts blocks; false: no tp for MoE models")
+    tsp_context: list[CpMode] = Field(default_factory=lambda: ["ring", "ulysses"],
+                                      description="context-parallel modes TSP runs beside (cp > 1)")
 
 
 class StageRule(_Strict):

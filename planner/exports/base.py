@@ -301,6 +301,17 @@ def _tensor_parallel(n: Nearest, t: Target) -> None:
         n.lose("TSP", f"tp_mode tsp → megatron{' with sequence parallelism' if sp else ''} "
                       f"({t.name} has no tensor-sequence parallelism)", "TSP (tensor-sequence parallelism)")
         n.fields.update(tp_mode="megatron", sequence_parallel=sp)
+    allowed = t.tensor_parallel.tsp_context
+    if n.fields["tp_mode"] == "tsp" and n.mesh["cp"] > 1 and n.fields["cp_mode"] not in allowed:
+        mode = n.fields["cp_mode"]
+        if allowed:
+            n.lose("context-parallel mode", f"{mode} → {allowed[0]} ({t.name} runs TSP beside "
+                                            f"{', '.join(allowed)} attention only)", f"TSP with {mode} attention")
+            n.fields["cp_mode"] = allowed[0]
+        else:
+            n.lose("TSP", f"tp_mode tsp → megatron ({t.name} runs no TSP beside context parallelism)",
+                   "TSP with context parallelism")
+            n.fields.update(tp_mode="megatron", sequence_parallel=sp_rule != "never")
     if n.fields["sequence_parallel"] and sp_rule == "never":
         n.lose("sequence parallelism", f"on → off ({t.name} has no Megatron-style sequence parallelism)")
         n.fields["sequence_parallel"] = False
