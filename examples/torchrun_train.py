@@ -18,7 +18,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from runtime import apply_plan, build_optimizer, shard_sequence, state_bytes, train_step
+from runtime import apply_plan, build_optimizer, local_batch, state_bytes, train_step
 from runtime.mesh import backend_for, device_type
 from runtime.model import TINY_MODELS, Transformer
 from vocab.plan import load_plan
@@ -31,11 +31,11 @@ def make_model() -> torch.nn.Module:
     return Transformer(TINY_MODELS["tiny-llama"])
 
 
-def batches(rank_rows: slice, vocab: int, seq_len: int, global_batch: int, steps: int):
-    """Your data: here synthetic tokens, this data-parallel rank's rows of each global batch."""
+def batches(vocab: int, seq_len: int, global_batch: int, steps: int):
+    """Your data: here synthetic tokens, one global batch per step (``local_batch`` picks this rank's part)."""
     for step in range(steps):
         g = torch.Generator().manual_seed(step)
-        data = torch.randint(0, vocab, (global_batch, seq_len + 1), generator=g)[rank_rows]
+        data = torch.randint(0, vocab, (global_batch, seq_len + 1), generator=g)
         yield data[:, :-1], data[:, 1:]
 
 
@@ -59,13 +59,11 @@ def main() -> None:
     model = apply_plan(make_model(), plan, n_microbatches=max(1, args.global_batch // strategy.mesh.dp))
     opt = build_optimizer(model, torch.optim.AdamW, lr=1e-3)
     info = model._shardplan  # the mesh, this rank's data-parallel index, what was applied
-    rows = args.global_batch // info.mesh.dp_size
-    mine = slice(info.mesh.dp_rank * rows, (info.mesh.dp_rank + 1) * rows)
     vocab = TINY_MODELS["tiny-llama"].vocab
 
-    for step, (x, y) in enumerate(batches(mine, vocab, args.seq_len, args.global_batch, args.steps)):
-        if info.mesh.size("cp") > 1:  # context parallelism: this rank's tokens of each sequence
-            x, y = (shard_sequence(t, info.mesh.coord("cp"), info.mesh.size("cp")) for t in (x, y))
+    for step, (x, y) in enumerate(batches(vocab, args.seq_len, args.global_batch, args.steps)):
+        # this rank's rows and, with context parallelism or TSP, its tokens of each sequence
+        x, y = local_batch(model, x), local_batch(model, y)
         loss = train_step(model, x.to(dev), y.to(dev))  # None on pipeline ranks without the loss
         opt.step()
         mem = state_bytes(model, opt)

@@ -177,7 +177,9 @@ def test_python_script_embeds_the_plan_exactly() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", [{}, {"mesh": {"cp": 2}, "micro_batch": 4}], ids=["one-process", "cp2"])
+@pytest.mark.parametrize("strategy", [{}, {"mesh": {"cp": 2}, "micro_batch": 4},
+                                      {"mesh": {"tp": 2}, "tp_mode": "tsp", "micro_batch": 4}],
+                         ids=["one-process", "cp2", "tsp2"])
 def test_python_script_runs(tmp_path: Path, strategy: dict[str, Any]) -> None:
     cfg = tmp_path / "tiny_gpt2.json"
     cfg.write_text(json.dumps({"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 256,

@@ -162,5 +162,5 @@ PYTHON: Final[dict[str, str | None]] = {
     "optimizer": "build_optimizer",  # build_optimizer(model, cls, **kwargs), in apply_module
     "model_module": "runtime.model", "model": "Transformer", "config": "resolve_config",
     "train_module": "runtime.train", "step": "train_step",  # train_step(model, tokens, targets, n_mb)
-    "cp_module": "runtime.context_parallel", "cp_shard": "shard_sequence",  # shard_sequence(x, cp_rank, cp)
+    "batch": "local_batch",  # local_batch(model, batch) -> this rank's rows and tokens, in train_module
 }

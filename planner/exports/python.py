@@ -23,8 +23,7 @@ import torch.distributed as dist
 from vocab.plan import parse_plan
 from {apply_module} import {apply}, {optimizer}
 from {model_module} import {model_cls}, {config}
-from {train_module} import {step}
-from {cp_module} import {cp_shard}
+from {train_module} import {batch}, {step}
 
 PLAN = parse_plan(r"""
 {plan_json}""")
@@ -38,18 +37,13 @@ def main(steps: int = 3) -> None:
     model = {apply}({model_cls}(cfg), PLAN)
     opt = {optimizer}(model, torch.optim.AdamW, lr=1e-4)
     dev = next(p.device for p in model.parameters())
-    dp = m.dp_replicate * m.dp_shard
     rank = dist.get_rank()
-    dp_rank, rows = rank // (m.cp * m.tp) % dp, w.global_batch // dp
-    cp_rank = rank // m.tp % m.cp  # ranks are laid out pp, dp_replicate, dp_shard, cp, tp
     n_mb = PLAN.strategy.num_microbatches(w.global_batch)
     for k in range(steps):
         g = torch.Generator().manual_seed(k)
         data = torch.randint(0, cfg.vocab, (w.global_batch, w.seq_len + 1), generator=g)
-        data = data[dp_rank * rows:(dp_rank + 1) * rows].to(dev)
-        tokens, targets = data[:, :-1], data[:, 1:]
-        if m.cp > 1:  # this rank's tokens of each sequence (head-tail load balancing)
-            tokens, targets = {cp_shard}(tokens, cp_rank, m.cp), {cp_shard}(targets, cp_rank, m.cp)
+        # this rank's rows and, with context parallelism or TSP, its tokens of each sequence
+        tokens, targets = {batch}(model, data[:, :-1]).to(dev), {batch}(model, data[:, 1:]).to(dev)
         loss = {step}(model, tokens, targets, n_mb)
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -73,6 +67,6 @@ def render(n: Nearest, s: Strategy, cost: str) -> str:
     text = TEMPLATE.format(model=plan.inputs.model, apply_module=PYTHON["apply_module"], apply=PYTHON["apply"],
                            optimizer=PYTHON["optimizer"], model_module=PYTHON["model_module"],
                            model_cls=PYTHON["model"], config=PYTHON["config"], train_module=PYTHON["train_module"],
-                           step=PYTHON["step"], cp_module=PYTHON["cp_module"], cp_shard=PYTHON["cp_shard"],
+                           step=PYTHON["step"], batch=PYTHON["batch"],
                            plan_json=plan.to_json())
     return header(n.plan, n.label, n.losses, cost) + text
