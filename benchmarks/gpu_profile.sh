@@ -36,5 +36,5 @@ echo "compute profile: $(( $(date +%s) - start )) s -> $PROFILE"
 # then one `shardplan train` per strategy family on the visible GPUs: predicted against measured
 # step time and peak memory (TRAIN_LIMIT_S bounds it; TRAIN=0 skips it)
 if [ "$DEVICE" != "cpu" ] && [ "${TRAIN:-1}" != "0" ]; then
-    timeout --signal=INT --kill-after=10 "${TRAIN_LIMIT_S:-240}" "$PY" benchmarks/gpu_train_families.py || true
+    timeout --signal=INT --kill-after=10 "${TRAIN_LIMIT_S:-240}" "$PY" benchmarks/gpu_train_families.py --fp8 || true
 fi

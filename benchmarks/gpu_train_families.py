@@ -4,9 +4,10 @@ step time and peak memory.
     python benchmarks/gpu_train_families.py                 # every visible GPU (NCCL), bf16
     python benchmarks/gpu_train_families.py --device cpu --nproc 2 --model tiny-llama   # a dry run on CPU
 
-Each family is a hand-made plan over all ``--nproc`` ranks (data parallelism with ZeRO-3, tensor
-parallelism with SP, a 1F1B pipeline, context parallelism ring and Ulysses, expert parallelism on
-``tiny-mixtral``; one rank gets the recomputation variants), trained for ``--steps`` steps by
+Each family is a hand-made plan over all ``--nproc`` ranks (data parallelism with ZeRO-3, with
+parameter offload, tensor parallelism with SP, TSP, OSDP splits with TP, a 1F1B pipeline, context
+parallelism ring and Ulysses, expert parallelism on ``tiny-mixtral``; one rank gets the
+recomputation variants; with ``--fp8`` also ZeRO-3 with fp8 Linear layers), trained for ``--steps`` steps by
 ``shardplan train --json``. Measured: the median step time after the first step, and rank 0's peak
 (``max_memory_allocated`` on CUDA, the tracked tensor peak on CPU). Predicted: ``estimate`` of the
 same plan on the matching accelerator file (``guess_accelerator``) at the run's precision.
@@ -48,6 +49,9 @@ def families(n: int, model: str) -> dict[str, tuple[str, Strategy]]:
         "cp ring": (model, Strategy(mesh=Mesh(cp=n), default=L(sharding="zero3"))),
         "cp ulysses": (model, Strategy(mesh=Mesh(cp=n), cp_mode="ulysses", default=L(sharding="zero3"))),
         "ep (tiny-mixtral)": ("tiny-mixtral", Strategy(mesh=Mesh(dp_shard=n, ep=n), default=L(sharding="zero3"))),
+        "tsp": (model, Strategy(mesh=Mesh(tp=n), tp_mode="tsp")),
+        "split=2 + tp+sp": (model, Strategy(mesh=Mesh(tp=n), sequence_parallel=True, default=L(split=2))),
+        "zero3 offload": (model, Strategy(mesh=Mesh(dp_shard=n), default=L(sharding="zero3", offload="params"))),
     }
 
 
@@ -72,6 +76,7 @@ def main() -> None:
     ap.add_argument("--global-batch", type=int, default=8)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--precision", default="", help="fp32 | bf16 (default: bf16 on two or more GPUs, else fp32)")
+    ap.add_argument("--fp8", action="store_true", help="also ZeRO-3 with fp8 Linear layers (torchao; CUDA, sm89+)")
     a = ap.parse_args()
     if a.device == "cuda":
         import torch
@@ -86,13 +91,16 @@ def main() -> None:
     print("| family | model | predicted step | measured step | predicted peak GiB | measured peak GiB |")
     print("|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
-        for name, (model, s) in families(n, a.model).items():
+        runs = [(name, model, s, precision) for name, (model, s) in families(n, a.model).items()]
+        if a.fp8 and n > 1:
+            runs.append(("zero3 fp8", a.model, Strategy(mesh=Mesh(dp_shard=n), default=L(sharding="zero3")), "fp8"))
+        for name, model, s, prec in runs:
             s = s.model_copy(update={"micro_batch": max(1, a.global_batch // s.mesh.dp // (2 * s.mesh.pp))})
             plan = Path(tmp) / "plan.json"
             hand_plan(model, s, a.seq_len, a.global_batch, acc).save(plan)
             r = subprocess.run([sys.executable, "-m", "planner.cli", "train", "--model", model, "--plan", str(plan),
                                 "--nproc", str(n), "--steps", str(a.steps), "--seq-len", str(a.seq_len),
-                                "--global-batch", str(a.global_batch), "--precision", precision, "--json"],
+                                "--global-batch", str(a.global_batch), "--precision", prec, "--json"],
                                capture_output=True, text=True, cwd=ROOT)
             if r.returncode:
                 print(f"| {name} | {model} | failed: {(r.stderr or r.stdout).strip().splitlines()[-1][:150]} | | | |")
@@ -101,7 +109,7 @@ def main() -> None:
             steps = rep["steps"][1:] or rep["steps"]
             measured = statistics.median(x["step_time_s"] for x in steps)
             peaks = [x["ranks"][0]["tensor_peak_bytes"] for x in rep["steps"] if x["ranks"][0]["tensor_peak_bytes"]]
-            w = Workload(seq_len=a.seq_len, global_batch=a.global_batch, precision=precision)  # type: ignore[arg-type]
+            w = Workload(seq_len=a.seq_len, global_batch=a.global_batch, precision=prec)  # type: ignore[arg-type]
             est = estimate(build_graph(resolve_config(model), a.seq_len), parse_cluster(f"{n}x{acc}"), s, w)
             peak = f"{max(peaks) / 2**30:.2f}" if peaks else "-"
             print(f"| {name} | {model} | {est.step_time_s:.4f} s | {measured:.4f} s | "

@@ -18,6 +18,7 @@ graph name                reference ``Transformer``   HF Llama / HF GPT-2
 ``layers.<i>.mlp.down``   same                        ``mlp.down_proj`` / ``mlp.c_proj``
 ``final_norm``            same                        ``model.norm`` / ``transformer.ln_f``
 ``head``                  same                        ``lm_head``
+``loss``                  none (computed outside)     none
 ========================  ==========================  ==================================
 """
 
@@ -125,7 +126,7 @@ def _reference(model: nn.Module) -> ModelAdapter:
     return ModelAdapter(
         kind="reference", model=model, num_layers=cfg.layers, heads=cfg.heads, kv_heads=cfg.kv_heads,
         hidden=cfg.hidden, ffn_hidden=cfg.ffn_hidden, vocab=cfg.vocab, tied=cfg.tied_embeddings,
-        block_prefix="layers.", top={"embed": ("embed",), "final_norm": ("final_norm",), "head": ("head",)},
+        block_prefix="layers.", top={"embed": ("embed",), "final_norm": ("final_norm",), "head": ("head",), "loss": ()},
         in_block=in_block, forward_logits=lambda m, x: m(x), experts=cfg.experts,
     )
 
@@ -142,7 +143,7 @@ def _hf_llama(model: nn.Module) -> ModelAdapter:
         kv_heads=c.num_key_value_heads or heads, hidden=c.hidden_size, ffn_hidden=c.intermediate_size,
         vocab=c.vocab_size, tied=model.lm_head.weight is model.model.embed_tokens.weight,
         block_prefix="model.layers.",
-        top={"embed": ("model.embed_tokens",), "final_norm": ("model.norm",), "head": ("lm_head",)},
+        top={"embed": ("model.embed_tokens",), "final_norm": ("model.norm",), "head": ("lm_head",), "loss": ()},
         in_block={
             "attn_norm": ("input_layernorm",), "attn.qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
             "attn.core": ("self_attn",), "attn.out": ("self_attn.o_proj",), "mlp_norm": ("post_attention_layernorm",),
@@ -159,7 +160,8 @@ def _hf_gpt2(model: nn.Module) -> ModelAdapter:
         kind="hf-gpt2", model=model, num_layers=c.n_layer, heads=c.n_head, kv_heads=c.n_head, hidden=h,
         ffn_hidden=c.n_inner or 4 * h, vocab=c.vocab_size,
         tied=model.lm_head.weight is model.transformer.wte.weight, block_prefix="transformer.h.",
-        top={"embed": ("transformer.wte", "transformer.wpe"), "final_norm": ("transformer.ln_f",), "head": ("lm_head",)},
+        top={"embed": ("transformer.wte", "transformer.wpe"), "final_norm": ("transformer.ln_f",), "head": ("lm_head",),
+             "loss": ()},
         in_block={
             "attn_norm": ("ln_1",), "attn.qkv": ("attn.c_attn",), "attn.core": ("attn",), "attn.out": ("attn.c_proj",),
             "mlp_norm": ("ln_2",), "mlp.up": ("mlp.c_fc",), "mlp.act": ("mlp.act",), "mlp.down": ("mlp.c_proj",),

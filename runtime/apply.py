@@ -30,15 +30,22 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.tensor import DTensor
 
-from runtime import checkpointing, splitting, tensor_parallel
+from runtime import checkpointing, fp8, splitting, tensor_parallel
 from runtime.adapters import ModelAdapter, adapt
 from runtime.context_parallel import ContextShard
 from runtime.experts import ExpertShard, rebalance
 from runtime.mesh import RuntimeMesh, build_mesh, device_type, wrap_mesh
-from runtime.pipeline import PipelineRunner, TiedPair, build_pipeline, make_runner, tied_pair_group
+from runtime.pipeline import (
+    PipelineRunner,
+    TiedPair,
+    build_pipeline,
+    make_runner,
+    tied_pair_group,
+    tied_params,
+)
 from runtime.sharding import shard
 from runtime.tsp import TspGroup, apply_tsp
-from runtime.units import resolve, split_targets, unit_of
+from runtime.units import COLUMN_PARALLEL, resolve, split_targets, unit_of
 from runtime.validate import check
 from runtime.zero import ReplicatedParams, local
 from vocab.errors import ShardplanError
@@ -231,15 +238,20 @@ def moe_blocks(model: nn.Module) -> list[nn.Module]:
 
 
 def _splits(ad: ModelAdapter, stage: nn.Module, strategy: Strategy) -> list[tuple[str, int]]:
+    """Split the plan's operators of ``stage`` (OSDP); a tied head follows its table's split."""
     targets = split_targets(ad, strategy, stage)
+    megatron = strategy.mesh.tp if strategy.tp_mode == "megatron" else 1
     for path, k in targets:
-        splitting.split_module(stage, path, k)
+        splitting.split_module(stage, path, k, megatron if path.endswith(COLUMN_PARALLEL) else 1)
+    k = resolve(strategy, "embed.tok").split
+    if ad.tied and k > 1 and getattr(stage, "head", None) is not None:
+        splitting.split_tied_head(stage, k)
     return targets
 
 
 def apply_plan(model: nn.Module, plan: Any, mesh: DeviceMesh | RuntimeMesh | None = None, *,
                mixed_precision: MixedPrecisionPolicy | None = None, n_microbatches: int | None = None,
-               cp_rotate: str = "allgather") -> nn.Module:
+               cp_rotate: str = "allgather", fp8_linears: bool = False) -> nn.Module:
     """Apply ``plan`` (a :class:`vocab.plan.Plan` or a :class:`Strategy`) to ``model``.
 
     Runs on every rank of an initialised default process group whose size is the plan's world
@@ -259,6 +271,8 @@ def apply_plan(model: nn.Module, plan: Any, mesh: DeviceMesh | RuntimeMesh | Non
         cp_rotate: how ring attention moves K/V: ``allgather`` (what the cost model prices a ring
             as, and what the torchtitan export writes) or ``alltoall`` (point to point round the
             ring, K/V blocks merged by log-sum-exp); see :mod:`runtime.context_parallel`.
+        fp8_linears: the blocks' Linear layers train in fp8 (torchao; CUDA with compute capability
+            8.9 or more, else a note; :mod:`runtime.fp8`). Pair it with a bf16 ``mixed_precision``.
     """
     strategy, facts = _strategy_of(plan)
     if getattr(model, "_shardplan", None) is not None:
@@ -290,8 +304,12 @@ def apply_plan(model: nn.Module, plan: Any, mesh: DeviceMesh | RuntimeMesh | Non
     units: list[str] = []
     for st in stages:
         splits = _splits(ad, st, strategy)
+        if fp8_linears:
+            notes += fp8.convert(st, dev)
+            if tsp and fp8.converted(st):
+                notes.append("fp8: TSP's ring layers compute in bf16 (only the layers TSP leaves alone are fp8)")
         if tsp:
-            apply_tsp(st, TspGroup(rt.group("tp"), rt.coord("tp"), strategy.mesh.tp))
+            apply_tsp(st, TspGroup(rt.group("tp"), rt.coord("tp"), strategy.mesh.tp), ad.tied)
         elif strategy.mesh.tp > 1:
             tensor_parallel.parallelize(ad, st, rt.tp_mesh(), strategy.sequence_parallel)
         _checkpoint(ad, st, strategy, dev)
@@ -311,9 +329,8 @@ def apply_plan(model: nn.Module, plan: Any, mesh: DeviceMesh | RuntimeMesh | Non
     if pp > 1:
         info.pipeline = make_runner(stages, ids, strategy, rt, n_microbatches, device)
         if ad.tied:
-            group = tied_pair_group(rt)
-            param = stages[0].embed.tok.weight if has_first else (stages[-1].head.weight if has_last else None)
-            info.tied = TiedPair(group=group, param=param)
+            info.tied = TiedPair(group=tied_pair_group(rt), params=tied_params(stages[0] if has_first else None,
+                                                                                stages[-1] if has_last else None))
         out = PipelinedModel(stages)
     out._shardplan = info  # type: ignore[assignment]
     return out
@@ -341,16 +358,13 @@ def param_groups(params: list[nn.Parameter]) -> list[dict[str, Any]]:
     return [{"params": ps} for ps in groups.values()]
 
 
-def _tied_optim_param(info: AppliedPlan) -> nn.Parameter | None:
-    """What the optimizer steps for this rank's copy of the tied embedding."""
+def _tied_optim_params(info: AppliedPlan) -> list[nn.Parameter]:
+    """What the optimizer steps for this rank's copy of the tied embedding (slice by slice)."""
     t = info.tied
-    if t is None or t.param is None:
-        return None
-    for r in info.replicated:
-        for s in r.slots:
-            if s.param is t.param:
-                return s.shard if s.shard is not None else s.param
-    return t.param
+    if t is None:
+        return []
+    stepped = {id(s.param): (s.shard if s.shard is not None else s.param) for r in info.replicated for s in r.slots}
+    return [stepped.get(id(p), p) for p in t.params]
 
 
 def build_optimizer(model: nn.Module, cls: type[torch.optim.Optimizer] = torch.optim.AdamW,
@@ -363,7 +377,7 @@ def build_optimizer(model: nn.Module, cls: type[torch.optim.Optimizer] = torch.o
     """
     info = applied(model)
     opt = cls(param_groups(optimizer_params(model)), **kwargs)
-    tied_param = _tied_optim_param(info)
+    tied = _tied_optim_params(info)
     moe = moe_blocks(model)
     rt = info.mesh
     load_groups = list(rt.reduce_groups())
@@ -371,10 +385,11 @@ def build_optimizer(model: nn.Module, cls: type[torch.optim.Optimizer] = torch.o
     def pre(_opt: Any, _args: Any, _kwargs: Any) -> None:
         for r in info.replicated:
             r.reduce_grads()
-        if info.tied is not None and info.tied.group is not None and tied_param is not None:
-            g = tied_param.grad if tied_param.grad is not None else torch.zeros_like(tied_param)
-            tied_param.grad = g
-            dist.all_reduce(local(g), group=info.tied.group)
+        if info.tied is not None and info.tied.group is not None:
+            for p in tied:
+                g = p.grad if p.grad is not None else torch.zeros_like(p)
+                p.grad = g
+                dist.all_reduce(local(g), group=info.tied.group)
 
     def post(_opt: Any, _args: Any, _kwargs: Any) -> None:
         for r in info.replicated:

@@ -178,13 +178,14 @@ def _run_job(job: Job, progress: Callable[[], None], on_step: Callable[[int], No
     if key not in _MESHES:  # jobs of one launch share meshes (process groups are costly)
         _MESHES[key] = build_mesh(strategy.mesh)
     mp = None
-    if s.precision == "bf16":
+    if s.precision in ("bf16", "fp8"):  # fp8: the Linear GEMMs in fp8, everything else in bf16
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     elif s.precision != "fp32":
-        raise ShardplanError(f"precision '{s.precision}' is not fp32 or bf16")
-    model = apply_plan(model, plan, mesh=_MESHES[key], mixed_precision=mp, n_microbatches=n_mb)
+        raise ShardplanError(f"precision '{s.precision}' is not fp32, bf16 or fp8")
+    model = apply_plan(model, plan, mesh=_MESHES[key], mixed_precision=mp, n_microbatches=n_mb,
+                       fp8_linears=s.precision == "fp8")
     progress()
     steps = run(model, vocab, s, n_microbatches=n_mb, on_step=on_step)
     out = {"name": job.name, "steps": steps, "fsdp_units": model._shardplan.fsdp_units,

@@ -78,7 +78,19 @@ class TiedPair:
     """The first and last stage's copies of a tied embedding, and the group that sums their grads."""
 
     group: dist.ProcessGroup | None
-    param: nn.Parameter | None  # this rank's copy (None when the rank holds neither end)
+    params: list[nn.Parameter]  # this rank's copy, slice by slice when split (none: it holds neither end)
+
+
+def tied_params(first: Transformer | None, last: Transformer | None) -> list[nn.Parameter]:
+    """This rank's copy of a tied table: the first stage's token table, else the last stage's head
+    (each as its OSDP slices when split, in slice order)."""
+    if first is not None:
+        tok = first.embed.tok
+        return [s.weight for s in tok.slices] if hasattr(tok, "slices") else [tok.weight]
+    if last is not None:
+        head = last.head
+        return [p.weight for p in head.parts] if hasattr(head, "parts") else [head.weight]
+    return []
 
 
 def tied_pair_group(rt: RuntimeMesh) -> dist.ProcessGroup | None:

@@ -12,6 +12,10 @@ Plans exist for the reference model, Hugging Face ``LlamaForCausalLM`` and ``GPT
   sequence dim), attention/MLP inputs are all-gathered by ``PrepareModuleInput`` and the
   row-parallel outputs are reduce-scattered (``output_layouts=Shard(1)``).
 
+OSDP-split operators (:mod:`runtime.splitting`) take their style slice by slice (a split head gathers
+its input once and returns vocabulary-sharded logits), and torchao's float8 Linear layers take its
+float8 Colwise/Rowwise styles (:func:`runtime.fp8.tp_style`).
+
 GPT-2's ``Conv1D`` layers are converted to ``nn.Linear`` first (same function, transposed weight),
 and its fused ``c_attn`` output is permuted so that each rank's column shard holds its own heads'
 ``[q, k, v]``; ``attn.split_size`` becomes the local width. Any module of an unexpected type at a
@@ -37,7 +41,9 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from runtime import fp8
 from runtime.adapters import ModelAdapter
+from runtime.splitting import SplitEmbedding, SplitLinear, SplitTiedHead
 from vocab.errors import ShardplanError
 
 NORM_TYPES = ("LayerNorm", "RMSNorm", "LlamaRMSNorm")
@@ -90,9 +96,14 @@ def _head_styles(head: str, tied: bool, sp: bool) -> dict[str, ParallelStyle]:
 
 
 def _prepare_tied_head(root: nn.Module, head: str, emb: str, tp_mesh: DeviceMesh, sp: bool) -> None:
-    """Re-tie the head to the distributed embedding weight; set its input/output layouts."""
+    """Re-tie the head to the distributed embedding weight (slice by slice when split); set its
+    input/output layouts."""
     hm, em = root.get_submodule(head), root.get_submodule(emb)
-    hm.weight = em.weight
+    if isinstance(hm, SplitTiedHead):
+        for part, table in zip(hm.parts, em.slices, strict=True):
+            part.weight = table.weight
+    else:
+        hm.weight = em.weight
     in_layout = Shard(1) if sp else Replicate()
     parallelize_module(hm, tp_mesh, PrepareModuleInput(input_layouts=(in_layout,), desired_input_layouts=(Replicate(),),
                                                        use_local_output=False))
@@ -100,19 +111,53 @@ def _prepare_tied_head(root: nn.Module, head: str, emb: str, tp_mesh: DeviceMesh
                                                         use_local_output=False))
 
 
-def _apply(root: nn.Module, tp_mesh: DeviceMesh, plan: dict[str, ParallelStyle]) -> None:
+def _split_head_styles(root: nn.Module, head: str, sp: bool) -> dict[str, ParallelStyle]:
+    """An OSDP-split head (its own weights): its input gathered once, each slice (or part of a
+    tied copy) column parallel, the logits a vocabulary-sharded DTensor."""
+    hm = root.get_submodule(head)
+    gather = PrepareModuleInput(input_layouts=(Shard(1) if sp else Replicate(),), desired_input_layouts=(Replicate(),),
+                                use_local_output=True)
+    if isinstance(hm, SplitTiedHead):  # a later pipeline stage's copy: DTensor logits summed over the parts
+        plan: dict[str, ParallelStyle] = {head: gather}
+        for j in range(len(hm.parts)):
+            plan[f"{head}.parts.{j}"] = ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
+        return plan
+    plan = {f"{head}.slices.{j}": ColwiseParallel() for j in range(len(hm.slices))}
+    plan[head] = gather  # applied after the slices: one style per call (see _apply)
+    return {**plan, f"{head}#out": PrepareModuleOutput(output_layouts=(Shard(-1),), desired_output_layouts=(Shard(-1),),
+                                                        use_local_output=False)}
+
+
+def _expand_splits(root: nn.Module, plan: dict[str, ParallelStyle]) -> dict[str, ParallelStyle]:
+    """The plan with each Colwise/Rowwise style on an OSDP-split operator applied to its slices
+    (sliced so that each tp rank's slices hold its unsplit shard: :mod:`runtime.splitting`)."""
+    out: dict[str, ParallelStyle] = {}
     for path, style in plan.items():
-        _expect(root, path, style)
+        mod = root.get_submodule(path.split("#")[0])
+        if isinstance(mod, SplitLinear | SplitEmbedding) and isinstance(style, ColwiseParallel | RowwiseParallel):
+            out.update({f"{path}.slices.{j}": style for j in range(len(mod.slices))})
+        else:
+            out[path] = style
+    return out
+
+
+def _apply(root: nn.Module, tp_mesh: DeviceMesh, plan: dict[str, ParallelStyle]) -> None:
+    plan = _expand_splits(root, plan)
+    for path, style in plan.items():
+        if "#" not in path:
+            _expect(root, path, style)
     for path, style in plan.items():  # one at a time: several styles may hit one module
-        parallelize_module(root.get_submodule(path), tp_mesh, style)
+        mod = root.get_submodule(path.split("#")[0])
+        parallelize_module(mod, tp_mesh, fp8.tp_style(style, mod))
 
 
 # ---- the reference model -------------------------------------------------------------------
 
-def parallelize_reference(stage: nn.Module, tp_mesh: DeviceMesh, sp: bool) -> None:
-    """TP(+SP) on a reference ``Transformer`` (or a pipeline stage of one)."""
+def parallelize_reference(stage: nn.Module, tp_mesh: DeviceMesh, sp: bool, tied_model: bool = False) -> None:
+    """TP(+SP) on a reference ``Transformer`` (or a pipeline stage of one); OSDP-split operators
+    are parallelized slice by slice."""
     plan: dict[str, ParallelStyle] = {}
-    tied = stage.head is not None and stage.embed is not None and stage.head.weight is stage.embed.tok.weight
+    tied = tied_model and stage.head is not None and stage.embed is not None
     if stage.embed is not None:
         plan["embed.tok"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
         if sp:
@@ -124,7 +169,8 @@ def parallelize_reference(stage: nn.Module, tp_mesh: DeviceMesh, sp: bool) -> No
     if stage.final_norm is not None and sp:
         plan["final_norm"] = SequenceParallel()
     if stage.head is not None:
-        plan.update(_head_styles("head", tied, sp))
+        split = isinstance(stage.head, SplitLinear | SplitTiedHead) and not tied
+        plan.update(_split_head_styles(stage, "head", sp) if split else _head_styles("head", tied, sp))
     _apply(stage, tp_mesh, plan)
     if tied:
         _prepare_tied_head(stage, "head", "embed.tok", tp_mesh, sp)
@@ -234,7 +280,7 @@ def keep_grad_layouts(stage: nn.Module) -> None:
 def parallelize(ad: ModelAdapter, stage: nn.Module, tp_mesh: DeviceMesh, sp: bool) -> None:
     """Apply TP (and SP when ``sp``) to ``stage`` (the model, or its pipeline stage)."""
     if ad.kind == "reference":
-        parallelize_reference(stage, tp_mesh, sp)
+        parallelize_reference(stage, tp_mesh, sp, ad.tied)
     elif ad.kind == "hf-llama":
         parallelize_hf_llama(stage, tp_mesh, sp)
     elif ad.kind == "hf-gpt2":

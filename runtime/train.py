@@ -39,7 +39,8 @@ class TrainSettings:
     seq_len: int = 32
     seed: int = 0
     lr: float = LR
-    precision: str = "fp32"  # or "bf16": FSDP2 MixedPrecisionPolicy(bf16 params, fp32 reduce); zero3 units only
+    precision: str = "fp32"  # "bf16": FSDP2 MixedPrecisionPolicy(bf16 params, fp32 reduce), zero3 units only;
+    # "fp8": bf16 with the blocks' Linear GEMMs in fp8 (runtime.fp8; CUDA only, else a note)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -37,7 +37,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.splitting import SplitEmbedding, SplitLinear
+from runtime.splitting import SplitEmbedding, SplitLinear, SplitTiedHead
 
 #: P2P tags: weight shards and gradient accumulators travel in one batch to the same peer
 _W_TAG, _G_TAG = 1, 2
@@ -444,9 +444,10 @@ def _table(mod: nn.Module, tg: TspGroup) -> nn.Module:
     return TspEmbedding(mod, tg)
 
 
-def apply_tsp(stage: nn.Module, tg: TspGroup) -> None:
-    """Put every weight of a reference ``Transformer`` (or a pipeline stage of one) on the tp ring."""
-    tied = stage.head is not None and stage.embed is not None and stage.head.weight is stage.embed.tok.weight
+def apply_tsp(stage: nn.Module, tg: TspGroup, tied_model: bool = False) -> None:
+    """Put every weight of a reference ``Transformer`` (or a pipeline stage of one) on the tp ring;
+    the head of a tied model shares the table's shards (slice by slice when split)."""
+    tied = tied_model and stage.head is not None and stage.embed is not None
     if stage.embed is not None:
         stage.embed.tok = _table(stage.embed.tok, tg)
         if stage.embed.pos is not None:
@@ -460,5 +461,8 @@ def apply_tsp(stage: nn.Module, tg: TspGroup) -> None:
             setattr(owner, name, _linear(getattr(owner, name), cut, tg))
     if stage.final_norm is not None:
         stage.final_norm = TspNorm(stage.final_norm, tg)
-    if stage.head is not None:
+    if isinstance(stage.head, SplitTiedHead):
+        for j, part in enumerate(stage.head.parts):
+            stage.head.parts[j] = TspLinear(part, "rows", tg, weight=stage.embed.tok.slices[j].weight if tied else None)
+    elif stage.head is not None:
         stage.head = _linear(stage.head, "rows", tg, weight=stage.embed.tok.weight if tied else None)

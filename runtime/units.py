@@ -61,6 +61,8 @@ def graph_name(ad: ModelAdapter, path: str) -> str:
 #: Operators a unit-level ``split`` slices in the reference model (Linear and embedding tables).
 UNIT_SPLITS = {"embedding": ("embed.tok", "embed.pos"), "head": ("head",)}
 BLOCK_SPLITS = ("attn.qkv", "attn.out", "mlp.up", "mlp.down")
+#: operators Megatron TP shards by output features (their slices interleave the tp ranks' rows)
+COLUMN_PARALLEL = ("attn.qkv", "mlp.up", "head")
 
 
 def split_targets(ad: ModelAdapter, strategy: Strategy, root: nn.Module | None = None) -> list[tuple[str, int]]:
@@ -84,6 +86,6 @@ def split_targets(ad: ModelAdapter, strategy: Strategy, root: nn.Module | None =
         if ad.kind == "reference" and path not in names:
             continue
         if path == "head" and ad.tied:
-            continue  # a tied head has no weight of its own
+            continue  # a tied head has no weight of its own: it follows the table's split
         out.append((path, k))
     return out

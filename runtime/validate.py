@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from runtime.adapters import ModelAdapter
-from runtime.units import resolve, split_targets
+from runtime.units import COLUMN_PARALLEL, resolve, split_targets
 from vocab.errors import ShardplanError
 from vocab.strategy import Strategy
 
@@ -14,29 +14,26 @@ class PlanMismatchError(ShardplanError):
     """The plan does not fit the model, the process group or the device; the message lists why."""
 
 
-def _split_problems(ad: ModelAdapter, strategy: Strategy, tp: int) -> list[str]:
+def _split_problems(ad: ModelAdapter, strategy: Strategy) -> list[str]:
     targets = split_targets(ad, strategy)
     if not targets:
         return []
     if ad.kind != "reference":
         return [f"operator splitting ({targets[0][0]}, split={targets[0][1]}) is implemented for the reference model only"]
-    if tp > 1:
-        return [f"operator splitting ({targets[0][0]}, split={targets[0][1]}) cannot be combined with tp={tp}"]
+    megatron = strategy.mesh.tp if strategy.tp_mode == "megatron" else 1
     out = []
     for path, k in targets:
-        if path == "embed.tok" and ad.tied:
-            out.append(f"split={k} of the tied embedding ({path}) is not supported")
-            continue
         mod = ad.get(path)
         if isinstance(mod, nn.Embedding):
-            width = mod.embedding_dim
+            width, ways = mod.embedding_dim, k
         elif isinstance(mod, nn.Linear):
-            width = mod.out_features
+            width, ways = mod.out_features, k * (megatron if path.endswith(COLUMN_PARALLEL) else 1)
         else:
             out.append(f"operator '{path}' is a {type(mod).__name__}, which cannot be split (only Linear, Embedding)")
             continue
-        if width % k:
-            out.append(f"operator '{path}': width {width} is not divisible by split={k}")
+        if width % ways:
+            out.append(f"operator '{path}': width {width} is not divisible by split={k}"
+                       + (f" x tp={megatron} (column-parallel slices hold a part of every rank's rows)" if ways != k else ""))
     return out
 
 
@@ -99,7 +96,7 @@ def check(ad: ModelAdapter, strategy: Strategy, world_size: int, device: str, mo
         known = ", ".join(ad.units()[:3] + ["...", ad.units()[-1]])
         problems.append(f"units/operators not in the model: {unknown} (the model has {known} and their operators)")
     if not unknown:
-        problems += _split_problems(ad, strategy, m.tp)
+        problems += _split_problems(ad, strategy)
     for ls in [strategy.default, *strategy.layers]:
         if ls.offload != "none" and device == "cuda" and ls.sharding not in ("zero3", "zero3_keep"):
             problems.append(f"unit '{ls.unit}': offload '{ls.offload}' needs zero3 sharding in the runtime (FSDP2)")

@@ -140,10 +140,23 @@ def reduced(prob: ChainProblem) -> tuple[ChainProblem, list[list[int]]]:
 # ---- the cost model's chain: one mesh without pipeline parallelism --------------------------------
 
 
-def large_ops(nodes: list[LayerNode], frac: float = 0.25) -> list[str]:
-    """Operators OSDP may split: those with at least ``frac`` of the unit's largest operator's parameters."""
+#: the kinds of operator OSDP can cut into slices: GEMMs and embedding tables
+SPLITTABLE = ("linear", "embedding")
+
+
+def large_ops(nodes: list[LayerNode], frac: float = 0.25, splittable: bool = False) -> list[str]:
+    """Operators OSDP may shard apart from their unit: those with at least ``frac`` of the unit's
+    largest operator's parameters; ``splittable``: of them, those it can also cut into slices."""
     biggest = max((n.params for n in nodes), default=0)
-    return [n.name for n in nodes if biggest and n.params >= frac * biggest]
+    return [n.name for n in nodes
+            if biggest and n.params >= frac * biggest and (not splittable or n.kind in SPLITTABLE)]
+
+
+def option_allowed(nodes: list[LayerNode], key: tuple) -> bool:
+    """Whether option ``key = (sharding, recompute, offload, split, mixed)`` means anything for the
+    unit: splitting needs an operator that can be cut, mixed sharding a large operator."""
+    _, _, _, k, mixed = key
+    return (k == 1 or bool(large_ops(nodes, splittable=True))) and (not mixed or bool(large_ops(nodes)))
 
 
 def option_strategy(name: str, nodes: list[LayerNode], key: tuple) -> list[LayerStrategy]:
@@ -154,18 +167,23 @@ def option_strategy(name: str, nodes: list[LayerNode], key: tuple) -> list[Layer
     while the rest keeps the unit's sharding. An operator named like its unit (the LM ``head``)
     shares the unit's entry: then the other operators of the unit get entries of their own."""
     sh, rc, off, k, mixed = key
-    ops = large_ops(nodes) if (k > 1 or mixed) else []
-    big = LayerStrategy(sharding="zero3" if mixed else sh, offload=off, split=k)  # type: ignore[arg-type]
+    cut = set(large_ops(nodes, splittable=True)) if k > 1 else set()
+    ops = large_ops(nodes) if mixed else [op for op in large_ops(nodes) if op in cut]
+
+    def big(op: str) -> LayerStrategy:
+        return LayerStrategy(unit=op, sharding="zero3" if mixed else sh, offload=off,  # type: ignore[arg-type]
+                             split=k if op in cut else 1)
+
     if name in ops:
-        unit = big.model_copy(update={"unit": name, "recompute": rc})
+        unit = big(name).model_copy(update={"recompute": rc})
         others = [
             LayerStrategy(unit=n.name, sharding=sh, offload=off)  # type: ignore[arg-type]
             for n in nodes
             if n.name not in ops
         ]
-        return [unit, *others, *(big.model_copy(update={"unit": op}) for op in ops if op != name)]
+        return [unit, *others, *(big(op) for op in ops if op != name)]
     unit = LayerStrategy(unit=name, sharding=sh, recompute=rc, offload=off)  # type: ignore[arg-type]
-    return [unit, *(big.model_copy(update={"unit": op}) for op in ops)]
+    return [unit, *(big(op) for op in ops)]
 
 
 def price_options(name: str, nodes: list[LayerNode], keys: Sequence[tuple], cfg: MeshConfig, dev: DeviceModel,
@@ -201,8 +219,7 @@ def mesh_problem(
     options: list[list[Option]] = []
     for k, (name, nodes) in enumerate(reps):
         is_head = names[last] == "head" and index[last] == k
-        splittable = bool(large_ops(nodes))
-        mine = [key for key in keys if splittable or not (key[3] > 1 or key[4])]
+        mine = [key for key in keys if option_allowed(nodes, key)]
         costs = price_options(name, nodes, mine, cfg, dev, w)
         options.append([unit_option(u, m, c, key, head=w.loss_buffer if is_head else 0.0, held=bool(grads_held(1, m)))
                         for u, key in zip(costs, mine, strict=True)])

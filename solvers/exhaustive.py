@@ -11,7 +11,7 @@ from costmodel.device import DeviceModel
 from costmodel.estimate import estimate
 from profiler.graph import LayerGraph
 from profiler.hardware import Cluster
-from solvers.chain import ChainProblem, ChainSolution, large_ops, option_strategy
+from solvers.chain import ChainProblem, ChainSolution, option_allowed, option_strategy
 from solvers.space import SpaceOptions, mesh_configs, pipeline_combos, sharding_offloads, unit_options
 from vocab.strategy import LayerStrategy, Strategy, Workload
 
@@ -50,7 +50,7 @@ def space_plans(graph: LayerGraph, cluster: Cluster, w: Workload, opts: SpaceOpt
         elif cfg.pp == 1 or opts.mix_stages:  # every unit its own option (and, piped, the boundaries)
             keys = list(unit_options(opts, shard_group))
             per_unit = [
-                [k for k in keys if (k[3] == 1 and not k[4]) or large_ops(nodes)] for _, nodes in units
+                [k for k in keys if option_allowed(nodes, k)] for _, nodes in units
             ]
             layouts: list[list[int] | None] = [None]
             if cfg.pp > 1 and opts.stage_boundaries and cfg.vpp == 1:

@@ -92,10 +92,13 @@ def test_train_reports_losses_memory_and_parity(plan2: Path, tmp_path: Path) -> 
     assert _workers() == []
 
 
-FORCED = {  # plans the search may pick, forced: context parallelism both ways, expert parallelism
+FORCED = {  # plans the search may pick, forced: context parallelism both ways, expert parallelism, TSP, splits with TP
     "cp-ring": ("tiny-llama", Strategy(mesh=Mesh(cp=2), micro_batch=4)),
     "cp-ulysses": ("tiny-llama", Strategy(mesh=Mesh(cp=2), cp_mode="ulysses", micro_batch=4)),
     "ep": ("tiny-mixtral", Strategy(mesh=Mesh(dp_shard=2, ep=2), micro_batch=4, default=L(sharding="zero3"))),
+    "tsp": ("tiny-llama", Strategy(mesh=Mesh(tp=2), tp_mode="tsp", micro_batch=8)),
+    "split-tp": ("tiny-gpt", Strategy(mesh=Mesh(tp=2), sequence_parallel=True, micro_batch=8,
+                                      default=L(split=2))),
 }
 
 

@@ -21,6 +21,8 @@ F = 4  # fp32 bytes
 # ---- plans --------------------------------------------------------------------------------------
 MIXED = [L(unit="layers.0", sharding="replicate"), L(unit="layers.2", sharding="zero2"),
          L(unit="embedding", sharding="zero1"), L(unit="layers.3.mlp.up", sharding="replicate")]
+SPLITS = [L(unit="layers.1", sharding="zero3", split=2), L(unit="layers.2.mlp.up", sharding="zero3", split=2),
+          L(unit="layers.0.attn.qkv", split=2), L(unit="head", sharding="zero3", split=2)]
 W2_GPT = {
     "ddp": Strategy(mesh=Mesh(dp_shard=2), default=L(sharding="replicate")),
     "zero1": Strategy(mesh=Mesh(dp_shard=2), default=L(sharding="zero1")),
@@ -41,6 +43,9 @@ W2_GPT = {
     "cp_ring_zero3": Strategy(mesh=Mesh(cp=2), default=L(sharding="zero3")),
     # TSP: every weight (the tied table, positions, biases, norms) on the ring, tokens split
     "tsp": Strategy(mesh=Mesh(tp=2), tp_mode="tsp", default=L(sharding="replicate", recompute="selective")),
+    # the tied table split in slices, each its own FSDP unit's worth; the head sums the slices
+    "tied_split": Strategy(mesh=Mesh(dp_shard=2), default=L(sharding="zero3"), layers=[
+        L(unit="embedding", sharding="zero3", split=2), L(unit="layers.1", sharding="zero3", split=2)]),
 }
 W2_LLAMA = {
     "zero2": Strategy(mesh=Mesh(dp_shard=2), default=L(sharding="zero2")),
@@ -53,6 +58,8 @@ W2_LLAMA = {
     "cp_ring": Strategy(mesh=Mesh(cp=2), default=L(sharding="zero2")),  # RoPE at the global positions
     "cp_ulysses": Strategy(mesh=Mesh(cp=2), cp_mode="ulysses", default=L(sharding="zero1", recompute="full")),
     "tsp_full": Strategy(mesh=Mesh(tp=2), tp_mode="tsp", default=L(sharding="zero2", recompute="full")),
+    # splits under Megatron TP: column-parallel slices hold a part of each rank's rows
+    "split_tp_sp": Strategy(mesh=Mesh(tp=2), sequence_parallel=True, layers=SPLITS),
 }
 # mixture of experts: routing, shared experts, dense first blocks; experts split over EP ranks
 W2_MOE = {
@@ -101,6 +108,12 @@ W4 = {
     ("tiny-gpt", "tsp_pp"): Strategy(mesh=Mesh(pp=2, tp=2), tp_mode="tsp", schedule="1f1b",
                                      default=L(sharding="replicate", recompute="full")),
     ("tiny-gpt", "tsp4"): Strategy(mesh=Mesh(tp=4), tp_mode="tsp", default=L(sharding="zero1")),
+    # splits with TP x FSDP, with TSP, and of a tied table over pipeline stages with TP
+    ("tiny-llama", "split_tp_fsdp"): Strategy(mesh=Mesh(dp_shard=2, tp=2), default=L(sharding="zero3"), layers=SPLITS),
+    ("tiny-llama", "split_tsp"): Strategy(mesh=Mesh(dp_shard=2, tp=2), tp_mode="tsp", default=L(sharding="zero3"),
+                                          layers=SPLITS),
+    ("tiny-gpt", "tied_split_pp_tp"): Strategy(mesh=Mesh(pp=2, tp=2), schedule="1f1b", layers=[
+        L(unit="embedding", split=2), L(unit="layers.3", split=2)]),
 }
 
 
@@ -125,9 +138,10 @@ def w2() -> dict:
     jobs.update({("tiny-llama", k): v for k, v in W2_LLAMA.items()})
     jobs.update(W2_HF)
     jobs.update(W2_MOE)
-    return _run(jobs, 2, extra=(Job(model=spec_for("tiny-llama"), name="tiny-llama/zero3_bf16", reference=True,
-                                    plan_json=_one_microbatch(W2_LLAMA["zero3_selective"]).model_dump_json(),
-                                    settings={**SETTINGS.to_dict(), "precision": "bf16"}),))
+    return _run(jobs, 2, extra=tuple(
+        Job(model=spec_for("tiny-llama"), name=f"tiny-llama/zero3_{p}", reference=True,
+            plan_json=_one_microbatch(W2_LLAMA["zero3_selective"]).model_dump_json(),
+            settings={**SETTINGS.to_dict(), "precision": p}) for p in ("bf16", "fp8")))
 
 
 @pytest.fixture(scope="module")
@@ -228,6 +242,12 @@ def test_bf16_mixed_precision_keeps_fp32_master_weights(w2: dict) -> None:
     assert got == pytest.approx(res["reference_losses"], rel=2e-2)  # bf16 compute: close, not equal
     assert got != pytest.approx(res["reference_losses"], rel=1e-6, abs=0)
     assert state_bytes(res) == state_bytes(w2[("tiny-llama", "zero3_selective")])  # sharded fp32 state unchanged
+
+
+def test_fp8_on_cpu_trains_bf16_and_says_so(w2: dict) -> None:
+    res = w2[("tiny-llama", "zero3_fp8")]
+    assert any("fp8 requested: a no-op on cpu" in n for n in res["notes"])
+    assert [s["loss"] for s in res["steps"]] == [s["loss"] for s in w2[("tiny-llama", "zero3_bf16")]["steps"]]
 
 
 @pytest.mark.parametrize("key", list(W2_MOE), ids=lambda k: "-".join(k))

@@ -2,7 +2,8 @@
 
 The runtime's check refuses nothing the space contains (every mesh configuration and unit option
 of the tiny models at worlds 2, 4 and 8), and plans drawn from the space (hypothesis: mesh, schedule,
-micro-batch, modes, and per unit sharding, recomputation and OSDP's per-operator sharding) train
+micro-batch, modes, and per unit sharding, recomputation, OSDP's operator splits and per-operator
+sharding) train
 like one process and hold the state bytes the cost model predicts.
 """
 
@@ -16,6 +17,7 @@ import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from profiler.graph import LayerGraph
 from profiler.hardware import parse_cluster
 from profiler.transformer import build_graph
 from runtime.adapters import adapt
@@ -24,53 +26,49 @@ from runtime.launch import Job, launch
 from runtime.model import TINY_MODELS, Transformer, spec_for
 from runtime.train import TrainSettings
 from runtime.validate import check
+from solvers.chain import option_allowed, option_strategy
 from solvers.space import SPACES, mesh_configs, mesh_shardings, restrict, unit_options
 from tests.runtime_checks import assert_parity, predicted_state_bytes, state_bytes
-from vocab.strategy import LayerStrategy, MeshConfig, Strategy, Workload
+from vocab.strategy import MeshConfig, Strategy, Workload
 from vocab.targets import load_target
 
 SETTINGS = TrainSettings(steps=3, global_batch=8, seq_len=32, seed=0)
 MODELS = ("tiny-gpt", "tiny-llama", "tiny-mixtral", "tiny-deepseek")
 OPTS = restrict(SPACES["full"], load_target("shardplan"))
 WORKLOAD = Workload(seq_len=SETTINGS.seq_len, global_batch=SETTINGS.global_batch, precision="fp32")
-#: operators OSDP may shard apart from their unit (ZeRO-3 while the unit is replicated or ZeRO-1)
-LARGE = {"dense": ("mlp.up", "mlp.down"), "moe": ("moe.experts",)}
+
+
+@cache
+def graph(model: str) -> LayerGraph:
+    return build_graph(TINY_MODELS[model], SETTINGS.seq_len)
 
 
 @cache
 def space(model: str, world: int) -> list[MeshConfig]:
-    g = build_graph(TINY_MODELS[model], SETTINGS.seq_len)
-    return list(mesh_configs(g, parse_cluster(f"{world}xcpu"), WORKLOAD, OPTS))
+    return list(mesh_configs(graph(model), parse_cluster(f"{world}xcpu"), WORKLOAD, OPTS))
 
 
-def choices(cfg: MeshConfig) -> list[tuple[str, str, str, bool]]:
-    """(sharding, recompute, offload, mixed) a unit of ``cfg`` may take in the space."""
+def choices(cfg: MeshConfig) -> list[tuple[str, str, str, int, bool]]:
+    """(sharding, recompute, offload, split, mixed) a unit of ``cfg`` may take in the space."""
     allowed = mesh_shardings(OPTS, cfg)
-    out = [(sh, rc, off, mixed) for sh, rc, off, _, mixed in unit_options(OPTS, cfg.dp_shard * cfg.cp)
-           if sh in allowed or (cfg.dp_shard * cfg.cp == 1 and allowed)]
+    out = [key for key in unit_options(OPTS, cfg.dp_shard * cfg.cp)
+           if key[0] in allowed or (cfg.dp_shard * cfg.cp == 1 and allowed)]
     return list(dict.fromkeys(out))
 
 
-def _entries(model: str, unit: str, choice: tuple[str, str, str, bool]) -> list[LayerStrategy]:
-    sh, rc, off, mixed = choice
-    out = [LayerStrategy(unit=unit, sharding=sh, recompute=rc, offload=off)]  # type: ignore[arg-type]
-    if mixed and unit.startswith("layers."):
-        cfg = TINY_MODELS[model]
-        ops = LARGE["moe" if cfg.is_moe_layer(int(unit.split(".")[1])) else "dense"]
-        out += [LayerStrategy(unit=f"{unit}.{op}", sharding="zero3", offload=off) for op in ops]  # type: ignore[arg-type]
-    return out
-
-
-def plan_of(model: str, cfg: MeshConfig, picks: list[tuple[str, str, str, bool]]) -> Strategy:
-    """``cfg`` with a choice per unit (embedding, blocks, head); a pipeline shares one sharding and
-    offload (the full space's rule), recomputation stays per unit."""
-    units = ["embedding", *(f"layers.{i}" for i in range(TINY_MODELS[model].layers)), "head"]
+def plan_of(model: str, cfg: MeshConfig, picks: list[tuple[str, str, str, int, bool]]) -> Strategy:
+    """``cfg`` with a choice per unit (embedding, blocks, head) as the search writes it
+    (:func:`solvers.chain.option_strategy`: operator entries where it splits them or shards them
+    apart); a pipeline shares one sharding and offload (the full space's rule), recomputation
+    stays per unit."""
+    units = list(graph(model).blocks())
     if cfg.pp > 1:
         sh, off = picks[0][0], picks[0][2]
-        picks = [(sh, rc, off, False) for _, rc, _, _ in picks]
+        picks = [(sh, rc, off, 1, False) for _, rc, _, _, _ in picks]
     if TINY_MODELS[model].tied_embeddings:  # the tied head takes the embedding's choice
         picks = [*picks[:-1], picks[0]]
-    layers = [e for u, c in zip(units, picks, strict=True) for e in _entries(model, u, c)]
+    layers = [e for (name, nodes), key in zip(units, picks, strict=True)
+              for e in option_strategy(name, nodes, key if option_allowed(nodes, key) else (*key[:3], 1, False))]
     return cfg.strategy(layers=layers)
 
 
@@ -99,7 +97,9 @@ def test_the_space_holds_every_runtime_feature() -> None:
     assert {c.schedule for c in cfgs if c.pp > 1} == {"1f1b", "interleaved", "zb"}
     assert {c.cp_mode for c in cfgs if c.cp > 1} == {"ring", "ulysses"} and any(c.sequence_parallel for c in cfgs)
     assert {c.tp_mode for c in cfgs if c.tp > 1} == {"megatron", "tsp"} and any(c.tp_mode == "tsp" and c.cp > 1 for c in cfgs)
-    assert {x for c in cfgs for x in choices(c)} >= {("zero3", "full", "params", False), ("zero1", "selective", "none", True)}
+    assert {x for c in cfgs for x in choices(c)} >= {("zero3", "full", "params", 1, False),
+                                                      ("zero1", "selective", "none", 1, True),
+                                                      ("zero3", "none", "none", 4, False), ("zero1", "none", "none", 2, True)}
 
 
 # ---- drawn plans train like one process ----------------------------------------------------------

@@ -78,7 +78,8 @@ def train(
     seed: int = typer.Option(0, "--seed", min=0, max=2**63 - 1, help="seed of the weights and the synthetic tokens"),
     seq_len: int = count_option(None, "--seq-len", help="tokens per sample (default: the plan's)"),
     global_batch: int = count_option(None, "--global-batch", help="samples per step (default: the plan's)"),
-    precision: str = typer.Option("fp32", "--precision", help="fp32, or bf16 (FSDP2 mixed precision; zero3 plans only)"),
+    precision: str = typer.Option("fp32", "--precision", help="fp32, bf16 (FSDP2 mixed precision; zero3 plans only), "
+                                  "or fp8 (bf16 with the blocks' Linear GEMMs in fp8 through torchao; CUDA only)"),
     output: Path | None = typer.Option(None, "--output", "-o", help="also write the JSON report here (atomically)"),
     watchdog_s: float = typer.Option(WATCHDOG_S, "--watchdog-s", callback=finite, help="end the run when a rank is silent this long "
                                      "(its process stops responding, or no rank makes progress); 0: never"),
@@ -105,8 +106,8 @@ def train(
     if nproc != world:
         raise ShardplanError(f"the plan's mesh {plan.strategy.mesh.axes()} needs {world} processes; --nproc is {nproc}")
     spec = spec_for(model)
-    if precision not in ("fp32", "bf16"):
-        raise ShardplanError(f"--precision must be fp32 or bf16, got '{precision}'")
+    if precision not in ("fp32", "bf16", "fp8"):
+        raise ShardplanError(f"--precision must be fp32, bf16 or fp8, got '{precision}'")
     s = _settings(plan, steps, seed, seq_len, global_batch)
     s.precision = precision
     dev = device_type()
