@@ -77,12 +77,10 @@ def split_targets(ad: ModelAdapter, strategy: Strategy, root: nn.Module | None =
             cands += [f"{u}.{op}" for op in BLOCK_SPLITS]
     cands += [ls.unit for ls in strategy.layers if ls.unit not in ad.units() and ls.split > 1]
     out: list[tuple[str, int]] = []
-    for path in dict.fromkeys(cands):
+    for path in dict.fromkeys("embed.tok" if c == "embed" else c for c in cands):  # the graph's embed: its table
         k = resolve(strategy, path).split
         if k == 1:
             continue
-        if path == "embed":
-            path = "embed.tok"
         if ad.kind == "reference" and path not in names:
             continue
         if path == "head" and ad.tied:

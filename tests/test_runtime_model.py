@@ -16,8 +16,8 @@ from runtime.memory import state_bytes, tensor_bytes
 from runtime.model import TINY_MODELS, Transformer, build, count_params, lm_loss, resolve_config, spec_for
 from runtime.pipeline import rank_stage_modules, release_unheld, stage_module
 from runtime.plans import hand_plan
-from runtime.splitting import SplitEmbedding, SplitLinear, split_module
-from runtime.units import graph_name, resolve
+from runtime.splitting import SplitEmbedding, SplitLinear, slice_rows, split_module, split_tied_head
+from runtime.units import graph_name, resolve, split_targets
 from runtime.validate import PlanMismatchError, check
 from vocab.errors import ShardplanError
 from vocab.strategy import LayerStrategy as L
@@ -83,6 +83,34 @@ def test_split_linear_and_embedding_compute_the_same() -> None:
     torch.testing.assert_close(m(x), ref, rtol=1e-5, atol=1e-6)
     with pytest.raises(TypeError, match="only Linear and Embedding"):
         split_module(m, "layers.0.attn_norm", 2)
+
+
+def test_split_targets_name_each_operator_once() -> None:
+    """A unit's split and its operators' entries (as the search writes them) split the table once."""
+    ad = adapt(Transformer(TINY_MODELS["tiny-gpt"]))
+    s = Strategy(layers=[L(unit="embedding", split=2), L(unit="embed", sharding="zero3", split=2),
+                         L(unit="layers.1.mlp.up", split=4)])
+    assert split_targets(ad, s) == [("embed.tok", 2), ("embed.pos", 2), ("layers.1.mlp.up", 4)]
+
+
+def test_split_slices_interleave_tensor_parallel_ranks_and_a_tied_head_sums_them() -> None:
+    """Slice j of a column-parallel layer holds the j-th part of each tp rank's rows; the head of a
+    split tied table computes the unsplit logits."""
+    assert slice_rows(8, 2, 2).tolist() == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    torch.manual_seed(0)
+    lin = nn.Linear(16, 8)
+    x = torch.randn(3, 16)
+    s = SplitLinear(lin, 2, interleave=2)
+    rank1 = torch.cat([sl(x)[:, 2:] for sl in s.slices], -1)  # each slice column-sharded over 2 ranks
+    torch.testing.assert_close(rank1, lin(x)[:, 4:], rtol=0, atol=1e-6)
+    m = Transformer(TINY_MODELS["tiny-gpt"])
+    x = _tokens()
+    ref = m(x)
+    split_module(m, "embed.tok", 4)
+    split_tied_head(m, 4)
+    assert m.head.parts[2].weight is m.embed.tok.slices[2].weight
+    assert count_params(m) == build_graph(TINY_MODELS["tiny-gpt"], 16).total_params
+    torch.testing.assert_close(m(x), ref, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("name", list(TINY_MODELS))
