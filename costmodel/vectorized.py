@@ -30,7 +30,7 @@ from costmodel.unit_classes import block_classes, unit_classes, unit_names
 from costmodel.units import UnitCost, UnitOption, price_unit
 from profiler.graph import LayerGraph, LayerNode
 from profiler.hardware import Cluster
-from vocab.strategy import LayerStrategy, Mesh, MeshConfig, Strategy, Workload, even_split
+from vocab.strategy import LayerStrategy, MeshConfig, Strategy, Workload, even_split
 
 if TYPE_CHECKING:
     from profiler.profile_schema import Profile
@@ -78,11 +78,7 @@ class GridReport:
         return int(self.step_time_s.size)
 
     def strategy(self, i: int, j: int) -> Strategy:
-        c = self.configs[i]
-        mesh = Mesh(pp=c.pp, dp_replicate=c.dp_replicate, dp_shard=c.dp_shard, cp=c.cp, tp=c.tp, ep=c.ep)
-        return Strategy(mesh=mesh, micro_batch=c.micro_batch, schedule=c.schedule, vpp=c.vpp,
-                        sequence_parallel=c.sequence_parallel, tp_mode=c.tp_mode, cp_mode=c.cp_mode,
-                        default=self.layer_strategy(j))
+        return self.configs[i].strategy(default=self.layer_strategy(j))
 
     def layer_strategy(self, j: int) -> LayerStrategy:
         o = self.options[j]

@@ -251,7 +251,7 @@ def _splits(ad: ModelAdapter, stage: nn.Module, strategy: Strategy) -> list[tupl
 
 def apply_plan(model: nn.Module, plan: Any, mesh: DeviceMesh | RuntimeMesh | None = None, *,
                mixed_precision: MixedPrecisionPolicy | None = None, n_microbatches: int | None = None,
-               cp_rotate: str = "allgather", fp8_linears: bool = False) -> nn.Module:
+               fp8_linears: bool = False) -> nn.Module:
     """Apply ``plan`` (a :class:`vocab.plan.Plan` or a :class:`Strategy`) to ``model``.
 
     Runs on every rank of an initialised default process group whose size is the plan's world
@@ -268,9 +268,6 @@ def apply_plan(model: nn.Module, plan: Any, mesh: DeviceMesh | RuntimeMesh | Non
         mixed_precision: FSDP2 policy for the ``zero3`` units (fp32 when None).
         n_microbatches: pipeline micro-batches per step (default: the plan's global batch over
             ``dp * micro_batch`` when ``plan`` is a Plan, else ``2 * pp``).
-        cp_rotate: how ring attention moves K/V: ``allgather`` (what the cost model prices a ring
-            as, and what the torchtitan export writes) or ``alltoall`` (point to point round the
-            ring, K/V blocks merged by log-sum-exp); see :mod:`runtime.context_parallel`.
         fp8_linears: the blocks' Linear layers train in fp8 (torchao; CUDA with compute capability
             8.9 or more, else a note; :mod:`runtime.fp8`). Pair it with a bf16 ``mixed_precision``.
     """
@@ -296,7 +293,7 @@ def apply_plan(model: nn.Module, plan: Any, mesh: DeviceMesh | RuntimeMesh | Non
     for st in stages:
         st.to(device)
     if rt.seq_size > 1:  # context parallelism or TSP: this rank holds some of each sequence's tokens
-        _context(stages, ContextShard(rt.seq_group(), rt.seq_rank, rt.seq_size, strategy.cp_mode, cp_rotate))
+        _context(stages, ContextShard(rt.seq_group(), rt.seq_rank, rt.seq_size, strategy.cp_mode, strategy.cp_rotate))
     if strategy.mesh.ep > 1:
         em = rt.expert_mesh()
         _experts(stages, ExpertShard(em.get_group("ep"), em.get_local_rank("ep"), rt.ep))

@@ -6,8 +6,8 @@ every rank gets the same share of the causal mask's work. :func:`shard_sequence`
 that way; :meth:`ContextShard.positions` gives the global positions of a rank's tokens (RoPE and
 learned positions use them).
 
-Attention (the plan's ``cp_mode``; for a ring, ``apply_plan``'s ``cp_rotate``, ``allgather`` by
-default: the cost model prices a ring as an all-gather of K/V, and the torchtitan export writes it):
+Attention (the plan's ``cp_mode``; for a ring, its ``cp_rotate``, ``allgather`` by default: the
+cost model prices a ring as an all-gather of K/V):
 
 * ``ring`` with ``alltoall`` rotation: the K/V chunks travel round the ring by point-to-point
   sends, ``cp-1`` steps; each step attends the local queries to the visiting chunk with the fused

@@ -110,6 +110,7 @@ class SpaceOptions:
     strict_tp: bool = False  # tp divides the KV heads and the FFN width (no KV-head replication)
     tp_experts: bool = True  # tp > 1 for mixture-of-experts models
     tsp_cp_modes: tuple[str, ...] = ("ring", "ulysses")  # context-parallel modes beside TSP
+    cp_rotate: str = "allgather"  # how the target's ring moves K/V (recorded in the plan, priced alike)
 
     def with_(self, **kw: object) -> SpaceOptions:
         return replace(self, **kw)  # type: ignore[arg-type]
@@ -268,8 +269,9 @@ def mesh_configs(
                                         for cpm in cpms if cp > 1 else ("ring",):
                                             if cpm == "ulysses" and heads % (tp * cp):
                                                 continue
+                                            rot = opts.cp_rotate if cp > 1 and cpm == "ring" else "allgather"
                                             yield MeshConfig(
-                                                pp, dpr, dps, cp, tp, ep, b, sched, vpp, sp, tpm, cpm
+                                                pp, dpr, dps, cp, tp, ep, b, sched, vpp, sp, tpm, cpm, rot
                                             )
 
 
@@ -384,7 +386,7 @@ def restrict(space: SpaceOptions, target: Target) -> SpaceOptions:
         stage_rules=rules, stage_split=t.pipeline.stage_split,
         recompute_blocks_only=t.recompute.scope == "blocks",
         strict_tp=not t.tensor_parallel.kv_head_replication, tp_experts=t.tensor_parallel.experts,
-        tsp_cp_modes=_keep(cp_modes, t.tensor_parallel.tsp_context))
+        tsp_cp_modes=_keep(space.tsp_cp_modes, t.tensor_parallel.tsp_context), cp_rotate=t.behaviour.cp_rotate[0])
 
 
 def _keep(values: tuple[str, ...], allowed: list[str] | tuple[str, ...]) -> tuple[str, ...]:

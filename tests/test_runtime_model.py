@@ -219,7 +219,9 @@ def test_validation_lists_every_difference() -> None:
         L(unit="layers.1", split=3), L(unit="layers.2.attn_norm", split=2)]), 2)
     assert "'layers.1.attn.qkv': width 128 is not divisible by split=3" in msg
     assert "'layers.2.attn_norm' is a RMSNorm, which cannot be split" in msg
-    assert "cannot be combined with tp=2" in _problems(llama, Strategy(mesh=Mesh(tp=2), default=L(split=2)), 2)
+    check(adapt(llama), Strategy(mesh=Mesh(tp=2), default=L(split=2)), 2, "cpu")  # splits with TP run
+    msg = _problems(llama, Strategy(mesh=Mesh(tp=4), layers=[L(unit="layers.0.attn.qkv", split=64)]), 4)
+    assert "'layers.0.attn.qkv': width 128 is not divisible by split=64 x tp=4" in msg
     msg = _problems(llama, Strategy(mesh=Mesh(pp=2), stage_layers=[1, 2]), 2)
     assert "sum to 3" in msg
     assert "needs a mixture-of-experts model" in _problems(llama, Strategy(mesh=Mesh(dp_shard=2, ep=2)), 2)
@@ -229,7 +231,7 @@ def test_validation_lists_every_difference() -> None:
     gpt = Transformer(TINY_MODELS["tiny-gpt"])
     msg = _problems(gpt, Strategy(mesh=Mesh(pp=2), layers=[L(unit="head", sharding="zero2")]), 2)
     assert "same sharding for 'embedding' and 'head'" in msg and "replicate and zero2" in msg
-    assert "tied embedding" in _problems(gpt, Strategy(mesh=Mesh(dp_shard=2), layers=[L(unit="embedding", split=2)]), 2)
+    check(adapt(gpt), Strategy(mesh=Mesh(dp_shard=2), layers=[L(unit="embedding", split=2)]), 2, "cpu")  # tied, split
     hf = build(spec_for("hf-gpt2"))[0]
     msg = _problems(hf, Strategy(mesh=Mesh(pp=2), layers=[L(unit="layers.1", split=2)]), 2)
     assert "reference model only" in msg

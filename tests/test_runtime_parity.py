@@ -56,6 +56,7 @@ W2_LLAMA = {
     "pp_interleaved": Strategy(mesh=Mesh(pp=2), schedule="interleaved", vpp=2),
     "pp_zb": Strategy(mesh=Mesh(pp=2), schedule="zb", default=L(recompute="full")),
     "cp_ring": Strategy(mesh=Mesh(cp=2), default=L(sharding="zero2")),  # RoPE at the global positions
+    "cp_ring_p2p": Strategy(mesh=Mesh(cp=2), cp_rotate="alltoall", default=L(sharding="zero3")),  # K/V round the ring
     "cp_ulysses": Strategy(mesh=Mesh(cp=2), cp_mode="ulysses", default=L(sharding="zero1", recompute="full")),
     "tsp_full": Strategy(mesh=Mesh(tp=2), tp_mode="tsp", default=L(sharding="zero2", recompute="full")),
     # splits under Megatron TP: column-parallel slices hold a part of each rank's rows

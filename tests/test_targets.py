@@ -112,7 +112,8 @@ def test_restrict_keeps_what_the_target_runs() -> None:
     ds = restrict(full, load_target("deepspeed"))
     assert ds.sequence_parallel == (False,) and ds.cp_modes == ("ulysses",) and ds.pp_shardings == ("replicate", "zero1")
     sp = restrict(full, load_target("shardplan"))
-    assert sp.cp and sp.cp_modes == ("ring", "ulysses") and sp.ep and sp.per_layer and sp.splits == (1,)
+    assert sp.cp and sp.cp_modes == ("ring", "ulysses") and sp.ep and sp.per_layer and sp.splits == (1, 2, 4)
+    assert sp.tp_modes == ("megatron", "tsp") and sp.tsp_cp_modes == ("ring",) and full.tsp_cp_modes == ("ring", "ulysses")
     assert sp.strict_tp and not sp.tp_experts and tt.tp_experts
     with pytest.raises(ShardplanError, match="the 'fsdp' space and the megatron target .* share no sharding"):
         restrict(SPACES["fsdp"], load_target("megatron"))
@@ -167,7 +168,7 @@ def test_targets_that_checkpoint_blocks_only_never_recompute_the_head() -> None:
         assert s.default.recompute != "none", target  # the memory limit needs recomputation
         assert s.for_unit("head").recompute == s.for_unit("embedding").recompute == "none"
     s = searched("shardplan", "llama3-8b-tight").strategy
-    assert s.mesh.ep == 1 and s.tp_mode == "megatron"
+    assert s.mesh.ep == 1 and s.tp_mode in load_target("shardplan").tensor_parallel.modes
 
 
 @pytest.mark.parametrize("case", [("gpt2", "8xh100", 1024, 64, None, "full"),

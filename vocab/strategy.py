@@ -205,6 +205,10 @@ class Strategy(_Strict):
     sequence_parallel: bool = False
     tp_mode: Literal["megatron", "tsp"] = "megatron"
     cp_mode: Literal["ring", "ulysses"] = "ring"
+    cp_rotate: Literal["allgather", "alltoall"] = Field(
+        "allgather", description="how a ring moves K/V (torchtitan's names): allgather (gathered before "
+        "attention) or alltoall (passed point to point round the ring, cp-1 steps); the cost model prices "
+        "both as one all-gather")
     default: LayerStrategy = LayerStrategy()
     layers: list[LayerStrategy] = Field(default_factory=list)
 
@@ -309,13 +313,14 @@ class MeshConfig:
     sequence_parallel: bool
     tp_mode: str = "megatron"
     cp_mode: str = "ring"
+    cp_rotate: str = "allgather"  # how the target's ring moves K/V: priced alike, recorded in the plan
 
     @classmethod
     def of(cls, s: Strategy) -> MeshConfig:
         """The mesh configuration a strategy uses."""
         m = s.mesh
         return cls(m.pp, m.dp_replicate, m.dp_shard, m.cp, m.tp, m.ep, s.micro_batch, s.schedule, s.vpp,
-                   s.sequence_parallel, s.tp_mode, s.cp_mode)
+                   s.sequence_parallel, s.tp_mode, s.cp_mode, s.cp_rotate)
 
     @property
     def mesh(self) -> Mesh:
@@ -346,6 +351,7 @@ class MeshConfig:
             sequence_parallel=self.sequence_parallel,
             tp_mode=self.tp_mode,  # type: ignore[arg-type]
             cp_mode=self.cp_mode,
+            cp_rotate=self.cp_rotate,  # type: ignore[arg-type]
             default=default or LayerStrategy(),  # type: ignore[arg-type]
             layers=layers or [],
             stage_layers=stage_layers,

@@ -124,6 +124,9 @@ class Behaviour(_Strict):
     recv_buffers: list[Literal["per_micro_batch", "one", "none"]] = Field(
         default_factory=lambda: ["per_micro_batch"], min_length=1,
         description="pipeline receive buffers kept beyond the activations (vocab.strategy.Workload)")
+    cp_rotate: list[Literal["allgather", "alltoall"]] = Field(
+        default_factory=lambda: ["allgather"], min_length=1,
+        description="how its ring attention moves K/V (vocab.strategy.Strategy.cp_rotate)")
 
     def workload(self, cross_entropy: str | None = None, grad_dtype: str | None = None) -> dict[str, str]:
         """The workload fields a plan for the target is priced with: its first value of each, or the

@@ -328,6 +328,10 @@ def _precision(n: Nearest, t: Target) -> None:
         w["precision"] = "bf16"
     if n.mesh["pp"] == 1:  # no pipeline, no receive buffers: how the target keeps them changes nothing
         w["recv_buffers"] = t.behaviour.recv_buffers[0]
+    rotate = t.behaviour.cp_rotate
+    if n.mesh["cp"] > 1 and n.fields["cp_mode"] == "ring" and n.fields["cp_rotate"] not in rotate:
+        n.behave("ring rotation", f"{n.fields['cp_rotate']} → {rotate[0]} (how {t.name} moves K/V round its ring)")
+        n.fields["cp_rotate"] = rotate[0]
     for key, what, allowed in (("cross_entropy", "cross-entropy", t.behaviour.cross_entropy),
                                ("grad_dtype", "gradient dtype", t.behaviour.grad_dtype),
                                ("recv_buffers", "pipeline receive buffers", t.behaviour.recv_buffers)):

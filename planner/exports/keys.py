@@ -44,7 +44,7 @@ TORCHTITAN: Final[dict[str, str | None]] = {
 TORCHTITAN_SCHEDULES: Final = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B",
                                "zb": "InterleavedZeroBubble"}
 TORCHTITAN_RESHARD: Final = {"zero3": "always", "zero3_keep": "never"}
-TORCHTITAN_CP_ROTATE: Final = {"ring": "allgather"}
+TORCHTITAN_CP_ROTATE: Final = {"allgather": "allgather", "alltoall": "alltoall"}  # the plan's cp_rotate
 TORCHTITAN_FLOAT8: Final = "float8"
 TORCHTITAN_FQN: Final = {"embedding": ["tok_embeddings"], "block": "layers.{i}", "head": ["norm", "output"]}
 
@@ -100,7 +100,8 @@ MEGATRON: Final[dict[str, str | None]] = {
 }
 MEGATRON_NORM: Final = {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}
 MEGATRON_POSITION: Final = {"rope": "rope", "learned": "learned_absolute", "none": "none"}
-MEGATRON_CP_COMM: Final = {"ring": "p2p", "ulysses": "a2a"}
+#: (cp_mode, cp_rotate) -> --cp-comm-type (a Ulysses plan's rotate is unused: allgather)
+MEGATRON_CP_COMM: Final = {("ring", "allgather"): "all_gather", ("ring", "alltoall"): "p2p", ("ulysses", "allgather"): "a2a"}
 MEGATRON_FP8_FORMAT: Final = "hybrid"
 
 # ---- DeepSpeed: config JSON -----------------------------------------------------------------------

@@ -157,7 +157,7 @@ def render(n: Nearest, s: Strategy, cost: str) -> str:
             flags.append((K["last_stage_layers"], n.extra["first_last"][1]))
     flags += [(K["cp"], m.cp)]
     if m.cp > 1:
-        flags.append((K["cp_comm"], MEGATRON_CP_COMM[s.cp_mode]))
+        flags.append((K["cp_comm"], MEGATRON_CP_COMM[(s.cp_mode, s.cp_rotate if s.cp_mode == "ring" else "allgather")]))
     flags += [(K["ep"], m.ep), (K["sp"], True if s.sequence_parallel else None)]
     shard = n.values("sharding")[0] if n.units else s.default.sharding
     if shard == "zero1":

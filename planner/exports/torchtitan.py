@@ -89,7 +89,7 @@ def render(n: Nearest, s: Strategy, cost: str) -> str:
                 (K["fqns_per_part"], fqns_per_part(s, len(n.blocks)))]
     par += [(K["cp"], m.cp)]
     if m.cp > 1:
-        par.append((K["cp_rotate"], TORCHTITAN_CP_ROTATE[s.cp_mode]))
+        par.append((K["cp_rotate"], TORCHTITAN_CP_ROTATE[s.cp_rotate]))
     par.append((K["ep"], m.ep))
     rec = {s.for_unit(u).recompute for u in n.blocks} - {"none"}
     if "ac_every" in n.extra:

@@ -6,8 +6,8 @@ megatron-core's pinned release does not know is an error. Read: ``--seq-length``
 bf16 with ``--bf16`` or ``--fp16``, else fp32. The mesh: ``--tensor-model-parallel-size``,
 ``--pipeline-model-parallel-size``, ``--context-parallel-size``, ``--expert-model-parallel-size``, the
 data-parallel ranks ``world / (tp*pp*cp)`` all sharded, or ``--num-distributed-optimizer-instances N``
-replicas of ``dp / N``. ``--sequence-parallel`` (off when tp = 1); ``--cp-comm-type`` p2p (ring) or a2a
-(Ulysses). Interleaved 1F1B with ``--num-layers-per-virtual-pipeline-stage L``: ``vpp = layers / (pp*L)``;
+replicas of ``dp / N``. ``--sequence-parallel`` (off when tp = 1); ``--cp-comm-type`` p2p (ring, K/V passed round
+it: ``cp_rotate`` alltoall), all_gather (ring, K/V all-gathered) or a2a (Ulysses). Interleaved 1F1B with ``--num-layers-per-virtual-pipeline-stage L``: ``vpp = layers / (pp*L)``;
 else 1F1B, with ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers`` (the
 other stages share the rest evenly). ZeRO-1 with ``--use-distributed-optimizer``, DDP otherwise;
 ``--optimizer-cpu-offload`` (fraction 1.0) offloads the optimizer. Blocks only recompute:
@@ -150,7 +150,7 @@ def strategy(doc: Doc, ctx: Context) -> dict[str, Any]:
     comm = _str(doc, "cp_comm", o) or "p2p"
     if comm not in CP_MODES:
         raise ConfigError(f"{o}: {_key('cp_comm')} {comm!r} is not priced; accepted: {', '.join(CP_MODES)}")
-    fields["cp_mode"] = CP_MODES[comm]
+    fields["cp_mode"], fields["cp_rotate"] = CP_MODES[comm]
     _pipeline(doc, fields, ctx)
     offload = _on(doc, "optimizer_offload", o)
     if offload and not dist_opt:

@@ -81,8 +81,10 @@ def strategy(doc: dict[str, Any], ctx: Context) -> dict[str, Any]:
                               "sequence_parallel": tp > 1}
     if cp > 1:
         rotate = par.get(str(K["cp_rotate"]), "allgather")
-        if rotate not in TORCHTITAN_CP_ROTATE.values():
-            raise ConfigError(f"{o}: context_parallel_rotate_method {rotate!r} is not priced (allgather is)")
+        methods = {v: k for k, v in TORCHTITAN_CP_ROTATE.items()}
+        if rotate not in methods:
+            raise ConfigError(f"{o}: context_parallel_rotate_method {rotate!r} is not one of {', '.join(methods)}")
+        fields["cp_rotate"] = methods[rotate]
     local = count(_get(doc, "training", "local_batch", 8), "training.local_batch_size", o)
     if _get(doc, "training", "global_batch", -1) == -1:
         fields["global_batch"] = local * dpr * dps
