@@ -69,8 +69,8 @@ class KnownKeysError(ShardplanError):
     def __init__(self, name: str, config: dict[str, Any]):
         mtype = config.get("model_type") or "?"
         super().__init__(
-            f"config '{name}': model_type '{mtype}' is not a known key set (gpt2, llama, mistral, "
-            "mixtral, qwen2, qwen3, qwen3_moe); with transformers installed any architecture it knows is traced"
+            f"config '{name}': model_type '{mtype}' is not a known key set (gpt2, {', '.join(_LLAMA_TYPES)}); "
+            "with transformers installed any architecture it knows is traced"
         )
         self.name, self.config = name, config
 
@@ -153,7 +153,9 @@ def config_from_hf(d: dict[str, Any], name: str = "hf-model") -> TransformerConf
     if raw_type is not None and not isinstance(raw_type, str):
         raise ShardplanError(f"config '{name}': model_type must be a string, got {raw_type!r}"[:200])
     mtype = str(raw_type).lower()
-    if mtype == "gpt2" or "n_embd" in d:
+    # a key set alone decides only where model_type is missing: a type read by the wrong key set
+    # (Gemma-2 read as Llama) would price another model
+    if mtype == "gpt2" or (not mtype and "n_embd" in d):
         _check_keys(d, _GPT2Keys, name, mtype)
         _divides(d, name, "n_head", "n_embd")
         h = int(d["n_embd"])
@@ -165,7 +167,7 @@ def config_from_hf(d: dict[str, Any], name: str = "hf-model") -> TransformerConf
             tied_embeddings=bool(d.get("tie_word_embeddings", True)),
             dropout=float(_get(d, "resid_pdrop", default=0.0)), attention_impl="eager",
         )
-    if mtype in _LLAMA_TYPES or "num_key_value_heads" in d:
+    if mtype in _LLAMA_TYPES or (not mtype and "num_key_value_heads" in d):
         _check_keys(d, _LlamaKeys, name, mtype)
         if _get(d, "head_dim") is None:
             _divides(d, name, "num_attention_heads", "hidden_size", "; give head_dim")

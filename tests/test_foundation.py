@@ -87,6 +87,11 @@ def test_bad_configs_get_clear_errors() -> None:
         config_from_hf({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4})
     with pytest.raises(ShardplanError, match="not a known key set"):
         config_from_hf({"model_type": "t5"})
+    # a Gemma-2 config has Llama's keys, but not its layers: never read as Llama (9.24 B, not 10.16 B)
+    gemma2 = {"model_type": "gemma2", "hidden_size": 3584, "intermediate_size": 14336, "num_hidden_layers": 42,
+              "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256, "vocab_size": 256000}
+    with pytest.raises(ShardplanError, match="model_type 'gemma2' is not a known key set"):
+        config_from_hf(gemma2)
     with pytest.raises(ShardplanError, match="heads 6 is not divisible by kv_heads 4"):
         resolve_config({"layers": 2, "hidden": 48, "heads": 6, "kv_heads": 4, "vocab": 10})
     with pytest.raises(UnknownNameError, match="Did you mean: llama3-8b"):

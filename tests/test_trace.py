@@ -8,7 +8,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from profiler.models import config_from_hf
+from profiler.models import config_from_hf, load_model
 from profiler.trace import EXTRA_FLOP_FORMULAS, trace_module
 from profiler.trace_factories import hf_inputs, trace_factory, trace_hf_config
 from profiler.transformer import build_graph
@@ -155,6 +155,19 @@ def test_trace_hf_config_errors() -> None:
 
 
 # ---- factories and plain modules ---------------------------------------------------------------
+
+def test_a_config_of_another_type_is_traced_not_read_as_llama() -> None:
+    """Gemma-2 (tied embeddings, its own head_dim, extra norms): the traced graph holds what
+    transformers builds."""
+    import transformers
+
+    cfg = {"model_type": "gemma2", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 256,
+           "max_position_embeddings": 64, "tie_word_embeddings": True}
+    with torch.device("meta"):
+        want = transformers.Gemma2ForCausalLM(transformers.Gemma2Config(**cfg)).num_parameters()
+    assert load_model(cfg, 16).total_params == want
+
 
 def test_tiny_mlp_factory_exact() -> None:
     graph = trace_factory("tests.fixtures_models:tiny_mlp", seq_len=S)
