@@ -160,7 +160,11 @@ def _data_parallel(sg: StateGroup, sharding: str, offload: str, grp: AxisGroup, 
     n_mb = cfg.num_microbatches(w.global_batch)
     out["accumulate"] = accumulate_time(dev, grads_on_device, n_mb)
     local_opt = params / o_div
-    if on_host:  # Adam on the host; gradients down, parameters up
+    if offload == "params":  # FSDP2's CPU offload: every gather copies the shard up, every backward sends its gradient down
+        per_mb = params / p_div * pb * (1 if keep else 2) + params / g_div * GRAD_REDUCE_BYTES
+        out["offload"] = _each(dev.host_time, per_mb) * n_mb * (1 - c.dp_overlap)
+        out["optim"] = local_opt * HOST_ADAM_STATE_BYTES / c.host_adam_bytes_per_s
+    elif on_host:  # ZeRO-Offload: Adam on the host; the accumulated gradients down, parameters up, once a step
         out["offload"] = _each(dev.host_time, local_opt * (GRAD_REDUCE_BYTES + GATHER_BYTES)) * (1 - c.dp_overlap)
         out["optim"] = local_opt * HOST_ADAM_STATE_BYTES / c.host_adam_bytes_per_s
     else:
