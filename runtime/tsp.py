@@ -10,8 +10,9 @@ transformer training & inference").
   computes with is sent on to the next rank while the next one arrives from the previous rank, so a
   rank holds two shards of the operator in flight (its own parameter aside). Each step's exchange
   is one batch of point-to-point sends and receives posted after the step's compute: the traffic
-  and the buffers are the overlapped schedule's, the overlap itself is not there yet. Projections whose
-  output feeds attention or the MLP activation (Q/K/V, MLP up, the LM head, the embeddings) hold
+  and the buffers are the overlapped schedule's, the overlap itself is not there yet.
+  Projections whose output feeds attention or the MLP activation (Q/K/V, MLP up, the LM head, the
+  embeddings) hold
   *rows*: each step computes one block of output features. The output and MLP-down projections
   hold *columns* (input features): each step multiplies its block of the input and accumulates
   the partial sum locally. Norm weights hold a block of the hidden features each.
