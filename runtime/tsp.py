@@ -12,10 +12,10 @@ transformer training & inference").
   is one batch of point-to-point sends and receives posted after the step's compute: the traffic
   and the buffers are the overlapped schedule's, the overlap itself is not there yet.
   Projections whose output feeds attention or the MLP activation (Q/K/V, MLP up, the LM head, the
-  embeddings) hold
-  *rows*: each step computes one block of output features. The output and MLP-down projections
-  hold *columns* (input features): each step multiplies its block of the input and accumulates
-  the partial sum locally. Norm weights hold a block of the hidden features each.
+  embeddings) hold *rows*: each step computes one block of output features. The output and
+  MLP-down projections hold *columns* (input features): each step multiplies its block of the
+  input and accumulates the partial sum locally. Norm weights hold a block of the hidden features
+  each.
 * **Backward** streams the shards round the ring once more, the other way, and with each shard
   its gradient accumulator, which every rank adds its tokens' contribution to (in fp32) until it
   arrives home: ``D-1`` hops for each, the traffic of an all-gather and a reduce-scatter. A rank
