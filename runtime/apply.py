@@ -45,7 +45,7 @@ from runtime.pipeline import (
 )
 from runtime.sharding import shard
 from runtime.tsp import TspGroup, apply_tsp
-from runtime.units import COLUMN_PARALLEL, resolve, split_targets, unit_of
+from runtime.units import resolve, slice_interleave, split_targets, unit_of
 from runtime.validate import check
 from runtime.zero import ReplicatedParams, local
 from vocab.errors import ShardplanError
@@ -240,9 +240,8 @@ def moe_blocks(model: nn.Module) -> list[nn.Module]:
 def _splits(ad: ModelAdapter, stage: nn.Module, strategy: Strategy) -> list[tuple[str, int]]:
     """Split the plan's operators of ``stage`` (OSDP); a tied head follows its table's split."""
     targets = split_targets(ad, strategy, stage)
-    megatron = strategy.mesh.tp if strategy.tp_mode == "megatron" else 1
     for path, k in targets:
-        splitting.split_module(stage, path, k, megatron if path.endswith(COLUMN_PARALLEL) else 1)
+        splitting.split_module(stage, path, k, slice_interleave(strategy, path))
     k = resolve(strategy, "embed.tok").split
     if ad.tied and k > 1 and getattr(stage, "head", None) is not None:
         splitting.split_tied_head(stage, k)

@@ -72,12 +72,11 @@ class ContextShard:
     size: int
     mode: str = "ring"  # or "ulysses"
     rotate: str = "allgather"  # ring only: "allgather" or "alltoall" (point to point)
+    gathered: int = 0  # elements of K/V the all-gather rotation received (whole sequences)
 
     def positions(self, local_len: int, device: Any = None) -> torch.Tensor:
         """Global positions of this rank's ``local_len`` tokens."""
         return zigzag_index(local_len * self.size, self.rank, self.size, device)
-
-    gathered: int = 0  # elements of K/V the all-gather rotation received (whole sequences)
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Causal attention of the local queries over the whole sequence; (batch, heads, tokens, dim)

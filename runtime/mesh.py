@@ -178,7 +178,7 @@ def wrap_mesh(mesh: DeviceMesh | RuntimeMesh, plan_mesh: Mesh, tsp: bool = False
         if tuple(mesh.mesh_dim_names or ()) != MESH_AXES:
             raise ShardplanError(f"the mesh must have the axes {MESH_AXES} (size-1 ones included), "
                                  f"not {mesh.mesh_dim_names}")
-        rt = RuntimeMesh(mesh=mesh, sizes=dict(zip(MESH_AXES, mesh.shape, strict=True)), ep=plan_mesh.ep, tsp=tsp)
+        rt = RuntimeMesh(mesh=mesh, sizes=dict(zip(MESH_AXES, mesh.shape, strict=True)), ep=plan_mesh.ep)
     if rt.sizes != plan_mesh.axes():
         raise ShardplanError(f"the given mesh {rt.sizes} is not the plan's {plan_mesh.axes()}")
     if rt.ep != plan_mesh.ep:

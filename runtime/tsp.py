@@ -32,6 +32,7 @@ parallelism then average it as usual). :class:`RingStats` counts what the rings 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -266,16 +267,13 @@ def _pack(ts: list[torch.Tensor], dtype: torch.dtype | None = None) -> torch.Ten
 def _unpack(buf: torch.Tensor, shapes: list[tuple[int, ...]]) -> list[torch.Tensor]:
     out, at = [], 0
     for s in shapes:
-        n = 1
-        for d in s:
-            n *= d
-        out.append(buf[at : at + n].view(s))
-        at += n
+        out.append(buf[at : at + math.prod(s)].view(s))
+        at += math.prod(s)
     return out
 
 
 def _numel(shapes: list[tuple[int, ...]]) -> int:
-    return sum(int(torch.Size(s).numel()) for s in shapes)
+    return sum(math.prod(s) for s in shapes)
 
 
 def _exchange(tg: TspGroup, sends: list[tuple[torch.Tensor, int, int]], recvs: list[tuple[torch.Tensor, int, int]]) -> None:

@@ -65,6 +65,12 @@ BLOCK_SPLITS = ("attn.qkv", "attn.out", "mlp.up", "mlp.down")
 COLUMN_PARALLEL = ("attn.qkv", "mlp.up", "head")
 
 
+def slice_interleave(strategy: Strategy, path: str) -> int:
+    """Over how many tensor-parallel ranks the OSDP slices of the Linear at ``path`` interleave
+    their rows: ``tp`` for a column-parallel layer under Megatron TP, else 1."""
+    return strategy.mesh.tp if strategy.tp_mode == "megatron" and path.endswith(COLUMN_PARALLEL) else 1
+
+
 def split_targets(ad: ModelAdapter, strategy: Strategy, root: nn.Module | None = None) -> list[tuple[str, int]]:
     """(module path, k) for every operator the plan splits ``k > 1`` ways, present in ``root``."""
     root = root if root is not None else ad.model

@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from runtime.adapters import ModelAdapter
-from runtime.units import COLUMN_PARALLEL, resolve, split_targets
+from runtime.units import resolve, slice_interleave, split_targets
 from vocab.errors import ShardplanError
 from vocab.strategy import Strategy
 
@@ -20,20 +20,20 @@ def _split_problems(ad: ModelAdapter, strategy: Strategy) -> list[str]:
         return []
     if ad.kind != "reference":
         return [f"operator splitting ({targets[0][0]}, split={targets[0][1]}) is implemented for the reference model only"]
-    megatron = strategy.mesh.tp if strategy.tp_mode == "megatron" else 1
     out = []
     for path, k in targets:
         mod = ad.get(path)
         if isinstance(mod, nn.Embedding):
             width, ways = mod.embedding_dim, k
         elif isinstance(mod, nn.Linear):
-            width, ways = mod.out_features, k * (megatron if path.endswith(COLUMN_PARALLEL) else 1)
+            width, ways = mod.out_features, k * slice_interleave(strategy, path)
         else:
             out.append(f"operator '{path}' is a {type(mod).__name__}, which cannot be split (only Linear, Embedding)")
             continue
         if width % ways:
             out.append(f"operator '{path}': width {width} is not divisible by split={k}"
-                       + (f" x tp={megatron} (column-parallel slices hold a part of every rank's rows)" if ways != k else ""))
+                       + (f" x tp={ways // k} (column-parallel slices hold a part of every rank's rows)"
+                          if ways != k else ""))
     return out
 
 
