@@ -30,14 +30,26 @@ def _pct(x: float | None) -> str:
 
 
 def table(title: str, sums: list[Summary], overall: Summary | None = None) -> str:
-    lines = [title, f"{'source':44s} {'rows':>4s} {'median':>6s} {'p90':>6s} {'rho':>6s} {'mem':>4s} "
-                    f"{'memmed':>6s}  targets"]
+    lines = [title, f"{'source':44s} {'rows':>4s} {'median':>6s} {'p90':>6s} {'bias':>6s} {'rho':>6s} "
+                    f"{'sweep':>9s} {'nofit':>5s} {'mem':>4s} {'memmed':>6s}  targets"]
     for s in [*sums, *([overall] if overall else [])]:
         rho = "     -" if s.spearman is None else f"{s.spearman:6.3f}"
+        sweep = f"{round(s.sweep_ordered * s.sweep_pairs):4d}/{s.sweep_pairs:<4d}" if s.sweep_pairs else "        -"
         ok = {True: "met", False: "MISSED", None: "-"}[s.meets_targets] if s is not overall else ""
-        lines.append(f"{source_label(s.source):44s} {s.rows:4d} {_pct(s.median_ape)} {_pct(s.p90_ape)} {rho} "
-                     f"{s.memory_rows:4d} {_pct(s.memory_median_ape)}  {ok}")
+        lines.append(f"{source_label(s.source):44s} {s.rows:4d} {_pct(s.median_ape)} {_pct(s.p90_ape)} "
+                     f"{_signed(s.bias)} {rho} {sweep} {len(s.misfits):5d} {s.memory_rows:4d} "
+                     f"{_pct(s.memory_median_ape)}  {ok}")
     return "\n".join(lines)
+
+
+def _signed(x: float | None) -> str:
+    return "     -" if x is None else f"{100 * x:+5.1f}%"
+
+
+def misfit_lines(sums: list[Summary]) -> list[str]:
+    """The published runs predicted not to fit, per source."""
+    out = [f"  {source_label(s.source)}: {m}" for s in sums for m in s.misfits]
+    return ["runs that ran but are predicted not to fit (peak of the worst rank, capacity):", *out] if out else []
 
 
 def main() -> int:
@@ -72,7 +84,8 @@ def main() -> int:
         out["leave_one_source_out"] = {"sources": [s.to_dict() for s in held], "overall": loso_all.to_dict()}
         text += ["", table("3. leave-one-source-out (each source predicted by constants fitted on the others)",
                            held, loso_all)]
-    text += ["", f"skipped rows: {len(fitted.skipped)} (see `shardplan validate` for the reasons)"]
+    text += ["", *misfit_lines(fitted.sources),
+             "", f"skipped rows: {len(fitted.skipped)} (see `shardplan validate` for the reasons)"]
     if args.json:
         print(json.dumps(out, indent=2, sort_keys=True, default=str))
     else:

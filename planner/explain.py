@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from costmodel.validate import caveats
 from planner.compare import describe_diff, describe_run, diff_strategies, label_units, runs
 from planner.reprice import (
     device_gib,
@@ -172,6 +173,7 @@ def explain_data(plan: Plan) -> dict[str, Any]:
         "solver": plan.solver.model_dump(),
         "runner_up": runner_up(plan, units),
         "alternatives": len(plan.alternatives),
+        "caveats": caveats(w.seq_len, plan.strategy.mesh.cp),
     }
 
 
@@ -203,6 +205,8 @@ def render_explain(d: dict[str, Any], console: Console) -> None:
                   f"{p['mfu']:.1%}  |  peak {p['memory_peak_gib']:.1f} / {p['memory_limit_gib']:.1f} GiB {fit} "
                   f"({escape(p['headroom'])})")
     console.print(f"[bold]target[/] {escape(target_line(d['target']))}", highlight=False)
+    for note in d["caveats"]:
+        console.print(f"[yellow]caveat[/] {escape(note)}", highlight=False)
     mesh = d["mesh"]
     t = Table(title=f"mesh: {mesh['world_size']} GPUs, scale-up domain {mesh['scale_up_domain']} GPUs")
     for col in ("axis", "size", "role", "rank stride", "placement", "first group"):

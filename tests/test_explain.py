@@ -194,3 +194,18 @@ def test_bad_plan_is_one_clear_error(case: str, tmp_path: Path, plan_file: Path)
 def test_compare_needs_two_plans(plan_file: Path) -> None:
     r = runner.invoke(app, ["compare", str(plan_file)])
     assert r.exit_code == 2 and "at least two plans" in r.output
+
+
+def test_explain_flags_context_parallelism_below_the_validated_length(tmp_path: Path, wide: None) -> None:
+    """cp=8 over 8,192 tokens leaves 1,024 per rank, below the 4,096 the published runs validate; cp=2 does not."""
+    from costmodel.published import load_published
+    from costmodel.validate import VALIDATED_CP_TOKENS
+
+    rows, _ = load_published()
+    assert VALIDATED_CP_TOKENS == min(r.workload.seq_len // r.strategy.mesh.cp for r in rows if r.strategy.mesh.cp > 1)
+    short = {"mesh": {"cp": 8, "dp_shard": 2}, "default": {"sharding": "zero3"}}
+    make_plan(short, seq_len=8192, global_batch=2).save(tmp_path / "cp8.json")
+    r = runner.invoke(app, ["explain", str(tmp_path / "cp8.json")])
+    assert r.exit_code == 0 and "caveat context parallelism at 1,024 tokens per rank" in r.output
+    long = {"mesh": {"cp": 2, "dp_shard": 8}, "default": {"sharding": "zero3"}}
+    assert explain_data(make_plan(long, seq_len=8192, global_batch=8))["caveats"] == []

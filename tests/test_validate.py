@@ -15,7 +15,16 @@ from costmodel.device import DeviceModel
 from costmodel.estimate import estimate
 from costmodel.fit import _multi_start, fit_memory, fit_time, levenberg_marquardt
 from costmodel.published import COLUMNS, PublishedRow, Skipped, load_published
-from costmodel.validate import estimate_row, graph_of, predict, spearman, summarize, validate
+from costmodel.validate import (
+    Prediction,
+    estimate_row,
+    graph_of,
+    predict,
+    spearman,
+    summarize,
+    sweep_pairs,
+    validate,
+)
 from planner.cli import app
 from vocab.errors import ShardplanError
 
@@ -187,3 +196,23 @@ def test_levenberg_marquardt_on_a_bounded_quadratic() -> None:
                                      {"a": 0.9, "b": 0.2}, {"a": (0.0, 1.0), "b": (0.0, 2.0)})
     assert best["a"] == pytest.approx(0.3, abs=1e-3) and best["b"] == pytest.approx(1.5, abs=1e-3)
     assert cost < 1e-6
+
+
+def _pred(row: PublishedRow, pub: float, pred: float, memory: float = 10.0) -> Prediction:
+    return Prediction(row, pred, pub, pred, memory, 80.0)
+
+
+def test_sweeps_bias_and_misfits(tmp_path: Path) -> None:
+    """Pairs of one sweep whose published throughputs differ by more than 5% count, ordered or not;
+    the bias is the median signed step-time error (positive: predicted too slow); a run predicted
+    above the device's memory is listed."""
+    rows, _ = load_published(_csv(tmp_path / "r.csv", [MPT, {**MPT, "micro_batch": "16"},
+                                                       {**MPT, "micro_batch": "8"}]))
+    a, b, c = rows
+    runs = {1: [_pred(a, 100.0, 90.0)], 2: [_pred(b, 110.0, 95.0)], 3: [_pred(c, 106.0, 99.0, memory=81.0)]}
+    assert sweep_pairs(runs) == (2, 2)  # 106 vs 110 is within 5%; the two other pairs are ordered
+    runs[2] = [_pred(b, 110.0, 85.0)]
+    assert sweep_pairs(runs) == (2, 1)
+    s = summarize("x", [p for ps in runs.values() for p in ps])
+    assert s.bias == pytest.approx(100 / 90 - 1) and len(s.misfits) == 1 and "81.0 of 80.0 GiB" in s.misfits[0]
+    assert s.sweep_pairs == 2 and s.sweep_ordered == 0.5
