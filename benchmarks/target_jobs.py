@@ -52,10 +52,12 @@ EXPERT: dict[str, tuple[str, dict[str, Any], str]] = {
                          "default": {"sharding": "zero1"}},
             "NVIDIA NeMo performance summary (24.07), Llama 3 70B pretraining: TP4 PP4 CP2 VP5, mb 1 "
             "(shared/calibration/published_runs.csv)"),
-    "405b": ("torchtitan", {"mesh": {"tp": 8, "pp": 16, "dp_shard": 128}, "micro_batch": 1, "schedule": "1f1b",
-                            "sequence_parallel": True, "default": {"sharding": "zero3_keep"}},
+    "405b": ("torchtitan", {"mesh": {"tp": 8, "pp": 16, "dp_shard": 128}, "micro_batch": 1,
+                            "schedule": "interleaved", "vpp": 2, "sequence_parallel": True,
+                            "default": {"sharding": "zero3_keep"}},
              "Llama 3 paper (arXiv 2407.21783), Table 4: TP8 CP1 PP16 DP128 on 16,384 H100, 8K sequences, "
-             "FSDP without resharding after forward"),
+             "FSDP without resharding after forward, interleaved schedule (section 3.3.2; 2 stages per rank "
+             "assumed)"),
     "175b": ("megatron", {"mesh": {"tp": 8, "pp": 16, "dp_shard": 8}, "micro_batch": 1, "schedule": "1f1b",
                           "sequence_parallel": False, "default": {"sharding": "replicate", "recompute": "full"}},
              "Narayanan et al. 2021 (arXiv 2104.04473), Table 1: GPT-3 175B on 1,024 A100, TP8 PP16, batch 1536, "
@@ -115,7 +117,7 @@ def expert(job: str) -> dict[str, Any]:
     return {"job": job, "target": target, "mesh": _mesh(p.strategy), "step": pred["step_time_s"],
             "mem": pred["memory_peak_gib"], "limit": pred["memory_limit_gib"], "fits": pred["fits"],
             "lacks": "; ".join(missing) or "-", "source": source,
-            "worst": f"stage {worst['stage']}: {parts} GiB"}
+            "worst": f"stage {worst['stage']}: {parts} GiB", "plan": p}
 
 
 def main() -> None:
