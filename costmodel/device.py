@@ -102,8 +102,11 @@ class DeviceModel:
         """Achieved forward FLOP/s of the flash-attention ``kernel`` in training."""
         return self.acc.peak_flops("bf16") * self.acc.attention_fraction(kernel) * self.c.attention_efficiency
 
-    def attention_time(self, flops: float, causal: bool, backward: bool = False, kernel: str = "auto") -> float:
-        """Flash-attention seconds for ``flops`` model FLOPs (full count, halved if causal)."""
+    def attention_time(self, flops: float, causal: bool, backward: bool = False, kernel: str = "auto",
+                       shape: tuple[float, float] | None = None) -> float:
+        """Flash-attention seconds for ``flops`` model FLOPs (full count, halved if causal);
+        ``shape`` (query tokens per rank, head dim) prices the kernel's shape
+        (:func:`attention_shape_factor`) on spec sheets."""
         if flops <= 0:
             return 0.0
         work = flops * (0.5 if causal else 1.0)
@@ -111,7 +114,10 @@ class DeviceModel:
             if backward:  # the measured backward rate counts 2x the forward FLOPs
                 return 2 * work / (self.profile.attention_flops_per_s(flops, phase="bwd") * self.share)
             return work / (self.profile.attention_flops_per_s(flops, phase="fwd") * self.share)
-        t = work / self.attention_rate(kernel) + self.c.gemm_overhead_s
+        rate = self.attention_rate(kernel)
+        if shape is not None:
+            rate *= attention_shape_factor(self.acc.attention_kernel(kernel), shape[0], shape[1], causal)
+        t = work / rate + self.c.gemm_overhead_s
         return t * (self.c.attention_bwd_ratio if backward else 1.0)
 
     def memory_time(self, nbytes: float, op: str = "elementwise", backward: bool = False) -> float:
@@ -123,6 +129,18 @@ class DeviceModel:
             return t * self.profile.bwd_fwd_ratio(op) if backward else t
         t = nbytes / (self.acc.hbm_tbps * 1e12 * self.c.memory_efficiency)
         return 2 * t if backward else t
+
+    def kernel_times(self, nbytes: float, op: str, traffic: tuple[float, float]) -> tuple[float, float]:
+        """(forward, backward) seconds of a bandwidth-bound operator of ``nbytes`` minimal forward
+        traffic whose kernels move ``traffic`` times that each way (:func:`costmodel.kernels.traffic`),
+        streamed at ``memory_efficiency`` of the HBM bandwidth; a measured profile prices the
+        kernels the host ran instead (its bandwidth and backward ratio for ``op``)."""
+        if nbytes <= 0:
+            return 0.0, 0.0
+        if self.measured("bandwidth"):
+            return self.memory_time(nbytes, op), self.memory_time(nbytes, op, backward=True)
+        rate = self.acc.hbm_tbps * 1e12 * self.c.memory_efficiency
+        return nbytes * traffic[0] / rate, nbytes * traffic[1] / rate
 
     def embedding_backward_time(self, nbytes: float, table_bytes: float) -> float:
         """Seconds of an embedding's backward whose forward moves ``nbytes``, over a table of
@@ -245,6 +263,31 @@ class DeviceModel:
                 multi = (lat, np.maximum(intra, inter))  # bytes >= 0: max(a·x, b·x) = max(a, b)·x
             one = m == 1
             return np.where(one, single[0], multi[0]), np.where(one, single[1], multi[1])
+
+
+#: a flash kernel's throughput by head dim, over its throughput at 128 (the dim its tiles are
+#: tuned for; the accelerator files' efficiencies are at 128): a smaller head dim halves the work
+#: per K/V tile loaded. Read off the kernels' papers: FlashAttention-2 (Dao, 2023, figures 4-6,
+#: A100: head dim 64 at about 0.9 of 128), FlashAttention-3 (Shah et al., 2024, figures 5-6, H100:
+#: 64 at about 0.7 of 128, 256 a little above it).
+HEAD_DIM_FACTOR = {"flash2": ((64, 0.88), (128, 1.0), (256, 1.0)),
+                   "flash3": ((64, 0.72), (128, 1.0), (256, 1.08))}
+#: query and key rows per tile of a flash kernel: a causal kernel computes whole tiles on the diagonal
+FLASH_TILE = 128
+
+
+def attention_shape_factor(kernel: str, tokens: float, head_dim: float, causal: bool) -> float:
+    """Throughput of a flash kernel at ``tokens`` query tokens per rank and ``head_dim``, over its
+    throughput on long sequences at head dim 128: the head-dim curve (:data:`HEAD_DIM_FACTOR`,
+    interpolated in log2 of the dim), and, when causal, the diagonal tiles computed whole: with
+    ``n`` tiles of :data:`FLASH_TILE` rows, ``n(n+1)/2`` tiles for ``n²/2`` tiles of useful work."""
+    pts = HEAD_DIM_FACTOR.get(kernel, HEAD_DIM_FACTOR["flash2"])
+    xs = [np.log2(d) for d, _ in pts]
+    f = float(np.interp(np.log2(max(head_dim, 1.0)), xs, [v for _, v in pts]))
+    if causal and tokens > 0:
+        n = max(tokens / FLASH_TILE, 1.0)
+        f *= n / (n + 1.0)
+    return f
 
 
 def _per_size(n: np.ndarray, fn: Any) -> np.ndarray:

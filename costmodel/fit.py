@@ -33,12 +33,14 @@ from vocab.errors import ShardplanError
 TIME_BOUNDS: dict[str, tuple[float, float]] = {
     "gemm_scale": (0.3, 1.2),
     "attention_efficiency": (0.1, 1.5),
-    "memory_efficiency": (0.05, 1.0),
     "fp8_gemm_speedup": (1.0, 2.0),
     "tp_overlap": (0.0, 0.95),
     "step_overhead_s": (0.0, 2.0),
     "comm_interference": (0.0, 0.9),
 }
+#: ``memory_efficiency`` is not fitted either: it is a streaming kernel's fraction of HBM bandwidth, and
+#: what the old fitted value (0.27) absorbed is the kernels' extra passes, which ``costmodel.kernels``
+#: now counts.
 #: Fitted per accelerator when enough runs measured it. Attention and memory efficiencies are already
 #: relative to the accelerator's GEMM rate and HBM bandwidth; fitting them per accelerator as well
 #: made held-out sources worse (leave-one-source-out), so they stay global.

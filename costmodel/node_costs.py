@@ -10,6 +10,7 @@ import numpy as np
 from costmodel.configs import ConfigArrays
 from costmodel.device import DeviceModel
 from costmodel.host import with_dtensor
+from costmodel.kernels import traffic
 from profiler.graph import LayerNode
 from vocab.strategy import Workload
 
@@ -99,14 +100,18 @@ def embedding_table_bytes(n: LayerNode, tdiv: float, precision: str) -> float:
     return (table / tdiv + (n.params - table)) * 2 * act_width(None, precision)
 
 
-def attention_times(n: LayerNode, dev: DeviceModel, flops: float, nbytes: float, prec: str, kernel: str
-                    ) -> tuple[float, float]:
-    """Flash attention at the kernel's rate; eager attention as two batched GEMMs over the whole
-    score matrix (nothing skipped when causal) plus the bandwidth-bound passes over the scores."""
+def attention_times(n: LayerNode, dev: DeviceModel, flops: float, nbytes: float, prec: str, kernel: str,
+                    cp: float = 1.0) -> tuple[float, float]:
+    """Flash attention at the kernel's rate for its shape (query tokens per rank: the sequence over
+    the ``cp`` ranks; head dim); eager attention as two batched GEMMs over the whole score matrix
+    (nothing skipped when causal) plus the bandwidth-bound passes over the scores."""
     if n.dims.get("eager"):
         return (dev.gemm_time(flops, prec) + dev.memory_time(nbytes, "softmax"),
                 dev.gemm_time(flops, prec, backward=True) + dev.memory_time(nbytes, "softmax", backward=True))
-    return dev.attention_time(flops, n.causal, kernel=kernel), dev.attention_time(flops, n.causal, True, kernel)
+    seq, hd = float(n.dims.get("seq", 0)), float(n.dims.get("head_dim", 0))
+    shape = (seq / cp, hd) if seq and hd else None
+    return (dev.attention_time(flops, n.causal, kernel=kernel, shape=shape),
+            dev.attention_time(flops, n.causal, True, kernel, shape=shape))
 
 
 def _one_shape(n: LayerNode, dev: DeviceModel, sc: float, cl: float, td: float, w: Workload) -> tuple[float, float]:
@@ -121,12 +126,12 @@ def _one_shape(n: LayerNode, dev: DeviceModel, sc: float, cl: float, td: float, 
         return (dev.gemm_time(flops / cl, prec, cl, shape=shape),
                 dev.gemm_time(flops / cl, prec, cl, backward=True, shape=shape))
     if n.kind == "attention":
-        return attention_times(n, dev, flops, n.mem_bytes * sc * act_width(n, prec), prec, w.attention_kernel)
+        return attention_times(n, dev, flops, n.mem_bytes * sc * act_width(n, prec), prec, w.attention_kernel, cl)
     op = MEMORY_OPS.get(n.kind, "elementwise")
     nbytes = n.mem_bytes * sc * traffic_width(n, prec)
     if n.kind == "embedding":
         return dev.memory_time(nbytes, op), dev.embedding_backward_time(nbytes, embedding_table_bytes(n, td, prec))
-    return dev.memory_time(nbytes, op), dev.memory_time(nbytes, op, backward=True)
+    return dev.kernel_times(nbytes, op, traffic(n, w.kernels, w.cross_entropy))
 
 
 def node_times(n: LayerNode, dev: DeviceModel, cfg: ConfigArrays, w: Workload, tdiv: Any = None,
@@ -137,6 +142,8 @@ def node_times(n: LayerNode, dev: DeviceModel, cfg: ConfigArrays, w: Workload, t
     tdiv = tp_divisor(n, cfg) if tdiv is None else tdiv
     scale = cfg.micro_batch / cfg.cp / tdiv
     calls = np.full(cfg.size, float(split))
+    if n.kind == "attention":  # one call; its query length is the sequence over the cp ranks
+        calls = cfg.cp.astype(float)
     if n.kind == "experts":
         calls = np.maximum(1.0, n.dims.get("experts", 1) / cfg.ep) * split
     if cfg.size == 1:  # one configuration: nothing to share

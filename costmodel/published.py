@@ -55,11 +55,15 @@ class SourceRules:
     microbatches_per_stage: bool = False  # micro-batches default to the pp degree (torchtitan)
     attention_kernel: str = "auto"  # flash2 for PyTorch stacks (flash_attn 2, SDPA's flash backend)
     cross_entropy: str = "eager"  # fused for Megatron-based stacks (vocab-parallel cross-entropy)
+    recv_buffers: str = "per_micro_batch"  # pipeline receive buffers (vocab.strategy.Workload)
+    kernels: str = "eager"  # memory-bound kernels; a row whose notes say torch.compile runs fused ones
 
 
 SOURCE_RULES = (  # first match wins
     # README: MFU = (6·NumParams + 12·L·h·s)·tokens/s / peak; NumParams counts the embeddings.
-    SourceRules("mosaicml/llm-foundry", flops="6n_total", attention_kernel="flash2"),
+    # MPT's loss_fn defaults to fused_crossentropy, flash-attn's kernel that writes the gradient in
+    # place of the logits (llmfoundry/models/mpt/modeling_mpt.py, ComposerMPTCausalLM).
+    SourceRules("mosaicml/llm-foundry", flops="6n_total", attention_kernel="flash2", cross_entropy="fused"),
     # "MFU per nanoGPT/PaLM method": 6·N (all parameters) + 12·L·h·s.
     SourceRules("PyTorch blog 'Maximizing training throughput", flops="6n_total", attention_kernel="flash2"),
     # torchtitan before 2024-10 counted every parameter (checked: 8B at 2904 tok/s -> MFU 0.568).
@@ -67,12 +71,16 @@ SOURCE_RULES = (  # first match wins
     # torchtitan with PP: micro-batches default to the pp degree; interleaving splits each rank in 2.
     SourceRules("pytorch/torchtitan", microbatches_per_stage=True, vpp=2, attention_kernel="flash2"),
     # Megatron formula (checked: LLAMA2-7B 780 TFLOP/s at 16934 tok/s); mcore distributed optimizer.
-    SourceRules("NVIDIA/NeMo", sharding="zero1", cross_entropy="fused"),
+    # Megatron-core allocates a pipeline receive buffer per receive, freed with the activations.
+    # Megatron-core runs Transformer Engine's fused norms and fused bias-activation/dropout kernels.
+    SourceRules("NVIDIA/NeMo", sharding="zero1", cross_entropy="fused", recv_buffers="none", kernels="fused"),
     # Megatron formula (checked: 1.7B 408.8 TFLOP/s = MFU 0.41 of 989); distributed optimizer implied,
     # interleaved pipeline (PP overlap is enabled, which Megatron implements for interleaving).
-    SourceRules("NVIDIA/Megatron-LM", sharding="zero1", schedule="interleaved", vpp=2, cross_entropy="fused"),
+    SourceRules("NVIDIA/Megatron-LM", sharding="zero1", schedule="interleaved", vpp=2, cross_entropy="fused",
+                recv_buffers="none", kernels="fused"),
     # Table 4: BF16 MFU, formula not stated (Megatron's assumed); interleaved schedule per §3.3.2.
-    SourceRules("Llama Team 'The Llama 3 Herd", schedule="interleaved", vpp=2, cross_entropy="fused"),
+    SourceRules("Llama Team 'The Llama 3 Herd", schedule="interleaved", vpp=2, cross_entropy="fused",
+                kernels="fused"),
 )
 DEFAULT_RULES = SourceRules("")
 TDP_W = {"h100-sxm": 700.0, "h200": 700.0, "a100-80gb": 400.0, "a100-40gb": 400.0}  # NVIDIA datasheets
@@ -196,6 +204,8 @@ def map_row(line: int, r: dict[str, str]) -> PublishedRow | Skipped:
     prec = "fp8" if "fp8" in r["precision"].lower() else "bf16"
     workload = Workload(seq_len=seq, global_batch=global_batch, precision=prec, attention_kernel=rules.attention_kernel,
                         cross_entropy=rules.cross_entropy,  # type: ignore[arg-type]
+                        recv_buffers=rules.recv_buffers,  # type: ignore[arg-type]
+                        kernels="fused" if "compile" in r["notes"].lower() else rules.kernels,  # type: ignore[arg-type]
                         grad_dtype="bf16" if analytic else "fp32")  # the ZeRO formula: 16-bit gradients
     if analytic:
         ctx.assumptions.append("16-bit gradients (the ZeRO paper's 2 + 2 + K bytes per parameter)")
@@ -295,8 +305,9 @@ def _cluster(r: dict[str, str], gpus: int, ctx: _Ctx) -> Cluster | str:
     if hbm or cap or (mem and float(mem.group(1)) != acc["hbm_gb"]):
         if hbm:
             acc["hbm_tbps"] = float(hbm.group(1))
-        if mem:
+        if mem and float(mem.group(1)) != acc["hbm_gb"]:  # another SKU: its label is its size
             acc["hbm_gb"] = float(mem.group(1))
+            acc["memory_reported_mib"] = 0.0
         spec["accelerator"] = acc
         ctx.assumptions.append(f"{name} with {acc['hbm_gb']:g} GB at {acc['hbm_tbps']:g} TB/s")
     if cap and name in TDP_W and float(cap.group(1)) < TDP_W[name]:

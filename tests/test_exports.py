@@ -35,7 +35,7 @@ MIXED = {"mesh": {"pp": 2, "dp_replicate": 2, "dp_shard": 2, "tp": 2}, "schedule
          "layers": [{"unit": "layers.0", "sharding": "zero2", "recompute": "full"},
                     {"unit": "layers.1", "sharding": "zero3", "recompute": "full", "split": 4}]}
 UNSPLIT = {**MIXED, "layers": [{**x, "split": 1} for x in MIXED["layers"]]}  # what the runtime runs
-FUSED = {"cross_entropy": "fused", "recv_buffers": "none"}  # how Megatron-LM and nanotron run the loss and buffers
+FUSED = {"cross_entropy": "fused", "recv_buffers": "none", "kernels": "fused"}  # how Megatron-LM and nanotron run the loss, buffers, kernels
 
 
 def flags(text: str) -> dict[str, Any]:
@@ -161,7 +161,7 @@ def test_nanotron_yaml() -> None:
 def test_nanotron_folds_context_parallelism() -> None:
     e = export(make_plan({"mesh": {"dp_shard": 8, "cp": 2}, "default": {"sharding": "zero1"}}), "nanotron")
     assert [x.what for x in e.losses if not x.behaviour] == ["context parallelism"]
-    assert [x.what for x in e.losses if x.behaviour] == ["cross-entropy"]  # nanotron's loss is fused
+    assert [x.what for x in e.losses if x.behaviour] == ["cross-entropy", "memory-bound kernels"]  # both fused
     assert yaml.safe_load(e.text)["parallelism"]["dp"] == 16 and e.strategy.mesh.cp == 1
 
 

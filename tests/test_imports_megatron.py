@@ -27,7 +27,7 @@ def made(model: str, strategy: dict[str, Any], seq_len: int = 2048, global_batch
          precision: str = "bf16", cluster: str = "16xh100") -> Plan:
     """A hand-made plan priced as Megatron-LM runs it (what a search does not pick)."""
     w = Workload(seq_len=seq_len, global_batch=global_batch, precision=precision, cross_entropy="fused",
-                 grad_dtype="fp32")
+                 grad_dtype="fp32", kernels="fused")
     p = price(load_named_model(model, seq_len), parse_cluster(cluster), Strategy.model_validate(strategy), w,
               model=model)
     return p.model_copy(update={"inputs": p.inputs.model_copy(update={"target": TargetRef(name="megatron")})})
@@ -43,7 +43,7 @@ CASES: dict[str, tuple[Callable[[], Plan], tuple[str, ...]]] = {
                           ("--pipeline-model-parallel-size 2", "--context-parallel-size 2", "--cp-comm-type p2p")),
     "searched-gpt2": (lambda: plan("gpt2", "16xh100", 1024, 64, target="megatron"), ("--num-layers 12",)),
     "searched-moe": (lambda: plan("mixtral-8x7b", "16xh100", 2048, 64, target="megatron"),
-                     ("--num-experts 8", "--expert-model-parallel-size 8")),
+                     ("--num-experts 8",)),
     "interleaved-selective": (
         lambda: made("llama3-8b", {"mesh": {"pp": 2, "dp_shard": 4, "tp": 2}, "schedule": "interleaved", "vpp": 2,
                                    "sequence_parallel": True, "default": {**Z, "recompute": "selective"}}),
@@ -87,6 +87,8 @@ def test_round_trip_gives_the_step_time_back(name: str, tmp_path: Path) -> None:
     p, e = exported(name)
     for flag in CASES[name][1]:
         assert f"\n{flag}\n" in e.text, flag
+    if e.strategy.mesh.ep > 1:
+        assert f"\n--expert-model-parallel-size {e.strategy.mesh.ep}\n" in e.text
     path = tmp_path / f"{name}.args"
     path.write_text(e.text)
     back = import_plan(path)

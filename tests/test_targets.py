@@ -24,7 +24,7 @@ from solvers.space import SPACES, mesh_configs, restrict, split_allowed, stages_
 from tests.test_explain import make_plan
 from vocab.errors import ShardplanError, UnknownNameError
 from vocab.plan import Plan, PlanError, parse_plan
-from vocab.strategy import Workload
+from vocab.strategy import LayerStrategy, Mesh, Strategy, Workload
 from vocab.targets import ANY, TargetError, load_target, read_target, target_names, targets
 
 runner = CliRunner()
@@ -221,7 +221,7 @@ def test_cli_plan_records_its_target_and_exports_to_it(tmp_path: Path) -> None:
     assert r.exit_code == 0, r.output
     assert "torchtitan 0.2.2" in r.stdout
     doc = json.loads(out.read_text())
-    assert doc["schema_version"] == "1.3" and doc["inputs"]["target"] == {"name": "torchtitan", "version": "0.2.2"}
+    assert doc["schema_version"] == "1.4" and doc["inputs"]["target"] == {"name": "torchtitan", "version": "0.2.2"}
     r = runner.invoke(app, ["export", str(out), "--to", "torchtitan", "-o", str(tmp_path / "tt.toml")])
     assert r.exit_code == 0 and "warning" not in r.stderr and (tmp_path / "tt.toml").exists()
     d = json.loads(runner.invoke(app, ["explain", str(out), "--json"]).stdout)
@@ -254,7 +254,7 @@ def test_plans_record_the_targets_receive_buffers() -> None:
     them (schema 1.3); a 1.2 document was priced with torch's and may name no other; a 1.2 document
     without the field reads as torch's."""
     p = searched("megatron", "gpt2")
-    assert p.schema_version == "1.3" and p.inputs.workload.recv_buffers == "none"
+    assert p.schema_version == "1.4" and p.inputs.workload.recv_buffers == "none"
     doc = json.loads(p.to_json())
     with pytest.raises(PlanError, match="workload.recv_buffers 'none' needs schema_version 1.3"):
         parse_plan({**doc, "schema_version": "1.2"})
@@ -262,3 +262,25 @@ def test_plans_record_the_targets_receive_buffers() -> None:
     older["schema_version"] = "1.2"
     del older["inputs"]["workload"]["recv_buffers"]
     assert parse_plan(older).inputs.workload.recv_buffers == "per_micro_batch"
+
+
+def test_plans_record_the_targets_kernels() -> None:
+    """A plan for Megatron-LM is priced with its fused memory-bound kernels and records them (schema
+    1.4), and its norms cost less than the same plan's with eager kernels; a 1.3 document was priced
+    with eager kernels and may name no other; a 1.3 document without the field reads as eager."""
+    p = searched("megatron", "gpt2")
+    assert p.schema_version == "1.4" and p.inputs.workload.kernels == "fused"
+    assert searched("shardplan", "gpt2").inputs.workload.kernels == "eager"
+    doc = json.loads(p.to_json())
+    with pytest.raises(PlanError, match="workload.kernels 'fused' needs schema_version 1.4"):
+        parse_plan({**doc, "schema_version": "1.3"})
+    older = json.loads(searched("shardplan", "gpt2").to_json())
+    older["schema_version"] = "1.3"
+    del older["inputs"]["workload"]["kernels"]
+    assert parse_plan(older).inputs.workload.kernels == "eager"
+    graph, cluster = load_model("llama3-8b", 2048), parse_cluster("8xh100-sxm")  # RMSNorm, SwiGLU
+    w = Workload(seq_len=2048, global_batch=8, kernels="fused")
+    fsdp = Strategy(mesh=Mesh(dp_shard=8), default=LayerStrategy(sharding="zero3"))
+    fused = estimate(graph, cluster, fsdp, w).time.compute
+    eager = estimate(graph, cluster, fsdp, w.model_copy(update={"kernels": "eager"})).time.compute
+    assert eager > 1.05 * fused

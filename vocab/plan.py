@@ -33,11 +33,12 @@ from vocab.errors import ShardplanError, describe_validation_error
 from vocab.io import canonical_json, decode_json, document_schema, read_text, validate_document, write_atomic
 from vocab.strategy import Strategy, Workload
 
-SCHEMA_VERSION = "1.3"
+SCHEMA_VERSION = "1.4"
 #: versions this shardplan reads: 1.1 added ``inputs.model_graph`` (a 1.0 document is a 1.1 one without
 #: it); 1.2 added ``inputs.target`` (a 1.0 or 1.1 document is one searched for the target ``any``); 1.3
-#: added ``workload.recv_buffers`` (older documents keep torch's per-micro-batch buffers)
-READABLE_VERSIONS = ("1.0", "1.1", "1.2", "1.3")
+#: added ``workload.recv_buffers`` (older documents keep torch's per-micro-batch buffers); 1.4 added
+#: ``workload.kernels`` (older documents were priced with eager kernels)
+READABLE_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4")
 #: the target a document records when it names none: the whole plan vocabulary (``vocab.targets``)
 ANY_TARGET = "any"
 SCHEMA_PATH = Path(__file__).parent / "plan.schema.json"
@@ -250,7 +251,7 @@ class Alternative(_Doc):
 # What the plan was made for, the strategy, the cost model's prediction, the solver, runners-up. (No
 # docstring: it would become the schema's description.)
 class Plan(_Doc):
-    schema_version: Literal["1.0", "1.1", "1.2", "1.3"] = SCHEMA_VERSION
+    schema_version: Literal["1.0", "1.1", "1.2", "1.3", "1.4"] = SCHEMA_VERSION
     inputs: PlanInputs
     strategy: Strategy
     predicted: Predicted
@@ -269,6 +270,9 @@ class Plan(_Doc):
         if version in ("1.0", "1.1", "1.2") and inp.workload.recv_buffers != "per_micro_batch":
             raise _rule(f"workload.recv_buffers '{inp.workload.recv_buffers}' needs schema_version 1.3 (older plans "
                         "were priced with per-micro-batch receive buffers)")
+        if version in ("1.0", "1.1", "1.2", "1.3") and inp.workload.kernels != "eager":
+            raise _rule(f"workload.kernels '{inp.workload.kernels}' needs schema_version 1.4 (older plans were "
+                        "priced with eager kernels)")
         if version != "1.0" and inp.model_graph is None and names_factory(inp.model):
             raise _rule(f"model '{inp.model}' names a factory, which a plan never imports: the plan must record "
                         "its layer graph (inputs.model_graph), as 'shardplan plan' does")

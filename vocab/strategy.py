@@ -43,11 +43,13 @@ AttentionKernel = Literal["auto", "flash2", "flash3"]
 CROSS_ENTROPY_CHOICES = ("eager", "fused")
 GRAD_DTYPE_CHOICES = ("fp32", "bf16")
 RECV_BUFFER_CHOICES = ("per_micro_batch", "one", "none")
+KERNEL_CHOICES = ("eager", "fused")
 #: the workload's kernel and buffer choices: field -> (what a message calls it, accepted values)
 WORKLOAD_CHOICES = {"attention_kernel": ("attention kernel", ATTENTION_KERNEL_CHOICES),
                     "cross_entropy": ("cross-entropy", CROSS_ENTROPY_CHOICES),
                     "grad_dtype": ("gradient dtype", GRAD_DTYPE_CHOICES),
-                    "recv_buffers": ("pipeline receive buffers", RECV_BUFFER_CHOICES)}
+                    "recv_buffers": ("pipeline receive buffers", RECV_BUFFER_CHOICES),
+                    "kernels": ("memory-bound kernels", KERNEL_CHOICES)}
 #: Transient memory of the loss beside the fp32 softmax it keeps, as a multiple of that softmax:
 #: PyTorch eager ``F.cross_entropy(logits.float())`` holds, in its backward, the incoming gradient
 #: of the log-softmax and the outgoing one (2x); a fused kernel (Megatron's vocab-parallel
@@ -184,6 +186,12 @@ class Workload(_Strict):
         "(torch's PipelineStage: one per micro-batch, held between steps), one (DeepSpeed's pipeline engine: "
         "one input and one gradient buffer, reused), none (Megatron-LM, nanotron: allocated per receive, "
         "freed with the activations)"
+    )
+
+    kernels: Literal["eager", "fused"] = Field(
+        "eager", description="memory-bound kernels (norms, activations): eager (PyTorch op by op: this runtime, "
+        "torchtitan without compile, Hugging Face) or fused (one kernel each way: Megatron-LM / Transformer Engine, "
+        "Apex, torch.compile); the cross-entropy follows cross_entropy"
     )
 
     @property

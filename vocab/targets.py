@@ -27,6 +27,7 @@ from vocab.io import decode_json, decode_yaml, read_text, validate_document
 from vocab.strategy import (
     CROSS_ENTROPY_CHOICES,
     GRAD_DTYPE_CHOICES,
+    KERNEL_CHOICES,
     OFFLOADS,
     RECOMPUTES,
     RECV_BUFFER_CHOICES,
@@ -124,6 +125,9 @@ class Behaviour(_Strict):
     recv_buffers: list[Literal["per_micro_batch", "one", "none"]] = Field(
         default_factory=lambda: ["per_micro_batch"], min_length=1,
         description="pipeline receive buffers kept beyond the activations (vocab.strategy.Workload)")
+    kernels: list[Literal["eager", "fused"]] = Field(
+        default_factory=lambda: ["eager"], min_length=1,
+        description="how it runs memory-bound kernels (vocab.strategy.Workload.kernels)")
     cp_rotate: list[Literal["allgather", "alltoall"]] = Field(
         default_factory=lambda: ["allgather"], min_length=1,
         description="how its ring attention moves K/V (vocab.strategy.Strategy.cp_rotate)")
@@ -132,7 +136,7 @@ class Behaviour(_Strict):
         """The workload fields a plan for the target is priced with: its first value of each, or the
         cross-entropy kernel and gradient dtype asked for."""
         return {"cross_entropy": cross_entropy or self.cross_entropy[0], "grad_dtype": grad_dtype or self.grad_dtype[0],
-                "recv_buffers": self.recv_buffers[0]}
+                "recv_buffers": self.recv_buffers[0], "kernels": self.kernels[0]}
 
 
 class Target(_Strict):
@@ -221,7 +225,8 @@ def _any() -> Target:
         osdp_split=True, fp8=True,
         behaviour=Behaviour(cross_entropy=list(CROSS_ENTROPY_CHOICES),  # type: ignore[arg-type]
                             grad_dtype=list(GRAD_DTYPE_CHOICES),  # type: ignore[arg-type]
-                            recv_buffers=list(RECV_BUFFER_CHOICES)),  # type: ignore[arg-type]
+                            recv_buffers=list(RECV_BUFFER_CHOICES),  # type: ignore[arg-type]
+                            kernels=list(KERNEL_CHOICES)),  # type: ignore[arg-type]
         notes=["no trainer: every choice of the plan vocabulary; plans of schema 1.0 and 1.1 read as this target"],
     )
 

@@ -334,7 +334,8 @@ def _precision(n: Nearest, t: Target) -> None:
         n.fields["cp_rotate"] = rotate[0]
     for key, what, allowed in (("cross_entropy", "cross-entropy", t.behaviour.cross_entropy),
                                ("grad_dtype", "gradient dtype", t.behaviour.grad_dtype),
-                               ("recv_buffers", "pipeline receive buffers", t.behaviour.recv_buffers)):
+                               ("recv_buffers", "pipeline receive buffers", t.behaviour.recv_buffers),
+                               ("kernels", "memory-bound kernels", t.behaviour.kernels)):
         if w[key] not in allowed:
             n.behave(what, f"{w[key]} → {allowed[0]} (how {t.name} runs it)")
             w[key] = allowed[0]

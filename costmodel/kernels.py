@@ -1,0 +1,76 @@
+"""The bytes a memory-bound operator's kernels move, by kernel class and by how the stack runs it.
+
+The layer graph records each bandwidth-bound operator's minimal forward traffic (``mem_bytes``:
+its inputs read once, its outputs written once). What the kernels really move depends on the
+trainer (``Workload.kernels``): PyTorch eager decomposes an RMSNorm into eight kernels forward and
+sixteen backward and a SwiGLU into two and three, each a full pass over the activations; a fused
+stack (Transformer Engine, Apex and Megatron's fused kernels, ``torch.compile``) runs one kernel
+each way. The cross-entropy follows
+``Workload.cross_entropy``. Each kernel then streams at the accelerator's HBM bandwidth times
+``CostConstants.memory_efficiency`` (a large-array streaming efficiency, not a fitted catch-all).
+The optimizer step is a fused AdamW in every target's default (Megatron's and DeepSpeed's
+FusedAdam, torchtitan's ``implementation = "fused"``).
+
+The eager counts are ATen traffic counted op by op (``profiler.kernel_traffic``; a test recounts
+them), in bytes per element of the operator's 16-bit input; the fused ones are one read of every
+input and one write of every output of the single kernel (native ``layer_norm`` and ``gelu`` are
+counted too and are the same either way).
+"""
+
+from __future__ import annotations
+
+from profiler.graph import LayerNode
+
+#: counted bytes per element, (forward, backward): eager ATen ops (``profiler.kernel_traffic``)
+EAGER_BYTES = {
+    "rmsnorm": (36.0, 96.0),  # cast, square, mean, add, rsqrt, mul, cast, mul; autograd's mirror
+    "layernorm": (4.0, 6.0),  # native_layer_norm: one kernel each way, eager or not
+    "swiglu": (10.0, 18.0),  # silu, mul (per element of each of the two inputs)
+    "gelu": (4.0, 6.0),  # one native kernel each way
+    "cross_entropy": (14.0, 22.0),  # cast to fp32, log_softmax, nll_loss (per logit, 16-bit input)
+    "dropout": (5.0, 5.0),  # one kernel each way on a GPU: x in, y and the 1-byte mask out; dy, mask in, dx out
+}
+#: one fused kernel each way: every input read once, every output written once
+FUSED_BYTES = {
+    "rmsnorm": (4.0, 6.0),  # x in, y out; x and dy in, dx out (TE / Apex / compiled RMSNorm)
+    "layernorm": (4.0, 6.0),
+    "swiglu": (6.0, 10.0),  # gate and up in, out out; both and dy in, both grads out (per output)
+    "gelu": (4.0, 6.0),
+    "cross_entropy": (2.0, 4.0),  # 16-bit logits read; read again, gradient written in place
+    "dropout": (5.0, 5.0),
+}
+#: the residual add before every pre-norm (the block adds its branch to the residual stream, then
+#: normalises it), one kernel either way: residual and branch in, sum out; backward, the two
+#: gradients of the stream summed where it forks. Charged with the norm it precedes.
+RESIDUAL_BYTES = (6.0, 6.0)
+#: the graph's minimal forward bytes per element, which ``mem_bytes`` counts (16-bit activations)
+MINIMAL_BYTES = {"rmsnorm": 4.0, "layernorm": 4.0, "swiglu": 6.0, "gelu": 4.0, "cross_entropy": 8.0,
+                 "dropout": 5.0}
+
+
+def kernel_class(n: LayerNode) -> str | None:
+    """The kernel class of a bandwidth-bound node, or None for the ones priced as plain traffic."""
+    if n.kind == "norm":
+        return "rmsnorm" if n.params <= int(n.dims.get("hidden", 0)) else "layernorm"
+    if n.kind == "activation":
+        return "swiglu" if n.out_bytes and n.mem_bytes / n.out_bytes > 2.5 else "gelu"  # two inputs or one
+    if n.kind == "loss":
+        return "cross_entropy"
+    if n.kind == "dropout":
+        return "dropout"
+    return None
+
+
+def traffic(n: LayerNode, kernels: str, cross_entropy: str) -> tuple[float, float]:
+    """(forward, backward) bytes the node's kernels move per byte of its ``mem_bytes``; plain
+    traffic (1, 2) for nodes of no kernel class (the generic read-and-write pass, doubled back)."""
+    cls = kernel_class(n)
+    if cls is None:
+        return 1.0, 2.0
+    stack = cross_entropy if cls == "cross_entropy" else kernels
+    fwd, bwd = (EAGER_BYTES if stack == "eager" else FUSED_BYTES)[cls]
+    if n.kind == "norm":
+        fwd, bwd = fwd + RESIDUAL_BYTES[0], bwd + RESIDUAL_BYTES[1]
+    base = MINIMAL_BYTES[cls]
+    return fwd / base, bwd / base
+
