@@ -137,6 +137,18 @@ def _overrides_file() -> dict[str, Any]:
         return yaml.safe_load(f) or {}
 
 
+def error_band(accelerator: str, precision: str) -> dict[str, float] | None:
+    """The error band of step-time predictions on ``accelerator`` at ``precision`` (``rows``, and
+    ``low`` and ``high``: the 10th and 90th percentiles of published over predicted step time,
+    less 1, on the published runs the constants were fitted on), from the narrowest slice of the
+    constants file that has one; None when the file has none."""
+    bands = _overrides_file().get("error_bands", {})
+    for key in (f"{accelerator}/{precision}", accelerator, "all"):
+        if key in bands:
+            return {"slice": key, **bands[key]}
+    return None
+
+
 def constants_for(accelerator: str) -> CostConstants:
     """Defaults, then the file's ``default`` section, then its section for ``accelerator``."""
     data = _overrides_file()

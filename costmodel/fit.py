@@ -46,6 +46,7 @@ TIME_BOUNDS: dict[str, tuple[float, float]] = {
 #: made held-out sources worse (leave-one-source-out), so they stay global.
 HARDWARE = ("gemm_scale", "fp8_gemm_speedup")
 MIN_RUNS, MIN_SOURCES = 10, 2
+BAND_MIN_ROWS = 10  # an error band rests on at least this many published rows
 HUBER_DELTA = 0.10  # log-ratio scale beyond which a residual counts linearly, not quadratically
 
 
@@ -61,6 +62,7 @@ class FitResult:
     default: dict[str, float]
     accelerators: dict[str, dict[str, float]] = field(default_factory=dict)
     support: dict[str, dict[str, Any]] = field(default_factory=dict)  # section -> rows, runs, sources
+    bands: dict[str, dict[str, float]] = field(default_factory=dict)  # slice -> rows, low, high
 
     def constants(self, base: CostConstants | None = None) -> ConstantsFor:
         base = base or CostConstants()
@@ -77,10 +79,14 @@ class FitResult:
             return {"constants": {k: 0.0 if abs(v) < 1e-12 else float(f"{v:.6g}") for k, v in sorted(consts.items())},
                     **sup}
 
-        return {
+        out: dict[str, Any] = {
             "default": section("default", self.default),
             "accelerators": {a: section(a, c) for a, c in sorted(self.accelerators.items())},
         }
+        if self.bands:
+            out["error_bands"] = {k: {"rows": int(v["rows"]), "low": round(v["low"], 4), "high": round(v["high"], 4)}
+                                  for k, v in sorted(self.bands.items())}
+        return out
 
 
 # ---- the optimiser: Levenberg–Marquardt on bounded, transformed parameters -------------------
@@ -242,13 +248,34 @@ def fit_memory(rows: Sequence[PublishedRow], constants: ConstantsFor) -> tuple[d
     return {"fragmentation": frag}, {**support, "memory_fitted": True}
 
 
-def fit(rows: Sequence[PublishedRow], base: CostConstants | None = None) -> FitResult:
-    """Time constants, then memory constants, on the A/B rows of ``rows``."""
+def fit(rows: Sequence[PublishedRow], base: CostConstants | None = None, bands: bool = True) -> FitResult:
+    """Time constants, then memory constants, on the A/B rows of ``rows``; then the error bands of
+    the fitted model (:func:`error_bands`) unless ``bands`` is off."""
     result = fit_time(rows, base)
     mem, sup = fit_memory(rows, result.constants(base))
     result.default.update(mem)
     result.support.setdefault("default", {}).update(sup)
+    if bands:
+        preds, _ = predict([r for r in fit_rows(rows) if r.metric in TIME_METRICS], result.constants(base))
+        result.bands = error_bands(preds)
     return result
+
+
+def error_bands(preds: Sequence[Any], low_q: float = 10.0, high_q: float = 90.0) -> dict[str, dict[str, float]]:
+    """The 10th and 90th percentiles of the signed step-time error (``Prediction.time_error``:
+    the published time over the predicted, less 1) per slice: every row (``all``), per accelerator,
+    and per accelerator and precision (``h100-sxm/fp8``); slices of fewer than ``BAND_MIN_ROWS`` rows
+    are left to the wider one."""
+    slices: dict[str, list[float]] = {}
+    for p in preds:
+        e = p.time_error
+        if e is None:
+            continue
+        acc = p.row.cluster.accelerator.name
+        for key in ("all", acc, f"{acc}/{p.row.workload.precision}"):
+            slices.setdefault(key, []).append(e)
+    return {k: {"rows": len(v), "low": float(np.percentile(v, low_q)), "high": float(np.percentile(v, high_q))}
+            for k, v in slices.items() if len(v) >= BAND_MIN_ROWS}
 
 
 def write_constants(result: FitResult, path: str | Path = CONSTANTS_PATH, header: str = "") -> Path:

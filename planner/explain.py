@@ -18,9 +18,11 @@ from rich.table import Table
 from costmodel.validate import caveats
 from planner.compare import describe_diff, describe_run, diff_strategies, label_units, runs
 from planner.reprice import (
+    band_text,
     device_gib,
     headroom_text,
     memory_limit_gib,
+    plan_band,
     plan_cluster,
     predicted_dict,
     unit_key,
@@ -129,6 +131,10 @@ def runner_up(plan: Plan, units: list[str]) -> dict[str, Any] | None:
         verdict = f"the runner-up needs {b['memory_peak_gib']:.1f} GiB per GPU, over the {limit:.1f} GiB limit"
     elif dt >= 0:
         verdict = f"this plan is faster by {dt:.4g} s per step ({dt / b['step_time_s']:.1%} of the runner-up's)"
+        band = plan_band(plan)
+        if band is not None and dt / a["step_time_s"] < band["high"] - band["low"]:
+            verdict += (f", within the model's error band ({band['low']:+.0%} to {band['high']:+.0%} on "
+                        f"{band['slice']}): the two are indistinguishable")
     else:
         verdict = (f"the runner-up is {-dt:.4g} s per step faster; the solver ranked this plan first "
                    f"(objective and status in 'solver')")
@@ -164,7 +170,7 @@ def explain_data(plan: Plan) -> dict[str, Any]:
         "predicted": {"step_time_s": pred["step_time_s"], "tokens_per_s_per_gpu": pred["tokens_per_s_per_gpu"],
                       "mfu": pred["mfu"], "hfu": pred["hfu"], "memory_peak_gib": pred["memory_peak_gib"],
                       "memory_limit_gib": limit, "fits": bool(pred.get("fits", pred["memory_peak_gib"] <= limit)),
-                      "device_gib": device_gib(plan), "headroom": headroom_text(plan)},
+                      "device_gib": device_gib(plan), "headroom": headroom_text(plan), "band": plan_band(plan)},
         "mesh": mesh_placement(plan),
         "schedule": schedule_info(plan),
         "layer_strategies": runs(plan.strategy, units),
@@ -205,6 +211,8 @@ def render_explain(d: dict[str, Any], console: Console) -> None:
                   f"{p['mfu']:.1%}  |  peak {p['memory_peak_gib']:.1f} / {p['memory_limit_gib']:.1f} GiB {fit} "
                   f"({escape(p['headroom'])})")
     console.print(f"[bold]target[/] {escape(target_line(d['target']))}", highlight=False)
+    if p.get("band"):
+        console.print(f"[bold]step time[/] {escape(band_text(p['band']))}", highlight=False)
     for note in d["caveats"]:
         console.print(f"[yellow]caveat[/] {escape(note)}", highlight=False)
     mesh = d["mesh"]

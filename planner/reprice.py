@@ -77,6 +77,34 @@ def headroom_text(plan: Plan) -> str:
     return f"device {device:.2f} GiB, {1 - limit / device:.0%} reserved"
 
 
+def step_band(step_s: float, accelerator: str, precision: str, measured: bool = False) -> dict[str, Any] | None:
+    """Where the real step time likely lies: ``step_s`` scaled by the error band of the published
+    runs on the accelerator at the precision (:func:`costmodel.constants.error_band`), with the
+    slice and its rows; None for a plan priced from a measured profile (its own numbers) or without
+    bands. Predictions within one band of each other are not told apart."""
+    from costmodel.constants import error_band
+
+    b = None if measured else error_band(accelerator, precision)
+    if b is None:
+        return None
+    return {**b, "range_s": [step_s * (1 + b["low"]), step_s * (1 + b["high"])]}
+
+
+def band_text(band: dict[str, Any] | None) -> str:
+    """``likely 7.4-8.2 s (published runs on h100-sxm/bf16: 10th-90th percentile, 120 rows)``."""
+    if band is None:
+        return ""
+    lo, hi = band["range_s"]
+    return (f"likely {lo:.4g}-{hi:.4g} s (published runs on {band['slice']}: 10th-90th percentile, "
+            f"{band['rows']} rows)")
+
+
+def plan_band(plan: Plan) -> dict[str, Any] | None:
+    """:func:`step_band` of a plan's predicted step time."""
+    return step_band(plan.predicted.step_time_s, plan.inputs.cluster.accelerator, plan.inputs.workload.precision,
+                     measured=plan.inputs.profile is not None)
+
+
 # ---- model and cluster --------------------------------------------------------------------------
 
 FACTORY_REFUSED = "factories are imported only from the command line --model"

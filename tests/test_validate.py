@@ -216,3 +216,28 @@ def test_sweeps_bias_and_misfits(tmp_path: Path) -> None:
     s = summarize("x", [p for ps in runs.values() for p in ps])
     assert s.bias == pytest.approx(100 / 90 - 1) and len(s.misfits) == 1 and "81.0 of 80.0 GiB" in s.misfits[0]
     assert s.sweep_pairs == 2 and s.sweep_ordered == 0.5
+
+
+def test_error_bands_per_slice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bands are the 10th-90th percentiles of the signed step-time errors per slice (every row, the
+    accelerator, the accelerator at a precision), slices of under ten rows left to the wider one; a
+    prediction's band scales its step time, and a measured profile has none."""
+    import costmodel.constants as constants
+    from costmodel.fit import FitResult, error_bands
+    from planner.reprice import band_text, step_band
+
+    rows, _ = load_published(_csv(tmp_path / "r.csv", [MPT]))
+    preds = [_pred(rows[0], 100.0 + i, 100.0) for i in range(11)]  # errors 0%, 1%, ..., 10%
+    bands = error_bands(preds)
+    assert set(bands) == {"all", "a100-80gb", "a100-80gb/bf16"}
+    assert bands["all"]["rows"] == 11 and bands["all"]["low"] == pytest.approx(0.01)
+    assert bands["all"]["high"] == pytest.approx(0.09)
+    assert error_bands(preds[:9]) == {}
+    assert FitResult(default={}, bands=bands).to_yaml()["error_bands"]["a100-80gb"]["high"] == 0.09
+    monkeypatch.setattr(constants, "_overrides_file", lambda: {"error_bands": {
+        "all": {"rows": 300, "low": -0.1, "high": 0.2}, "h100-sxm": {"rows": 50, "low": -0.05, "high": 0.05}}})
+    b = step_band(2.0, "h100-sxm", "fp8")
+    assert b is not None and b["slice"] == "h100-sxm" and b["range_s"] == pytest.approx([1.9, 2.1])
+    assert step_band(2.0, "a100-80gb", "bf16")["slice"] == "all"
+    assert step_band(2.0, "h100-sxm", "bf16", measured=True) is None
+    assert band_text(b) == "likely 1.9-2.1 s (published runs on h100-sxm: 10th-90th percentile, 50 rows)"

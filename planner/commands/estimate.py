@@ -277,6 +277,9 @@ def price_args(a: dict[str, Any], *, model_from_cli: bool = False) -> dict[str, 
     if limit is None and plan is not None:
         limit = plan.inputs.memory_limit_gib
     rep = estimate(graph, cluster, s, w, prof, float(limit) if limit is not None else None).to_dict()
+    from planner.reprice import step_band
+
+    rep["error_band"] = step_band(rep["step_time_s"], cluster.accelerator.name, w.precision, measured=prof is not None)
     if target is not None:
         _check_expressible(target[0], graph, cluster, s, w, a.get("model") or (plan.inputs.model if plan else ""), rep)
         rep["target"] = target[0].name
@@ -372,7 +375,11 @@ def _table(rep: dict[str, Any]) -> Table:
     t = Table(title="estimate", show_header=False)
     t.add_column("what", style="bold")
     t.add_column("value")
-    t.add_row("step time", f"{rep['step_time_s']:.4g} s ({rep['num_microbatches']} micro-batches)")
+    from planner.reprice import band_text
+
+    band = band_text(rep.get("error_band"))
+    t.add_row("step time", f"{rep['step_time_s']:.4g} s ({rep['num_microbatches']} micro-batches)"
+              + (f"; {band}" if band else ""))
     t.add_row("tokens/s/GPU", f"{rep['tokens_per_s_per_gpu']:,.0f}")
     t.add_row("MFU / HFU", f"{rep['mfu']:.1%} / {rep['hfu']:.1%}")
     fits = "fits" if rep["fits"] else "[red]does not fit[/]"

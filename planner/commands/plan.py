@@ -82,7 +82,10 @@ def summary_table(planned: Any, wall_s: float) -> Table:
     if s.layers:
         layers += f" (+{len(s.layers)} per-unit/operator entries)"
     t.add_row("layers", layers)
-    t.add_row("step time", f"{pred.step_time_s:.4g} s")
+    from planner.reprice import band_text, plan_band
+
+    band = band_text(plan_band(p))
+    t.add_row("step time", f"{pred.step_time_s:.4g} s" + (f"; {band}" if band else ""))
     t.add_row("tokens/s/GPU", f"{pred.tokens_per_s_per_gpu:,.0f}")
     t.add_row("MFU / HFU", f"{pred.mfu:.1%} / {pred.hfu:.1%}")
     from planner.reprice import headroom_text
