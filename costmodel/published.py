@@ -57,6 +57,7 @@ class SourceRules:
     cross_entropy: str = "eager"  # fused for Megatron-based stacks (vocab-parallel cross-entropy)
     recv_buffers: str = "per_micro_batch"  # pipeline receive buffers (vocab.strategy.Workload)
     kernels: str = "eager"  # memory-bound kernels; a row whose notes say torch.compile runs fused ones
+    zero3_master: str = "parameter"  # FSDP's sharded parameter is the fp32 master (DeepSpeed: "optimizer")
 
 
 SOURCE_RULES = (  # first match wins
@@ -206,6 +207,8 @@ def map_row(line: int, r: dict[str, str]) -> PublishedRow | Skipped:
                         cross_entropy=rules.cross_entropy,  # type: ignore[arg-type]
                         recv_buffers=rules.recv_buffers,  # type: ignore[arg-type]
                         kernels="fused" if "compile" in r["notes"].lower() else rules.kernels,  # type: ignore[arg-type]
+                        # the ZeRO paper's formula: a 16-bit parameter shard beside the optimizer's master
+                        zero3_master="optimizer" if analytic else rules.zero3_master,  # type: ignore[arg-type]
                         grad_dtype="bf16" if analytic else "fp32")  # the ZeRO formula: 16-bit gradients
     if analytic:
         ctx.assumptions.append("16-bit gradients (the ZeRO paper's 2 + 2 + K bytes per parameter)")

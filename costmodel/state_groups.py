@@ -42,6 +42,8 @@ STATE_BYTES = {"bf16": (2, 2, 12), "fp8": (2, 2, 12), "fp32": (4, 4, 8)}
 #: bytes of optimizer state a host-side Adam step streams per parameter: fp32 master, two moments,
 #: gradient (priced at ``CostConstants.host_adam_bytes_per_s``)
 HOST_ADAM_STATE_BYTES = 16
+#: bytes of an fp32 master weight
+MASTER_BYTES = 4
 SHARDING_LEVEL = {"replicate": 0, "zero1": 1, "zero2": 2, "zero3": 3, "zero3_keep": 3}
 _FIELDS = ("state_params", "state_grads", "state_optim", "param_bytes", "grad_bytes", "optim_bytes", "comm_dp",
            "step_comm", "optim", "offload", "gathered", "accumulate")
@@ -147,16 +149,21 @@ def _data_parallel(sg: StateGroup, sharding: str, offload: str, grp: AxisGroup, 
     keep = sharding == "zero3_keep"
     p_div, g_div, o_div = (np.where(level >= k, d, 1.0) for k in (3, 2, 1))
     on_host = offload in ("optimizer", "params")
+    # FSDP's sharded parameter is the fp32 master (4 bytes, the optimizer keeps the moments): a
+    # 16-bit copy exists only gathered; DeepSpeed shards a 16-bit copy beside the optimizer's master
+    master = (level == 3) & (w.zero3_master == "parameter") & (w.precision != "fp32")
+    pbs = np.where(master, MASTER_BYTES, pb).astype(np.int64)
+    obs = np.where(master, ob - MASTER_BYTES, ob).astype(np.int64)
     out: dict[str, Any] = {
-        "param_bytes": params_i * pb // p_div.astype(np.int64),
+        "param_bytes": params_i * pbs // p_div.astype(np.int64),
         "grad_bytes": params_i * gb // g_div.astype(np.int64),
-        "optim_bytes": params_i * ob // o_div.astype(np.int64),
-        "state_params": 0.0 * params if offload == "params" else params * pb / p_div,
+        "optim_bytes": params_i * obs // o_div.astype(np.int64),
+        "state_params": 0.0 * params if offload == "params" else params * pbs / p_div,
     }
     # ZeRO-Offload / FSDP2's CPU offload: reduced gradient shards stream to the host optimizer
     grads_on_device = np.where(on_host & (g_div > 1), 0.0, params * gb / g_div)
     out["state_grads"] = grads_on_device
-    out["state_optim"] = 0.0 * params if on_host else params * ob / o_div
+    out["state_optim"] = 0.0 * params if on_host else params * obs / o_div
     n_mb = cfg.num_microbatches(w.global_batch)
     out["accumulate"] = accumulate_time(dev, grads_on_device, n_mb)
     local_opt = params / o_div
@@ -194,7 +201,9 @@ def _data_parallel(sg: StateGroup, sharding: str, offload: str, grp: AxisGroup, 
     piece = np.where(k > 1, np.minimum(sg.biggest_piece, params), params)
     gathered = np.where(level == 3, gb * piece + (0.0 if keep else 2 * pb * piece), 0.0)
     if keep:  # stays gathered between forward and backward
-        out["state_params"] = out["state_params"] + np.where(level == 3, full - params * pb / p_div, 0.0)
+        # the gathered 16-bit copy beside the shard: the shard is part of it, unless it is the fp32 master
+        out["state_params"] = out["state_params"] + np.where(level == 3, full - np.where(master, 0.0, params * pb / p_div),
+                                                             0.0)
     held = grads_held(cfg.pp, n_mb)
     gathered = gathered + np.where((level <= 1) & held, gb * sg.largest, 0.0)  # a new gradient beside the held
     # HSDP: the (sharded) gradients all-reduced across replicas

@@ -36,6 +36,28 @@ def test_zero_paper_model_state_grid(sharding: str, gb: float) -> None:
     assert fp32.grad_bytes == 2 * st.grad_bytes and fp32.param_bytes == st.param_bytes
 
 
+@pytest.mark.parametrize("sharding", ["zero3", "zero3_keep"])
+def test_fsdp_keeps_the_fp32_master_as_the_sharded_parameter(sharding: str) -> None:
+    """FSDP's sharded parameter is the fp32 master: under bf16 its sharded states are fp32 training's
+    (4 + 4 + 8 bytes per parameter over the shards, as the runtime measures in
+    test_runtime_parity.test_bf16_mixed_precision_keeps_fp32_master_weights), 2 bytes a parameter
+    less than DeepSpeed's 16-bit shard beside the optimizer's master; zero3_keep's gathered copy is
+    the whole 16-bit model beside the fp32 shard."""
+    g = _one_layer_graph(64_000_000)
+    s = Strategy(mesh=Mesh(dp_shard=8), default=LayerStrategy(sharding=sharding))
+    cl = parse_cluster("8xh100")
+    w = Workload(seq_len=1, global_batch=8, zero3_master="parameter")
+    fsdp = estimate(g, cl, s, w).stages[0]
+    fp32 = estimate(g, cl, s, w.model_copy(update={"precision": "fp32"})).stages[0]
+    ds = estimate(g, cl, s, w.model_copy(update={"zero3_master": "optimizer"})).stages[0]
+    n = 64_000_000 // 8
+    assert (fsdp.param_bytes, fsdp.grad_bytes, fsdp.optim_bytes) == (4 * n, 4 * n, 8 * n)
+    assert (fsdp.param_bytes, fsdp.optim_bytes) == (fp32.param_bytes, fp32.optim_bytes)
+    assert (ds.param_bytes, ds.optim_bytes) == (2 * n, 12 * n)
+    kept = fsdp.params - ds.params  # bytes
+    assert kept == pytest.approx(2 * n if sharding == "zero3" else 2 * n + 2 * n, rel=1e-9)
+
+
 @pytest.mark.parametrize("sharding,batch,gathered", [
     ("zero3", 8, 2 * 2 + 4), ("zero3_keep", 8, 4), ("zero2", 8, 0),
     ("replicate", 8, 0),  # one micro-batch: each gradient is made once, no transient

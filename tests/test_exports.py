@@ -35,7 +35,8 @@ MIXED = {"mesh": {"pp": 2, "dp_replicate": 2, "dp_shard": 2, "tp": 2}, "schedule
          "layers": [{"unit": "layers.0", "sharding": "zero2", "recompute": "full"},
                     {"unit": "layers.1", "sharding": "zero3", "recompute": "full", "split": 4}]}
 UNSPLIT = {**MIXED, "layers": [{**x, "split": 1} for x in MIXED["layers"]]}  # what the runtime runs
-FUSED = {"cross_entropy": "fused", "recv_buffers": "none", "kernels": "fused"}  # how Megatron-LM and nanotron run the loss, buffers, kernels
+FUSED = {"cross_entropy": "fused", "recv_buffers": "none", "kernels": "fused"}
+TT = {"zero3_master": "parameter"}  # FSDP2 (torchtitan, the runtime): the fp32 shard is the master  # how Megatron-LM and nanotron run the loss, buffers, kernels
 
 
 def flags(text: str) -> dict[str, Any]:
@@ -59,7 +60,7 @@ def test_every_exporter_has_a_pinned_target_and_keys() -> None:
 
 def test_torchtitan_toml() -> None:
     plan = make_plan({**HYBRID, "schedule": "interleaved", "vpp": 2, "default": {"sharding": "zero3"}},
-                     global_batch=32)
+                     global_batch=32, **TT)
     e = export(plan, "torchtitan")
     doc = tomllib.loads(e.text)
     par = doc["parallelism"]
@@ -79,7 +80,7 @@ def test_torchtitan_toml() -> None:
 
 def test_torchtitan_every_nth_layer_checkpoint_is_exact() -> None:
     layers = [{"unit": f"layers.{i}", "sharding": "zero3", "recompute": "full"} for i in range(1, 32, 2)]
-    e = export(make_plan({"mesh": {"dp_shard": 16}, "default": {"sharding": "zero3"}, "layers": layers}),
+    e = export(make_plan({"mesh": {"dp_shard": 16}, "default": {"sharding": "zero3"}, "layers": layers}, **TT),
                "torchtitan")
     ac = tomllib.loads(e.text)["activation_checkpoint"]
     assert ac == {"mode": "selective", "selective_ac_option": "2"} and e.exact
@@ -166,7 +167,7 @@ def test_nanotron_folds_context_parallelism() -> None:
 
 
 def test_python_script_embeds_the_plan_exactly() -> None:
-    plan = make_plan(UNSPLIT)
+    plan = make_plan(UNSPLIT, **TT)
     e = export(plan, "python")
     tree = ast.parse(e.text)
     assert e.exact and not e.warnings()
@@ -296,7 +297,7 @@ def test_torchtitan_runs_no_ddp_beside_tensor_parallelism() -> None:
     """Replicas with no shard group run any sharding as DDP, which torchtitan refuses beside TP: the export
     says so, and the nearest plan makes the replicas its FSDP group."""
     e = export(make_plan({"mesh": {"dp_replicate": 4, "tp": 4}, "sequence_parallel": True,
-                          "default": {"sharding": "zero3"}}), "torchtitan")
+                          "default": {"sharding": "zero3"}}, **TT), "torchtitan")
     assert [x.lacks for x in e.losses] == ["DDP beside model parallelism"]
     assert (e.strategy.mesh.dp_replicate, e.strategy.mesh.dp_shard) == (1, 4)
     assert export(make_plan({"mesh": {"dp_replicate": 16}}), "torchtitan").exact  # plain DDP alone runs

@@ -203,12 +203,13 @@ def test_a_plan_of_the_target_any_is_refused_where_a_trainer_lacks_it() -> None:
     e = export(p, "torchtitan")
     assert refusal(e) == ("torchtitan 0.2.2 cannot express: ZeRO-1; context parallelism mode ulysses "
                           "(--nearest exports the nearest plan it can, re-priced)")
-    tp = export(make_plan({"mesh": {"dp_shard": 8, "tp": 2}, "default": {"sharding": "zero3"}}), "torchtitan")
+    tp = export(make_plan({"mesh": {"dp_shard": 8, "tp": 2}, "default": {"sharding": "zero3"}},
+                          zero3_master="parameter"), "torchtitan")
     assert [x.lacks for x in tp.losses] == ["tensor parallelism without sequence parallelism"]
     # torchtitan 0.2.2 runs sequence parallelism whenever tp > 1 and has no key for it
     assert tp.strategy.sequence_parallel and "enable_sequence_parallel" not in tomllib.loads(tp.text)["parallelism"]
-    zb = export(make_plan({"mesh": {"pp": 2, "dp_shard": 8}, "schedule": "zb", "default": {"sharding": "zero3"}}),
-                "torchtitan")
+    zb = export(make_plan({"mesh": {"pp": 2, "dp_shard": 8}, "schedule": "zb", "default": {"sharding": "zero3"}},
+                          zero3_master="parameter"), "torchtitan")
     assert [x.lacks for x in zb.losses] == ["schedule zb with 1 stage(s) per rank"] and zb.strategy.schedule == "1f1b"
 
 
@@ -237,6 +238,7 @@ def test_older_plans_read_as_the_target_any_and_price_the_same(tmp_path: Path,
 
     doc = json.loads(searched("shardplan", "gpt2").to_json())
     old = {**doc, "schema_version": "1.1", "inputs": {k: v for k, v in doc["inputs"].items() if k != "target"}}
+    old["inputs"]["workload"] = pre_1_4(doc["inputs"]["workload"])
     p = parse_plan(old)
     assert p.schema_version == "1.1" and p.inputs.target.name == ANY and p.inputs.target.version is None
     f = tmp_path / "old.json"
@@ -260,8 +262,14 @@ def test_plans_record_the_targets_receive_buffers() -> None:
         parse_plan({**doc, "schema_version": "1.2"})
     older = json.loads(searched("shardplan", "gpt2").to_json())
     older["schema_version"] = "1.2"
+    older["inputs"]["workload"] = pre_1_4(older["inputs"]["workload"])
     del older["inputs"]["workload"]["recv_buffers"]
     assert parse_plan(older).inputs.workload.recv_buffers == "per_micro_batch"
+
+
+def pre_1_4(workload: dict[str, Any]) -> dict[str, Any]:
+    """A workload as documents before schema 1.4 wrote it (no kernels, no ZeRO-3 master)."""
+    return {k: v for k, v in workload.items() if k not in ("kernels", "zero3_master")}
 
 
 def test_plans_record_the_targets_kernels() -> None:
@@ -276,8 +284,9 @@ def test_plans_record_the_targets_kernels() -> None:
         parse_plan({**doc, "schema_version": "1.3"})
     older = json.loads(searched("shardplan", "gpt2").to_json())
     older["schema_version"] = "1.3"
-    del older["inputs"]["workload"]["kernels"]
-    assert parse_plan(older).inputs.workload.kernels == "eager"
+    older["inputs"]["workload"] = pre_1_4(older["inputs"]["workload"])
+    parsed = parse_plan(older).inputs.workload
+    assert (parsed.kernels, parsed.zero3_master) == ("eager", "optimizer")
     graph, cluster = load_model("llama3-8b", 2048), parse_cluster("8xh100-sxm")  # RMSNorm, SwiGLU
     w = Workload(seq_len=2048, global_batch=8, kernels="fused")
     fsdp = Strategy(mesh=Mesh(dp_shard=8), default=LayerStrategy(sharding="zero3"))

@@ -37,7 +37,8 @@ SCHEMA_VERSION = "1.4"
 #: versions this shardplan reads: 1.1 added ``inputs.model_graph`` (a 1.0 document is a 1.1 one without
 #: it); 1.2 added ``inputs.target`` (a 1.0 or 1.1 document is one searched for the target ``any``); 1.3
 #: added ``workload.recv_buffers`` (older documents keep torch's per-micro-batch buffers); 1.4 added
-#: ``workload.kernels`` (older documents were priced with eager kernels)
+#: ``workload.kernels`` and ``workload.zero3_master`` (older documents were priced with eager kernels
+#: and the master weights in the optimizer)
 READABLE_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4")
 #: the target a document records when it names none: the whole plan vocabulary (``vocab.targets``)
 ANY_TARGET = "any"
@@ -273,6 +274,9 @@ class Plan(_Doc):
         if version in ("1.0", "1.1", "1.2", "1.3") and inp.workload.kernels != "eager":
             raise _rule(f"workload.kernels '{inp.workload.kernels}' needs schema_version 1.4 (older plans were "
                         "priced with eager kernels)")
+        if version in ("1.0", "1.1", "1.2", "1.3") and inp.workload.zero3_master != "optimizer":
+            raise _rule(f"workload.zero3_master '{inp.workload.zero3_master}' needs schema_version 1.4 (older "
+                        "plans kept the master weights in the optimizer)")
         if version != "1.0" and inp.model_graph is None and names_factory(inp.model):
             raise _rule(f"model '{inp.model}' names a factory, which a plan never imports: the plan must record "
                         "its layer graph (inputs.model_graph), as 'shardplan plan' does")

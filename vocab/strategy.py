@@ -44,12 +44,14 @@ CROSS_ENTROPY_CHOICES = ("eager", "fused")
 GRAD_DTYPE_CHOICES = ("fp32", "bf16")
 RECV_BUFFER_CHOICES = ("per_micro_batch", "one", "none")
 KERNEL_CHOICES = ("eager", "fused")
+ZERO3_MASTER_CHOICES = ("optimizer", "parameter")
 #: the workload's kernel and buffer choices: field -> (what a message calls it, accepted values)
 WORKLOAD_CHOICES = {"attention_kernel": ("attention kernel", ATTENTION_KERNEL_CHOICES),
                     "cross_entropy": ("cross-entropy", CROSS_ENTROPY_CHOICES),
                     "grad_dtype": ("gradient dtype", GRAD_DTYPE_CHOICES),
                     "recv_buffers": ("pipeline receive buffers", RECV_BUFFER_CHOICES),
-                    "kernels": ("memory-bound kernels", KERNEL_CHOICES)}
+                    "kernels": ("memory-bound kernels", KERNEL_CHOICES),
+                    "zero3_master": ("ZeRO-3 master weights", ZERO3_MASTER_CHOICES)}
 #: Transient memory of the loss beside the fp32 softmax it keeps, as a multiple of that softmax:
 #: PyTorch eager ``F.cross_entropy(logits.float())`` holds, in its backward, the incoming gradient
 #: of the log-softmax and the outgoing one (2x); a fused kernel (Megatron's vocab-parallel
@@ -192,6 +194,13 @@ class Workload(_Strict):
         "eager", description="memory-bound kernels (norms, activations): eager (PyTorch op by op: this runtime, "
         "torchtitan without compile, Hugging Face) or fused (one kernel each way: Megatron-LM / Transformer Engine, "
         "Apex, torch.compile); the cross-entropy follows cross_entropy"
+    )
+
+    zero3_master: Literal["optimizer", "parameter"] = Field(
+        "optimizer", description="where ZeRO-3 keeps the fp32 master weights under bf16/fp8: optimizer (a 16-bit "
+        "parameter shard beside an fp32 master in the optimizer: DeepSpeed) or parameter (the sharded parameter "
+        "is the fp32 master, cast to 16 bits when gathered: FSDP and FSDP2 with mixed precision, this runtime, "
+        "torchtitan)"
     )
 
     @property

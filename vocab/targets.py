@@ -33,6 +33,7 @@ from vocab.strategy import (
     RECV_BUFFER_CHOICES,
     SCHEDULES,
     SHARDINGS,
+    ZERO3_MASTER_CHOICES,
     Offload,
     Recompute,
     Schedule,
@@ -128,6 +129,9 @@ class Behaviour(_Strict):
     kernels: list[Literal["eager", "fused"]] = Field(
         default_factory=lambda: ["eager"], min_length=1,
         description="how it runs memory-bound kernels (vocab.strategy.Workload.kernels)")
+    zero3_master: list[Literal["optimizer", "parameter"]] = Field(
+        default_factory=lambda: ["optimizer"], min_length=1,
+        description="where ZeRO-3 keeps the fp32 master weights (vocab.strategy.Workload.zero3_master)")
     cp_rotate: list[Literal["allgather", "alltoall"]] = Field(
         default_factory=lambda: ["allgather"], min_length=1,
         description="how its ring attention moves K/V (vocab.strategy.Strategy.cp_rotate)")
@@ -136,7 +140,7 @@ class Behaviour(_Strict):
         """The workload fields a plan for the target is priced with: its first value of each, or the
         cross-entropy kernel and gradient dtype asked for."""
         return {"cross_entropy": cross_entropy or self.cross_entropy[0], "grad_dtype": grad_dtype or self.grad_dtype[0],
-                "recv_buffers": self.recv_buffers[0], "kernels": self.kernels[0]}
+                "recv_buffers": self.recv_buffers[0], "kernels": self.kernels[0], "zero3_master": self.zero3_master[0]}
 
 
 class Target(_Strict):
@@ -226,7 +230,8 @@ def _any() -> Target:
         behaviour=Behaviour(cross_entropy=list(CROSS_ENTROPY_CHOICES),  # type: ignore[arg-type]
                             grad_dtype=list(GRAD_DTYPE_CHOICES),  # type: ignore[arg-type]
                             recv_buffers=list(RECV_BUFFER_CHOICES),  # type: ignore[arg-type]
-                            kernels=list(KERNEL_CHOICES)),  # type: ignore[arg-type]
+                            kernels=list(KERNEL_CHOICES),  # type: ignore[arg-type]
+                            zero3_master=list(ZERO3_MASTER_CHOICES)),  # type: ignore[arg-type]
         notes=["no trainer: every choice of the plan vocabulary; plans of schema 1.0 and 1.1 read as this target"],
     )
 

@@ -231,9 +231,10 @@ def price_args(a: dict[str, Any], *, model_from_cli: bool = False) -> dict[str, 
     check_workload_choices(attention_kernel=kernel, cross_entropy=ce, grad_dtype=grad)
     recv = target[0].behaviour.recv_buffers[0] if target else (wl.recv_buffers if wl else "per_micro_batch")
     kernels = target[0].behaviour.kernels[0] if target else (wl.kernels if wl else "eager")
+    master = target[0].behaviour.zero3_master[0] if target else (wl.zero3_master if wl else "optimizer")
     try:
         w = Workload(seq_len=seq, global_batch=gb, precision=precision, attention_kernel=kernel,
-                     cross_entropy=ce, grad_dtype=grad, recv_buffers=recv, kernels=kernels)
+                     cross_entropy=ce, grad_dtype=grad, recv_buffers=recv, kernels=kernels, zero3_master=master)
     except ValidationError as e:
         raise ShardplanError(f"invalid workload: {_pydantic_message(e)}") from None
     if model is None:

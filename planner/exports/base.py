@@ -328,6 +328,8 @@ def _precision(n: Nearest, t: Target) -> None:
         w["precision"] = "bf16"
     if n.mesh["pp"] == 1:  # no pipeline, no receive buffers: how the target keeps them changes nothing
         w["recv_buffers"] = t.behaviour.recv_buffers[0]
+    if w["precision"] == "fp32" or "zero3" not in {str(v)[:5] for v in n.values("sharding")}:  # no 16-bit ZeRO-3 shard: where the master lives changes nothing
+        w["zero3_master"] = t.behaviour.zero3_master[0]
     rotate = t.behaviour.cp_rotate
     if n.mesh["cp"] > 1 and n.fields["cp_mode"] == "ring" and n.fields["cp_rotate"] not in rotate:
         n.behave("ring rotation", f"{n.fields['cp_rotate']} → {rotate[0]} (how {t.name} moves K/V round its ring)")
@@ -335,7 +337,8 @@ def _precision(n: Nearest, t: Target) -> None:
     for key, what, allowed in (("cross_entropy", "cross-entropy", t.behaviour.cross_entropy),
                                ("grad_dtype", "gradient dtype", t.behaviour.grad_dtype),
                                ("recv_buffers", "pipeline receive buffers", t.behaviour.recv_buffers),
-                               ("kernels", "memory-bound kernels", t.behaviour.kernels)):
+                               ("kernels", "memory-bound kernels", t.behaviour.kernels),
+                               ("zero3_master", "ZeRO-3 master weights", t.behaviour.zero3_master)):
         if w[key] not in allowed:
             n.behave(what, f"{w[key]} → {allowed[0]} (how {t.name} runs it)")
             w[key] = allowed[0]
