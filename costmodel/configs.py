@@ -44,18 +44,19 @@ class ConfigArrays:
     sequence_parallel: F
     tsp: F  # tp_mode == "tsp"
     ulysses: F  # cp_mode == "ulysses"
+    alltoall: F  # cp_rotate == "alltoall": the ring passes K/V point to point, step by step
 
     @classmethod
     def of(cls, configs: Sequence[MeshConfig]) -> ConfigArrays:
         degrees = np.array([(c.pp, c.dp_replicate, c.dp_shard, c.cp, c.tp, c.ep, c.micro_batch, c.vpp)
                             for c in configs], dtype=float).reshape(-1, 8).T
-        modes = np.array([(c.sequence_parallel, c.tp_mode == "tsp", c.cp_mode == "ulysses") for c in configs],
-                         dtype=bool).reshape(-1, 3).T
+        modes = np.array([(c.sequence_parallel, c.tp_mode == "tsp", c.cp_mode == "ulysses",
+                           c.cp_rotate == "alltoall") for c in configs], dtype=bool).reshape(-1, 4).T
         schedule = np.empty(len(configs), dtype=object)
         schedule[:] = [c.schedule for c in configs]
         pp, dpr, dps, cp, tp, ep, mb, vpp = (np.ascontiguousarray(d) for d in degrees)
-        sp, tsp, uly = (np.ascontiguousarray(m) for m in modes)
-        return cls(pp, dpr, dps, cp, tp, ep, mb, vpp, schedule, sp, tsp, uly)
+        sp, tsp, uly, a2a = (np.ascontiguousarray(m) for m in modes)
+        return cls(pp, dpr, dps, cp, tp, ep, mb, vpp, schedule, sp, tsp, uly, a2a)
 
     @classmethod
     def of_strategy(cls, s: Strategy) -> ConfigArrays:

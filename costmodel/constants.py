@@ -44,7 +44,8 @@ class CostConstants:
             reduce-scatter can hide (prefetch).
         dp_overlap: fraction of backward under which the bucketed DP gradient all-reduce hides.
         tp_overlap: fraction of TP/SP collectives hidden by communication-GEMM overlap.
-        cp_overlap: fraction of ring-attention K/V exchange hidden under attention compute.
+        cp_overlap: fraction of a ring-attention step's attention under which the next K/V block's
+            transfer hides (asynchronous point-to-point on GPUs: all of it; gloo on a CPU: none).
         ep_overlap: fraction of MoE all-to-all hidden.
         pp_overlap: fraction of pipeline send/recv hidden.
         comm_interference: fraction of the hidden communication time that still costs compute
@@ -84,7 +85,7 @@ class CostConstants:
     fsdp_overlap: float = 0.85
     dp_overlap: float = 0.85
     tp_overlap: float = 0.0
-    cp_overlap: float = 0.80
+    cp_overlap: float = 1.0
     ep_overlap: float = 0.0
     pp_overlap: float = 0.9
     comm_interference: float = 0.0

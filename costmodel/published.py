@@ -58,6 +58,7 @@ class SourceRules:
     recv_buffers: str = "per_micro_batch"  # pipeline receive buffers (vocab.strategy.Workload)
     kernels: str = "eager"  # memory-bound kernels; a row whose notes say torch.compile runs fused ones
     zero3_master: str = "parameter"  # FSDP's sharded parameter is the fp32 master (DeepSpeed: "optimizer")
+    cp_rotate: str = "allgather"  # how a context-parallel ring moves K/V (torchtitan's default)
 
 
 SOURCE_RULES = (  # first match wins
@@ -74,12 +75,15 @@ SOURCE_RULES = (  # first match wins
     # Megatron formula (checked: LLAMA2-7B 780 TFLOP/s at 16934 tok/s); mcore distributed optimizer.
     # Megatron-core allocates a pipeline receive buffer per receive, freed with the activations.
     # Megatron-core runs Transformer Engine's fused norms and fused bias-activation/dropout kernels.
-    SourceRules("NVIDIA/NeMo", sharding="zero1", cross_entropy="fused", recv_buffers="none", kernels="fused"),
+    # Megatron's cp_comm_type defaults to p2p: K/V blocks passed round the ring step by step.
+    SourceRules("NVIDIA/NeMo", sharding="zero1", cross_entropy="fused", recv_buffers="none", kernels="fused",
+                cp_rotate="alltoall"),
     # Megatron formula (checked: 1.7B 408.8 TFLOP/s = MFU 0.41 of 989); distributed optimizer implied,
     # interleaved pipeline (PP overlap is enabled, which Megatron implements for interleaving).
     SourceRules("NVIDIA/Megatron-LM", sharding="zero1", schedule="interleaved", vpp=2, cross_entropy="fused",
-                recv_buffers="none", kernels="fused"),
+                recv_buffers="none", kernels="fused", cp_rotate="alltoall"),
     # Table 4: BF16 MFU, formula not stated (Megatron's assumed); interleaved schedule per §3.3.2.
+    # Section 3.3.2: all-gather based context parallelism (K/V gathered, then attention).
     SourceRules("Llama Team 'The Llama 3 Herd", schedule="interleaved", vpp=2, cross_entropy="fused",
                 kernels="fused"),
 )
@@ -426,6 +430,7 @@ def _strategy(r: dict[str, str], rules: SourceRules, cfg: TransformerConfig, gpu
     layers += [LayerStrategy(unit=f"layers.{i}", sharding=sharding, recompute="full") for i in blocks]  # type: ignore[arg-type]
     try:
         return Strategy(mesh=Mesh(pp=pp, dp_shard=dp, cp=cp, tp=tp), micro_batch=mb, schedule=schedule,  # type: ignore[arg-type]
-                        vpp=vpp, sequence_parallel=tp > 1, default=default, layers=layers), gb
+                        vpp=vpp, sequence_parallel=tp > 1, default=default, layers=layers,
+                        cp_rotate=rules.cp_rotate), gb  # type: ignore[arg-type]
     except ValueError as e:
         return f"strategy invalid: {e}"

@@ -206,7 +206,7 @@ def price_unit(name: str, nodes: Sequence[LayerNode], dev: DeviceModel, cfg: Con
                 "remat": sum(acts, z) if full else z,
                 "hw_flops": hw + fwd_flops if full else hw,
                 "pending": grads_out if full else grads_out - loss_held,
-                **traffic.comm(dev, passes, params, fwd + bwd, attn_time),
+                **traffic.comm(dev, passes, params, fwd + bwd, attn_time, attn_fwd),
             }
         dk = (tuple((op.sharding, op.offload) for op in o.ops), splits)
         if dk not in by_dp:
@@ -282,6 +282,38 @@ class _Traffic:
         self.act_msg = 2.0 * b * w.seq_len / cp * _hidden(nodes) * ew
         self.cp_bytes = self.kv_bytes / tp  # what a context-parallel ring gathers: the tp rank's heads
 
+    def ring(self, dev: DeviceModel, passes: int, attn_fwd: F, attn_bwd: F) -> F:
+        """Exposed seconds of ring attention over ``cp`` ranks for a micro-batch, forward ``passes - 1``
+        times and backward once. Each pass runs ``cp`` steps, one block of the sequence's K/V each;
+        every step after the first adds an attention launch and merges its partial output into the
+        running one (the fp32 output read twice and written once).
+
+        * ``alltoall`` (point to point: Megatron's p2p, torchtitan's alltoall): before each of the
+          ``cp - 1`` later steps the next block arrives from the ring's neighbour while the current
+          step's attention runs (``cp_overlap`` of it); the step waits on the slowest link of the
+          ring (the scale-out network once the ring leaves a scale-up domain). Backward passes the
+          K/V block and its dK/dV on, twice the bytes, under the step's backward attention.
+        * ``allgather``: the whole K/V is all-gathered while the rank attends its own block, then the
+          other blocks run back to back; backward gathers again and reduce-scatters dK/dV after.
+        """
+        cfg, c = self.cfg, dev.c
+        cp, grp = cfg.cp, cfg.cp_group
+        steps = np.maximum(cp - 1, 0)
+        step_f, step_b = attn_fwd / cp * c.cp_overlap, attn_bwd / cp * c.cp_overlap
+        out = self.act_msg / cfg.tp  # this rank's attention output (its queries, its heads)
+        merge_bytes = np.broadcast_to(3 * 2.0 * out, cp.shape)  # fp32: twice the 16-bit output
+        uniq, inv = np.unique(merge_bytes, return_inverse=True)
+        merge = np.array([dev.memory_time(float(x)) for x in uniq])[inv.reshape(-1)] + c.gemm_overhead_s
+        block = self.cp_bytes / cp
+        p2p_f = steps * c.exposed(dev.collective_time("send_recv", block, grp), step_f)
+        p2p_b = steps * c.exposed(dev.collective_time("send_recv", 2 * block, grp), step_b)
+        gather = dev.collective_time("all_gather", self.cp_bytes, grp)
+        ag_f = c.exposed(gather, step_f)
+        ag_b = c.exposed(gather, step_b) + dev.collective_time("reduce_scatter", self.cp_bytes, grp)
+        fwd = np.where(cfg.alltoall, p2p_f, ag_f) + steps * merge
+        bwd = np.where(cfg.alltoall, p2p_b, ag_b) + steps * c.gemm_overhead_s
+        return (passes - 1) * fwd + bwd
+
     def tsp_volumes(self, params: F) -> tuple[F, F, F]:
         """TSP, per micro-batch, the bytes of: a pass's all-gather of the unit's weights (every rank's
         shard of ``params``, bf16), the reduce-scatter of their gradients (fp32, once) and a pass's
@@ -289,7 +321,8 @@ class _Traffic:
         wbytes = GATHER_BYTES * params * self.cfg.tp
         return wbytes, wbytes * GRAD_REDUCE_BYTES / GATHER_BYTES, self.kv_bytes
 
-    def comm(self, dev: DeviceModel, passes: int, params: F, compute: F, attn_time: F) -> dict[str, F]:
+    def comm(self, dev: DeviceModel, passes: int, params: F, compute: F, attn_time: F, attn_fwd: F
+             ) -> dict[str, F]:
         cfg, c = self.cfg, dev.c
         tp, cp, ep = cfg.tp, cfg.cp, cfg.ep
         tpg = cfg.tp_group
@@ -314,12 +347,11 @@ class _Traffic:
             t = t + dev.collective_time("reduce_scatter", gbytes, tpg)
             t = t + passes * dev.collective_time("all_gather", kv, tpg)
             comm_tp = np.where(tsp, c.exposed(t, c.fsdp_overlap * compute), comm_tp)
-        # CP: ring — K/V gathered in forward, again plus dK/dV in backward; Ulysses — all-to-all of
-        # q, k, v and of the output, forward and backward
+        # CP: ring step by step (:meth:`ring`); Ulysses — all-to-all of q, k, v and of the output,
+        # forward and backward
         context = (cp > 1) & (self.cp_bytes > 0)
         if (context & ~cfg.ulysses).any():
-            ring = dev.collective_time("all_gather", self.cp_bytes, cfg.cp_group) * (passes + 1)
-            comm_cp = np.where(context & ~cfg.ulysses, c.exposed(ring, c.cp_overlap * attn_time * passes / 2), comm_cp)
+            comm_cp = np.where(context & ~cfg.ulysses, self.ring(dev, passes, attn_fwd, attn_time - attn_fwd), comm_cp)
         if (context & cfg.ulysses).any():
             uly = 2 * dev.collective_time("all_to_all", self.act_msg * 2 / tp, cfg.cp_group) * passes
             comm_cp = np.where(context & cfg.ulysses, uly, comm_cp)

@@ -110,7 +110,7 @@ class SpaceOptions:
     strict_tp: bool = False  # tp divides the KV heads and the FFN width (no KV-head replication)
     tp_experts: bool = True  # tp > 1 for mixture-of-experts models
     tsp_cp_modes: tuple[str, ...] = ("ring", "ulysses")  # context-parallel modes beside TSP
-    cp_rotate: str = "allgather"  # how the target's ring moves K/V (recorded in the plan, priced alike)
+    cp_rotate: str = "allgather"  # how the target's ring moves K/V (recorded in the plan, priced as it runs)
 
     def with_(self, **kw: object) -> SpaceOptions:
         return replace(self, **kw)  # type: ignore[arg-type]

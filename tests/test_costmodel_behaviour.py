@@ -210,3 +210,36 @@ def test_receive_buffers_follow_the_trainer() -> None:
     assert recv_buffers("1f1b", 1, 4, 16.0) == (13.0, 16.0)
     assert recv_buffers("1f1b", 1, 4, 16.0, kind="one") == (1.0, 1.0)
     assert recv_buffers("1f1b", 1, 4, 16.0, kind="none") == (0.0, 0.0)
+
+
+def _ring(seq: int, cp: int, rotate: str, cluster: str = "16xh100", tp: int = 1) -> tuple[float, DeviceModel]:
+    """Exposed CP seconds of one Llama-3-8B block per micro-batch, spec sheet without interference."""
+    from costmodel.constants import CostConstants
+    from costmodel.units import unit_cost
+
+    cl = parse_cluster(cluster)
+    dev = DeviceModel(cl, constants=CostConstants(comm_interference=0.0))
+    g = load_model("llama3-8b", seq)
+    nodes = [n for n in g.nodes if n.block == 0]
+    s = Strategy(mesh=Mesh(cp=cp, tp=tp, dp_shard=cl.world_size // (cp * tp)), cp_rotate=rotate,
+                 sequence_parallel=tp > 1)
+    return unit_cost("layers.0", nodes, dev, s, Workload(seq_len=seq, global_batch=cl.world_size)).comm_cp, dev
+
+
+def test_ring_attention_hides_each_step_under_its_attention() -> None:
+    """With long blocks every point-to-point step hides under the step's attention: what is left is
+    the extra attention launches and the merges of the partial outputs (fp32, read twice, written
+    once), exactly. Gathering instead leaves dK/dV's reduce-scatter exposed; and short blocks
+    (1,024 tokens a rank over 16 ranks, the ring leaving the node) expose the transfers."""
+    seq, cp = 32768, 2
+    long_p2p, dev = _ring(seq, cp, "alltoall")
+    out = 2 * seq // cp * 4096  # bf16 output of the rank's queries
+    launch = dev.c.gemm_overhead_s
+    assert long_p2p == pytest.approx((cp - 1) * (dev.memory_time(3 * 2 * out) + launch) + (cp - 1) * launch,
+                                     rel=1e-9)
+    long_ag, _ = _ring(seq, cp, "allgather")
+    assert long_ag > long_p2p
+    short, _ = _ring(16384, 16, "alltoall")
+    per_token_short = short / (16384 / 16)
+    per_token_long = long_p2p / (seq / cp)
+    assert per_token_short > 5 * per_token_long

@@ -223,9 +223,9 @@ class Strategy(_Strict):
     tp_mode: Literal["megatron", "tsp"] = "megatron"
     cp_mode: Literal["ring", "ulysses"] = "ring"
     cp_rotate: Literal["allgather", "alltoall"] = Field(
-        "allgather", description="how a ring moves K/V (torchtitan's names): allgather (gathered before "
-        "attention) or alltoall (passed point to point round the ring, cp-1 steps); the cost model prices "
-        "both as one all-gather")
+        "allgather", description="how a ring moves K/V (torchtitan's names): allgather (gathered while the "
+        "rank attends its own block) or alltoall (passed point to point round the ring, cp-1 steps, each "
+        "under the step's attention)")
     default: LayerStrategy = LayerStrategy()
     layers: list[LayerStrategy] = Field(default_factory=list)
 
@@ -330,7 +330,7 @@ class MeshConfig:
     sequence_parallel: bool
     tp_mode: str = "megatron"
     cp_mode: str = "ring"
-    cp_rotate: str = "allgather"  # how the target's ring moves K/V: priced alike, recorded in the plan
+    cp_rotate: str = "allgather"  # how the target's ring moves K/V (costmodel.units._Traffic.ring)
 
     @classmethod
     def of(cls, s: Strategy) -> MeshConfig:
