@@ -29,7 +29,9 @@ from vocab.errors import ShardplanError
 #: Constants fitted on time-like metrics, with bounds. ``fsdp_overlap`` is not among them: the only
 #: runs whose FSDP traffic is not hidden anyway are one source's slow-network runs, and without them
 #: the fit traded the overlap against the compute efficiencies (it collapsed to 0 when that source
-#: was held out). It keeps its documented value.
+#: was held out). It keeps its documented value. Nor is ``memory_efficiency``: it is a streaming
+#: kernel's fraction of HBM bandwidth, and what its old fitted value (0.27) absorbed is the eager
+#: kernels' extra passes, which ``costmodel.kernels`` counts.
 TIME_BOUNDS: dict[str, tuple[float, float]] = {
     "gemm_scale": (0.3, 1.2),
     "attention_efficiency": (0.1, 1.5),
@@ -38,9 +40,6 @@ TIME_BOUNDS: dict[str, tuple[float, float]] = {
     "step_overhead_s": (0.0, 2.0),
     "comm_interference": (0.0, 0.9),
 }
-#: ``memory_efficiency`` is not fitted either: it is a streaming kernel's fraction of HBM bandwidth, and
-#: what the old fitted value (0.27) absorbed is the kernels' extra passes, which ``costmodel.kernels``
-#: now counts.
 #: Fitted per accelerator when enough runs measured it. Attention and memory efficiencies are already
 #: relative to the accelerator's GEMM rate and HBM bandwidth; fitting them per accelerator as well
 #: made held-out sources worse (leave-one-source-out), so they stay global.
@@ -248,16 +247,15 @@ def fit_memory(rows: Sequence[PublishedRow], constants: ConstantsFor) -> tuple[d
     return {"fragmentation": frag}, {**support, "memory_fitted": True}
 
 
-def fit(rows: Sequence[PublishedRow], base: CostConstants | None = None, bands: bool = True) -> FitResult:
+def fit(rows: Sequence[PublishedRow], base: CostConstants | None = None) -> FitResult:
     """Time constants, then memory constants, on the A/B rows of ``rows``; then the error bands of
-    the fitted model (:func:`error_bands`) unless ``bands`` is off."""
+    the fitted model (:func:`error_bands`)."""
     result = fit_time(rows, base)
     mem, sup = fit_memory(rows, result.constants(base))
     result.default.update(mem)
     result.support.setdefault("default", {}).update(sup)
-    if bands:
-        preds, _ = predict([r for r in fit_rows(rows) if r.metric in TIME_METRICS], result.constants(base))
-        result.bands = error_bands(preds)
+    preds, _ = predict([r for r in fit_rows(rows) if r.metric in TIME_METRICS], result.constants(base))
+    result.bands = error_bands(preds)
     return result
 
 

@@ -5,9 +5,9 @@ its inputs read once, its outputs written once). What the kernels really move de
 trainer (``Workload.kernels``): PyTorch eager decomposes an RMSNorm into eight kernels forward and
 sixteen backward and a SwiGLU into two and three, each a full pass over the activations; a fused
 stack (Transformer Engine, Apex and Megatron's fused kernels, ``torch.compile``) runs one kernel
-each way. The cross-entropy follows
-``Workload.cross_entropy``. Each kernel then streams at the accelerator's HBM bandwidth times
-``CostConstants.memory_efficiency`` (a large-array streaming efficiency, not a fitted catch-all).
+each way. The cross-entropy follows ``Workload.cross_entropy``. Each kernel then streams at the
+accelerator's HBM bandwidth times ``CostConstants.memory_efficiency`` (a large-array streaming
+efficiency, not a fitted catch-all).
 The optimizer step is a fused AdamW in every target's default (Megatron's and DeepSpeed's
 FusedAdam, torchtitan's ``implementation = "fused"``).
 
