@@ -23,7 +23,7 @@ import yaml
 from costmodel.constants import CONSTANTS_PATH, CostConstants
 from costmodel.published import TIME_METRICS, PublishedRow
 from costmodel.report import GIB
-from costmodel.validate import ConstantsFor, predict, source_label
+from costmodel.validate import ConstantsFor, predict, source_label, sweep_key
 from vocab.errors import ShardplanError
 
 #: Constants fitted on time-like metrics, with bounds. ``fsdp_overlap`` is not among them: the only
@@ -83,7 +83,7 @@ class FitResult:
             "accelerators": {a: section(a, c) for a, c in sorted(self.accelerators.items())},
         }
         if self.bands:
-            out["error_bands"] = {k: {"rows": int(v["rows"]), "low": round(v["low"], 4), "high": round(v["high"], 4)}
+            out["error_bands"] = {k: {"rows": int(v["rows"]), **{f: round(v[f], 4) for f in ("low", "high", "pair")}}
                                   for k, v in sorted(self.bands.items())}
         return out
 
@@ -260,11 +260,15 @@ def fit(rows: Sequence[PublishedRow], base: CostConstants | None = None) -> FitR
 
 
 def error_bands(preds: Sequence[Any], low_q: float = 10.0, high_q: float = 90.0) -> dict[str, dict[str, float]]:
-    """The 10th and 90th percentiles of the signed step-time error (``Prediction.time_error``:
-    the published time over the predicted, less 1) per slice: every row (``all``), per accelerator,
-    and per accelerator and precision (``h100-sxm/fp8``); slices of fewer than ``BAND_MIN_ROWS`` rows
-    are left to the wider one."""
+    """Per slice — every row (``all``), per accelerator, per accelerator and precision
+    (``h100-sxm/fp8``) — the 10th and 90th percentiles of the signed step-time error
+    (``Prediction.time_error``: the published time over the predicted, less 1), and ``pair``: the
+    90th percentile of the error of the ratio of two runs of one sweep (one model on one cluster,
+    the configuration apart), the band within which two plans' predicted times are not told apart
+    (their shared errors cancel); slices of fewer than ``BAND_MIN_ROWS`` rows (or pairs) are left to
+    the wider one."""
     slices: dict[str, list[float]] = {}
+    runs: dict[str, dict[tuple, list[Any]]] = {}
     for p in preds:
         e = p.time_error
         if e is None:
@@ -272,8 +276,23 @@ def error_bands(preds: Sequence[Any], low_q: float = 10.0, high_q: float = 90.0)
         acc = p.row.cluster.accelerator.name
         for key in ("all", acc, f"{acc}/{p.row.workload.precision}"):
             slices.setdefault(key, []).append(e)
-    return {k: {"rows": len(v), "low": float(np.percentile(v, low_q)), "high": float(np.percentile(v, high_q))}
-            for k, v in slices.items() if len(v) >= BAND_MIN_ROWS}
+            runs.setdefault(key, {}).setdefault(p.row.key, []).append(p)
+    out = {k: {"rows": len(v), "low": float(np.percentile(v, low_q)), "high": float(np.percentile(v, high_q))}
+           for k, v in slices.items() if len(v) >= BAND_MIN_ROWS}
+    for k, band in out.items():
+        pairs = _pair_errors(runs[k])
+        band["pair"] = float(np.percentile(pairs, high_q)) if len(pairs) >= BAND_MIN_ROWS else band["high"] - band["low"]
+    return out
+
+
+def _pair_errors(runs: dict[tuple, list[Any]]) -> list[float]:
+    """|log(predicted ratio / published ratio)| of every pair of distinct runs of one sweep."""
+    sweeps: dict[tuple, list[tuple[float, float]]] = {}
+    for ps in runs.values():
+        pub = float(np.mean([p.published_tps for p in ps]))
+        sweeps.setdefault(sweep_key(ps[0].row), []).append((pub, float(ps[0].predicted_tps)))
+    return [abs(math.log(qa / qb) - math.log(pa / pb))
+            for members in sweeps.values() for i, (pa, qa) in enumerate(members) for pb, qb in members[i + 1:]]
 
 
 def write_constants(result: FitResult, path: str | Path = CONSTANTS_PATH, header: str = "") -> Path:

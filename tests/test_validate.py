@@ -6,6 +6,7 @@ import csv
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -222,16 +223,24 @@ def test_error_bands_per_slice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     """Bands are the 10th-90th percentiles of the signed step-time errors per slice (every row, the
     accelerator, the accelerator at a precision), slices of under ten rows left to the wider one; a
     prediction's band scales its step time, and a measured profile has none."""
+    import math
+
     import costmodel.constants as constants
     from costmodel.fit import FitResult, error_bands
     from planner.reprice import band_text, step_band
 
-    rows, _ = load_published(_csv(tmp_path / "r.csv", [MPT]))
-    preds = [_pred(rows[0], 100.0 + i, 100.0) for i in range(11)]  # errors 0%, 1%, ..., 10%
+    sweep = [{**MPT, "micro_batch": str(mb)} for mb in (1, 2, 4, 8, 16, 32)]
+    rows, _ = load_published(_csv(tmp_path / "r.csv", [*sweep[:5], *[{**s, "gpus": "16", "dp": "16"} for s in sweep]]))
+    assert len({r.key for r in rows}) == 11
+    preds = [_pred(r, 100.0 + i, 100.0) for i, r in enumerate(rows)]  # errors 0%, 1%, ..., 10%
     bands = error_bands(preds)
     assert set(bands) == {"all", "a100-80gb", "a100-80gb/bf16"}
     assert bands["all"]["rows"] == 11 and bands["all"]["low"] == pytest.approx(0.01)
     assert bands["all"]["high"] == pytest.approx(0.09)
+    # two sweeps (8 and 16 GPUs) of 5 and 6 runs: 10 + 15 pairs, each off by the log of its ratio
+    pairs = sorted(abs(math.log((100 + i) / (100 + j))) for grp in (range(5), range(5, 11))
+                   for i in grp for j in grp if i < j)
+    assert bands["all"]["pair"] == pytest.approx(float(np.percentile(pairs, 90)))
     assert error_bands(preds[:9]) == {}
     assert FitResult(default={}, bands=bands).to_yaml()["error_bands"]["a100-80gb"]["high"] == 0.09
     monkeypatch.setattr(constants, "_overrides_file", lambda: {"error_bands": {
