@@ -142,8 +142,8 @@ def node_times(n: LayerNode, dev: DeviceModel, cfg: ConfigArrays, w: Workload, t
     tdiv = tp_divisor(n, cfg) if tdiv is None else tdiv
     scale = cfg.micro_batch / cfg.cp / tdiv
     calls = np.full(cfg.size, float(split))
-    if n.kind == "attention":  # one call; its query length is the sequence over the cp ranks
-        calls = cfg.cp.astype(float)
+    if n.kind == "attention":  # one call; a ring rank's queries are the sequence over the cp ranks,
+        calls = np.where(cfg.ulysses, 1.0, cfg.cp)  # Ulysses' the whole sequence (for 1/cp of the heads)
     if n.kind == "experts":
         calls = np.maximum(1.0, n.dims.get("experts", 1) / cfg.ep) * split
     if cfg.size == 1:  # one configuration: nothing to share

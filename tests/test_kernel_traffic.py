@@ -100,3 +100,19 @@ def test_attention_kernel_shape() -> None:
     ratio = attention_shape_factor(kernel, 8192, 128, True) / attention_shape_factor(kernel, 1024, 128, True)
     launch = dev.c.gemm_overhead_s  # per call, not per FLOP
     assert cp8 * 8 == pytest.approx((one - launch) * ratio + launch * 8, rel=1e-9)
+
+
+def test_ulysses_attends_the_whole_sequence() -> None:
+    """Ulysses gives each rank the whole sequence for 1/cp of the heads: its attention kernel runs at
+    the full sequence's shape, so cp=8 Ulysses costs 1/8 of the unsplit attention (a ring's
+    1,024-token blocks cost more: their diagonal tiles)."""
+    cluster = parse_cluster("8xh100-sxm")
+    dev = DeviceModel(cluster, constants=CostConstants())
+    attn = next(n for n in load_model("llama3-8b", 8192).nodes if n.kind == "attention")
+    w = Workload(seq_len=8192, global_batch=8)
+    launch = dev.c.gemm_overhead_s
+    one = node_times(attn, dev, ConfigArrays.of_strategy(Strategy()), w)[0][0]
+    uly = node_times(attn, dev, ConfigArrays.of_strategy(Strategy(mesh=Mesh(cp=8), cp_mode="ulysses")), w)[0][0]
+    ring = node_times(attn, dev, ConfigArrays.of_strategy(Strategy(mesh=Mesh(cp=8))), w)[0][0]
+    assert uly - launch == pytest.approx((one - launch) / 8, rel=1e-9)
+    assert ring > uly
