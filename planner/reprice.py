@@ -81,7 +81,7 @@ def step_band(step_s: float, accelerator: str, precision: str, measured: bool = 
     """Where the real step time likely lies: ``step_s`` scaled by the error band of the published
     runs on the accelerator at the precision (:func:`costmodel.constants.error_band`), with the
     slice and its rows; None for a plan priced from a measured profile (its own numbers) or without
-    bands. Predictions within one band of each other are not told apart."""
+    bands."""
     from costmodel.constants import error_band
 
     b = None if measured else error_band(accelerator, precision)

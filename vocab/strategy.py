@@ -189,7 +189,6 @@ class Workload(_Strict):
         "one input and one gradient buffer, reused), none (Megatron-LM, nanotron: allocated per receive, "
         "freed with the activations)"
     )
-
     kernels: Literal["eager", "fused"] = Field(
         "eager", description="memory-bound kernels (norms, activations): eager (PyTorch op by op: this runtime, "
         "torchtitan without compile, Hugging Face) or fused (one kernel each way: Megatron-LM / Transformer Engine, "

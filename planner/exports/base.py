@@ -328,8 +328,8 @@ def _precision(n: Nearest, t: Target) -> None:
         w["precision"] = "bf16"
     if n.mesh["pp"] == 1:  # no pipeline, no receive buffers: how the target keeps them changes nothing
         w["recv_buffers"] = t.behaviour.recv_buffers[0]
-    if w["precision"] == "fp32" or "zero3" not in {str(v)[:5] for v in n.values("sharding")}:  # no 16-bit ZeRO-3 shard: where the master lives changes nothing
-        w["zero3_master"] = t.behaviour.zero3_master[0]
+    if w["precision"] == "fp32" or not any(str(v).startswith("zero3") for v in n.values("sharding")):
+        w["zero3_master"] = t.behaviour.zero3_master[0]  # no 16-bit ZeRO-3 shard: where the master lives changes nothing
     rotate = t.behaviour.cp_rotate
     if n.mesh["cp"] > 1 and n.fields["cp_mode"] == "ring" and n.fields["cp_rotate"] not in rotate:
         n.behave("ring rotation", f"{n.fields['cp_rotate']} → {rotate[0]} (how {t.name} moves K/V round its ring)")
