@@ -69,7 +69,7 @@ def _bytes(tree: object) -> int:
 
 @dataclass(frozen=True)
 class Traffic:
-    """Bytes per element of the operator's input (one row of ``width`` features), each way."""
+    """Bytes per element of the operator's first input, each way, and the ATen ops that moved them."""
 
     forward: float
     backward: float
@@ -77,10 +77,10 @@ class Traffic:
     backward_ops: int
 
 
-def count(fn: Callable[..., torch.Tensor], *shapes: tuple[int, ...], dtype: torch.dtype = torch.bfloat16,
-          per: int | None = None) -> Traffic:
+def count(fn: Callable[..., torch.Tensor], *shapes: tuple[int, ...], dtype: torch.dtype = torch.bfloat16
+          ) -> Traffic:
     """Traffic of ``fn`` on fresh inputs of ``shapes`` (requiring gradients), forward then a
-    backward from a gradient of ones, per element of the first input (or ``per`` elements)."""
+    backward from a gradient of ones, per element of the first input."""
     xs = [torch.randn(s, dtype=dtype, requires_grad=True) for s in shapes]
     fwd = _Count()
     with fwd:
@@ -89,7 +89,7 @@ def count(fn: Callable[..., torch.Tensor], *shapes: tuple[int, ...], dtype: torc
     bwd = _Count()
     with bwd:
         y.backward(grad)
-    n = per or xs[0].numel()
+    n = xs[0].numel()
     return Traffic(fwd.bytes / n, bwd.bytes / n, len(fwd.ops), len(bwd.ops))
 
 
