@@ -46,22 +46,35 @@ def render_validation(data: dict[str, Any], title: str = "cost model vs publishe
 
     t = Table(title=title)
     t.add_column("source", no_wrap=True, overflow="ellipsis", max_width=44)
-    for col in ("rows", "time", "median", "p90", "rho", "mem", "mem med", "targets"):
+    for col in ("rows", "time", "median", "p90", "bias", "rho", "sweep", "nofit", "mem", "mem med", "targets"):
         t.add_column(col, justify="right", no_wrap=True)
     for s in [*data["sources"], data["overall"]]:
         ok = {True: "[green]met[/]", False: "[red]missed[/]", None: "–"}[s["meets_targets"]]
         if s["source"] == "overall":
             t.add_section()
             ok = "–"
+        sweep = f"{round(s['sweep_ordered'] * s['sweep_pairs'])}/{s['sweep_pairs']}" if s["sweep_pairs"] else "–"
+        bias = "–" if s["bias"] is None else f"{100 * s['bias']:+.1f}%"
         t.add_row(source_label(s["source"]), str(s["rows"]), str(s["time_rows"]), _pct(s["median_ape"]),
-                  _pct(s["p90_ape"]), _rho(s["spearman"]), str(s["memory_rows"]),
-                  _pct(s["memory_median_ape"]), ok)
+                  _pct(s["p90_ape"]), bias, _rho(s["spearman"]), sweep, str(len(s["misfits"])),
+                  str(s["memory_rows"]), _pct(s["memory_median_ape"]), ok)
     console.print(t)
     tg = data["targets"]
-    console.print(f"median/p90: absolute % error of time-like metrics; rho: Spearman of throughput within "
-                  f"the source; mem med: median absolute % error of memory. Targets per source with >= "
-                  f"{tg['min_rows']} rows: median <= {_pct(tg['median_ape'])}, p90 <= {_pct(tg['p90_ape'])}, "
-                  f"rho >= {tg['spearman']}, mem med <= {_pct(tg['memory_median_ape'])}.", highlight=False)
+    console.print(f"median/p90: absolute % error of time-like metrics; bias: median signed step-time error "
+                  f"(+: predicted too slow); rho: Spearman of throughput within the source; sweep: pairs of one "
+                  f"sweep > 5% apart ordered right; nofit: runs predicted above the device's memory; mem med: "
+                  f"median absolute % error of memory. Targets per source with >= {tg['min_rows']} rows: "
+                  f"median <= {_pct(tg['median_ape'])}, p90 <= {_pct(tg['p90_ape'])}, |bias| <= "
+                  f"{_pct(tg['bias'])}, every run fits, sweep >= {_pct(tg['sweep_ordered'])}, rho >= "
+                  f"{tg['spearman']}, mem med <= {_pct(tg['memory_median_ape'])}.", highlight=False)
+    misfits = [(s["source"], m) for s in data["sources"] for m in s["misfits"]]
+    if misfits:
+        k = Table(title=f"runs predicted not to fit ({len(misfits)})")
+        for col in ("source", "run: predicted peak of the worst rank, device"):
+            k.add_column(col, overflow="fold")
+        for src, m in misfits:
+            k.add_row(source_label(src, 30), m)
+        console.print(k)
     if data["skipped"]:
         k = Table(title=f"skipped rows ({len(data['skipped'])})")
         for col in ("row", "source", "metric", "reason"):
