@@ -1,4 +1,5 @@
-"""Memory-bound kernels by class: the bytes counted from ATen ops, and what the cost model charges."""
+"""Kernels by class: the bytes memory-bound kernels move (counted from ATen ops) and what the cost
+model charges for them; the attention kernel priced by its shape."""
 
 from __future__ import annotations
 
