@@ -139,8 +139,7 @@ class DeviceModel:
             return 0.0, 0.0
         if self.measured("bandwidth"):
             return self.memory_time(nbytes, op), self.memory_time(nbytes, op, backward=True)
-        rate = self.acc.hbm_tbps * 1e12 * self.c.memory_efficiency
-        return nbytes * traffic[0] / rate, nbytes * traffic[1] / rate
+        return self.memory_time(nbytes * traffic[0], op), self.memory_time(nbytes * traffic[1], op)
 
     def embedding_backward_time(self, nbytes: float, table_bytes: float) -> float:
         """Seconds of an embedding's backward whose forward moves ``nbytes``, over a table of

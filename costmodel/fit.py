@@ -23,7 +23,7 @@ import yaml
 from costmodel.constants import CONSTANTS_PATH, CostConstants
 from costmodel.published import TIME_METRICS, PublishedRow
 from costmodel.report import GIB
-from costmodel.validate import ConstantsFor, predict, source_label, sweep_key
+from costmodel.validate import ConstantsFor, predict, source_label, sweep_runs
 from vocab.errors import ShardplanError
 
 #: Constants fitted on time-like metrics, with bounds. ``fsdp_overlap`` is not among them: the only
@@ -287,12 +287,7 @@ def error_bands(preds: Sequence[Any], low_q: float = 10.0, high_q: float = 90.0)
 
 def _pair_errors(runs: dict[tuple, list[Any]]) -> list[float]:
     """|log(predicted ratio / published ratio)| of every pair of distinct runs of one sweep."""
-    sweeps: dict[tuple, list[tuple[float, float]]] = {}
-    for ps in runs.values():
-        pub = float(np.mean([p.published_tps for p in ps]))
-        sweeps.setdefault(sweep_key(ps[0].row), []).append((pub, float(ps[0].predicted_tps)))
-    return [abs(math.log(qa / qb) - math.log(pa / pb))
-            for members in sweeps.values() for i, (pa, qa) in enumerate(members) for pb, qb in members[i + 1:]]
+    return [abs(math.log(qa / qb) - math.log(pa / pb)) for (pa, qa), (pb, qb) in sweep_runs(runs)]
 
 
 def write_constants(result: FitResult, path: str | Path = CONSTANTS_PATH, header: str = "") -> Path:

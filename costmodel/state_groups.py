@@ -169,14 +169,14 @@ def _data_parallel(sg: StateGroup, sharding: str, offload: str, grp: AxisGroup, 
     local_opt = params / o_div
     if offload == "params":  # FSDP2's CPU offload: every gather copies the shard up, every backward sends its gradient down
         per_mb = params / p_div * pb * (1 if keep else 2) + params / g_div * GRAD_REDUCE_BYTES
-        out["offload"] = _each(dev.host_time, per_mb) * n_mb * (1 - c.dp_overlap)
+        out["offload"] = each_distinct(dev.host_time, per_mb) * n_mb * (1 - c.dp_overlap)
         out["optim"] = local_opt * HOST_ADAM_STATE_BYTES / c.host_adam_bytes_per_s
     elif on_host:  # ZeRO-Offload: Adam on the host; the accumulated gradients down, parameters up, once a step
-        out["offload"] = _each(dev.host_time, local_opt * (GRAD_REDUCE_BYTES + GATHER_BYTES)) * (1 - c.dp_overlap)
+        out["offload"] = each_distinct(dev.host_time, local_opt * (GRAD_REDUCE_BYTES + GATHER_BYTES)) * (1 - c.dp_overlap)
         out["optim"] = local_opt * HOST_ADAM_STATE_BYTES / c.host_adam_bytes_per_s
     else:
         out["offload"] = 0.0 * params
-        out["optim"] = _each(lambda x: dev.memory_time(x, "optimizer"), local_opt * ADAM_BYTES_PER_PARAM)
+        out["optim"] = each_distinct(lambda x: dev.memory_time(x, "optimizer"), local_opt * ADAM_BYTES_PER_PARAM)
     full, grads = params * pb, params * GRAD_REDUCE_BYTES  # gathered in the compute dtype, reduced in fp32
     k = sg.pieces
     z = 0.0 * params
@@ -219,7 +219,7 @@ def _data_parallel(sg: StateGroup, sharding: str, offload: str, grp: AxisGroup, 
     return {k: np.where(has, v, 0) if k.endswith("_bytes") else np.where(has, v, 0.0) for k, v in out.items()}
 
 
-def _each(fn: Any, x: F) -> F:
+def each_distinct(fn: Any, x: F) -> F:
     """``fn`` of every element, called once per distinct value."""
     uniq, inv = np.unique(x, return_inverse=True)
     return np.array([fn(float(v)) for v in uniq])[inv.reshape(-1)] if len(uniq) else np.zeros_like(x)

@@ -33,7 +33,7 @@ from costmodel.node_costs import (
     node_times,
     tp_divisor,
 )
-from costmodel.state_groups import group_costs, state_bytes
+from costmodel.state_groups import each_distinct, group_costs, state_bytes
 from profiler.graph import LayerNode
 from vocab.strategy import LayerStrategy, Strategy, Workload
 
@@ -302,8 +302,7 @@ class _Traffic:
         step_f, step_b = attn_fwd / cp * c.cp_overlap, attn_bwd / cp * c.cp_overlap
         out = self.act_msg / cfg.tp  # this rank's attention output (its queries, its heads)
         merge_bytes = np.broadcast_to(3 * 2.0 * out, cp.shape)  # fp32: twice the 16-bit output
-        uniq, inv = np.unique(merge_bytes, return_inverse=True)
-        merge = np.array([dev.memory_time(float(x)) for x in uniq])[inv.reshape(-1)] + c.gemm_overhead_s
+        merge = each_distinct(dev.memory_time, merge_bytes) + c.gemm_overhead_s
         block = self.cp_bytes / cp
         p2p_f = steps * c.exposed(dev.collective_time("send_recv", block, grp), step_f)
         p2p_b = steps * c.exposed(dev.collective_time("send_recv", 2 * block, grp), step_b)

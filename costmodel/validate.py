@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -229,21 +229,27 @@ def sweep_key(row: PublishedRow) -> tuple:
     return (row.source, row.model, row.cluster.accelerator.name, row.cluster.world_size)
 
 
-def sweep_pairs(runs: dict[tuple, list[Prediction]], gap: float = SWEEP_GAP) -> tuple[int, int]:
-    """(pairs, pairs ordered right): pairs of runs of one sweep whose published throughputs differ
-    by more than ``gap``, and how many of them the predicted throughputs order the same way."""
+def sweep_runs(runs: dict[tuple, list[Prediction]]) -> Iterator[tuple[tuple[float, float], tuple[float, float]]]:
+    """Every pair of distinct runs of one sweep (``runs``: the time-like predictions of each run), as
+    ((published, predicted) tokens/s per GPU of one, the same of the other)."""
     sweeps: dict[tuple, list[tuple[float, float]]] = {}
     for ps in runs.values():
         pub = float(np.mean([p.published_tps for p in ps]))
         sweeps.setdefault(sweep_key(ps[0].row), []).append((pub, float(ps[0].predicted_tps or 0.0)))
-    pairs = ordered = 0
     for members in sweeps.values():
-        for i, (pa, qa) in enumerate(members):
-            for pb, qb in members[i + 1:]:
-                if abs(pa - pb) <= gap * min(pa, pb):
-                    continue
-                pairs += 1
-                ordered += (pa > pb) == (qa > qb)
+        for i, a in enumerate(members):
+            for b in members[i + 1:]:
+                yield a, b
+
+
+def sweep_pairs(runs: dict[tuple, list[Prediction]], gap: float = SWEEP_GAP) -> tuple[int, int]:
+    """(pairs, pairs ordered right): pairs of runs of one sweep whose published throughputs differ
+    by more than ``gap``, and how many of them the predicted throughputs order the same way."""
+    pairs = ordered = 0
+    for (pa, qa), (pb, qb) in sweep_runs(runs):
+        if abs(pa - pb) > gap * min(pa, pb):
+            pairs += 1
+            ordered += (pa > pb) == (qa > qb)
     return pairs, ordered
 
 

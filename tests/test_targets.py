@@ -260,9 +260,7 @@ def test_plans_record_the_targets_receive_buffers() -> None:
     doc = json.loads(p.to_json())
     with pytest.raises(PlanError, match="workload.recv_buffers 'none' needs schema_version 1.3"):
         parse_plan({**doc, "schema_version": "1.2"})
-    older = json.loads(searched("shardplan", "gpt2").to_json())
-    older["schema_version"] = "1.2"
-    older["inputs"]["workload"] = pre_1_4(older["inputs"]["workload"])
+    older = older_doc("1.2")
     del older["inputs"]["workload"]["recv_buffers"]
     assert parse_plan(older).inputs.workload.recv_buffers == "per_micro_batch"
 
@@ -270,6 +268,13 @@ def test_plans_record_the_targets_receive_buffers() -> None:
 def pre_1_4(workload: dict[str, Any]) -> dict[str, Any]:
     """A workload as documents before schema 1.4 wrote it (no kernels, no ZeRO-3 master)."""
     return {k: v for k, v in workload.items() if k not in ("kernels", "zero3_master")}
+
+
+def older_doc(version: str) -> dict[str, Any]:
+    """The shardplan target's GPT-2 plan as a document of an older ``version`` writes it."""
+    doc = json.loads(searched("shardplan", "gpt2").to_json())
+    return {**doc, "schema_version": version,
+            "inputs": {**doc["inputs"], "workload": pre_1_4(doc["inputs"]["workload"])}}
 
 
 def test_plans_record_the_targets_kernels() -> None:
@@ -282,10 +287,7 @@ def test_plans_record_the_targets_kernels() -> None:
     doc = json.loads(p.to_json())
     with pytest.raises(PlanError, match="workload.kernels 'fused' needs schema_version 1.4"):
         parse_plan({**doc, "schema_version": "1.3"})
-    older = json.loads(searched("shardplan", "gpt2").to_json())
-    older["schema_version"] = "1.3"
-    older["inputs"]["workload"] = pre_1_4(older["inputs"]["workload"])
-    parsed = parse_plan(older).inputs.workload
+    parsed = parse_plan(older_doc("1.3")).inputs.workload
     assert (parsed.kernels, parsed.zero3_master) == ("eager", "optimizer")
     graph, cluster = load_model("llama3-8b", 2048), parse_cluster("8xh100-sxm")  # RMSNorm, SwiGLU
     w = Workload(seq_len=2048, global_batch=8, kernels="fused")

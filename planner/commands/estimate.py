@@ -229,12 +229,13 @@ def price_args(a: dict[str, Any], *, model_from_cli: bool = False) -> dict[str, 
     ce = a.get("cross_entropy") or (target[1] if target else wl.cross_entropy if wl else "eager")
     grad = a.get("grad_dtype") or (target[2] if target else wl.grad_dtype if wl else "fp32")
     check_workload_choices(attention_kernel=kernel, cross_entropy=ce, grad_dtype=grad)
-    recv = target[0].behaviour.recv_buffers[0] if target else (wl.recv_buffers if wl else "per_micro_batch")
-    kernels = target[0].behaviour.kernels[0] if target else (wl.kernels if wl else "eager")
-    master = target[0].behaviour.zero3_master[0] if target else (wl.zero3_master if wl else "optimizer")
+    # how the target runs what no option sets: its behaviour, else the plan's workload, else the default
+    behaved = {f: getattr(target[0].behaviour, f)[0] if target
+               else getattr(wl, f) if wl else Workload.model_fields[f].default
+               for f in ("recv_buffers", "kernels", "zero3_master")}
     try:
         w = Workload(seq_len=seq, global_batch=gb, precision=precision, attention_kernel=kernel,
-                     cross_entropy=ce, grad_dtype=grad, recv_buffers=recv, kernels=kernels, zero3_master=master)
+                     cross_entropy=ce, grad_dtype=grad, **behaved)
     except ValidationError as e:
         raise ShardplanError(f"invalid workload: {_pydantic_message(e)}") from None
     if model is None:
