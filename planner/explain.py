@@ -15,7 +15,6 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from costmodel.validate import caveats
 from planner.compare import describe_diff, describe_run, diff_strategies, label_units, runs
 from planner.reprice import (
     band_text,
@@ -159,6 +158,8 @@ def target_info(plan: Plan) -> dict[str, Any]:
 
 
 def explain_data(plan: Plan) -> dict[str, Any]:
+    from costmodel.validate import caveats  # the published-runs machinery, only once a plan is explained
+
     units = units_of(plan)
     pred = predicted_dict(plan)
     limit = memory_limit_gib(plan)
