@@ -15,9 +15,11 @@ import json
 import sys
 from pathlib import Path
 
-from profiler.hardware import accelerator
-from profiler.profile_schema import load_profile
-from vocab.errors import ShardplanError
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from profiler.hardware import accelerator  # noqa: E402
+from profiler.profile_schema import load_profile  # noqa: E402
+from vocab.errors import ShardplanError  # noqa: E402
 
 
 def compare(profile_path: str, acc_name: str | None = None) -> dict:

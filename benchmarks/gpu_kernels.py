@@ -1,0 +1,356 @@
+"""Kernel rates on one device against the cost model's spec-sheet prices: GEMMs by shape (bf16 and
+fp8), flash attention by sequence length and head dim, and the memory-bound kernels by class.
+
+    python benchmarks/gpu_kernels.py                       # cuda:0, against its accelerator file
+    python benchmarks/gpu_kernels.py --device cpu --small  # a dry run of every section on CPU
+
+Every row prints the measured time, the rate it implies (TFLOP/s, or TB/s over the bytes the
+kernels move as ``costmodel.kernels`` counts them) and the cost model's time for the same work on
+the accelerator file of the device (``DeviceModel`` on spec sheets, current constants), so a row's
+``model/measured`` is the model's error on that kernel. Sections:
+
+- ``copy``: a device-to-device copy, the streaming ceiling (bytes read and written).
+- ``gemm``: the forward, input-gradient and weight-gradient GEMMs of the linear layers of
+  transformer blocks of hidden 768-8192 (QKV, output, MLP up, MLP down; also MLP up split 8 ways by
+  tensor parallelism) at 4,096 and 16,384 tokens; bf16 ``torch.mm`` and, where the device has
+  fp8 (sm89+), ``torch._scaled_mm`` with per-tensor and per-row scales, and the fp8 cast with its
+  amax (per element of the cast input).
+- ``attention``: ``scaled_dot_product_attention`` forward and forward+backward with the flash and
+  cuDNN back-ends, causal and not, head dim 64/128/256, 512-32,768 tokens per sequence.
+- ``memory``: the eager RMSNorm, SwiGLU and cross-entropy of ``profiler.kernel_traffic`` and the
+  fused references, forward and backward; the residual add; a fused and a foreach AdamW step.
+
+``--json PATH`` writes every row; ``--summarize PATH`` prints the summary tables of such a file
+(docs/validation.md keeps them). ``--limit-s`` stops starting new sections past that time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from costmodel.device import DeviceModel  # noqa: E402
+from costmodel.kernels import EAGER_BYTES, FUSED_BYTES, MINIMAL_BYTES, RESIDUAL_BYTES  # noqa: E402
+from profiler.hardware import parse_cluster  # noqa: E402
+from profiler.kernel_traffic import norm_fused, rmsnorm_eager, swiglu_eager  # noqa: E402
+from profiler.measure_compute import guess_accelerator  # noqa: E402
+from profiler.profile_schema import ADAM_BYTES_PER_PARAM  # noqa: E402
+
+ROWS: list[dict] = []
+
+
+def sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def timed(fn: Callable[[], object], dev: torch.device, target_s: float = 0.01, max_reps: int = 50) -> float:
+    """Seconds of one call of ``fn``: two warm-ups, then the fastest of three blocks of calls
+    (each about ``target_s``), timed with CUDA events on a GPU."""
+    fn()
+    sync(dev)
+    t0 = time.perf_counter()
+    fn()
+    sync(dev)
+    one = max(time.perf_counter() - t0, 1e-6)
+    reps = int(min(max_reps, max(2, target_s / one)))
+    best = float("inf")
+    for _ in range(3):
+        if dev.type == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            for _ in range(reps):
+                fn()
+            b.record()
+            b.synchronize()
+            best = min(best, a.elapsed_time(b) / 1e3 / reps)
+        else:
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                fn()
+            best = min(best, (time.perf_counter() - t0) / reps)
+    return best
+
+
+def row(section: str, name: str, measured_s: float, model_s: float, work: float, unit: str, **extra: object) -> None:
+    """Record and print one row: ``work`` FLOPs (unit TFLOP/s) or bytes (TB/s) in ``measured_s``."""
+    rate = work / measured_s / 1e12
+    r = {"section": section, "name": name, "measured_s": measured_s, "model_s": model_s,
+         "rate": rate, "unit": unit, "model_over_measured": model_s / measured_s if model_s else None, **extra}
+    ROWS.append(r)
+    ratio = f"{model_s / measured_s:6.2f}" if model_s else "     -"
+    print(f"| {section} | {name} | {measured_s * 1e3:9.3f} | {model_s * 1e3:9.3f} | {ratio} | {rate:7.1f} {unit} |",
+          flush=True)
+
+
+# ---- sections ------------------------------------------------------------------------------
+
+def copy_section(dev: torch.device, model: DeviceModel, small: bool) -> None:
+    n = (1 << 20) if small else (1 << 30)  # bf16 elements: 2 GiB
+    x = torch.empty(n, dtype=torch.bfloat16, device=dev)
+    y = torch.empty_like(x)
+    t = timed(lambda: y.copy_(x), dev)
+    row("copy", f"{n * 2 / 2**30:.2f} GiB", t, 2 * n * 2 / (model.acc.hbm_tbps * 1e12), 2 * n * 2, "TB/s")
+
+
+def block_gemms(d: int, ffn: int) -> list[tuple[str, int, int]]:
+    """(name, out features, in features) of one transformer block's linear layers."""
+    return [("qkv", 3 * d, d), ("out", d, d), ("up", ffn, d), ("down", d, ffn), ("up/tp8", ffn // 8, d)]
+
+
+def gemm_section(dev: torch.device, model: DeviceModel, small: bool) -> None:
+    hiddens = [256, 512] if small else [768, 1024, 1536, 2048, 2560, 4096, 5120, 8192]
+    tokens = [256] if small else [4096, 16384]
+    fp8 = dev.type == "cuda" and torch.cuda.get_device_capability(dev) >= (8, 9) and hasattr(torch, "_scaled_mm")
+    for m in tokens:
+        for d in hiddens:
+            for lname, n, k in block_gemms(d, 4 * d):
+                # forward y = x W^T (m×k · k×n); input gradient (m×n · n×k); weight gradient (n×m · m×k)
+                for phase, (a, b, c) in {"fwd": (m, n, k), "dgrad": (m, k, n), "wgrad": (n, k, m)}.items():
+                    flops = 2.0 * a * b * c
+                    x = torch.randn(a, c, dtype=torch.bfloat16, device=dev)
+                    w = torch.randn(b, c, dtype=torch.bfloat16, device=dev)
+                    t = timed(lambda x=x, w=w: torch.mm(x, w.t()), dev)
+                    pred = model.gemm_time(flops, "bf16", shape=(a, b, c))
+                    shape = {"m": a, "n": b, "k": c, "hidden": d, "tokens": m, "layer": lname, "phase": phase}
+                    row("gemm bf16", f"d{d} t{m} {lname} {phase} ({a}x{b}x{c})", t, pred, flops, "TFLOP/s", **shape)
+                    if fp8:
+                        xq, wq = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
+                        one = torch.ones((), device=dev)
+                        rs_a, rs_b = torch.ones(a, 1, device=dev), torch.ones(1, b, device=dev)
+                        for scale, (sa, sb) in {"tensor": (one, one), "row": (rs_a, rs_b)}.items():
+                            try:
+                                t8 = timed(lambda xq=xq, wq=wq, sa=sa, sb=sb: torch._scaled_mm(
+                                    xq, wq.t(), sa, sb, out_dtype=torch.bfloat16), dev)
+                            except RuntimeError as e:  # a shape or scaling the back-end refuses
+                                print(f"| gemm fp8/{scale} | {a}x{b}x{c} | refused: {str(e)[:80]} |")
+                                continue
+                            row(f"gemm fp8/{scale}", f"d{d} t{m} {lname} {phase} ({a}x{b}x{c})", t8,
+                                model.gemm_time(flops, "fp8", shape=(a, b, c)), flops, "TFLOP/s",
+                                speedup=t / t8, **shape)
+                    del x, w
+        if fp8:  # the cast of an activation to fp8 with its amax: per element of the cast input
+            d = hiddens[-1]
+            x = torch.randn(m, 4 * d, dtype=torch.bfloat16, device=dev)
+
+            def cast(x: torch.Tensor = x) -> torch.Tensor:
+                scale = 448.0 / x.abs().amax().float().clamp(min=1e-12)
+                return (x.float() * scale).to(torch.float8_e4m3fn)
+
+            t = timed(cast, dev)
+            row("fp8 cast", f"{m}x{4 * d} amax+scale+cast", t, 0.0, x.numel() * 2.0, "TB/s (per input byte)")
+
+
+def _attention_times(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, backend: object,
+                     dev: torch.device) -> tuple[float, float]:
+    """Seconds of SDPA forward, and of forward plus backward, on ``backend``."""
+    from torch.nn.attention import sdpa_kernel
+
+    g = torch.randn_like(q)
+    with sdpa_kernel(backend):
+        def fwd() -> torch.Tensor:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+        tf = timed(fwd, dev)
+        tfb = timed(lambda: torch.autograd.grad(fwd(), (q, k, v), g), dev)
+    return tf, tfb
+
+
+def attention_section(dev: torch.device, model: DeviceModel, small: bool) -> None:
+    from torch.nn.attention import SDPBackend
+
+    backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION} if dev.type == "cuda" \
+        else {"math": SDPBackend.MATH}
+    total = 1024 if small else 32768  # tokens per call (batch × sequence)
+    seqs = [128, 256] if small else [512, 1024, 2048, 4096, 8192, 16384, 32768]
+    for hd in (64, 128, 256):
+        heads = (256 if small else 4096) // hd
+        for s in seqs:
+            b = max(1, total // s)
+            for causal in (True, False):
+                q, k, v = (torch.randn(b, heads, s, hd, dtype=torch.bfloat16, device=dev, requires_grad=True)
+                           for _ in range(3))
+                flops = 4.0 * b * heads * s * s * hd  # the full score matrix, forward
+                work = flops * (0.5 if causal else 1.0)
+                for bname, backend in backends.items():
+                    try:
+                        tf, tfb = _attention_times(q, k, v, causal, backend, dev)
+                    except RuntimeError as e:
+                        print(f"| attention {bname} | hd{hd} s{s} | refused: {str(e)[:80]} |")
+                        continue
+                    pf = model.attention_time(flops, causal, shape=(s, hd))
+                    pb = model.attention_time(flops, causal, backward=True, shape=(s, hd))
+                    tag = f"hd{hd} s{s} {'causal' if causal else 'full'}"
+                    extra = {"head_dim": hd, "seq": s, "causal": causal, "backend": bname}
+                    row(f"attention {bname} fwd", tag, tf, pf, work, "TFLOP/s", **extra)
+                    row(f"attention {bname} bwd", tag, max(tfb - tf, 1e-9), pb, 2.5 * work, "TFLOP/s (2.5x fwd)",
+                        **extra)
+                del q, k, v
+
+
+def memory_section(dev: torch.device, model: DeviceModel, small: bool) -> None:
+    rows_ = 512 if small else 16384
+    widths = [256] if small else [2048, 4096, 8192]
+
+    def fwd_bwd(fn: Callable[..., torch.Tensor], *shapes: tuple[int, ...]) -> tuple[float, float]:
+        xs = [torch.randn(s, dtype=torch.bfloat16, device=dev, requires_grad=True) for s in shapes]
+        y = fn(*xs)
+        g = torch.randn_like(y)
+        tf = timed(lambda: fn(*xs), dev)
+        tfb = timed(lambda: torch.autograd.grad(fn(*xs), xs, g), dev)
+        return tf, max(tfb - tf, 1e-9)
+
+    for w in widths:
+        n = rows_ * w
+        cases = {
+            "rmsnorm eager": (lambda x, g: rmsnorm_eager(x, g), [(rows_, w), (w,)], "rmsnorm", EAGER_BYTES),
+            "rmsnorm fused (layer_norm)": (lambda x, g: norm_fused(x, g), [(rows_, w), (w,)], "rmsnorm",
+                                           FUSED_BYTES),
+            "swiglu eager": (swiglu_eager, [(rows_, w), (rows_, w)], "swiglu", EAGER_BYTES),
+            "residual add": (torch.add, [(rows_, w), (rows_, w)], None, None),
+        }
+        for name, (fn, shapes, cls, table) in cases.items():
+            tf, tb = fwd_bwd(fn, *shapes)
+            per = table[cls] if table is not None else RESIDUAL_BYTES
+            nbytes = n * MINIMAL_BYTES[cls] if cls else n * 6.0
+            base = MINIMAL_BYTES[cls] if cls else 6.0
+            pf, pb = model.kernel_times(nbytes, "elementwise", (per[0] / base, per[1] / base))
+            row("memory fwd", f"{name} {rows_}x{w}", tf, pf, n * per[0], "TB/s (counted)")
+            if cls:  # an add's backward passes the gradient on: no kernel (the fork's sum is elsewhere)
+                row("memory bwd", f"{name} {rows_}x{w}", tb, pb, n * per[1], "TB/s (counted)")
+    ce_rows = 256 if small else 8192
+    for vocab in ([1024] if small else [50304, 128256]):
+        target = torch.randint(0, vocab, (ce_rows,), device=dev)
+        n = ce_rows * vocab
+        for name, fn, table in (("cross-entropy eager (fp32)", lambda x, t=target: F.cross_entropy(x.float(), t),
+                                 EAGER_BYTES), ("cross-entropy bf16", lambda x, t=target: F.cross_entropy(x, t), None)):
+            tf, tb = fwd_bwd(fn, (ce_rows, vocab))
+            per = (table or FUSED_BYTES)["cross_entropy"]
+            base = MINIMAL_BYTES["cross_entropy"]
+            pf, pb = model.kernel_times(n * base, "loss", (per[0] / base, per[1] / base))
+            row("memory fwd", f"{name} {ce_rows}x{vocab}", tf, pf if table else 0.0, n * per[0], "TB/s (counted)")
+            row("memory bwd", f"{name} {ce_rows}x{vocab}", tb, pb if table else 0.0, n * per[1], "TB/s (counted)")
+    numel = (1 << 18) if small else (1 << 28)  # parameters: 1 GiB of fp32 each tensor
+    params = [torch.zeros(numel // 16, device=dev, requires_grad=True) for _ in range(16)]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    for name, kw in (("fused", {"fused": True}), ("foreach", {"foreach": True})):
+        if name == "fused" and dev.type == "cpu" and not small:
+            continue
+        opt = torch.optim.AdamW(params, lr=1e-4, **kw)
+        t = timed(opt.step, dev, max_reps=10)
+        nbytes = numel * ADAM_BYTES_PER_PARAM
+        row("optimizer", f"AdamW {name} {numel / 1e6:.0f}M fp32 params", t, model.memory_time(nbytes, "optimizer"),
+            nbytes, "TB/s (36 B/param)")
+        del opt
+
+
+def _median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def summarize(rows: list[dict]) -> None:
+    """The condensed tables docs/validation.md keeps: GEMM rates and fp8 speed-ups by hidden size,
+    the per-call fit, attention by kernel, length and head dim, the memory-bound kernels."""
+    gemm = [r for r in rows if r["section"] == "gemm bf16"]
+    if gemm:
+        print("\n| hidden | bf16 TFLOP/s (4k / 16k tokens) | model/measured | fp8 speed-up, per-tensor | per-row |")
+        print("|---:|---:|---:|---:|---:|")
+        for d in sorted({r["hidden"] for r in gemm}):
+            cells = []
+            for t in sorted({r["tokens"] for r in gemm}):
+                cells.append(f"{_median([r['rate'] for r in gemm if r['hidden'] == d and r['tokens'] == t]):.0f}")
+            mm = _median([r["model_over_measured"] for r in gemm if r["hidden"] == d])
+            sp = [f"{_median([r['speedup'] for r in rows if r['section'] == f'gemm fp8/{k}' and r['hidden'] == d]):.2f}"
+                  for k in ("tensor", "row")]
+            print(f"| {d} | {' / '.join(cells)} | {mm:.2f} | {sp[0]} | {sp[1]} |")
+        for sec in ("gemm bf16", "gemm fp8/tensor", "gemm fp8/row"):
+            rs = [r for r in rows if r["section"] == sec]
+            if not rs:
+                continue
+            flops = np.array([2.0 * r["m"] * r["n"] * r["k"] for r in rs])
+            t = np.array([r["measured_s"] for r in rs])
+            (inv_rate, t0), *_ = np.linalg.lstsq(np.stack([flops / t, 1 / t], 1), np.ones_like(t), rcond=None)
+            big = flops > 1e11
+            print(f"{sec}: t = F / {1 / inv_rate / 1e12:.0f} TFLOP/s + {t0 * 1e6:.1f} us per call (relative least "
+                  f"squares, {len(rs)} GEMMs); median above 100 GFLOP {np.median(flops[big] / t[big]) / 1e12:.0f} TFLOP/s")
+    attn = [r for r in rows if r["section"].startswith("attention")]
+    if attn:
+        print("\n| kernel | head dim | causal | tokens | fwd TFLOP/s | bwd/fwd time | model/measured fwd, bwd |")
+        print("|---|---:|---|---:|---:|---:|---:|")
+        key = {(r["backend"], r["head_dim"], r["causal"], r["seq"], r["section"].split()[-1]): r for r in attn}
+        for (b, hd, causal, s, ph), f in sorted(key.items()):
+            if ph != "fwd" or s not in (512, 2048, 8192, 32768) or (b, hd, causal, s, "bwd") not in key:
+                continue
+            bw = key[(b, hd, causal, s, "bwd")]
+            print(f"| {b} | {hd} | {'yes' if causal else 'no'} | {s} | {f['rate']:.0f} | "
+                  f"{bw['measured_s'] / f['measured_s']:.2f} | {f['model_over_measured']:.2f}, "
+                  f"{bw['model_over_measured']:.2f} |")
+    mem = [r for r in rows if r["section"].startswith(("memory", "optimizer", "copy", "fp8 cast"))]
+    if mem:
+        print("\n| kernel | case | measured ms | TB/s over counted bytes | model/measured |")
+        print("|---|---|---:|---:|---:|")
+        for r in mem:
+            mm = f"{r['model_over_measured']:.2f}" if r["model_over_measured"] else "-"
+            print(f"| {r['section']} | {r['name']} | {r['measured_s'] * 1e3:.3f} | {r['rate']:.2f} | {mm} |")
+
+
+SECTIONS = {"copy": copy_section, "gemm": gemm_section, "attention": attention_section, "memory": memory_section}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--accelerator", default="", help="the accelerator file to price with (default: guessed)")
+    ap.add_argument("--small", action="store_true", help="small shapes (a dry run)")
+    ap.add_argument("--sections", default=",".join(SECTIONS))
+    ap.add_argument("--limit-s", type=float, default=240.0)
+    ap.add_argument("--json", default="")
+    ap.add_argument("--summarize", default="", help="print the summary tables of a saved --json and exit")
+    a = ap.parse_args()
+    if a.summarize:
+        summarize(json.loads(Path(a.summarize).read_text())["rows"])
+        return
+    dev = torch.device(a.device)
+    if dev.type == "cuda":
+        p = torch.cuda.get_device_properties(dev)
+        acc = a.accelerator or guess_accelerator(p.name, p.total_memory / 1e9)
+        print(f"{p.name}, {p.multi_processor_count} SMs, {p.total_memory / 2**30:.0f} GiB, torch {torch.__version__}, "
+              f"cuda {torch.version.cuda}, priced as '{acc}'")
+    else:
+        acc = a.accelerator or "cpu"
+    model = DeviceModel(parse_cluster(f"1x{acc}"))
+    print(f"constants: gemm_scale {model.c.gemm_scale:.3f}, memory_efficiency {model.c.memory_efficiency}, "
+          f"attention_efficiency {model.c.attention_efficiency:.3f}, fp8_gemm_speedup {model.c.fp8_gemm_speedup:.3f}")
+    print("| section | case | measured ms | model ms | model/measured | measured rate |")
+    print("|---|---|---:|---:|---:|---:|")
+    t0 = time.perf_counter()
+    for name in a.sections.split(","):
+        if time.perf_counter() - t0 > a.limit_s:
+            print(f"| {name} | skipped: past --limit-s |")
+            continue
+        try:
+            SECTIONS[name](dev, model, a.small)
+        except Exception as e:  # one section's failure must not lose the others' rows
+            print(f"| {name} | failed: {type(e).__name__}: {str(e)[:200]} |")
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    summarize(ROWS)
+    if a.json:
+        Path(a.json).write_text(json.dumps({"accelerator": acc, "torch": torch.__version__, "rows": ROWS}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
