@@ -5,9 +5,10 @@ reported (``validate``) but never fitted on. The time constants minimise a robus
 loss of ``log(predicted / published)`` over distinct runs, each source weighted by
 ``1/sqrt(runs)`` so that a source with many rows does not drown the others. The memory constant
 ``fragmentation`` enters the peak linearly and is solved by least squares on the memory rows
-(``context_bytes`` keeps its documented value). An accelerator gets its own GEMM efficiency and
-fp8 speed-up only when at least :data:`MIN_RUNS` runs from :data:`MIN_SOURCES` sources measured
-it; everything else describes the software or is already relative to the hardware, and is global."""
+(``context_bytes`` keeps its documented value). An accelerator gets its own GEMM efficiency only
+when at least :data:`MIN_RUNS` runs from :data:`MIN_SOURCES` sources measured it; everything else
+describes the software or is already relative to the hardware, and is global. The fp8 GEMM speed-up
+is measured, not fitted (:class:`CostConstants`)."""
 
 from __future__ import annotations
 
@@ -35,7 +36,6 @@ from vocab.errors import ShardplanError
 TIME_BOUNDS: dict[str, tuple[float, float]] = {
     "gemm_scale": (0.3, 1.2),
     "attention_efficiency": (0.1, 1.5),
-    "fp8_gemm_speedup": (1.0, 2.0),
     "tp_overlap": (0.0, 0.95),
     "step_overhead_s": (0.0, 2.0),
     "comm_interference": (0.0, 0.9),
@@ -43,7 +43,7 @@ TIME_BOUNDS: dict[str, tuple[float, float]] = {
 #: Fitted per accelerator when enough runs measured it. Attention and memory efficiencies are already
 #: relative to the accelerator's GEMM rate and HBM bandwidth; fitting them per accelerator as well
 #: made held-out sources worse (leave-one-source-out), so they stay global.
-HARDWARE = ("gemm_scale", "fp8_gemm_speedup")
+HARDWARE = ("gemm_scale",)
 MIN_RUNS, MIN_SOURCES = 10, 2
 BAND_MIN_ROWS = 10  # an error band rests on at least this many published rows
 HUBER_DELTA = 0.10  # log-ratio scale beyond which a residual counts linearly, not quadratically
@@ -192,8 +192,6 @@ def fit_time(rows: Sequence[PublishedRow], base: CostConstants | None = None,
     base = base or CostConstants()
     rows = fit_rows(rows)
     names = list(TIME_BOUNDS) if names is None else list(names)
-    has_fp8 = any(r.workload.precision == "fp8" for r in rows if r.metric in TIME_METRICS)
-    names = [n for n in names if n != "fp8_gemm_speedup" or has_fp8]
     x0 = {n: getattr(base, n) for n in names}
     resid, n_runs, n_src = _time_residuals(rows, base, {})
     if not n_runs:
@@ -207,8 +205,7 @@ def fit_time(rows: Sequence[PublishedRow], base: CostConstants | None = None,
         sup = _support(acc_rows)
         if sup["runs"] < MIN_RUNS or sup["sources"] < MIN_SOURCES:
             continue
-        hw = [n for n in HARDWARE if n in best
-              and (n != "fp8_gemm_speedup" or any(r.workload.precision == "fp8" for r in acc_rows))]
+        hw = [n for n in HARDWARE if n in best]
         fixed = {k: v for k, v in best.items() if k not in hw}
         res_acc, _, _ = _time_residuals(acc_rows, base, fixed)
         local, _ = levenberg_marquardt(res_acc, {n: best[n] for n in hw}, TIME_BOUNDS)

@@ -43,6 +43,15 @@ FUSED_BYTES = {
 #: normalises it), one kernel either way: residual and branch in, sum out; backward, the two
 #: gradients of the stream summed where it forks. Charged with the norm it precedes.
 RESIDUAL_BYTES = (6.0, 6.0)
+#: bytes per element of a tensor cast to fp8 for a GEMM, by stack. Hopper's fp8 GEMMs take both
+#: operands K-major, so every cast tensor is needed in both orientations (the forward GEMM and one
+#: of the two backward ones). Eager, current (dynamic) scaling: an amax pass reads the 16-bit tensor
+#: (2), the cast reads it again and writes fp8 (2 + 1), a transpose reads and writes the fp8 copy
+#: (1 + 1). Fused (Transformer Engine's cast-transpose, compiled torchao): one kernel reads the
+#: 16-bit tensor and writes both fp8 orientations (2 + 1 + 1), the amax taken in the same pass or
+#: from the history. Forward casts the input and the weight, backward the output gradient
+#: (``fp8_cast_elements``).
+FP8_CAST_BYTES = {"eager": 7.0, "fused": 4.0}
 #: the graph's minimal forward bytes per element, which ``mem_bytes`` counts (16-bit activations)
 MINIMAL_BYTES = {"rmsnorm": 4.0, "layernorm": 4.0, "swiglu": 6.0, "gelu": 4.0, "cross_entropy": 8.0,
                  "dropout": 5.0}
@@ -74,3 +83,17 @@ def traffic(n: LayerNode, kernels: str, cross_entropy: str) -> tuple[float, floa
     base = MINIMAL_BYTES[cls]
     return fwd / base, bwd / base
 
+
+
+def fp8_cast_elements(shape: tuple[float, float, float]) -> tuple[float, float]:
+    """(forward, backward) elements one fp8 GEMM call of ``shape`` (m, n, k) casts: its input
+    (m·k) and weight (n·k), then its output gradient (m·n)."""
+    m, n, k = shape
+    return m * k + n * k, m * n
+
+
+def fp8_runs(n: LayerNode, precision: str) -> bool:
+    """Whether the GEMMs of ``n`` run in fp8: every linear layer of an fp8 run except the output
+    layer (the LM head), which torchtitan's float8 converter (``filter_fqns = ["output"]``) and
+    Megatron's Transformer Engine layers both keep in 16 bits."""
+    return precision == "fp8" and not (n.kind == "linear" and n.tp == "vocab")

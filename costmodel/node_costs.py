@@ -10,7 +10,7 @@ import numpy as np
 from costmodel.configs import ConfigArrays
 from costmodel.device import DeviceModel
 from costmodel.host import with_dtensor
-from costmodel.kernels import traffic
+from costmodel.kernels import FP8_CAST_BYTES, fp8_cast_elements, fp8_runs, traffic
 from profiler.graph import LayerNode
 from vocab.strategy import Workload
 
@@ -123,8 +123,14 @@ def _one_shape(n: LayerNode, dev: DeviceModel, sc: float, cl: float, td: float, 
         if n.kind == "experts":
             flops *= dev.c.moe_imbalance
         shape = gemm_shape(n, sc * td, td, cl)
-        return (dev.gemm_time(flops / cl, prec, cl, shape=shape),
-                dev.gemm_time(flops / cl, prec, cl, backward=True, shape=shape))
+        gprec = prec if fp8_runs(n, prec) else ("bf16" if prec == "fp8" else prec)
+        fwd = dev.gemm_time(flops / cl, gprec, cl, shape=shape)
+        bwd = dev.gemm_time(flops / cl, gprec, cl, backward=True, shape=shape)
+        if gprec == "fp8" and shape is not None:
+            ef, eb = fp8_cast_elements(shape)
+            fwd += cl * dev.memory_time(ef * FP8_CAST_BYTES[w.kernels], "elementwise")
+            bwd += cl * dev.memory_time(eb * FP8_CAST_BYTES[w.kernels], "elementwise")
+        return fwd, bwd
     if n.kind == "attention":
         return attention_times(n, dev, flops, n.mem_bytes * sc * act_width(n, prec), prec, w.attention_kernel, cl)
     op = MEMORY_OPS.get(n.kind, "elementwise")

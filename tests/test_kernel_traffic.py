@@ -117,3 +117,47 @@ def test_ulysses_attends_the_whole_sequence() -> None:
     ring = node_times(attn, dev, ConfigArrays.of_strategy(Strategy(mesh=Mesh(cp=8))), w)[0][0]
     assert uly - launch == pytest.approx((one - launch) / 8, rel=1e-9)
     assert ring > uly
+
+
+def test_fp8_gemms_gain_by_size() -> None:
+    """An fp8 GEMM runs at ``fp8_gemm_speedup`` times the bf16 rate with a larger fixed cost per call:
+    large GEMMs approach the measured speed-up, small ones gain less, the smallest lose."""
+    c = CostConstants()
+    dev = DeviceModel(parse_cluster("8xh100-sxm"), constants=c)
+    rate = dev.gemm_rate("bf16")
+    for flops in (1e9, 1e11, 1e13):
+        bf16, fp8 = dev.gemm_time(flops, "bf16"), dev.gemm_time(flops, "fp8")
+        assert bf16 == pytest.approx(flops / rate + c.gemm_overhead_s, rel=1e-12)
+        assert fp8 == pytest.approx(flops / (rate * c.fp8_gemm_speedup) + c.fp8_gemm_overhead_s, rel=1e-12)
+    speedups = [dev.gemm_time(f, "bf16") / dev.gemm_time(f, "fp8") for f in (1e8, 1e10, 1e12, 1e14)]
+    assert speedups == sorted(speedups) and speedups[0] < 1 < speedups[1] and speedups[-1] > 0.99 * c.fp8_gemm_speedup
+    # an accelerator without fp8 runs the GEMM in bf16
+    a100 = DeviceModel(parse_cluster("8xa100-80gb"), constants=c)
+    assert a100.gemm_time(1e12, "fp8") == a100.gemm_time(1e12, "bf16")
+
+
+def test_fp8_linear_pays_its_casts_and_the_head_stays_bf16() -> None:
+    """An fp8 linear layer costs its fp8 GEMMs plus the casts (input and weight forward, output
+    gradient backward, both orientations) at the stack's bytes per element; the output layer runs
+    in bf16 and casts nothing."""
+    from costmodel.kernels import FP8_CAST_BYTES, fp8_cast_elements
+    from costmodel.node_costs import gemm_shape
+
+    c = CostConstants()
+    dev = DeviceModel(parse_cluster("8xh100-sxm"), constants=c)
+    nodes = _graph("llama3-8b").nodes
+    up = next(n for n in nodes if n.kind == "linear" and n.tp == "column")
+    head = next(n for n in nodes if n.kind == "linear" and n.tp == "vocab")
+    cfg = ConfigArrays.of_strategy(Strategy(micro_batch=2))
+    bw = dev.acc.hbm_tbps * 1e12 * c.memory_efficiency
+    ef, eb = fp8_cast_elements(gemm_shape(up, 2, 1, 1))
+    assert ef == 2 * 1024 * up.dims["in"] + up.dims["out"] * up.dims["in"] and eb == 2 * 1024 * up.dims["out"]
+    flops = up.fwd_flops * 2
+    for kernels, per in FP8_CAST_BYTES.items():
+        w = Workload(seq_len=1024, global_batch=8, precision="fp8", kernels=kernels)
+        f, b = node_times(up, dev, cfg, w)
+        assert float(f[0]) == pytest.approx(dev.gemm_time(flops, "fp8") + ef * per / bw, rel=1e-12)
+        assert float(b[0]) == pytest.approx(dev.gemm_time(flops, "fp8", backward=True) + eb * per / bw, rel=1e-12)
+    fp8 = node_times(head, dev, cfg, Workload(seq_len=1024, global_batch=8, precision="fp8"))
+    bf16 = node_times(head, dev, cfg, Workload(seq_len=1024, global_batch=8, precision="bf16"))
+    assert float(fp8[0][0]) == float(bf16[0][0]) and float(fp8[1][0]) == float(bf16[1][0])
