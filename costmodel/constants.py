@@ -33,8 +33,10 @@ class CostConstants:
             lengths of real runs), of the attention kernel's best published throughput (the
             accelerator file's ``attention_efficiency`` per kernel); backward costs
             ``attention_bwd_ratio`` × forward.
-        attention_bwd_ratio: flash-attention backward time over forward time (it recomputes
-            the scores: 2.5 is the FLOP ratio).
+        attention_bwd_ratio: flash-attention backward time over forward time on long sequences
+            (it recomputes the scores: 2.5 is the FLOP ratio; measured 2.7-2.8 at 32,768 tokens,
+            head dims 64 and 128, for FlashAttention-2 and cuDNN on an H200,
+            ``benchmarks/gpu_kernels.py``; shorter sequences: ``device.FLASH_LINEAR_TOKENS``).
         memory_efficiency: achieved fraction of peak HBM bandwidth of one streaming kernel over a
             large array (STREAM / BabelStream-class copy and triad kernels reach 85-90% of the
             peak on A100 and H100); how many passes an operator's kernels make is
@@ -84,7 +86,7 @@ class CostConstants:
     gemm_overhead_s: float = 6e-6
     gemm_scale: float = 0.92
     attention_efficiency: float = 0.65
-    attention_bwd_ratio: float = 2.5
+    attention_bwd_ratio: float = 2.8
     memory_efficiency: float = 0.85
     fp8_gemm_speedup: float = 1.9
     fp8_gemm_overhead_s: float = 10e-6

@@ -121,7 +121,8 @@ class DeviceModel:
             return work / (self.profile.attention_flops_per_s(flops, phase="fwd") * self.share)
         rate = self.attention_rate(kernel)
         if shape is not None:
-            rate *= attention_shape_factor(self.acc.attention_kernel(kernel), shape[0], shape[1], causal)
+            rate *= attention_shape_factor(self.acc.attention_kernel(kernel), shape[0], shape[1], causal,
+                                           "bwd" if backward else "fwd")
         t = work / rate + self.c.gemm_overhead_s
         return t * (self.c.attention_bwd_ratio if backward else 1.0)
 
@@ -278,19 +279,30 @@ HEAD_DIM_FACTOR = {"flash2": ((64, 0.88), (128, 1.0), (256, 1.0)),
                    "flash3": ((64, 0.72), (128, 1.0), (256, 1.08))}
 #: query and key rows per tile of a flash kernel: a causal kernel computes whole tiles on the diagonal
 FLASH_TILE = 128
+#: the work of a flash kernel that is linear in its query tokens (forward: the softmax statistics,
+#: the output's rescale and write; backward: the dO·O pass, the dQ accumulation, the dK/dV writes),
+#: as the attention span, in key tokens, whose FLOPs it costs per query. Fitted to the kernels'
+#: measured rates on one H200 (FlashAttention-2 and cuDNN, head dims 64-256, 512-32,768 tokens,
+#: causal and not; ``benchmarks/gpu_kernels.py``, docs/validation.md): the median error of the
+#: resulting length curve is 4% forward and 3% backward, the worst 20% and 26% (causal, 512 tokens).
+FLASH_LINEAR_TOKENS = {"fwd": 80.0, "bwd": 255.0}
 
 
-def attention_shape_factor(kernel: str, tokens: float, head_dim: float, causal: bool) -> float:
+def attention_shape_factor(kernel: str, tokens: float, head_dim: float, causal: bool, phase: str = "fwd") -> float:
     """Throughput of a flash kernel at ``tokens`` query tokens per rank and ``head_dim``, over its
     throughput on long sequences at head dim 128: the head-dim curve (:data:`HEAD_DIM_FACTOR`,
-    interpolated in log2 of the dim), and, when causal, the diagonal tiles computed whole: with
-    ``n`` tiles of :data:`FLASH_TILE` rows, ``n(n+1)/2`` tiles for ``n²/2`` tiles of useful work."""
+    interpolated in log2 of the dim); when causal, the diagonal tiles computed whole (with ``n``
+    tiles of :data:`FLASH_TILE` rows, ``n(n+1)/2`` tiles for ``n²/2`` tiles of useful work); and
+    the ``phase``'s linear work (:data:`FLASH_LINEAR_TOKENS`), which costs ``c/tokens`` of the
+    quadratic work, twice that when causal (half the quadratic work)."""
     pts = HEAD_DIM_FACTOR.get(kernel, HEAD_DIM_FACTOR["flash2"])
     xs = [np.log2(d) for d, _ in pts]
     f = float(np.interp(np.log2(max(head_dim, 1.0)), xs, [v for _, v in pts]))
-    if causal and tokens > 0:
-        n = max(tokens / FLASH_TILE, 1.0)
-        f *= n / (n + 1.0)
+    if tokens > 0:
+        if causal:
+            n = max(tokens / FLASH_TILE, 1.0)
+            f *= n / (n + 1.0)
+        f /= 1.0 + (2.0 if causal else 1.0) * FLASH_LINEAR_TOKENS[phase] / tokens
     return f
 
 

@@ -83,11 +83,16 @@ def test_the_device_prices_a_norm_by_its_kernels_bytes() -> None:
 
 def test_attention_kernel_shape() -> None:
     """A causal flash kernel computes its diagonal tiles whole: n tiles of 128 query rows do
-    n(n+1)/2 tiles for n²/2 of work; head dim 64 runs at the kernel's published fraction of 128."""
-    from costmodel.device import attention_shape_factor
+    n(n+1)/2 tiles for n²/2 of work; its linear work costs c/tokens of the quadratic work (twice
+    when causal), c by phase; head dim 64 runs at the kernel's published fraction of 128."""
+    from costmodel.device import FLASH_LINEAR_TOKENS, attention_shape_factor
 
-    assert attention_shape_factor("flash2", 1024, 128, causal=True) == pytest.approx(8 / 9)
-    assert attention_shape_factor("flash2", 1024, 128, causal=False) == 1.0
+    fwd, bwd = FLASH_LINEAR_TOKENS["fwd"], FLASH_LINEAR_TOKENS["bwd"]
+    assert attention_shape_factor("flash2", 1024, 128, causal=True) == pytest.approx(8 / 9 / (1 + 2 * fwd / 1024))
+    assert attention_shape_factor("flash2", 1024, 128, causal=False) == pytest.approx(1 / (1 + fwd / 1024))
+    assert attention_shape_factor("flash2", 512, 128, False, "bwd") == pytest.approx(1 / (1 + bwd / 512))
+    # the backward loses more than the forward at short lengths, causal more than full
+    assert attention_shape_factor("flash2", 512, 128, True, "bwd") < attention_shape_factor("flash2", 512, 128, True)
     assert attention_shape_factor("flash3", 1e9, 64, causal=True) == pytest.approx(0.72)
     assert attention_shape_factor("flash3", 1e9, 90.5, causal=False) == pytest.approx(0.86, abs=1e-3)
     # context parallelism shortens each rank's queries: cp=8 at 8192 tokens prices 1024 per rank
