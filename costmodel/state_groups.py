@@ -168,7 +168,8 @@ def _data_parallel(sg: StateGroup, sharding: str, offload: str, grp: AxisGroup, 
     out["accumulate"] = accumulate_time(dev, grads_on_device, n_mb)
     local_opt = params / o_div
     if offload == "params":  # FSDP2's CPU offload: every gather copies the shard up, every backward sends its gradient down
-        per_mb = params / p_div * pb * (1 if keep else 2) + params / g_div * GRAD_REDUCE_BYTES
+        # the shard that moves is the one kept: FSDP's fp32 master under ``zero3_master = parameter``
+        per_mb = params / p_div * pbs * (1 if keep else 2) + params / g_div * GRAD_REDUCE_BYTES
         out["offload"] = each_distinct(dev.host_time, per_mb) * n_mb * (1 - c.dp_overlap)
         out["optim"] = local_opt * HOST_ADAM_STATE_BYTES / c.host_adam_bytes_per_s
     elif on_host:  # ZeRO-Offload: Adam on the host; the accumulated gradients down, parameters up, once a step

@@ -74,21 +74,24 @@ def test_parameter_side_transient_of_a_unit(sharding: str, batch: int, gathered:
     assert price("layers.0", g.nodes).gathered == gathered * 1_000_000
 
 
+@pytest.mark.parametrize("master,shard", [("parameter", 4), ("optimizer", 2)])
 @pytest.mark.parametrize("keep,gathers", [("zero3", 2), ("zero3_keep", 1)])
-def test_parameter_offload_moves_the_shards_every_micro_batch(keep: str, gathers: int) -> None:
-    """FSDP2's CPU offload: each micro-batch copies the bf16 parameter shard up for every gather
-    and the fp32 gradient shard down; optimizer offload moves gradients and parameters once a step."""
+def test_parameter_offload_moves_the_shards_every_micro_batch(keep: str, gathers: int, master: str,
+                                                               shard: int) -> None:
+    """FSDP2's CPU offload: each micro-batch copies the parameter shard it keeps up for every gather
+    (FSDP's fp32 master, 4 bytes; a 16-bit shard where the optimizer keeps the master) and the fp32
+    gradient shard down; optimizer offload moves gradients and parameters once a step."""
     psi, d, n_mb = 1_000_000, 8, 4
     g = _one_layer_graph(psi)
     dev = DeviceModel(parse_cluster("8xh100"))
-    w = Workload(seq_len=1, global_batch=d * n_mb)
+    w = Workload(seq_len=1, global_batch=d * n_mb, zero3_master=master)
 
     def offload(sharding: str, mode: str) -> float:
         s = Strategy(mesh=Mesh(dp_shard=d), default=LayerStrategy(sharding=sharding, offload=mode))
         return UnitPricer(dev, s, w)("layers.0", g.nodes).offload
 
     hidden = 1 - dev.c.dp_overlap
-    assert offload(keep, "params") == pytest.approx(n_mb * dev.host_time(psi / d * (2 * gathers + 4)) * hidden)
+    assert offload(keep, "params") == pytest.approx(n_mb * dev.host_time(psi / d * (shard * gathers + 4)) * hidden)
     assert offload("zero3", "optimizer") == pytest.approx(dev.host_time(psi / d * (4 + 2)) * hidden)
 
 
