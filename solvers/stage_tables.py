@@ -409,14 +409,10 @@ class PipelineProblem:
             room = self.budget - self.bucket - fx.states - fx.gathered - cap - self.recv(r)
             front = [(bounds * self.p2p, 0.0, ())]
             for k, n, is_head in groups:
-                allowed = [i for i, u in enumerate(self.costs[k]) if u.recompute_peak <= cap]
-                pts = []
-                for comp in _compositions(n, len(allowed)):
-                    t = sum(c * self.costs[k][allowed[i]].time for i, c in enumerate(comp))
-                    mm = sum(c * (self.costs[k][allowed[i]].held(fly, pend)
-                                  + (self.costs[k][allowed[i]].activations * self.w.loss_buffer if is_head else 0.0))
-                             for i, c in enumerate(comp))
-                    pts.append((t, mm, ((k, tuple((allowed[i], c) for i, c in enumerate(comp) if c)),)))
+                opts = [(u.time, u.held(fly, pend) + (u.activations * self.w.loss_buffer if is_head else 0.0), i)
+                        for i, u in enumerate(self.costs[k]) if u.recompute_peak <= cap]
+                pts = [(t, mm, ((k, tuple(sorted(Counter(comp).items()))),))
+                       for t, mm, comp in class_front(opts, n, room)]
                 front = pareto_front([(a[0] + b[0], a[1] + b[1], a[2] + b[2])
                                  for a in front for b in pts if a[1] + b[1] <= room])
             if front and (best is None or front[0][0] < best.time):
@@ -447,10 +443,21 @@ def best_splits(table: np.ndarray, join: Callable[[Any, Any], Any]) -> np.ndarra
     return out
 
 
-def _compositions(n: int, k: int) -> list[tuple[int, ...]]:
-    if k == 1:
-        return [(n,)]
-    return [(i,) + rest for i in range(n + 1) for rest in _compositions(n - i, k - 1)]
+def class_front(opts: list[tuple[float, float, int]], n: int, room: float
+                ) -> list[tuple[float, float, tuple[int, ...]]]:
+    """The (time, memory) Pareto front of ``n`` identical blocks, each run with one of ``opts``
+    (time, memory, option), within ``room`` of memory: fronts of 1, 2, .. n blocks, each the last
+    extended by one block. Time and memory add over blocks, so a point dominated for ``m`` blocks
+    stays dominated by the same extension of its dominator: the front is exact, at the cost of the
+    fronts' sizes, not of the ``C(n + k - 1, k - 1)`` ways to choose (a 58-block class with six
+    options has 7 million). Each point carries its blocks' options as a tuple."""
+    front: list[tuple[float, float, tuple[int, ...]]] = [(0.0, 0.0, ())]
+    for _ in range(n):
+        nxt = [(t + ot, m + om, comp + (i,)) for t, m, comp in front for ot, om, i in opts if m + om <= room]
+        front = pareto_front(nxt)
+        if not front:
+            return []
+    return front
 
 
 def pareto_front(pts: list[tuple[float, float, tuple]]) -> list[tuple[float, float, tuple]]:

@@ -79,3 +79,22 @@ def test_runtime_cuts_the_blocks_the_cost_model_priced(name: str) -> None:
     assert [b for b, _, _ in cut] == s.rank_blocks(SIX.layers)
     if name == "pp4":  # the middle ranks hold the extra blocks
         assert [b for b, _, _ in cut] == [[0], [1, 2], [3, 4], [5]]
+
+
+def test_class_front_is_the_front_of_every_choice() -> None:
+    """n identical blocks, each with one of k (time, memory) options: the front built block by
+    block equals the Pareto front of all C(n + k - 1, k - 1) multisets, within the room."""
+    from itertools import combinations_with_replacement
+
+    from solvers.stage_tables import class_front, pareto_front
+
+    opts = [(5.0, 1.0, 0), (3.0, 2.5, 1), (2.0, 4.0, 2), (4.0, 1.5, 3), (6.0, 0.5, 4)]
+    for n in (1, 3, 6):
+        for room in (1e9, 2.0 * n, 1.0 * n):
+            every = [(sum(opts[i][0] for i in c), sum(opts[i][1] for i in c), c)
+                     for c in combinations_with_replacement(range(len(opts)), n)]
+            want = pareto_front([x for x in every if x[1] <= room])
+            got = class_front(opts, n, room)
+            assert [(t, m) for t, m, _ in got] == [(t, m) for t, m, _ in want]
+            for t, m, comp in got:  # each point's options add up to it
+                assert len(comp) == n and sum(opts[i][0] for i in comp) == t and sum(opts[i][1] for i in comp) == m
