@@ -16,6 +16,7 @@ from costmodel.assemble import Assembled, Layout, RankMemory, assemble
 from costmodel.configs import ConfigArrays
 from costmodel.constants import CostConstants
 from costmodel.device import DeviceModel
+from costmodel.node_costs import is_tied_head
 from costmodel.report import GIB, Report, StageMemory, TimeBreakdown
 from costmodel.state_groups import state_bytes
 from costmodel.unit_classes import class_id, class_ids, unit_class_key, unit_names
@@ -246,7 +247,7 @@ def _stage_memory(r: int, rm: RankMemory, units: list[tuple[str, list[LayerNode]
 def tied_table(graph: LayerGraph) -> int:
     """Elements of the embedding table an LM head shares (0 when the head has its own weight)."""
     for n in graph.nodes:
-        if n.kind == "linear" and n.tp == "vocab" and n.params == 0:
+        if is_tied_head(n):
             return int(n.dims.get("in", 0)) * int(n.dims.get("out", 0))
     return 0
 

@@ -50,6 +50,12 @@ def tp_divisor(n: LayerNode, cfg: ConfigArrays) -> F:
     return np.where(cfg.tsp | static | cfg.sequence_parallel, cfg.tp, 1.0)
 
 
+def is_tied_head(n: LayerNode) -> bool:
+    """An LM head that shares the embedding's table (no parameters of its own); not a second pass
+    of a head that has its own (a multi-token-prediction module's, ``dims["shares"]``)."""
+    return n.kind == "linear" and n.tp == "vocab" and n.params == 0 and "shares" not in n.dims
+
+
 def local_params(n: LayerNode, cfg: ConfigArrays) -> np.ndarray:
     """Parameters of ``n`` on one rank after TP and EP (before data-parallel sharding).
 
@@ -58,7 +64,7 @@ def local_params(n: LayerNode, cfg: ConfigArrays) -> np.ndarray:
     """
     tp = cfg.tp.astype(np.int64)
     params = np.full(len(tp), n.params, dtype=np.int64)
-    if n.kind == "linear" and n.tp == "vocab" and n.params == 0:  # a tied head's own copy
+    if is_tied_head(n):  # a tied head's own copy
         params = np.where(cfg.pp > 1, int(n.dims.get("in", 0)) * int(n.dims.get("out", 0)), params)
     if n.kind == "experts":
         return params // (tp * cfg.ep.astype(np.int64))
@@ -103,13 +109,16 @@ def embedding_table_bytes(n: LayerNode, tdiv: float, precision: str) -> float:
 def attention_times(n: LayerNode, dev: DeviceModel, flops: float, nbytes: float, prec: str, kernel: str,
                     cp: float = 1.0) -> tuple[float, float]:
     """Flash attention at the kernel's rate for its shape (query tokens per rank: the sequence over
-    the ``cp`` ranks; head dim); eager attention as two batched GEMMs over the whole score matrix
-    (nothing skipped when causal) plus the bandwidth-bound passes over the scores."""
+    the ``cp`` ranks, at most a sliding window's span; head dim); eager attention as two batched
+    GEMMs over the whole score matrix (nothing skipped when causal) plus the bandwidth-bound passes
+    over the scores."""
     if n.dims.get("eager"):
         return (dev.gemm_time(flops, prec) + dev.memory_time(nbytes, "softmax"),
                 dev.gemm_time(flops, prec, backward=True) + dev.memory_time(nbytes, "softmax", backward=True))
     seq, hd = float(n.dims.get("seq", 0)), float(n.dims.get("head_dim", 0))
-    shape = (seq / cp, hd) if seq and hd else None
+    # a sliding window bounds the keys each query sees: the kernel's shape is at most its span
+    tokens = min(seq / cp, float(n.dims.get("span", seq)))
+    shape = (tokens, hd) if seq and hd else None
     return (dev.attention_time(flops, n.causal, kernel=kernel, shape=shape),
             dev.attention_time(flops, n.causal, True, kernel, shape=shape))
 

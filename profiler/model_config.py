@@ -79,6 +79,14 @@ class _Fields(BaseModel):
     dense_layers: Annotated[int, Field(ge=0, le=MAX_LAYERS)]
     dropout: Probability
     attention_impl: StrictStr
+    sliding_window: Annotated[int, Field(ge=0, le=MAX_SEQ_LEN)]
+    global_every: Annotated[int, Field(ge=0, le=MAX_LAYERS)]
+    q_lora_rank: Annotated[int, Field(ge=0, le=MAX_HIDDEN)]
+    kv_lora_rank: Annotated[int, Field(ge=0, le=MAX_HIDDEN)]
+    qk_rope_head_dim: Annotated[int, Field(ge=0, le=MAX_HIDDEN)]
+    v_head_dim: Annotated[int, Field(ge=0, le=MAX_HIDDEN)]
+    mtp_layers: Annotated[int, Field(ge=0, le=MAX_LAYERS)]
+    sandwich_norm: StrictBool
     type_vocab: Annotated[int, Field(ge=0, le=MAX_VOCAB)]
     image_size: Annotated[int, Field(ge=0, le=MAX_HIDDEN)]
     patch_size: Annotated[int, Field(ge=0, le=MAX_HIDDEN)]
@@ -153,6 +161,20 @@ class TransformerConfig:
         dense_layers: leading blocks that are dense in an MoE model.
         dropout: dropout probability (adds 1-byte masks to the saved activations).
         attention_impl: ``flash`` (no s² activations) or ``eager`` (scores kept for backward).
+        sliding_window: tokens each query attends back to in a local layer (Mistral 7B v0.1,
+            Gemma-2/3, gpt-oss; 0 = every layer attends the whole sequence).
+        global_every: with a window, every ``global_every``-th layer (``i % k == k - 1``) attends
+            the whole sequence (Gemma-2 and gpt-oss 2, Gemma-3 6); 0 = every layer is local.
+        q_lora_rank: multi-head latent attention (DeepSeek-V2/V3): the rank of the query's
+            down-projection (0 = queries projected directly).
+        kv_lora_rank: MLA: the width of the compressed key/value latent (0 = no MLA). With MLA,
+            ``head_dim`` is the per-head width of the non-rotary query/key part.
+        qk_rope_head_dim: MLA: the decoupled rotary part of each query/key head.
+        v_head_dim: MLA: the value head width (0 = ``head_dim``).
+        mtp_layers: multi-token-prediction modules after the main stack (DeepSeek-V3: 1), each a
+            projection of two normalised streams, one more block and a pass of the shared head.
+        sandwich_norm: a norm after the attention and after the MLP too, before each joins the
+            residual stream (Gemma-2/3).
         type_vocab: token-type embeddings (BERT).
         image_size / patch_size / channels: ViT input.
         params_published: the parameter count the authors publish, for checks.
@@ -183,6 +205,14 @@ class TransformerConfig:
     dense_layers: int = 0
     dropout: float = 0.0
     attention_impl: str = "flash"
+    sliding_window: int = 0
+    global_every: int = 0
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    mtp_layers: int = 0
+    sandwich_norm: bool = False
     type_vocab: int = 0
     image_size: int = 0
     patch_size: int = 0
@@ -227,6 +257,19 @@ class TransformerConfig:
                 object.__setattr__(self, "moe_ffn_hidden", self.ffn_hidden)
             if not 0 <= self.dense_layers <= self.layers:
                 bad(f"dense_layers {self.dense_layers} must be in 0..layers ({self.layers})")
+        if self.kv_lora_rank:
+            if self.kv_heads != self.heads:
+                bad(f"multi-head latent attention up-projects K/V per head: kv_heads {self.kv_heads} must be heads "
+                    f"{self.heads}")
+            if self.v_head_dim == 0:
+                object.__setattr__(self, "v_head_dim", self.head_dim)
+        elif self.q_lora_rank or self.qk_rope_head_dim or self.v_head_dim:
+            bad("q_lora_rank, qk_rope_head_dim and v_head_dim describe multi-head latent attention: give "
+                "kv_lora_rank too")
+        if self.global_every and not self.sliding_window:
+            bad("global_every describes which layers escape a sliding window: give sliding_window too")
+        if self.mtp_layers and self.arch != "decoder":
+            bad("multi-token prediction (mtp_layers) is for decoders")
         if self.arch == "vit":
             if not 0 < self.patch_size <= self.image_size:
                 bad("a ViT needs image_size and patch_size (at most image_size)")
@@ -248,6 +291,16 @@ class TransformerConfig:
 
     def is_moe_layer(self, i: int) -> bool:
         return self.is_moe and i >= self.dense_layers
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    def window_of(self, i: int) -> int:
+        """The sliding window of block ``i`` in tokens, 0 where it attends the whole sequence."""
+        if not self.sliding_window or (self.global_every and i % self.global_every == self.global_every - 1):
+            return 0
+        return self.sliding_window
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

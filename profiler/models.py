@@ -3,8 +3,8 @@
 Three ways in, chosen by the shape of the name:
 
 * a preset (``llama3-8b``): a YAML file in ``profiler/data/models``;
-* a Hugging Face ``config.json`` path: read offline; the GPT-2, Llama/Mistral/Qwen2/Qwen3 and
-  Mixtral key sets are understood without ``transformers``;
+* a Hugging Face ``config.json`` path: read offline; the GPT-2, Llama/Mistral/Qwen2/Qwen3,
+  Mixtral, DeepSeek-V2/V3, Gemma-2/3 and gpt-oss key sets are understood without ``transformers``;
 * ``package.module:factory``: a callable returning an ``nn.Module``, built on the meta device and
   traced (see :mod:`profiler.trace`).
 """
@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 from profiler.graph import LayerGraph
 from profiler.model_config import (
     MAX_FFN,
+    MAX_LAYERS,
     Experts,
     FfnWidth,
     Layers,
@@ -69,7 +70,8 @@ class KnownKeysError(ShardplanError):
     def __init__(self, name: str, config: dict[str, Any]):
         mtype = config.get("model_type") or "?"
         super().__init__(
-            f"config '{name}': model_type '{mtype}' is not a known key set (gpt2, {', '.join(_LLAMA_TYPES)}); "
+            f"config '{name}': model_type '{mtype}' is not a known key set "
+            f"(gpt2, {', '.join(_LLAMA_TYPES + _DEEPSEEK_TYPES + tuple(_WINDOWED_TYPES))}); "
             "with transformers installed any architecture it knows is traced"
         )
         self.name, self.config = name, config
@@ -116,9 +118,55 @@ class _LlamaKeys(_HFKeys):
     moe_intermediate_size: _ExpertWidth | None = None
     shared_expert_intermediate_size: _ExpertWidth | None = None
     attention_dropout: Probability | None = None
+    sliding_window: Positions | None = None
+    use_sliding_window: StrictBool | None = None
+
+
+class _DeepSeekKeys(_HFKeys):
+    """DeepSeek-V2/V3: multi-head latent attention, shared experts, leading dense layers, MTP."""
+
+    num_hidden_layers: Layers
+    hidden_size: Width
+    num_attention_heads: Width
+    intermediate_size: FfnWidth
+    moe_intermediate_size: _ExpertWidth
+    vocab_size: Vocab
+    n_routed_experts: Experts
+    num_experts_per_tok: Experts
+    kv_lora_rank: Width
+    qk_nope_head_dim: Width
+    qk_rope_head_dim: Width
+    v_head_dim: Width
+    q_lora_rank: Width | None = None
+    n_shared_experts: Experts | None = None
+    first_k_dense_replace: Annotated[int, Field(ge=0, le=MAX_LAYERS)] | None = None
+    num_nextn_predict_layers: Annotated[int, Field(ge=0, le=MAX_LAYERS)] | None = None
+    max_position_embeddings: Positions | None = None
+
+
+class _WindowedKeys(_HFKeys):
+    """Gemma-2, Gemma-3 (text) and gpt-oss: local layers with a sliding window between global ones."""
+
+    num_hidden_layers: Layers
+    hidden_size: Width
+    num_attention_heads: Width
+    intermediate_size: FfnWidth
+    vocab_size: Vocab
+    num_key_value_heads: Width | None = None
+    head_dim: Width | None = None
+    sliding_window: Positions | None = None
+    sliding_window_pattern: Layers | None = None
+    layer_types: list[str] | None = None
+    max_position_embeddings: Positions | None = None
+    num_local_experts: Experts | None = None
+    num_experts_per_tok: Experts | None = None
+    attention_bias: StrictBool | None = None
 
 
 _LLAMA_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe")
+_DEEPSEEK_TYPES = ("deepseek_v2", "deepseek_v3")
+#: model_type: (every k-th layer global unless the config lists layer_types, tied embeddings by default)
+_WINDOWED_TYPES = {"gemma2": (2, True), "gemma3_text": (6, True), "gpt_oss": (2, False)}
 
 
 def _get(d: dict[str, Any], *keys: str, default: Any = None) -> Any:
@@ -194,8 +242,88 @@ def config_from_hf(d: dict[str, Any], name: str = "hf-model") -> TransformerConf
             moe_ffn_hidden=int(_get(d, "moe_intermediate_size", default=0)) if experts else 0,
             shared_experts=1 if experts and d.get("shared_expert_intermediate_size") else 0,
             dropout=float(_get(d, "attention_dropout", default=0.0)),
+            sliding_window=_llama_window(d, mtype),
         )
+    if mtype in _DEEPSEEK_TYPES:
+        return _deepseek(d, name, mtype)
+    if mtype in _WINDOWED_TYPES:
+        return _windowed(d, name, mtype)
     raise KnownKeysError(name, d)
+
+
+def _llama_window(d: dict[str, Any], mtype: str) -> int:
+    """Mistral 7B v0.1's sliding window (later Mistrals set it to null); Qwen2's only where
+    ``use_sliding_window`` turns it on (its configs carry a window they do not use)."""
+    if mtype == "mistral" or d.get("use_sliding_window"):
+        return int(_get(d, "sliding_window", default=0))
+    return 0
+
+
+def _deepseek(d: dict[str, Any], name: str, mtype: str) -> TransformerConfig:
+    _check_keys(d, _DeepSeekKeys, name, mtype)
+    heads, experts = int(d["num_attention_heads"]), int(d["n_routed_experts"])
+    top_k = int(d["num_experts_per_tok"])
+    if not 0 < top_k <= experts:
+        raise ShardplanError(f"config '{name}': num_experts_per_tok must be in 1..{experts} (the experts), got {top_k}")
+    return TransformerConfig(
+        name=name, layers=int(d["num_hidden_layers"]), hidden=int(d["hidden_size"]), heads=heads, kv_heads=heads,
+        head_dim=int(d["qk_nope_head_dim"]), qk_rope_head_dim=int(d["qk_rope_head_dim"]),
+        v_head_dim=int(d["v_head_dim"]), kv_lora_rank=int(d["kv_lora_rank"]),
+        q_lora_rank=int(_get(d, "q_lora_rank", default=0)), ffn_hidden=int(d["intermediate_size"]),
+        vocab=int(d["vocab_size"]), max_seq=int(_get(d, "max_position_embeddings", default=4096)),
+        activation="swiglu", norm="rmsnorm", position="rope",
+        tied_embeddings=bool(d.get("tie_word_embeddings", False)), experts=experts, top_k=top_k,
+        moe_ffn_hidden=int(d["moe_intermediate_size"]), shared_experts=int(_get(d, "n_shared_experts", default=0)),
+        dense_layers=int(_get(d, "first_k_dense_replace", default=0)),
+        mtp_layers=int(_get(d, "num_nextn_predict_layers", default=0)),
+    )
+
+
+def global_every(layer_types: list[str], name: str) -> int:
+    """The period ``k`` of a ``layer_types`` list whose every ``k``-th layer is global
+    (``full_attention``) and the others local (``sliding_attention``); 0 when all are local."""
+    kinds = {"full_attention": True, "sliding_attention": False}
+    bad = sorted({t for t in layer_types if t not in kinds})
+    if bad:
+        raise ShardplanError(f"config '{name}': layer_types {bad} are not full_attention or sliding_attention")
+    full = [kinds[t] for t in layer_types]
+    if not any(full):
+        return 0
+    k = full.index(True) + 1
+    if full != [i % k == k - 1 for i in range(len(full))]:
+        raise ShardplanError(f"config '{name}': layer_types is not every {k}th layer global; shardplan reads a "
+                             "periodic pattern only")
+    return k
+
+
+def _windowed(d: dict[str, Any], name: str, mtype: str) -> TransformerConfig:
+    _check_keys(d, _WindowedKeys, name, mtype)
+    every, tied = _WINDOWED_TYPES[mtype]
+    if d.get("layer_types") is not None:
+        every = global_every(d["layer_types"], name)
+    elif d.get("sliding_window_pattern") is not None:
+        every = int(d["sliding_window_pattern"])
+    heads, hidden = int(d["num_attention_heads"]), int(d["hidden_size"])
+    if _get(d, "head_dim") is None:
+        _divides(d, name, "num_attention_heads", "hidden_size", "; give head_dim")
+    if _get(d, "num_key_value_heads") is not None:
+        _divides(d, name, "num_key_value_heads", "num_attention_heads")
+    experts = int(_get(d, "num_local_experts", default=0))
+    top_k = int(_get(d, "num_experts_per_tok", default=0)) if experts else 0
+    if experts and not 0 < top_k <= experts:
+        raise ShardplanError(f"config '{name}': num_experts_per_tok must be in 1..{experts} (the experts), got {top_k}")
+    window = int(_get(d, "sliding_window", default=0))
+    return TransformerConfig(
+        name=name, layers=int(d["num_hidden_layers"]), hidden=hidden, heads=heads,
+        kv_heads=int(_get(d, "num_key_value_heads", default=heads)),
+        head_dim=int(_get(d, "head_dim", default=hidden // heads)), ffn_hidden=int(d["intermediate_size"]),
+        vocab=int(d["vocab_size"]), max_seq=int(_get(d, "max_position_embeddings", default=8192)),
+        activation="swiglu",  # a gated MLP of three matrices (GeGLU for Gemma, clamped SwiGLU for gpt-oss)
+        norm="rmsnorm", position="rope", qkv_bias=bool(d.get("attention_bias", False)),
+        tied_embeddings=bool(d.get("tie_word_embeddings", tied)), experts=experts, top_k=top_k,
+        sliding_window=window, global_every=every if window else 0,
+        sandwich_norm=mtype.startswith("gemma"), qk_norm=mtype == "gemma3_text",
+    )
 
 
 def load_hf_config(path: str | Path) -> dict[str, Any]:

@@ -53,17 +53,35 @@ def _dropout(name: str, block: int | None, btype: str, s: int, width: int, tp_sh
     )
 
 
+def attention_span(s: int, window: int, causal: bool) -> float | int:
+    """The sequence length whose full ``s × span`` score matrix counts the FLOPs of attention over
+    ``s`` tokens (FLOPs are counted over the full matrix and halved when causal): ``s`` without a
+    window; with one, causal queries attend ``min(i + 1, window)`` keys, ``s·w − w²/2`` in all, so
+    ``2w − w²/s``; bidirectional ones ``w`` on each side, about ``2w``."""
+    if not window or window >= s:
+        return s
+    return 2.0 * window - window * window / s if causal else min(s, 2 * window)
+
+
 def _attention_core(cfg: TransformerConfig, i: int, btype: str, s: int) -> LayerNode:
-    a, kv, d = cfg.heads, cfg.kv_heads, cfg.head_dim
-    q_bytes = ACT_BYTES * s * a * d
-    kv_bytes = ACT_BYTES * s * kv * d
-    fwd = 4.0 * s * s * a * d  # QK^T and AV, counted in full (model-FLOPs convention)
-    dims = {"heads": a, "kv_heads": kv, "head_dim": d, "seq": s}
+    a, kv = cfg.heads, cfg.kv_heads
+    d_qk = cfg.head_dim + cfg.qk_rope_head_dim  # MLA: the non-rotary and the rotary part
+    d_v = cfg.v_head_dim or cfg.head_dim
+    q_bytes = ACT_BYTES * s * a * d_qk
+    kv_bytes = ACT_BYTES * s * kv * (d_qk + d_v) // 2  # K and V, the mean of their widths
+    window = cfg.window_of(i)
+    span = attention_span(s, window, cfg.causal)
+    fwd = 2.0 * s * span * a * (d_qk + d_v)  # QK^T and AV over the full score matrix (model FLOPs)
+    dims = {"heads": a, "kv_heads": kv, "head_dim": d_qk, "seq": s}
+    if d_v != d_qk:
+        dims["v_head_dim"] = d_v
+    if span < s:
+        dims["span"] = span
     mem = q_bytes * 2 + 2 * kv_bytes
     if cfg.attention_impl == "eager":
         # Q, K (for QK^T), softmax output, its dropout mask and output (for AV), V.
-        scores = ACT_BYTES * a * s * s
-        score_mem = scores + (scores + MASK_BYTES * a * s * s if cfg.dropout else 0.0)
+        scores = ACT_BYTES * a * s * span
+        score_mem = scores + (scores + MASK_BYTES * a * s * span if cfg.dropout else 0.0)
         saved = q_bytes + 2 * kv_bytes + score_mem
         selective = score_mem
         # Two batched GEMMs over the whole s x s (no causal skipping) and, between them, passes
@@ -79,8 +97,33 @@ def _attention_core(cfg: TransformerConfig, i: int, btype: str, s: int) -> Layer
         name=f"layers.{i}.attn.core", kind="attention", block=i, block_type=btype,
         fwd_flops=fwd, bwd_flops=2 * fwd,
         act_saved_bytes=saved, act_tp_sharded=True, act_selective_bytes=selective,
-        out_bytes=q_bytes, mem_bytes=mem, causal=cfg.causal, tp="heads", dims=dims,
+        out_bytes=ACT_BYTES * s * a * d_v, mem_bytes=mem, causal=cfg.causal, tp="heads", dims=dims,
     )
+
+
+def _mla_projections(cfg: TransformerConfig, i: int, btype: str, s: int) -> list[LayerNode]:
+    """Multi-head latent attention's projections (DeepSeek-V2, arXiv 2405.04434, section 2.1): the
+    query down to ``q_lora_rank``, normalised, up to every head's non-rotary and rotary parts; the
+    hidden state down to the K/V latent plus the shared rotary key, the latent normalised and up to
+    every head's key and value. The down-projections are whole on every TP rank (Megatron-core's
+    MLA), the up-projections split by heads."""
+    h, a, p = cfg.hidden, cfg.heads, f"layers.{i}.attn"
+    d_qk, d_v = cfg.head_dim + cfg.qk_rope_head_dim, cfg.v_head_dim
+    nodes: list[LayerNode] = []
+    if cfg.q_lora_rank:
+        nodes += [_linear(f"{p}.q_down", i, btype, s, h, cfg.q_lora_rank, bias=False, tp="replicated",
+                          act_tp_sharded=False),
+                  _norm(f"{p}.q_norm", i, btype, s, cfg.q_lora_rank, "rmsnorm"),
+                  _linear(f"{p}.q_up", i, btype, s, cfg.q_lora_rank, a * d_qk, bias=False, tp="column",
+                          act_tp_sharded=False)]
+    else:
+        nodes.append(_linear(f"{p}.q", i, btype, s, h, a * d_qk, bias=False, tp="column", act_tp_sharded=False))
+    nodes += [_linear(f"{p}.kv_down", i, btype, s, h, cfg.kv_lora_rank + cfg.qk_rope_head_dim, bias=False,
+                      tp="replicated", act_tp_sharded=False),
+              _norm(f"{p}.kv_norm", i, btype, s, cfg.kv_lora_rank, "rmsnorm"),
+              _linear(f"{p}.kv_up", i, btype, s, cfg.kv_lora_rank, a * (cfg.head_dim + d_v), bias=False,
+                      tp="column", act_tp_sharded=False)]
+    return nodes
 
 
 def _mlp(cfg: TransformerConfig, i: int, btype: str, s: int) -> list[LayerNode]:
@@ -135,18 +178,28 @@ def _block(cfg: TransformerConfig, i: int, s: int) -> list[LayerNode]:
     h, a, kv, d = cfg.hidden, cfg.heads, cfg.kv_heads, cfg.head_dim
     btype = "encoder" if cfg.arch != "decoder" else "decoder"
     p = f"layers.{i}"
-    qkv = _linear(
-        f"{p}.attn.qkv", i, btype, s, h, (a + 2 * kv) * d, bias=cfg.bias or cfg.qkv_bias,
-        tp="column", act_tp_sharded=False,
-    )
-    if cfg.qk_norm:  # two per-head RMSNorm weights; their saved inputs are Q and K again
-        qkv = _with_params(qkv, qkv.params + 2 * d)
-    nodes = [_norm(f"{p}.attn_norm", i, btype, s, h, cfg.norm), qkv, _attention_core(cfg, i, btype, s)]
-    nodes.append(_linear(f"{p}.attn.out", i, btype, s, a * d, h, bias=cfg.bias, tp="row", act_tp_sharded=True))
+    nodes = [_norm(f"{p}.attn_norm", i, btype, s, h, cfg.norm)]
+    if cfg.is_mla:
+        nodes += _mla_projections(cfg, i, btype, s)
+    else:
+        qkv = _linear(
+            f"{p}.attn.qkv", i, btype, s, h, (a + 2 * kv) * d, bias=cfg.bias or cfg.qkv_bias,
+            tp="column", act_tp_sharded=False,
+        )
+        if cfg.qk_norm:  # two per-head RMSNorm weights; their saved inputs are Q and K again
+            qkv = _with_params(qkv, qkv.params + 2 * d)
+        nodes.append(qkv)
+    nodes.append(_attention_core(cfg, i, btype, s))
+    d_out = a * (cfg.v_head_dim or d)
+    nodes.append(_linear(f"{p}.attn.out", i, btype, s, d_out, h, bias=cfg.bias, tp="row", act_tp_sharded=True))
+    if cfg.sandwich_norm:
+        nodes.append(_norm(f"{p}.attn_post_norm", i, btype, s, h, cfg.norm))
     if cfg.dropout:
         nodes.append(_dropout(f"{p}.attn.dropout", i, btype, s, h, tp_sharded=False))
     nodes.append(_norm(f"{p}.mlp_norm", i, btype, s, h, cfg.norm))
     nodes += _moe(cfg, i, btype, s) if cfg.is_moe_layer(i) else _mlp(cfg, i, btype, s)
+    if cfg.sandwich_norm:
+        nodes.append(_norm(f"{p}.mlp_post_norm", i, btype, s, h, cfg.norm))
     return nodes
 
 
@@ -202,6 +255,30 @@ def _head(cfg: TransformerConfig, s: int) -> list[LayerNode]:
     return nodes
 
 
+def _mtp_block(cfg: TransformerConfig, j: int, s: int) -> list[LayerNode]:
+    """Multi-token prediction module ``j``'s transformer block (DeepSeek-V3, arXiv 2412.19437,
+    section 2.2): block ``layers + j``, after the decoder's (Megatron puts it on the last pipeline
+    stage), of the same class as the decoder's last blocks, so a search splits it like them. The
+    module's other parts are in the head (:func:`_mtp_head`)."""
+    return _block(cfg, cfg.layers + j, s)
+
+
+def _mtp_head(cfg: TransformerConfig, j: int, s: int) -> list[LayerNode]:
+    """Module ``j``'s other parts, in the head: the main stream and the next token's embedding,
+    each normalised, concatenated and projected back to the hidden width (before its block runs);
+    its final norm, its pass of the output head (the main head's weights: no parameters of its
+    own) and its loss."""
+    from dataclasses import replace
+
+    h, p = cfg.hidden, f"mtp.{j}"
+    norm, lm, loss = _head(cfg, s)[-3:]
+    return [_norm(f"{p}.hnorm", None, "head", s, h, cfg.norm), _norm(f"{p}.enorm", None, "head", s, h, cfg.norm),
+            _linear(f"{p}.proj", None, "head", s, 2 * h, h, bias=False, tp="replicated", act_tp_sharded=False),
+            replace(norm, name=f"{p}.final_norm"),
+            replace(lm, name=f"{p}.head", params=0, dims={**lm.dims, "shares": "head"}),
+            replace(loss, name=f"{p}.loss")]
+
+
 def build_graph(cfg: TransformerConfig, seq_len: int | None = None) -> LayerGraph:
     """The layer graph of ``cfg`` for samples of ``seq_len`` tokens (``cfg.max_seq`` if None).
 
@@ -220,7 +297,11 @@ def build_graph(cfg: TransformerConfig, seq_len: int | None = None) -> LayerGrap
     nodes = _embedding(cfg, s)
     for i in range(cfg.layers):
         nodes += _block(cfg, i, s)
+    for j in range(cfg.mtp_layers):
+        nodes += _mtp_block(cfg, j, s)
     nodes += _head(cfg, s)
+    for j in range(cfg.mtp_layers):
+        nodes += _mtp_head(cfg, j, s)
     params = sum(n.params for n in nodes)
     if params > MAX_PARAMETERS:
         raise ShardplanError(f"model '{cfg.name}' has {params:,} parameters; the supported range is up to "

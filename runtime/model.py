@@ -82,6 +82,14 @@ def unsupported_features(cfg: TransformerConfig) -> list[str]:
         out.append("qk_norm")
     if cfg.type_vocab:
         out.append("token-type embeddings")
+    if cfg.is_mla:
+        out.append("multi-head latent attention")
+    if cfg.sliding_window:
+        out.append("sliding-window attention")
+    if cfg.mtp_layers:
+        out.append("multi-token prediction")
+    if cfg.sandwich_norm:
+        out.append("norms after the attention and the MLP")
     return out
 
 

@@ -157,8 +157,21 @@ def test_trace_hf_config_errors() -> None:
 # ---- factories and plain modules ---------------------------------------------------------------
 
 def test_a_config_of_another_type_is_traced_not_read_as_llama() -> None:
-    """Gemma-2 (tied embeddings, its own head_dim, extra norms): the traced graph holds what
-    transformers builds."""
+    """Phi-3 (fused QKV and gate-up projections) has Llama's keys but is no type the reader knows:
+    the traced graph holds what transformers builds."""
+    import transformers
+
+    cfg = {"model_type": "phi3", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 64,
+           "pad_token_id": 0, "tie_word_embeddings": False}
+    with torch.device("meta"):
+        want = transformers.Phi3ForCausalLM(transformers.Phi3Config(**cfg)).num_parameters()
+    assert load_model(cfg, 16).total_params == want
+
+
+def test_a_gemma2_config_is_read_as_gemma2_not_as_llama() -> None:
+    """Gemma-2 (tied embeddings, its own head_dim, norms after the attention and the MLP): the
+    graph read from its keys holds what transformers builds."""
     import transformers
 
     cfg = {"model_type": "gemma2", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
