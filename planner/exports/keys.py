@@ -97,6 +97,13 @@ MEGATRON: Final[dict[str, str | None]] = {
     "moe_ffn_hidden": "--moe-ffn-hidden-size",
     "shared_expert_hidden": "--moe-shared-expert-intermediate-size",
     "moe_layer_freq": "--moe-layer-freq",
+    "mla": "--multi-latent-attention",
+    "q_lora_rank": "--q-lora-rank",
+    "kv_lora_rank": "--kv-lora-rank",
+    "qk_head_dim": "--qk-head-dim",
+    "qk_rope_head_dim": "--qk-pos-emb-head-dim",
+    "v_head_dim": "--v-head-dim",
+    "mtp_layers": "--mtp-num-layers",
 }
 MEGATRON_NORM: Final = {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}
 MEGATRON_POSITION: Final = {"rope": "rope", "learned": "learned_absolute", "none": "none"}

@@ -48,8 +48,20 @@ def _shape(n: Nearest) -> None:
     K, out = MEGATRON, []
     heads, hidden = cfg.get("heads", 0), cfg.get("hidden", 0)
     out += [(K["hidden"], hidden), (K["ffn_hidden"], cfg.get("ffn_hidden")), (K["heads"], heads)]
-    if cfg.get("head_dim") and heads and cfg["head_dim"] * heads != hidden:
+    if cfg.get("kv_lora_rank"):  # multi-head latent attention: its own head widths, no kv-channels
+        out += [(K["mla"], True), (K["q_lora_rank"], cfg.get("q_lora_rank") or None),
+                (K["kv_lora_rank"], cfg["kv_lora_rank"]), (K["qk_head_dim"], cfg["head_dim"]),
+                (K["qk_rope_head_dim"], cfg.get("qk_rope_head_dim")), (K["v_head_dim"], cfg.get("v_head_dim"))]
+    elif cfg.get("head_dim") and heads and cfg["head_dim"] * heads != hidden:
         out.append((K["head_dim"], cfg["head_dim"]))
+    if cfg.get("mtp_layers"):  # blocks after the decoder's, on the last stage: not in --num-layers
+        out.append((K["mtp_layers"], cfg["mtp_layers"]))
+        n.extra["mtp_layers"] = int(cfg["mtp_layers"])
+    if cfg.get("sliding_window"):
+        n.notes.append(f"the sliding window ({cfg['sliding_window']} tokens) has no Megatron-LM flag: set "
+                       "window_size in the model's TransformerConfig")
+    if cfg.get("sandwich_norm"):
+        n.notes.append("the norms after the attention and the MLP have no Megatron-LM flag")
     if cfg.get("kv_heads") and cfg["kv_heads"] != heads:
         out += [(K["gqa"], True), (K["kv_heads"], cfg["kv_heads"])]
     act, norm, pos = cfg.get("activation", "gelu"), cfg.get("norm", "layernorm"), cfg.get("position", "learned")
@@ -146,7 +158,8 @@ def _recompute(n: Nearest) -> None:
 
 def render(n: Nearest, s: Strategy, cost: str) -> str:
     K, m, w = MEGATRON, s.mesh, n.workload_model()
-    flags: list[tuple[str | None, object]] = [(K["num_layers"], len(n.blocks) or None),
+    mtp = n.extra.get("mtp_layers", 0)
+    flags: list[tuple[str | None, object]] = [(K["num_layers"], len(n.blocks) - mtp or None),
                                              *n.extra.get("shape", []), (K["tp"], m.tp), (K["pp"], m.pp)]
     sizes = s.stage_layout(len(n.blocks))
     if s.vpp > 1:
@@ -154,7 +167,7 @@ def render(n: Nearest, s: Strategy, cost: str) -> str:
     elif "first_last" in n.extra and len(set(sizes)) > 1:
         flags.append((K["first_stage_layers"], n.extra["first_last"][0]))
         if m.pp > 2:
-            flags.append((K["last_stage_layers"], n.extra["first_last"][1]))
+            flags.append((K["last_stage_layers"], n.extra["first_last"][1] - mtp))
     flags += [(K["cp"], m.cp)]
     if m.cp > 1:
         flags.append((K["cp_comm"], MEGATRON_CP_COMM[(s.cp_mode, s.cp_rotate if s.cp_mode == "ring" else "allgather")]))
