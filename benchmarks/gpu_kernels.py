@@ -13,8 +13,8 @@ the accelerator file of the device (``DeviceModel`` on spec sheets, current cons
 - ``gemm``: the forward, input-gradient and weight-gradient GEMMs of the linear layers of
   transformer blocks of hidden 768-8192 (QKV, output, MLP up, MLP down; also MLP up split 8 ways by
   tensor parallelism) at 4,096 and 16,384 tokens; bf16 ``torch.mm`` and, where the device has
-  fp8 (sm89+), ``torch._scaled_mm`` with per-tensor and per-row scales, and the fp8 cast with its
-  amax (per element of the cast input).
+  fp8 (sm89+), ``torch._scaled_mm`` with per-tensor and per-row scales.
+- ``cast``: an activation cast to fp8 in both orientations with its amax, eager and compiled.
 - ``attention``: ``scaled_dot_product_attention`` forward and forward+backward with the flash and
   cuDNN back-ends, causal and not, head dim 64/128/256, 512-32,768 tokens per sequence.
 - ``memory``: the eager RMSNorm, SwiGLU and cross-entropy of ``profiler.kernel_traffic`` and the
@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from costmodel.device import DeviceModel  # noqa: E402
-from costmodel.kernels import EAGER_BYTES, FUSED_BYTES, MINIMAL_BYTES, RESIDUAL_BYTES  # noqa: E402
+from costmodel.kernels import EAGER_BYTES, FP8_CAST_BYTES, FUSED_BYTES, MINIMAL_BYTES, RESIDUAL_BYTES  # noqa: E402
 from profiler.hardware import parse_cluster  # noqa: E402
 from profiler.kernel_traffic import norm_fused, rmsnorm_eager, swiglu_eager  # noqa: E402
 from profiler.measure_compute import guess_accelerator  # noqa: E402
@@ -141,16 +141,30 @@ def gemm_section(dev: torch.device, model: DeviceModel, small: bool) -> None:
                                 model.gemm_time(flops, "fp8", shape=(a, b, c)), flops, "TFLOP/s",
                                 speedup=t / t8, **shape)
                     del x, w
-        if fp8:  # the cast of an activation to fp8 with its amax: per element of the cast input
-            d = hiddens[-1]
-            x = torch.randn(m, 4 * d, dtype=torch.bfloat16, device=dev)
 
-            def cast(x: torch.Tensor = x) -> torch.Tensor:
-                scale = 448.0 / x.abs().amax().float().clamp(min=1e-12)
-                return (x.float() * scale).to(torch.float8_e4m3fn)
 
-            t = timed(cast, dev)
-            row("fp8 cast", f"{m}x{4 * d} amax+scale+cast", t, 0.0, x.numel() * 2.0, "TB/s (per input byte)")
+def cast_section(dev: torch.device, model: DeviceModel, small: bool) -> None:
+    """An activation cast to fp8 for a GEMM pair, both orientations, with its per-tensor amax: eager
+    (an amax pass, the cast, a transpose) and compiled (``torch.compile`` fuses what it can), as TB/s
+    over the bytes ``costmodel.kernels.FP8_CAST_BYTES`` counts per element for each stack."""
+    if dev.type != "cuda" or torch.cuda.get_device_capability(dev) < (8, 9):
+        print("| fp8 cast | skipped: no fp8 on this device |")
+        return
+
+    def cast(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        scale = 448.0 / x.abs().amax().float().clamp(min=1e-12)
+        y = (x.float() * scale).to(torch.float8_e4m3fn)
+        return y, y.t().contiguous()
+
+    compiled = torch.compile(cast)
+    for m, k in ((4096, 8192), (16384, 8192), (16384, 28672)):
+        x = torch.randn(m, k, dtype=torch.bfloat16, device=dev)
+        for stack, fn in (("eager", cast), ("fused", compiled)):
+            per = FP8_CAST_BYTES[stack]
+            t = timed(lambda fn=fn, x=x: fn(x), dev)
+            pred = model.memory_time(x.numel() * per, "elementwise")
+            row("fp8 cast", f"{stack} {m}x{k} amax, cast, both orientations", t, pred, x.numel() * per,
+                f"TB/s ({per:g} B/element)")
 
 
 def _attention_times(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, backend: object,
@@ -307,7 +321,8 @@ def summarize(rows: list[dict]) -> None:
             print(f"| {r['section']} | {r['name']} | {r['measured_s'] * 1e3:.3f} | {r['rate']:.2f} | {mm} |")
 
 
-SECTIONS = {"copy": copy_section, "gemm": gemm_section, "attention": attention_section, "memory": memory_section}
+SECTIONS = {"copy": copy_section, "gemm": gemm_section, "cast": cast_section, "attention": attention_section,
+            "memory": memory_section}
 
 
 def main() -> None:
