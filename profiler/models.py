@@ -100,7 +100,9 @@ class _GPT2Keys(_HFKeys):
     resid_pdrop: Probability | None = None
 
 
-class _LlamaKeys(_HFKeys):
+class _DecoderKeys(_HFKeys):
+    """The keys every decoder family below shares."""
+
     num_hidden_layers: Layers
     hidden_size: Width
     num_attention_heads: Width
@@ -109,12 +111,15 @@ class _LlamaKeys(_HFKeys):
     num_key_value_heads: Width | None = None
     head_dim: Width | None = None
     max_position_embeddings: Positions | None = None
+    num_experts_per_tok: Experts | None = None
+
+
+class _LlamaKeys(_DecoderKeys):
     mlp_bias: StrictBool | None = None
     attention_bias: StrictBool | None = None
     num_local_experts: Experts | None = None
     num_experts: Experts | None = None
     n_routed_experts: Experts | None = None
-    num_experts_per_tok: Experts | None = None
     moe_intermediate_size: _ExpertWidth | None = None
     shared_expert_intermediate_size: _ExpertWidth | None = None
     attention_dropout: Probability | None = None
@@ -122,15 +127,10 @@ class _LlamaKeys(_HFKeys):
     use_sliding_window: StrictBool | None = None
 
 
-class _DeepSeekKeys(_HFKeys):
+class _DeepSeekKeys(_DecoderKeys):
     """DeepSeek-V2/V3: multi-head latent attention, shared experts, leading dense layers, MTP."""
 
-    num_hidden_layers: Layers
-    hidden_size: Width
-    num_attention_heads: Width
-    intermediate_size: FfnWidth
     moe_intermediate_size: _ExpertWidth
-    vocab_size: Vocab
     n_routed_experts: Experts
     num_experts_per_tok: Experts
     kv_lora_rank: Width
@@ -141,25 +141,15 @@ class _DeepSeekKeys(_HFKeys):
     n_shared_experts: Experts | None = None
     first_k_dense_replace: Annotated[int, Field(ge=0, le=MAX_LAYERS)] | None = None
     num_nextn_predict_layers: Annotated[int, Field(ge=0, le=MAX_LAYERS)] | None = None
-    max_position_embeddings: Positions | None = None
 
 
-class _WindowedKeys(_HFKeys):
+class _WindowedKeys(_DecoderKeys):
     """Gemma-2, Gemma-3 (text) and gpt-oss: local layers with a sliding window between global ones."""
 
-    num_hidden_layers: Layers
-    hidden_size: Width
-    num_attention_heads: Width
-    intermediate_size: FfnWidth
-    vocab_size: Vocab
-    num_key_value_heads: Width | None = None
-    head_dim: Width | None = None
     sliding_window: Positions | None = None
     sliding_window_pattern: Layers | None = None
     layer_types: list[str] | None = None
-    max_position_embeddings: Positions | None = None
     num_local_experts: Experts | None = None
-    num_experts_per_tok: Experts | None = None
     attention_bias: StrictBool | None = None
 
 
@@ -217,17 +207,11 @@ def config_from_hf(d: dict[str, Any], name: str = "hf-model") -> TransformerConf
         )
     if mtype in _LLAMA_TYPES or (not mtype and "num_key_value_heads" in d):
         _check_keys(d, _LlamaKeys, name, mtype)
-        if _get(d, "head_dim") is None:
-            _divides(d, name, "num_attention_heads", "hidden_size", "; give head_dim")
-        if _get(d, "num_key_value_heads") is not None:
-            _divides(d, name, "num_key_value_heads", "num_attention_heads")
+        _check_heads(d, name)
         heads = int(d["num_attention_heads"])
         hidden = int(d["hidden_size"])
         experts = int(_get(d, "num_local_experts", "num_experts", "n_routed_experts", default=0))
-        top_k = int(_get(d, "num_experts_per_tok", default=0)) if experts else 0
-        if experts and not 0 < top_k <= experts:
-            raise ShardplanError(f"config '{name}': num_experts_per_tok must be in 1..{experts} (the experts), "
-                                 f"got {top_k}")
+        top_k = _top_k(d, name, experts)
         return TransformerConfig(
             name=name, layers=int(d["num_hidden_layers"]), hidden=hidden, heads=heads,
             kv_heads=int(_get(d, "num_key_value_heads", default=heads)),
@@ -251,6 +235,22 @@ def config_from_hf(d: dict[str, Any], name: str = "hf-model") -> TransformerConf
     raise KnownKeysError(name, d)
 
 
+def _check_heads(d: dict[str, Any], name: str) -> None:
+    """Heads that divide the width (unless ``head_dim`` is given) and K/V heads that divide them."""
+    if _get(d, "head_dim") is None:
+        _divides(d, name, "num_attention_heads", "hidden_size", "; give head_dim")
+    if _get(d, "num_key_value_heads") is not None:
+        _divides(d, name, "num_key_value_heads", "num_attention_heads")
+
+
+def _top_k(d: dict[str, Any], name: str, experts: int) -> int:
+    """``num_experts_per_tok`` of an MoE config (in 1..experts), 0 for a dense one."""
+    top_k = int(_get(d, "num_experts_per_tok", default=0)) if experts else 0
+    if experts and not 0 < top_k <= experts:
+        raise ShardplanError(f"config '{name}': num_experts_per_tok must be in 1..{experts} (the experts), got {top_k}")
+    return top_k
+
+
 def _llama_window(d: dict[str, Any], mtype: str) -> int:
     """Mistral 7B v0.1's sliding window (later Mistrals set it to null); Qwen2's only where
     ``use_sliding_window`` turns it on (its configs carry a window they do not use)."""
@@ -262,9 +262,7 @@ def _llama_window(d: dict[str, Any], mtype: str) -> int:
 def _deepseek(d: dict[str, Any], name: str, mtype: str) -> TransformerConfig:
     _check_keys(d, _DeepSeekKeys, name, mtype)
     heads, experts = int(d["num_attention_heads"]), int(d["n_routed_experts"])
-    top_k = int(d["num_experts_per_tok"])
-    if not 0 < top_k <= experts:
-        raise ShardplanError(f"config '{name}': num_experts_per_tok must be in 1..{experts} (the experts), got {top_k}")
+    top_k = _top_k(d, name, experts)
     return TransformerConfig(
         name=name, layers=int(d["num_hidden_layers"]), hidden=int(d["hidden_size"]), heads=heads, kv_heads=heads,
         head_dim=int(d["qk_nope_head_dim"]), qk_rope_head_dim=int(d["qk_rope_head_dim"]),
@@ -304,14 +302,9 @@ def _windowed(d: dict[str, Any], name: str, mtype: str) -> TransformerConfig:
     elif d.get("sliding_window_pattern") is not None:
         every = int(d["sliding_window_pattern"])
     heads, hidden = int(d["num_attention_heads"]), int(d["hidden_size"])
-    if _get(d, "head_dim") is None:
-        _divides(d, name, "num_attention_heads", "hidden_size", "; give head_dim")
-    if _get(d, "num_key_value_heads") is not None:
-        _divides(d, name, "num_key_value_heads", "num_attention_heads")
+    _check_heads(d, name)
     experts = int(_get(d, "num_local_experts", default=0))
-    top_k = int(_get(d, "num_experts_per_tok", default=0)) if experts else 0
-    if experts and not 0 < top_k <= experts:
-        raise ShardplanError(f"config '{name}': num_experts_per_tok must be in 1..{experts} (the experts), got {top_k}")
+    top_k = _top_k(d, name, experts)
     window = int(_get(d, "sliding_window", default=0))
     return TransformerConfig(
         name=name, layers=int(d["num_hidden_layers"]), hidden=hidden, heads=heads,
