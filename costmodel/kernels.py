@@ -86,7 +86,6 @@ def traffic(n: LayerNode, kernels: str, cross_entropy: str) -> tuple[float, floa
     return fwd / base, bwd / base
 
 
-
 def fp8_cast_elements(shape: tuple[float, float, float]) -> tuple[float, float]:
     """(forward, backward) elements one fp8 GEMM call of ``shape`` (m, n, k) casts: its input
     (m·k) and weight (n·k), then its output gradient (m·n)."""
