@@ -79,7 +79,7 @@ class DeviceModel:
     def gemm_rate(self, precision: str) -> float:
         """Achieved FLOP/s of a large GEMM."""
         rate = self.acc.peak_flops("bf16") * self.acc.gemm_efficiency * self.c.gemm_scale
-        if self._fp8(precision):
+        if self.fp8_gemms(precision):
             rate *= self.c.fp8_gemm_speedup
         if precision == "fp32":
             rate = self.acc.peak_flops("fp32") * self.acc.gemm_efficiency * self.c.gemm_scale
@@ -96,11 +96,12 @@ class DeviceModel:
             phase = "bwd" if backward else "fwd"
             rate = self.profile.gemm_flops_per_s(flops, phase, shape) * self.share
             return calls * flops * (2 if backward else 1) / rate
-        fixed = self.c.fp8_gemm_overhead_s if self._fp8(precision) else self.c.gemm_overhead_s
+        fixed = self.c.fp8_gemm_overhead_s if self.fp8_gemms(precision) else self.c.gemm_overhead_s
         return calls * (flops / self.gemm_rate(precision) + fixed) * (2 if backward else 1)
 
-    def _fp8(self, precision: str) -> bool:
-        """Whether GEMMs of ``precision`` run in fp8 on this accelerator."""
+    def fp8_gemms(self, precision: str) -> bool:
+        """Whether GEMMs of ``precision`` run in fp8 on this accelerator (one without fp8 runs them
+        in bf16)."""
         return precision == "fp8" and bool(self.acc.peak_tflops.get("fp8"))
 
     def attention_rate(self, kernel: str = "auto") -> float:

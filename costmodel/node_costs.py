@@ -132,10 +132,11 @@ def _one_shape(n: LayerNode, dev: DeviceModel, sc: float, cl: float, td: float, 
         if n.kind == "experts":
             flops *= dev.c.moe_imbalance
         shape = gemm_shape(n, sc * td, td, cl)
-        gprec = prec if fp8_runs(n, prec) else ("bf16" if prec == "fp8" else prec)
+        fp8 = fp8_runs(n, prec) and dev.fp8_gemms(prec)
+        gprec = "bf16" if prec == "fp8" and not fp8 else prec
         fwd = dev.gemm_time(flops / cl, gprec, cl, shape=shape)
         bwd = dev.gemm_time(flops / cl, gprec, cl, backward=True, shape=shape)
-        if gprec == "fp8" and shape is not None:
+        if fp8 and shape is not None:  # the casts, where the GEMMs really run in fp8
             ef, eb = fp8_cast_elements(shape)
             fwd += cl * dev.memory_time(ef * FP8_CAST_BYTES[w.kernels], "elementwise")
             bwd += cl * dev.memory_time(eb * FP8_CAST_BYTES[w.kernels], "elementwise")

@@ -166,3 +166,8 @@ def test_fp8_linear_pays_its_casts_and_the_head_stays_bf16() -> None:
     fp8 = node_times(head, dev, cfg, Workload(seq_len=1024, global_batch=8, precision="fp8"))
     bf16 = node_times(head, dev, cfg, Workload(seq_len=1024, global_batch=8, precision="bf16"))
     assert float(fp8[0][0]) == float(bf16[0][0]) and float(fp8[1][0]) == float(bf16[1][0])
+    # an accelerator without fp8 runs the layer in bf16 and casts nothing
+    a100 = DeviceModel(parse_cluster("8xa100-80gb"), constants=c)
+    fp8 = node_times(up, a100, cfg, Workload(seq_len=1024, global_batch=8, precision="fp8"))
+    bf16 = node_times(up, a100, cfg, Workload(seq_len=1024, global_batch=8, precision="bf16"))
+    assert float(fp8[0][0]) == float(bf16[0][0]) and float(fp8[1][0]) == float(bf16[1][0])
