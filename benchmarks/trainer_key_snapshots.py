@@ -76,9 +76,9 @@ def megatron() -> Path:
     from megatron.core.distributed import DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig
     from megatron.core.package_info import __version__
-    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer import MLATransformerConfig, TransformerConfig
 
-    classes = {c.__name__: _fields(c) for c in (TransformerConfig, ModelParallelConfig,
+    classes = {c.__name__: _fields(c) for c in (TransformerConfig, MLATransformerConfig, ModelParallelConfig,
                                                DistributedDataParallelConfig, OptimizerConfig)}
     known = {f for names in classes.values() for f in names}
     for flag, entry in MEGATRON_LM_FLAGS.items():

@@ -16,6 +16,7 @@ from profiler.transformer import attention_span, build_graph
 from runtime.model import unsupported_features
 from vocab.errors import ShardplanError
 from vocab.strategy import Mesh, Strategy, Workload
+from vocab.targets import by_exporter, key_snapshot
 
 DEEPSEEK_V3_HF = {  # deepseek-ai/DeepSeek-V3 config.json, the keys shardplan reads
     "model_type": "deepseek_v3", "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
@@ -188,3 +189,7 @@ def test_megatron_export_writes_mla_and_mtp_flags() -> None:
     assert (f["--mtp-num-layers"], f["--moe-shared-expert-intermediate-size"], f["--moe-layer-freq"]) == (
         "1", "2048", "[0]*3+[1]*58")
     assert f["--num-layers"] == "61"  # the MTP block is not a decoder layer
+    # every flag is one megatron-core's configs have at the pinned version (MLATransformerConfig too)
+    snap = key_snapshot(by_exporter("megatron"))
+    fields = {x for names in snap["classes"].values() for x in names}
+    assert [x for x in f if x not in snap["lm_flags"] and x[2:].replace("-", "_") not in fields] == []
