@@ -289,8 +289,8 @@ def global_every(layer_types: list[str], name: str) -> int:
         return 0
     k = full.index(True) + 1
     if full != [i % k == k - 1 for i in range(len(full))]:
-        raise ShardplanError(f"config '{name}': layer_types is not every {k}th layer global; shardplan reads a "
-                             "periodic pattern only")
+        raise ShardplanError(f"config '{name}': layer_types is not one global layer in every {k}; shardplan reads "
+                             "a periodic pattern only")
     return k
 
 

@@ -126,7 +126,7 @@ def test_the_families_read_from_their_config_keys() -> None:
 
 @pytest.mark.parametrize("change,message", [
     ({"layer_types": ["sliding_attention", "full_attention", "full_attention"] * 12},
-     "layer_types is not every 2th layer global"),
+     "layer_types is not one global layer in every 2"),
     ({"layer_types": ["local"] * 36}, "layer_types \\['local'\\] are not full_attention or sliding_attention"),
     ({"num_experts_per_tok": 200}, "num_experts_per_tok must be in 1..128"),
 ])
