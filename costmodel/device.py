@@ -86,18 +86,30 @@ class DeviceModel:
         return rate
 
     def gemm_time(self, flops: float, precision: str = "bf16", calls: float = 1.0, backward: bool = False,
-                  shape: tuple[float, float, float] | None = None) -> float:
+                  shape: tuple[float, float, float] | None = None, groups: float = 1.0) -> float:
         """Seconds for ``calls`` GEMMs of ``flops`` forward FLOPs each (backward: their two GEMMs).
 
-        ``shape`` (m, n, k) of one call, when known, lets a measured profile price it by shape."""
+        ``shape`` (m, n, k) of one GEMM, when known, prices it by shape: a measured profile by its
+        curves; the spec sheet by the roofline, the call bound by memory when its operands and
+        output (:func:`gemm_bytes`) take longer to stream than its FLOPs to compute (a GEMM of few
+        rows reads its whole weight for them). A grouped call (``groups`` GEMMs of ``shape`` in
+        one kernel, as MoE experts run) pays the fixed per-call cost once; a measured profile,
+        which times GEMMs one call each, prices it as ``groups`` calls."""
         if flops <= 0:
             return 0.0
         if self.measured("gemm"):
             phase = "bwd" if backward else "fwd"
-            rate = self.profile.gemm_flops_per_s(flops, phase, shape) * self.share
+            rate = self.profile.gemm_flops_per_s(flops / groups, phase, shape) * self.share
             return calls * flops * (2 if backward else 1) / rate
         fixed = self.c.fp8_gemm_overhead_s if self.fp8_gemms(precision) else self.c.gemm_overhead_s
-        return calls * (flops / self.gemm_rate(precision) + fixed) * (2 if backward else 1)
+        t = flops / self.gemm_rate(precision)
+        if shape is not None:
+            t = max(t, groups * gemm_bytes(shape, precision, self.fp8_gemms(precision)) / self.stream_rate())
+        return calls * (t + fixed) * (2 if backward else 1)
+
+    def stream_rate(self) -> float:
+        """Bytes per second a streaming kernel moves on the spec sheet."""
+        return self.acc.hbm_tbps * 1e12 * self.c.memory_efficiency
 
     def fp8_gemms(self, precision: str) -> bool:
         """Whether GEMMs of ``precision`` run in fp8 on this accelerator (one without fp8 runs them
@@ -134,7 +146,7 @@ class DeviceModel:
         if self.measured("bandwidth"):
             t = nbytes / (self.profile.bytes_per_s(op) * self.share)
             return t * self.profile.bwd_fwd_ratio(op) if backward else t
-        t = nbytes / (self.acc.hbm_tbps * 1e12 * self.c.memory_efficiency)
+        t = nbytes / self.stream_rate()
         return 2 * t if backward else t
 
     def kernel_times(self, nbytes: float, op: str, traffic: tuple[float, float]) -> tuple[float, float]:
@@ -269,6 +281,15 @@ class DeviceModel:
                 multi = (lat, np.maximum(intra, inter))  # bytes >= 0: max(a·x, b·x) = max(a, b)·x
             one = m == 1
             return np.where(one, single[0], multi[0]), np.where(one, single[1], multi[1])
+
+
+def gemm_bytes(shape: tuple[float, float, float], precision: str, fp8: bool) -> float:
+    """Bytes one GEMM of ``shape`` (m, n, k) moves at least: its two operands read once (one byte
+    an element in fp8, four in fp32, else two) and its output written once (16 bits; fp32 in
+    fp32). Backward's two GEMMs move twice that, as they compute twice the FLOPs."""
+    m, n, k = shape
+    width = 1.0 if fp8 else (4.0 if precision == "fp32" else 2.0)
+    return (m * k + n * k) * width + m * n * (4.0 if precision == "fp32" else 2.0)
 
 
 #: a flash kernel's throughput by head dim, over its throughput at 128 (the dim its tiles are

@@ -9,6 +9,7 @@ import numpy as np
 
 from costmodel.configs import ConfigArrays
 from costmodel.device import DeviceModel
+from costmodel.experts import expert_times, tokens_per_sample
 from costmodel.host import with_dtensor
 from costmodel.kernels import FP8_CAST_BYTES, fp8_cast_elements, fp8_runs, traffic
 from profiler.graph import LayerNode
@@ -17,6 +18,8 @@ from vocab.strategy import Workload
 F = np.ndarray
 GEMM_KINDS = ("linear", "router", "experts")
 TP_SPLIT_ROLES = ("column", "row", "heads", "vocab")
+#: above every TP division: packs (calls, TP division) into one exact float key
+TDIV_RANGE = 1 << 16
 TP_SPLIT_OUTPUTS = ("column", "heads", "vocab")  # roles whose output Megatron TP alone splits
 
 #: the profile's bandwidth case each bandwidth-bound node kind is priced by (else ``elementwise``)
@@ -123,17 +126,18 @@ def attention_times(n: LayerNode, dev: DeviceModel, flops: float, nbytes: float,
             dev.attention_time(flops, n.causal, True, kernel, shape=shape))
 
 
-def _one_shape(n: LayerNode, dev: DeviceModel, sc: float, cl: float, td: float, w: Workload) -> tuple[float, float]:
+def _one_shape(n: LayerNode, dev: DeviceModel, sc: float, cl: float, td: float, ep: float, w: Workload
+               ) -> tuple[float, float]:
     """Forward and backward seconds of ``n`` at ``sc`` samples of its work per rank, in ``cl``
-    calls, with TP dividing it ``td`` ways."""
+    calls, with TP dividing it ``td`` ways (and, for experts, EP ``ep``)."""
     prec = w.precision
     flops = n.fwd_flops * sc
     if n.kind in GEMM_KINDS:
-        if n.kind == "experts":
-            flops *= dev.c.moe_imbalance
-        shape = gemm_shape(n, sc * td, td, cl)
         fp8 = fp8_runs(n, prec) and dev.fp8_gemms(prec)
         gprec = "bf16" if prec == "fp8" and not fp8 else prec
+        if n.kind == "experts":
+            return expert_times(n, dev, tokens_per_sample(n) * sc * td, ep, td, gprec, fp8, w.kernels)
+        shape = gemm_shape(n, sc * td, td, cl)
         fwd = dev.gemm_time(flops / cl, gprec, cl, shape=shape)
         bwd = dev.gemm_time(flops / cl, gprec, cl, backward=True, shape=shape)
         if fp8 and shape is not None:  # the casts, where the GEMMs really run in fp8
@@ -160,17 +164,17 @@ def node_times(n: LayerNode, dev: DeviceModel, cfg: ConfigArrays, w: Workload, t
     calls = np.full(cfg.size, float(split))
     if n.kind == "attention":  # one call; a ring rank's queries are the sequence over the cp ranks,
         calls = np.where(cfg.ulysses, 1.0, cfg.cp)  # Ulysses' the whole sequence (for 1/cp of the heads)
-    if n.kind == "experts":
-        calls = np.maximum(1.0, n.dims.get("experts", 1) / cfg.ep) * split
+    ep = cfg.ep if n.kind == "experts" else np.ones(cfg.size)  # the experts' tokens and load depend on ep
+    keys = np.stack([scale, calls, np.broadcast_to(tdiv, scale.shape), ep])
     if cfg.size == 1:  # one configuration: nothing to share
-        uniq, inv = np.stack([scale, calls, np.broadcast_to(tdiv, scale.shape)]), np.zeros(1, dtype=int)
-    elif (dev.measured("gemm") and n.kind in GEMM_KINDS) or n.kind == "embedding":  # by shape, tables by TP
-        uniq, inv = np.unique(np.stack([scale, calls, np.broadcast_to(tdiv, scale.shape)]), axis=1,
-                              return_inverse=True)
-    else:  # one sortable complex key per (scale, calls): much faster than unique rows
-        uniq_c, inv = np.unique(scale + 1j * calls, return_inverse=True)
-        uniq = np.stack([uniq_c.real, uniq_c.imag, np.ones(len(uniq_c))])
-    fb = np.array([_one_shape(n, dev, sc, cl, td, w) for sc, cl, td in uniq.T]).reshape(-1, 2)
+        uniq, inv = keys, np.zeros(1, dtype=int)
+    elif n.kind == "experts":
+        uniq, inv = np.unique(keys, axis=1, return_inverse=True)
+    else:  # one sortable complex key per (scale, calls, TP division; whole numbers): faster than unique rows
+        uniq_c, inv = np.unique(scale + 1j * (keys[1] * TDIV_RANGE + keys[2]), return_inverse=True)
+        calls_u, tdiv_u = np.divmod(uniq_c.imag, TDIV_RANGE)
+        uniq = np.stack([uniq_c.real, calls_u, tdiv_u, np.ones(len(uniq_c))])
+    fb = np.array([_one_shape(n, dev, sc, cl, td, e, w) for sc, cl, td, e in uniq.T]).reshape(-1, 2)
     inv = inv.reshape(-1)
     f, b = fb[inv, 0], fb[inv, 1]
     return with_dtensor(n, dev, f, b, (cfg.tp > 1) & ~cfg.tsp, cfg.sequence_parallel, split)

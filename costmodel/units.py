@@ -19,6 +19,7 @@ import numpy as np
 
 from costmodel.configs import AxisGroup, ConfigArrays
 from costmodel.device import DeviceModel
+from costmodel.experts import load_imbalance
 from costmodel.gradients import (
     GATHER_BYTES,
     GRAD_REDUCE_BYTES,
@@ -356,7 +357,7 @@ class _Traffic:
             comm_cp = np.where(context & cfg.ulysses, uly, comm_cp)
         experts = (self.ep_bytes > 0) & (ep > 1)
         if experts.any():  # EP: dispatch and combine, per pass
-            a2a = 2 * dev.collective_time("all_to_all", self.ep_bytes, cfg.ep_group) * passes
+            a2a = 2 * dev.collective_time("all_to_all", self.ep_bytes * load_imbalance(dev, ep), cfg.ep_group) * passes
             comm_ep = np.where(experts, c.exposed(a2a, a2a * c.ep_overlap), comm_ep)
         return {"comm_tp": comm_tp, "comm_cp": comm_cp, "comm_ep": comm_ep}
 

@@ -1,0 +1,100 @@
+"""What a mixture-of-experts layer costs on one rank besides its all-to-all: the experts' GEMMs by
+the tokens each expert receives, and the token permutations around them.
+
+A MoE layer routes each of the rank's tokens to ``top_k`` of ``E`` experts. Under expert
+parallelism (``ep`` ranks, ``E/ep`` experts each) the dispatch all-to-all sends every routed copy
+to its expert's rank, so a rank computes, on average, as many copies as it routed: ``tokens · k``
+rows over its ``E/ep`` experts. The slowest rank sets the pace of the all-to-all that follows:
+it holds ``CostConstants.moe_imbalance`` times the mean load (GShard, Lepikhin et al. 2020, §2.2:
+per-expert loads vary even with a balancing loss). On one rank (``ep = 1``) every expert is
+local and the total is the mean exactly.
+
+The experts' GEMMs run as grouped GEMMs (Megatron's ``moe_grouped_gemm``, Transformer Engine's
+``GroupedLinear``, torchtitan's ``torch._grouped_mm``): one kernel over the local experts, each
+expert's rows padded to the kernel's tile (:data:`GROUPED_GEMM_TILE`): with loads that vary from
+step to step the padding is half a tile per expert on average. An expert that receives few rows
+reads its whole weight for them, so fine-grained experts at small batches are bound by memory
+(the roofline of :meth:`costmodel.device.DeviceModel.gemm_time`). A measured profile prices the
+experts one GEMM call each, as this project's runtime runs them.
+
+Around the GEMMs the tokens are permuted into expert order and back (:data:`PERMUTE_ELEMENTS`):
+memory-bound copies that no FLOP count sees.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from costmodel.device import DeviceModel
+from costmodel.kernels import FP8_CAST_BYTES, fp8_cast_elements
+from profiler.graph import LayerNode
+
+#: rows per tile of a Hopper grouped GEMM (CUTLASS and cuBLAS grouped kernels tile M by 128)
+GROUPED_GEMM_TILE = 128
+
+#: 16-bit elements of the hidden size moved per token by the permutations of one MoE layer, as
+#: ``(a, b)`` for ``a·k + b`` forward and ``(c, d)`` for ``c·k + d`` backward (``k``: top-k):
+#:
+#: * ``fused`` (Transformer Engine's ``moe_permute`` / ``moe_unpermute`` with ``moe_permute_fusion``,
+#:   DeepEP's fused layout): the permute reads each token once per copy and writes the copy (2k);
+#:   the unpermute reads every copy and writes the weighted sum (k + 1). Backward mirrors them and
+#:   reads the copies again for the routing weights' gradient (+k).
+#: * ``eager`` (PyTorch ops one by one: ``index_select``, the multiply by the routing weights, a
+#:   zeroed output and ``index_add``/``scatter_add``): the gather (2k), the weighting (2k), the
+#:   zero fill (1) and the scatter-add (k reads, 2 of the output); backward the same passes, and
+#:   the weights' gradient (2k).
+PERMUTE_ELEMENTS = {"fused": ((3.0, 1.0), (4.0, 1.0)), "eager": ((5.0, 3.0), (7.0, 3.0))}
+
+
+def moe_dims(n: LayerNode) -> tuple[int, int, int, int, int]:
+    """(hidden, expert FFN width, experts, top-k, weight matrices per expert) of an experts node."""
+    d = n.dims
+    return int(d["in"]), int(d["out"]), int(d.get("experts", 1)), int(d.get("top_k", 1)), int(d.get("matrices", 2))
+
+
+def tokens_per_sample(n: LayerNode) -> float:
+    """Tokens an experts node routes per sample: its forward FLOPs over each routed copy's."""
+    h, f, _, k, mats = moe_dims(n)
+    return n.fwd_flops / (2.0 * k * mats * h * f)
+
+
+def load_imbalance(dev: DeviceModel, ep: Any) -> Any:
+    """The slowest expert rank's routed copies over the mean (per configuration where ``ep`` is an
+    array): ``moe_imbalance`` across ``ep > 1`` ranks, 1 on one rank (all experts local). The
+    experts' GEMMs and the dispatch and combine all-to-alls both wait on that rank."""
+    return np.where(np.asarray(ep) > 1, dev.c.moe_imbalance, 1.0)
+
+
+def permute_bytes(n: LayerNode, tokens: float, kernels: str) -> tuple[float, float]:
+    """(forward, backward) bytes of the token permutations of one MoE layer over ``tokens`` tokens
+    (:data:`PERMUTE_ELEMENTS`, 16-bit hidden states)."""
+    h, _, _, k, _ = moe_dims(n)
+    (a, b), (c, d) = PERMUTE_ELEMENTS["fused" if kernels == "fused" else "eager"]
+    return 2.0 * h * tokens * (a * k + b), 2.0 * h * tokens * (c * k + d)
+
+
+def expert_times(n: LayerNode, dev: DeviceModel, tokens: float, ep: float, tdiv: float, gemm_precision: str,
+                 fp8_casts: bool, kernels: str) -> tuple[float, float]:
+    """(forward, backward) seconds of the routed experts of one MoE layer on the slowest rank, for
+    ``tokens`` tokens through the layer on it (all of the micro-batch's under TP, which splits
+    every expert's FFN width ``tdiv`` ways): the grouped GEMMs of its ``E/ep`` experts (the input
+    projection(s), then the output one), their fp8 casts where ``fp8_casts``, and the permutations."""
+    h, f, e, k, mats = moe_dims(n)
+    local = max(1.0, e / ep)
+    rows = tokens * k * float(load_imbalance(dev, ep)) / local  # per local expert, on the slowest rank
+    if not dev.measured("gemm"):
+        rows += GROUPED_GEMM_TILE / 2  # each expert's last tile, half empty on average
+    fwd = bwd = 0.0
+    for cols, depth in (((mats - 1) * f / tdiv, h), (h, f / tdiv)):
+        shape = (rows, cols, depth)
+        flops = 2.0 * rows * cols * depth * local
+        fwd += dev.gemm_time(flops, gemm_precision, shape=shape, groups=local)
+        bwd += dev.gemm_time(flops, gemm_precision, backward=True, shape=shape, groups=local)
+        if fp8_casts:
+            ef, eb = fp8_cast_elements(shape)
+            fwd += dev.memory_time(local * ef * FP8_CAST_BYTES[kernels], "elementwise")
+            bwd += dev.memory_time(local * eb * FP8_CAST_BYTES[kernels], "elementwise")
+    pf, pb = permute_bytes(n, tokens, kernels)
+    return fwd + dev.memory_time(pf, "elementwise"), bwd + dev.memory_time(pb, "elementwise")

@@ -1,0 +1,111 @@
+"""Mixture-of-experts mechanics priced from first principles: grouped GEMMs by the rows each expert
+receives (tile padding, the weight-bound roofline), the permutations around them, and the load
+imbalance that only expert parallelism exposes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from costmodel.configs import ConfigArrays
+from costmodel.device import DeviceModel, gemm_bytes
+from costmodel.experts import (
+    GROUPED_GEMM_TILE,
+    PERMUTE_ELEMENTS,
+    expert_times,
+    permute_bytes,
+    tokens_per_sample,
+)
+from costmodel.node_costs import node_times
+from profiler.hardware import parse_cluster
+from profiler.model_config import TransformerConfig
+from profiler.transformer import build_graph
+from vocab.strategy import Mesh, MeshConfig, Strategy, Workload
+
+H, F_, E, K = 7168, 2048, 256, 8  # DeepSeek-V3's routed experts
+
+
+def _experts(seq: int = 4096):
+    cfg = TransformerConfig(name="moe", layers=1, hidden=H, heads=56, vocab=1000, activation="swiglu",
+                            norm="rmsnorm", experts=E, top_k=K, moe_ffn_hidden=F_)
+    return next(n for n in build_graph(cfg, seq).nodes if n.kind == "experts")
+
+
+def _dev() -> DeviceModel:
+    return DeviceModel(parse_cluster("64xh100"))
+
+
+def test_a_node_routes_its_tokens() -> None:
+    assert tokens_per_sample(_experts(4096)) == pytest.approx(4096)
+
+
+def test_grouped_gemm_pads_each_experts_rows_by_half_a_tile_and_pays_one_launch() -> None:
+    """ep = 8: 32 local experts, 4,096 tokens · 8 copies = 32,768 rows, 1,024 per expert, and the
+    slowest rank holds moe_imbalance times that; compute-bound, so each of the two grouped GEMMs is
+    its padded FLOPs at the GEMM rate plus one call's fixed cost."""
+    dev, n = _dev(), _experts()
+    rows = 4096 * K * dev.c.moe_imbalance / 32 + GROUPED_GEMM_TILE / 2
+    flops = 2 * rows * 32 * (2 * F_ * H + H * F_)
+    fwd, bwd = expert_times(n, dev, 4096, ep=8, tdiv=1, gemm_precision="bf16", fp8_casts=False, kernels="fused")
+    pf, pb = permute_bytes(n, 4096, "fused")
+    perm = dev.memory_time(pf), dev.memory_time(pb)
+    assert fwd - perm[0] == pytest.approx(flops / dev.gemm_rate("bf16") + 2 * dev.c.gemm_overhead_s, rel=1e-12)
+    assert bwd - perm[1] == pytest.approx(2 * (fwd - perm[0]), rel=1e-12)
+
+
+def test_few_rows_per_expert_are_bound_by_reading_the_weights() -> None:
+    """256 local experts (ep = 1) and 64 tokens: 2 rows per expert (66 padded), each expert reads
+    its whole 3·h·f weight for them: the GEMMs take the bytes' time, not the FLOPs'."""
+    dev, n = _dev(), _experts()
+    fwd, _ = expert_times(n, dev, 64, ep=1, tdiv=1, gemm_precision="bf16", fp8_casts=False, kernels="fused")
+    rows = 64 * K / E + GROUPED_GEMM_TILE / 2
+    weights = E * sum(gemm_bytes((rows, c, d), "bf16", False) for c, d in ((2 * F_, H), (H, F_)))
+    pf, _ = permute_bytes(n, 64, "fused")
+    expect = weights / dev.stream_rate() + 2 * dev.c.gemm_overhead_s + dev.memory_time(pf)
+    assert fwd == pytest.approx(expect, rel=1e-12)
+    assert weights > 3 * E * H * F_ * 2  # the weights dominate the bytes
+    compute = 2 * rows * E * 3 * H * F_ / dev.gemm_rate("bf16")
+    assert weights / dev.stream_rate() > 3 * compute
+
+
+def test_the_roofline_leaves_a_large_dense_gemm_compute_bound() -> None:
+    dev = _dev()
+    m, n, k = 8192, 8192, 8192
+    assert dev.gemm_time(2 * m * n * k, shape=(m, n, k)) == dev.gemm_time(2 * m * n * k)
+    # one row: the weight's 128 MiB read takes longer than its 134 MFLOP
+    assert dev.gemm_time(2 * n * k, shape=(1, n, k)) == pytest.approx(
+        gemm_bytes((1, n, k), "bf16", False) / dev.stream_rate() + dev.c.gemm_overhead_s, rel=1e-12)
+
+
+@pytest.mark.parametrize("kernels", ["fused", "eager"])
+def test_permutations_move_the_counted_bytes(kernels: str) -> None:
+    n = _experts()
+    (a, b), (c, d) = PERMUTE_ELEMENTS[kernels]
+    assert permute_bytes(n, 1000, kernels) == (2 * H * 1000 * (a * K + b), 2 * H * 1000 * (c * K + d))
+    assert PERMUTE_ELEMENTS["fused"] == ((3.0, 1.0), (4.0, 1.0))  # 2k + (k + 1) forward, +k backward
+
+
+def test_imbalance_is_paid_across_expert_ranks_only() -> None:
+    """One rank holds every expert: its load is the mean. Across ranks the slowest one paces the
+    GEMMs and the all-to-all."""
+    dev, n = _dev(), _experts()
+    one, _ = expert_times(n, dev, 4096, ep=1, tdiv=1, gemm_precision="bf16", fp8_casts=False, kernels="fused")
+    dev_flat = DeviceModel(parse_cluster("64xh100"), constants=dev.c.with_overrides({"moe_imbalance": 1.0}))
+    flat, _ = expert_times(n, dev_flat, 4096, ep=1, tdiv=1, gemm_precision="bf16", fp8_casts=False, kernels="fused")
+    assert one == flat
+    spread, _ = expert_times(n, dev, 4096, ep=8, tdiv=1, gemm_precision="bf16", fp8_casts=False, kernels="fused")
+    spread_flat, _ = expert_times(n, dev_flat, 4096, ep=8, tdiv=1, gemm_precision="bf16", fp8_casts=False,
+                                  kernels="fused")
+    assert spread > spread_flat
+
+
+def test_node_prices_experts_per_ep_in_a_batch_as_alone() -> None:
+    """Configurations that differ only in ep price their experts differently, in a batch as alone."""
+    dev, n = _dev(), _experts()
+    w = Workload(seq_len=4096, global_batch=64, kernels="fused")
+    cfgs = [MeshConfig.of(Strategy(mesh=Mesh(dp_shard=64, ep=ep))) for ep in (1, 8, 64)]
+    f, b = node_times(n, dev, ConfigArrays.of(cfgs), w)
+    for i, c in enumerate(cfgs):
+        fa, ba = node_times(n, dev, ConfigArrays.of([c]), w)
+        assert (f[i], b[i]) == (fa[0], ba[0])
+    assert len(set(np.round(f, 12))) == 3
