@@ -19,6 +19,9 @@ the accelerator file of the device (``DeviceModel`` on spec sheets, current cons
   cuDNN back-ends, causal and not, head dim 64/128/256, 512-32,768 tokens per sequence.
 - ``memory``: the eager RMSNorm, SwiGLU and cross-entropy of ``profiler.kernel_traffic`` and the
   fused references, forward and backward; the residual add; a fused and a foreach AdamW step.
+- ``moe``: routed experts' grouped GEMMs (``torch._grouped_mm``, and a loop of one GEMM per
+  expert) at 16-4,096 rows per expert with loads drawn at random, for Mixtral-, DeepSeek-V3- and
+  Qwen3-30B-shaped experts; the eager token permutations forward and backward.
 
 ``--json PATH`` writes every row; ``--summarize PATH`` prints the summary tables of such a file
 (docs/validation.md keeps them). ``--limit-s`` stops starting new sections past that time.
@@ -42,6 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from costmodel.device import DeviceModel  # noqa: E402
+from costmodel.experts import grouped_gemm_time, permute_bytes, permute_times  # noqa: E402
 from costmodel.kernels import EAGER_BYTES, FP8_CAST_BYTES, FUSED_BYTES, MINIMAL_BYTES, RESIDUAL_BYTES  # noqa: E402
 from profiler.hardware import parse_cluster  # noqa: E402
 from profiler.kernel_traffic import norm_fused, rmsnorm_eager, swiglu_eager  # noqa: E402
@@ -271,6 +275,73 @@ def memory_section(dev: torch.device, model: DeviceModel, small: bool) -> None:
         del opt
 
 
+def _loads(total: int, experts: int, gen: torch.Generator) -> list[int]:
+    """Rows per expert for ``total`` routed copies drawn uniformly over ``experts`` (varying loads,
+    as routing makes them)."""
+    pick = torch.randint(0, experts, (total,), generator=gen)
+    return torch.bincount(pick, minlength=experts).tolist()
+
+
+def moe_section(dev: torch.device, model: DeviceModel, small: bool) -> None:
+    """Grouped GEMMs of routed experts by rows per expert (``torch._grouped_mm``, the kernel
+    torchtitan runs, and a loop of ``torch.mm`` per expert, as this project's runtime runs them)
+    against ``costmodel.experts.grouped_gemm_time``; the eager token permutations around them
+    (gather, weighting, scatter-add: ``PERMUTE_ELEMENTS["eager"]``) forward and backward."""
+    gen = torch.Generator().manual_seed(0)
+    shapes = {"mixtral h4096 f14336": (4096, 14336), "deepseek-v3 h7168 f2048": (7168, 2048),
+              "qwen3-30b h2048 f768": (2048, 768)}
+    if small:
+        shapes = {"tiny h256 f512": (256, 512)}
+    grouped = hasattr(torch, "_grouped_mm") and (dev.type != "cuda" or torch.cuda.get_device_capability(dev) >= (9, 0))
+    for label, (h, f) in shapes.items():
+        for local in ([4] if small else [8, 32]):
+            for rows in ([16, 64] if small else [16, 64, 256, 1024, 4096]):
+                if not small and local * rows * max(h, 2 * f) * 2 > 6 << 30:
+                    continue
+                counts = _loads(rows * local, local, gen)
+                offs = torch.tensor(np.cumsum(counts), dtype=torch.int32, device=dev)
+                for proj, (cols, depth) in (("up", (2 * f, h)), ("down", (h, f))):
+                    x = torch.randn(rows * local, depth, dtype=torch.bfloat16, device=dev)
+                    w = torch.randn(local, cols, depth, dtype=torch.bfloat16, device=dev)
+                    flops = 2.0 * rows * local * cols * depth
+                    pred = grouped_gemm_time(model, rows, local, cols, depth, "bf16")
+                    name = f"{label} {proj} E{local} rows{rows}"
+                    info = {"rows": rows, "experts": local, "hidden": h, "ffn": f, "proj": proj}
+                    if grouped:
+                        try:
+                            t = timed(lambda x=x, w=w, o=offs: torch._grouped_mm(x, w.transpose(-2, -1), offs=o), dev)
+                            row("moe grouped_mm", name, t, pred, flops, "TFLOP/s", **info)
+                        except RuntimeError as e:
+                            print(f"| moe grouped_mm | {name} | refused: {str(e)[:80]} |")
+                    parts = list(zip(torch.split(x, counts), w.unbind(0), strict=True))
+                    t = timed(lambda parts=parts: [torch.mm(a, b.t()) for a, b in parts], dev)
+                    loop = model.gemm_time(flops, "bf16", calls=local, shape=(rows, cols, depth)) / local
+                    row("moe loop", name, t, loop, flops, "TFLOP/s", **info)
+                    del x, w, parts
+    n_tok = 512 if small else 16384
+    for label, (h, _) in shapes.items():
+        for k in ([2] if small else [2, 8]):
+            x = torch.randn(n_tok, h, dtype=torch.bfloat16, device=dev, requires_grad=True)
+            top = torch.rand(n_tok, 64 if not small else 8, device=dev).topk(k, dim=-1)
+            order = top.indices.flatten().argsort()
+            src = order // k
+            probs = top.values.flatten()[order].to(torch.bfloat16).requires_grad_()
+
+            def permute_unpermute(x: torch.Tensor = x, src: torch.Tensor = src, p: torch.Tensor = probs) -> torch.Tensor:
+                copies = x.index_select(0, src)  # expert order (the experts would run here)
+                return torch.zeros_like(x).index_add(0, src, copies * p[:, None])
+
+            g = torch.randn_like(permute_unpermute())
+            tf = timed(permute_unpermute, dev)
+            tfb = timed(lambda g=g, x=x, p=probs, fn=permute_unpermute: torch.autograd.grad(fn(), (x, p), g), dev)
+            node = type("N", (), {"dims": {"in": h, "out": 1, "top_k": k}})()
+            bf, bb = permute_bytes(node, n_tok, "eager")
+            pf, pb = permute_times(node, model, n_tok, "eager")
+            row("moe permute fwd", f"{label} k{k} {n_tok} tokens", tf, pf, bf, "TB/s (counted)")
+            row("moe permute bwd", f"{label} k{k} {n_tok} tokens", max(tfb - tf, 1e-9), pb, bb, "TB/s (counted)")
+            del x, g
+
+
 def _median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
@@ -300,6 +371,18 @@ def summarize(rows: list[dict]) -> None:
             big = flops > 1e11
             print(f"{sec}: t = F / {1 / inv_rate / 1e12:.0f} TFLOP/s + {t0 * 1e6:.1f} us per call (relative least "
                   f"squares, {len(rs)} GEMMs); median above 100 GFLOP {np.median(flops[big] / t[big]) / 1e12:.0f} TFLOP/s")
+    moe = [r for r in rows if r["section"] in ("moe grouped_mm", "moe loop")]
+    if moe:
+        print("\n| experts | proj | local experts | rows/expert | grouped TFLOP/s | model/measured | loop TFLOP/s "
+              "| model/measured |")
+        print("|---|---|---:|---:|---:|---:|---:|---:|")
+        by = {(r["section"], r["hidden"], r["ffn"], r["proj"], r["experts"], r["rows"]): r for r in moe}
+        for (sec, h, f, proj, e, n), r in sorted(by.items(), key=lambda kv: kv[0][1:]):
+            if sec != "moe loop":
+                continue
+            g = by.get(("moe grouped_mm", h, f, proj, e, n))
+            cells = f"{g['rate']:.0f} | {g['model_over_measured']:.2f}" if g else "- | -"
+            print(f"| h{h} f{f} | {proj} | {e} | {n} | {cells} | {r['rate']:.0f} | {r['model_over_measured']:.2f} |")
     attn = [r for r in rows if r["section"].startswith("attention")]
     if attn:
         print("\n| kernel | head dim | causal | tokens | fwd TFLOP/s | bwd/fwd time | model/measured fwd, bwd |")
@@ -312,7 +395,7 @@ def summarize(rows: list[dict]) -> None:
             print(f"| {b} | {hd} | {'yes' if causal else 'no'} | {s} | {f['rate']:.0f} | "
                   f"{bw['measured_s'] / f['measured_s']:.2f} | {f['model_over_measured']:.2f}, "
                   f"{bw['model_over_measured']:.2f} |")
-    mem = [r for r in rows if r["section"].startswith(("memory", "optimizer", "copy", "fp8 cast"))]
+    mem = [r for r in rows if r["section"].startswith(("memory", "optimizer", "copy", "fp8 cast", "moe permute"))]
     if mem:
         print("\n| kernel | case | measured ms | TB/s over counted bytes | model/measured |")
         print("|---|---|---:|---:|---:|")
@@ -322,7 +405,7 @@ def summarize(rows: list[dict]) -> None:
 
 
 SECTIONS = {"copy": copy_section, "gemm": gemm_section, "cast": cast_section, "attention": attention_section,
-            "memory": memory_section}
+            "memory": memory_section, "moe": moe_section}
 
 
 def main() -> None:

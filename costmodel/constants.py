@@ -47,6 +47,13 @@ class CostConstants:
             as memory-bound kernels (``costmodel.kernels.FP8_CAST_BYTES``).
         fp8_gemm_overhead_s: fixed time per fp8 GEMM call (measured 9.8 us against 5.8 us for
             bf16 on the same H200): small GEMMs gain less from fp8, the smallest nothing.
+        grouped_gemm_overhead_s: fixed time per grouped GEMM call (MoE experts, one kernel over
+            the local experts): 15.5 us measured for ``torch._grouped_mm`` on an H200, the same
+            over 8 and 32 experts (``benchmarks/gpu_kernels.py``, section ``moe``).
+        gemm_stream_efficiency: fraction of peak HBM bandwidth at which a GEMM bound by its bytes
+            (few rows: each expert's weight read for a handful of tokens) reads its operands:
+            3.1 TB/s of the H200's 4.8 measured on grouped GEMMs of 16-64 rows per expert (same
+            benchmark), below a streaming copy's ``memory_efficiency``.
         fsdp_overlap: fraction of a layer's compute under which its FSDP all-gather and
             reduce-scatter can hide (prefetch).
         dp_overlap: fraction of backward under which the bucketed DP gradient all-reduce hides.
@@ -90,6 +97,8 @@ class CostConstants:
     memory_efficiency: float = 0.85
     fp8_gemm_speedup: float = 1.9
     fp8_gemm_overhead_s: float = 10e-6
+    grouped_gemm_overhead_s: float = 15e-6
+    gemm_stream_efficiency: float = 0.65
     fsdp_overlap: float = 0.85
     dp_overlap: float = 0.85
     tp_overlap: float = 0.0

@@ -86,25 +86,29 @@ class DeviceModel:
         return rate
 
     def gemm_time(self, flops: float, precision: str = "bf16", calls: float = 1.0, backward: bool = False,
-                  shape: tuple[float, float, float] | None = None, groups: float = 1.0) -> float:
+                  shape: tuple[float, float, float] | None = None, groups: float | None = None) -> float:
         """Seconds for ``calls`` GEMMs of ``flops`` forward FLOPs each (backward: their two GEMMs).
 
         ``shape`` (m, n, k) of one GEMM, when known, prices it by shape: a measured profile by its
         curves; the spec sheet by the roofline, the call bound by memory when its operands and
-        output (:func:`gemm_bytes`) take longer to stream than its FLOPs to compute (a GEMM of few
-        rows reads its whole weight for them). A grouped call (``groups`` GEMMs of ``shape`` in
-        one kernel, as MoE experts run) pays the fixed per-call cost once; a measured profile,
-        which times GEMMs one call each, prices it as ``groups`` calls."""
+        output (:func:`gemm_bytes`) take longer to read at ``gemm_stream_efficiency`` of the HBM
+        bandwidth than its FLOPs to compute (a GEMM of few rows reads its whole weight for them).
+        A grouped call (``groups`` GEMMs of ``shape`` in one kernel, as MoE experts run) pays
+        ``grouped_gemm_overhead_s`` once; a measured profile, which times GEMMs one call each,
+        prices it as ``groups`` calls."""
         if flops <= 0:
             return 0.0
         if self.measured("gemm"):
             phase = "bwd" if backward else "fwd"
-            rate = self.profile.gemm_flops_per_s(flops / groups, phase, shape) * self.share
+            rate = self.profile.gemm_flops_per_s(flops / (groups or 1.0), phase, shape) * self.share
             return calls * flops * (2 if backward else 1) / rate
         fixed = self.c.fp8_gemm_overhead_s if self.fp8_gemms(precision) else self.c.gemm_overhead_s
+        if groups is not None:
+            fixed = max(fixed, self.c.grouped_gemm_overhead_s)
         t = flops / self.gemm_rate(precision)
         if shape is not None:
-            t = max(t, groups * gemm_bytes(shape, precision, self.fp8_gemms(precision)) / self.stream_rate())
+            nbytes = (groups or 1.0) * gemm_bytes(shape, precision, self.fp8_gemms(precision))
+            t = max(t, nbytes / (self.acc.hbm_tbps * 1e12 * self.c.gemm_stream_efficiency))
         return calls * (t + fixed) * (2 if backward else 1)
 
     def stream_rate(self) -> float:

@@ -46,6 +46,12 @@ GROUPED_GEMM_TILE = 128
 #:   zero fill (1) and the scatter-add (k reads, 2 of the output); backward the same passes, and
 #:   the weights' gradient (2k).
 PERMUTE_ELEMENTS = {"fused": ((3.0, 1.0), (4.0, 1.0)), "eager": ((5.0, 3.0), (7.0, 3.0))}
+#: the eager permutations' rate over a streaming kernel's, on the spec sheet: ``index_select``
+#: gathers scattered rows and ``index_add`` adds them back with atomics. On an H200 they moved the
+#: counted bytes at 0.9-1.25 TB/s, 0.22-0.31 of a streaming kernel's 4.1 TB/s (Mixtral-,
+#: DeepSeek-V3- and Qwen3-shaped tokens, top-2 and top-8; ``benchmarks/gpu_kernels.py``, section
+#: ``moe``). The fused kernels copy whole rows and are priced at the streaming rate (not measured).
+EAGER_PERMUTE_RATE = 0.26
 
 
 def moe_dims(n: LayerNode) -> tuple[int, int, int, int, int]:
@@ -75,6 +81,18 @@ def permute_bytes(n: LayerNode, tokens: float, kernels: str) -> tuple[float, flo
     return 2.0 * h * tokens * (a * k + b), 2.0 * h * tokens * (c * k + d)
 
 
+def grouped_gemm_time(dev: DeviceModel, rows: float, groups: float, cols: float, depth: float, precision: str,
+                      backward: bool = False) -> float:
+    """Seconds of one grouped GEMM over ``groups`` experts of ``rows`` rows each on average (their
+    loads varying), each ``rows × depth`` by ``depth × cols``: on the spec sheet every expert's
+    rows padded by half a tile (:data:`GROUPED_GEMM_TILE`) and one launch; a measured profile
+    prices ``groups`` calls of the mean shape."""
+    if not dev.measured("gemm"):
+        rows += GROUPED_GEMM_TILE / 2  # each expert's last tile, half empty on average
+    return dev.gemm_time(2.0 * rows * cols * depth * groups, precision, backward=backward,
+                         shape=(rows, cols, depth), groups=groups)
+
+
 def expert_times(n: LayerNode, dev: DeviceModel, tokens: float, ep: float, tdiv: float, gemm_precision: str,
                  fp8_casts: bool, kernels: str) -> tuple[float, float]:
     """(forward, backward) seconds of the routed experts of one MoE layer on the slowest rank, for
@@ -84,17 +102,22 @@ def expert_times(n: LayerNode, dev: DeviceModel, tokens: float, ep: float, tdiv:
     h, f, e, k, mats = moe_dims(n)
     local = max(1.0, e / ep)
     rows = tokens * k * float(load_imbalance(dev, ep)) / local  # per local expert, on the slowest rank
-    if not dev.measured("gemm"):
-        rows += GROUPED_GEMM_TILE / 2  # each expert's last tile, half empty on average
     fwd = bwd = 0.0
     for cols, depth in (((mats - 1) * f / tdiv, h), (h, f / tdiv)):
-        shape = (rows, cols, depth)
-        flops = 2.0 * rows * cols * depth * local
-        fwd += dev.gemm_time(flops, gemm_precision, shape=shape, groups=local)
-        bwd += dev.gemm_time(flops, gemm_precision, backward=True, shape=shape, groups=local)
+        fwd += grouped_gemm_time(dev, rows, local, cols, depth, gemm_precision)
+        bwd += grouped_gemm_time(dev, rows, local, cols, depth, gemm_precision, backward=True)
         if fp8_casts:
+            shape = (rows, cols, depth)
             ef, eb = fp8_cast_elements(shape)
             fwd += dev.memory_time(local * ef * FP8_CAST_BYTES[kernels], "elementwise")
             bwd += dev.memory_time(local * eb * FP8_CAST_BYTES[kernels], "elementwise")
+    pf, pb = permute_times(n, dev, tokens, kernels)
+    return fwd + pf, bwd + pb
+
+
+def permute_times(n: LayerNode, dev: DeviceModel, tokens: float, kernels: str) -> tuple[float, float]:
+    """(forward, backward) seconds of the permutations of ``tokens`` tokens (:func:`permute_bytes`):
+    streamed, eager ones at :data:`EAGER_PERMUTE_RATE` of that on the spec sheet."""
     pf, pb = permute_bytes(n, tokens, kernels)
-    return fwd + dev.memory_time(pf, "elementwise"), bwd + dev.memory_time(pb, "elementwise")
+    slow = EAGER_PERMUTE_RATE if kernels != "fused" and not dev.measured("bandwidth") else 1.0
+    return dev.memory_time(pf, "elementwise") / slow, dev.memory_time(pb, "elementwise") / slow

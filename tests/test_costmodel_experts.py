@@ -10,9 +10,11 @@ import pytest
 from costmodel.configs import ConfigArrays
 from costmodel.device import DeviceModel, gemm_bytes
 from costmodel.experts import (
+    EAGER_PERMUTE_RATE,
     GROUPED_GEMM_TILE,
     PERMUTE_ELEMENTS,
     expert_times,
+    grouped_gemm_time,
     permute_bytes,
     tokens_per_sample,
 )
@@ -49,7 +51,8 @@ def test_grouped_gemm_pads_each_experts_rows_by_half_a_tile_and_pays_one_launch(
     fwd, bwd = expert_times(n, dev, 4096, ep=8, tdiv=1, gemm_precision="bf16", fp8_casts=False, kernels="fused")
     pf, pb = permute_bytes(n, 4096, "fused")
     perm = dev.memory_time(pf), dev.memory_time(pb)
-    assert fwd - perm[0] == pytest.approx(flops / dev.gemm_rate("bf16") + 2 * dev.c.gemm_overhead_s, rel=1e-12)
+    assert fwd - perm[0] == pytest.approx(flops / dev.gemm_rate("bf16") + 2 * dev.c.grouped_gemm_overhead_s,
+                                          rel=1e-12)
     assert bwd - perm[1] == pytest.approx(2 * (fwd - perm[0]), rel=1e-12)
 
 
@@ -61,11 +64,12 @@ def test_few_rows_per_expert_are_bound_by_reading_the_weights() -> None:
     rows = 64 * K / E + GROUPED_GEMM_TILE / 2
     weights = E * sum(gemm_bytes((rows, c, d), "bf16", False) for c, d in ((2 * F_, H), (H, F_)))
     pf, _ = permute_bytes(n, 64, "fused")
-    expect = weights / dev.stream_rate() + 2 * dev.c.gemm_overhead_s + dev.memory_time(pf)
+    read = weights / (dev.acc.hbm_tbps * 1e12 * dev.c.gemm_stream_efficiency)
+    expect = read + 2 * dev.c.grouped_gemm_overhead_s + dev.memory_time(pf)
     assert fwd == pytest.approx(expect, rel=1e-12)
     assert weights > 3 * E * H * F_ * 2  # the weights dominate the bytes
     compute = 2 * rows * E * 3 * H * F_ / dev.gemm_rate("bf16")
-    assert weights / dev.stream_rate() > 3 * compute
+    assert read > 3 * compute
 
 
 def test_the_roofline_leaves_a_large_dense_gemm_compute_bound() -> None:
@@ -73,16 +77,27 @@ def test_the_roofline_leaves_a_large_dense_gemm_compute_bound() -> None:
     m, n, k = 8192, 8192, 8192
     assert dev.gemm_time(2 * m * n * k, shape=(m, n, k)) == dev.gemm_time(2 * m * n * k)
     # one row: the weight's 128 MiB read takes longer than its 134 MFLOP
-    assert dev.gemm_time(2 * n * k, shape=(1, n, k)) == pytest.approx(
-        gemm_bytes((1, n, k), "bf16", False) / dev.stream_rate() + dev.c.gemm_overhead_s, rel=1e-12)
+    read = gemm_bytes((1, n, k), "bf16", False) / (dev.acc.hbm_tbps * 1e12 * dev.c.gemm_stream_efficiency)
+    assert dev.gemm_time(2 * n * k, shape=(1, n, k)) == pytest.approx(read + dev.c.gemm_overhead_s, rel=1e-12)
 
 
 @pytest.mark.parametrize("kernels", ["fused", "eager"])
 def test_permutations_move_the_counted_bytes(kernels: str) -> None:
-    n = _experts()
+    """The counted bytes; eager gathers and atomic scatter-adds at the rate measured against a
+    streaming kernel's, fused ones at the streaming rate."""
+    n, dev = _experts(), _dev()
     (a, b), (c, d) = PERMUTE_ELEMENTS[kernels]
-    assert permute_bytes(n, 1000, kernels) == (2 * H * 1000 * (a * K + b), 2 * H * 1000 * (c * K + d))
+    pf, pb = permute_bytes(n, 1000, kernels)
+    assert (pf, pb) == (2 * H * 1000 * (a * K + b), 2 * H * 1000 * (c * K + d))
     assert PERMUTE_ELEMENTS["fused"] == ((3.0, 1.0), (4.0, 1.0))  # 2k + (k + 1) forward, +k backward
+    fwd, bwd = expert_times(n, dev, 1000, 8, 1, "bf16", False, kernels)
+    rows = 1000 * K * dev.c.moe_imbalance / (E / 8)
+    shapes = ((2 * F_, H), (H, F_))
+    gf = sum(grouped_gemm_time(dev, rows, E / 8, c_, d_, "bf16") for c_, d_ in shapes)
+    gb = sum(grouped_gemm_time(dev, rows, E / 8, c_, d_, "bf16", backward=True) for c_, d_ in shapes)
+    rate = EAGER_PERMUTE_RATE if kernels == "eager" else 1.0
+    assert fwd == pytest.approx(gf + dev.memory_time(pf) / rate, rel=1e-12)
+    assert bwd == pytest.approx(gb + dev.memory_time(pb) / rate, rel=1e-12)
 
 
 def test_imbalance_is_paid_across_expert_ranks_only() -> None:
