@@ -255,6 +255,14 @@ class DeviceModel:
         self._coefficient_cache[key] = hit = (alpha, beta, n)
         return hit
 
+    def domain_split(self, size: Any, stride: Any) -> tuple[np.ndarray, np.ndarray]:
+        """(ranks per scale-up domain, domains) of a group of ``size`` ranks ``stride`` apart."""
+        size, stride = np.maximum(np.asarray(size, dtype=float), 1), np.asarray(stride, dtype=float)
+        domain = self.cluster.scale_up_domain
+        dom_k = np.minimum(size, np.maximum(domain // np.maximum(stride, 1), 1))
+        k = np.where(stride >= domain, 1, np.gcd(dom_k.astype(np.int64), size.astype(np.int64)))
+        return k, size // k
+
     def _alpha_beta(self, kind: str, n: np.ndarray, stride: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Spec-sheet (α, β) of a collective: a ring within one scale-up domain; across domains the
         scale-up part and the scale-out part (each GPU's NIC share, on 1/k of the data) pipelined,
@@ -263,15 +271,12 @@ class DeviceModel:
         up, out = self.acc.scale_up, self.acc.scale_out
         eff = self.acc.busbw_efficiency
         up_bw, out_bw = up.gbps * 1e9 * eff, out.gbps * 1e9 * eff
-        domain = self.cluster.scale_up_domain
         with np.errstate(divide="ignore", invalid="ignore"):
             size = np.maximum(n, 1)
             factor = fac(size) * np.ones_like(size)
             log_n = np.ceil(np.log2(size))
             steps = np.ones_like(n) if kind == "send_recv" else log_n * (2 if kind == "all_reduce" else 1)
-            dom_k = np.minimum(size, np.maximum(domain // np.maximum(stride, 1), 1))
-            k = np.where(stride >= domain, 1, np.gcd(dom_k.astype(np.int64), size.astype(np.int64)))
-            m = size // k  # scale-up domains the group spans
+            k, m = self.domain_split(size, stride)
             single = (steps * up.latency_us * 1e-6, factor / up_bw)
             if kind == "send_recv":
                 multi = (out.latency_us * 1e-6 * np.ones_like(size), np.full(size.shape, 1 / out_bw))

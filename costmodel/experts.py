@@ -19,14 +19,23 @@ experts one GEMM call each, as this project's runtime runs them.
 
 Around the GEMMs the tokens are permuted into expert order and back (:data:`PERMUTE_ELEMENTS`):
 memory-bound copies that no FLOP count sees.
+
+Across scale-up domains the dispatch is bound by the scale-out network. An all-to-all sends each
+routed copy whose expert lies in another domain; a de-duplicating dispatcher (DeepEP: DeepSeek-V3
+technical report, §3.2.2) sends a token once to every other domain that holds one of its experts
+and forwards it inside the domain (:func:`dispatch_time`). Node-limited routing (DeepSeek-V3's
+``n_group``/``topk_group``: experts in ``expert_groups`` groups, each token routed within
+``group_top_k`` of them) bounds the domains a token reaches when the groups are the domains.
 """
 
 from __future__ import annotations
 
+from math import comb
 from typing import Any
 
 import numpy as np
 
+from costmodel.configs import AxisGroup
 from costmodel.device import DeviceModel
 from costmodel.kernels import FP8_CAST_BYTES, fp8_cast_elements
 from profiler.graph import LayerNode
@@ -121,3 +130,43 @@ def permute_times(n: LayerNode, dev: DeviceModel, tokens: float, kernels: str) -
     pf, pb = permute_bytes(n, tokens, kernels)
     slow = EAGER_PERMUTE_RATE if kernels != "fused" and not dev.measured("bandwidth") else 1.0
     return dev.memory_time(pf, "elementwise") / slow, dev.memory_time(pb, "elementwise") / slow
+
+
+def remote_copies(experts: int, top_k: int, domains: int) -> float:
+    """Expected copies of a token an all-to-all sends out of its scale-up domain when its ``top_k``
+    experts are spread over ``domains`` domains: each lies elsewhere with probability (m-1)/m."""
+    return top_k * (domains - 1) / domains
+
+
+def remote_domains(experts: int, top_k: int, domains: int, groups: int = 0, group_top_k: int = 0) -> float:
+    """Expected other domains that hold at least one of a token's ``top_k`` experts, experts
+    chosen uniformly (``experts / domains`` per domain): ``(m-1)(1 - C(E - E/m, k)/C(E, k))``.
+    Routed within ``group_top_k`` of ``groups`` groups that nest in the domains (``groups`` a
+    multiple of ``domains``), the groups are what is chosen: ``(m-1)(1 - C(G - G/m, g)/C(G, g))``,
+    each chosen group holding one of the token's experts at least."""
+    if domains <= 1:
+        return 0.0
+    if groups and group_top_k and groups % domains == 0:
+        return (domains - 1) * (1 - comb(groups - groups // domains, group_top_k) / comb(groups, group_top_k))
+    per = experts // domains
+    return (domains - 1) * (1 - comb(experts - per, top_k) / comb(experts, top_k))
+
+
+def dispatch_time(dev: DeviceModel, nbytes: Any, group: AxisGroup, routing: tuple[int, int, int, int],
+                  dedup: Any) -> Any:
+    """Seconds of one dispatch (or combine) of ``nbytes`` (every routed copy's hidden state, per
+    rank) over the expert-parallel ``group``, per configuration: an all-to-all; where ``dedup``,
+    the copies that leave a domain cut to one per other domain reached (:func:`remote_domains`
+    over :func:`remote_copies`), the forwarding inside the domain moving every copy.
+    ``routing`` is (experts, top-k, expert groups, groups chosen)."""
+    a2a = dev.collective_time("all_to_all", nbytes, group)
+    if not np.any(dedup):
+        return a2a
+    e, k, g, gk = routing
+    per_domain, domains = dev.domain_split(group.size, group.stride)
+    ratio = np.ones(np.shape(domains))
+    for m in np.unique(domains[domains > 1]):
+        ratio = np.where(domains == m, remote_domains(e, k, int(m), g, gk) / remote_copies(e, k, int(m)), ratio)
+    inside = dev.collective_time("all_to_all", nbytes, AxisGroup(per_domain, group.stride))
+    cut = np.maximum(dev.collective_time("all_to_all", np.asarray(nbytes) * ratio, group), inside)
+    return np.where(dedup & (domains > 1), cut, a2a)

@@ -19,7 +19,7 @@ import numpy as np
 
 from costmodel.configs import AxisGroup, ConfigArrays
 from costmodel.device import DeviceModel
-from costmodel.experts import load_imbalance
+from costmodel.experts import dispatch_time, load_imbalance
 from costmodel.gradients import (
     GATHER_BYTES,
     GRAD_REDUCE_BYTES,
@@ -262,10 +262,11 @@ class _Traffic:
     recomputation)."""
 
     def __init__(self, nodes: list[LayerNode], cfg: ConfigArrays, w: Workload, aw: list[float], ew: float):
-        self.cfg = cfg
+        self.cfg, self.w = cfg, w
         tp, cp, b = cfg.tp, cfg.cp, cfg.micro_batch
         z = np.zeros(cfg.size)
         self.ep_bytes, self.kv_bytes = z, z
+        self.routing = (1, 1, 0, 0)  # experts, top-k, expert groups, groups chosen
         self.tp_msgs = self.sp_grads = self.sp_params = 0
         for n, a in zip(nodes, aw, strict=True):
             if n.kind == "attention":
@@ -276,6 +277,8 @@ class _Traffic:
             if n.kind == "experts":
                 tok = b * w.seq_len / cp / np.where(cfg.sequence_parallel, tp, 1.0)
                 self.ep_bytes = self.ep_bytes + 2 * tok * n.dims.get("top_k", 1) * n.dims.get("in", 0)
+                self.routing = (int(n.dims.get("experts", 1)), int(n.dims.get("top_k", 1)),
+                                int(n.dims.get("groups", 0)), int(n.dims.get("group_top_k", 0)))
             if n.tp == "row" or (n.tp == "vocab" and n.kind in ("embedding", "linear")):
                 self.tp_msgs += 1
             k, p = sp_partial_grads(n)
@@ -356,9 +359,12 @@ class _Traffic:
             uly = 2 * dev.collective_time("all_to_all", self.act_msg * 2 / tp, cfg.cp_group) * passes
             comm_cp = np.where(context & cfg.ulysses, uly, comm_cp)
         experts = (self.ep_bytes > 0) & (ep > 1)
-        if experts.any():  # EP: dispatch and combine, per pass
-            a2a = 2 * dev.collective_time("all_to_all", self.ep_bytes * load_imbalance(dev, ep), cfg.ep_group) * passes
-            comm_ep = np.where(experts, c.exposed(a2a, a2a * c.ep_overlap), comm_ep)
+        if experts.any():  # EP: dispatch and combine, per pass; hidden under the paired micro-batch's compute
+            one = dispatch_time(dev, self.ep_bytes * load_imbalance(dev, ep), cfg.ep_group, self.routing,
+                                self.w.moe_dispatch == "dedup")
+            a2a = 2 * one * passes
+            paired = (self.w.moe_overlap == "1f1b") & (passes == 2) & ((cfg.pp == 1) | (cfg.vpp > 1))
+            comm_ep = np.where(experts, c.exposed(a2a, np.where(paired, compute, a2a * c.ep_overlap)), comm_ep)
         return {"comm_tp": comm_tp, "comm_cp": comm_cp, "comm_ep": comm_ep}
 
 

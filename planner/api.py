@@ -31,7 +31,7 @@ from solvers.result import SearchResult
 from solvers.space import SPACES, SpaceOptions, restrict
 from vocab.errors import ShardplanError
 from vocab.plan import Alternative, ClusterRef, Plan, PlanInputs, Predicted, SolverInfo, TargetRef
-from vocab.strategy import Workload, check_workload_choices
+from vocab.strategy import WORKLOAD_CHOICES, Workload, check_workload_choices
 from vocab.targets import DEFAULT_TARGET, Target, load_target
 
 PRECISIONS = ("bf16", "fp8", "fp32")
@@ -67,22 +67,23 @@ def search_plan(
     target: str = DEFAULT_TARGET,
     grad_dtype: str | None = None,
     reserve: float | None = None,
+    moe_dispatch: str | None = None,
 ) -> Planned:
     """Search and build the plan document; with several global batches the one with the most
     samples per second wins (throughput, not time per step, is compared). ``model`` is a preset
     name, a config path or dict, or a ``package.module:factory`` (imported and run: your call); the
     plan records the layer graph of a model that is not a preset or config file. ``target`` bounds
-    the search; ``cross_entropy`` and ``grad_dtype`` default to how the target runs (and must be
-    values it runs). Without ``memory_limit_gib`` a plan may use the GPU's memory less ``reserve``
+    the search; ``cross_entropy``, ``grad_dtype`` and ``moe_dispatch`` default to how the target
+    runs (and must be values it runs). Without ``memory_limit_gib`` a plan may use the GPU's memory less ``reserve``
     (a fraction; :data:`profiler.hardware.DEFAULT_RESERVE` by default), and records that limit."""
     if space not in SPACES:
         raise ShardplanError(f"unknown search space '{space}'; known: {', '.join(SPACES)}")
     if precision not in PRECISIONS:
         raise ShardplanError(f"unknown precision '{precision}'; known: {', '.join(PRECISIONS)}")
-    asked = {"cross_entropy": cross_entropy, "grad_dtype": grad_dtype}
+    asked = {"cross_entropy": cross_entropy, "grad_dtype": grad_dtype, "moe_dispatch": moe_dispatch}
     check_workload_choices(attention_kernel=attention_kernel, **{k: v for k, v in asked.items() if v is not None})
     t = load_target(target)
-    cross_entropy, grad_dtype = target_behaviour(t, precision, cross_entropy, grad_dtype)
+    behaved = target_behaviour(t, precision, **asked)
     opts = restrict(SPACES[space], t)
     if seq_len <= 0:
         raise ShardplanError(f"seq_len must be positive, got {seq_len}")
@@ -115,7 +116,7 @@ def search_plan(
     for b in sorted({int(x) for x in batches}):
         w = Workload(seq_len=seq_len, global_batch=b, precision=precision,  # type: ignore[arg-type]
                      attention_kernel=attention_kernel,  # type: ignore[arg-type]
-                     **t.behaviour.workload(cross_entropy, grad_dtype))
+                     **behaved)
         try:
             res = search(graph, cl, w, opts, memory_limit_gib, dev, time_limit, top_k, progress)
         except ShardplanError as e:
@@ -199,20 +200,19 @@ def plan(
     ).plan
 
 
-def target_behaviour(t: Target, precision: str, cross_entropy: str | None, grad_dtype: str | None
-                     ) -> tuple[str, str]:
-    """The cross-entropy kernel and gradient dtype a search for ``t`` prices with: the ones asked
-    for, which ``t`` must run, or the target's own; fp8 needs a target that trains in fp8."""
+def target_behaviour(t: Target, precision: str, **asked: str | None) -> dict[str, str]:
+    """The workload fields a search for ``t`` prices with (:data:`vocab.targets.WORKLOAD_BEHAVIOUR`):
+    the values asked for (``cross_entropy``, ``grad_dtype``, ``moe_dispatch``...), which ``t`` must
+    run, or the target's own; fp8 needs a target that trains in fp8."""
     if precision == "fp8" and not t.fp8:
         raise ShardplanError(f"the {t.name} target ({t.label}) has no fp8 training; use --precision bf16 or "
                              "another --target")
-    out = []
-    for value, what, allowed in ((cross_entropy, "cross-entropy", t.behaviour.cross_entropy),
-                                 (grad_dtype, "gradient dtype", t.behaviour.grad_dtype)):
+    for field, value in asked.items():
+        allowed = getattr(t.behaviour, field)
         if value is not None and value not in allowed:
+            what = WORKLOAD_CHOICES[field][0]
             raise ShardplanError(f"the {t.name} target ({t.label}) runs {what} {' or '.join(allowed)}, not '{value}'")
-        out.append(value if value is not None else allowed[0])
-    return out[0], out[1]
+    return t.behaviour.workload(**asked)
 
 
 def _dp_check(

@@ -76,6 +76,8 @@ class _Fields(BaseModel):
     top_k: Experts
     moe_ffn_hidden: Annotated[int, Field(ge=0, le=MAX_FFN)]
     shared_experts: Experts
+    expert_groups: Experts
+    group_top_k: Experts
     dense_layers: Annotated[int, Field(ge=0, le=MAX_LAYERS)]
     dropout: Probability
     attention_impl: StrictStr
@@ -158,6 +160,9 @@ class TransformerConfig:
         top_k: experts each token is routed to.
         moe_ffn_hidden: inner width of one expert (0 = ``ffn_hidden``).
         shared_experts: always-on experts per MoE layer (DeepSeek / Qwen-MoE style).
+        expert_groups: group-limited routing (DeepSeek-V2/V3 ``n_group``): the routed experts in
+            this many equal groups, each token routed within ``group_top_k`` of them (0 = none).
+        group_top_k: groups each token's experts come from (DeepSeek-V3 ``topk_group``: 4 of 8).
         dense_layers: leading blocks that are dense in an MoE model.
         dropout: dropout probability (adds 1-byte masks to the saved activations).
         attention_impl: ``flash`` (no s² activations) or ``eager`` (scores kept for backward).
@@ -202,6 +207,8 @@ class TransformerConfig:
     top_k: int = 0
     moe_ffn_hidden: int = 0
     shared_experts: int = 0
+    expert_groups: int = 0
+    group_top_k: int = 0
     dense_layers: int = 0
     dropout: float = 0.0
     attention_impl: str = "flash"
@@ -257,6 +264,10 @@ class TransformerConfig:
                 object.__setattr__(self, "moe_ffn_hidden", self.ffn_hidden)
             if not 0 <= self.dense_layers <= self.layers:
                 bad(f"dense_layers {self.dense_layers} must be in 0..layers ({self.layers})")
+            if self.expert_groups and (self.experts % self.expert_groups
+                                       or not 0 < self.group_top_k <= self.expert_groups):
+                bad(f"expert_groups {self.expert_groups} must divide the {self.experts} experts, and group_top_k "
+                    f"{self.group_top_k} be in 1..expert_groups")
         if self.kv_lora_rank:
             if self.kv_heads != self.heads:
                 bad(f"multi-head latent attention up-projects K/V per head: kv_heads {self.kv_heads} must be heads "

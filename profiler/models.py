@@ -141,6 +141,9 @@ class _DeepSeekKeys(_DecoderKeys):
     n_shared_experts: Experts | None = None
     first_k_dense_replace: Annotated[int, Field(ge=0, le=MAX_LAYERS)] | None = None
     num_nextn_predict_layers: Annotated[int, Field(ge=0, le=MAX_LAYERS)] | None = None
+    n_group: Experts | None = None
+    topk_group: Experts | None = None
+    topk_method: str | None = None
 
 
 class _WindowedKeys(_DecoderKeys):
@@ -272,9 +275,19 @@ def _deepseek(d: dict[str, Any], name: str, mtype: str) -> TransformerConfig:
         activation="swiglu", norm="rmsnorm", position="rope",
         tied_embeddings=bool(d.get("tie_word_embeddings", False)), experts=experts, top_k=top_k,
         moe_ffn_hidden=int(d["moe_intermediate_size"]), shared_experts=int(_get(d, "n_shared_experts", default=0)),
+        **_group_routing(d),
         dense_layers=int(_get(d, "first_k_dense_replace", default=0)),
         mtp_layers=int(_get(d, "num_nextn_predict_layers", default=0)),
     )
+
+
+def _group_routing(d: dict[str, Any]) -> dict[str, int]:
+    """DeepSeek's group-limited routing (``n_group``, ``topk_group``) where a config limits it: V3's
+    ``noaux_tc`` and V2's ``group_limited_greedy`` route within groups, V2's ``greedy`` does not."""
+    groups, chosen = int(_get(d, "n_group", default=0) or 0), int(_get(d, "topk_group", default=0) or 0)
+    if groups <= 1 or not chosen or d.get("topk_method") == "greedy":
+        return {}
+    return {"expert_groups": groups, "group_top_k": chosen}
 
 
 def global_every(layer_types: list[str], name: str) -> int:

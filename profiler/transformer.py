@@ -161,7 +161,8 @@ def _moe(cfg: TransformerConfig, i: int, btype: str, s: int) -> list[LayerNode]:
         name=f"{p}.experts", kind="experts", block=i, block_type=btype, params=e * n_mat * h * f,
         fwd_flops=fwd, bwd_flops=2 * fwd, act_saved_bytes=per_tok * s * k, act_tp_sharded=True,
         out_bytes=ACT_BYTES * s * h, mem_bytes=ACT_BYTES * s * k * 2 * h,
-        tp="column", dims={"in": h, "out": f, "experts": e, "top_k": k, "matrices": n_mat},
+        tp="column", dims={"in": h, "out": f, "experts": e, "top_k": k, "matrices": n_mat,
+                           **({"groups": cfg.expert_groups, "group_top_k": cfg.group_top_k} if cfg.expert_groups else {})},
     )
     nodes = [router, experts]
     if cfg.shared_experts:

@@ -4,25 +4,32 @@ imbalance that only expert parallelism exposes."""
 
 from __future__ import annotations
 
+from math import comb
+
 import numpy as np
 import pytest
 
-from costmodel.configs import ConfigArrays
+from costmodel.configs import AxisGroup, ConfigArrays
 from costmodel.device import DeviceModel, gemm_bytes
+from costmodel.estimate import estimate
 from costmodel.experts import (
     EAGER_PERMUTE_RATE,
     GROUPED_GEMM_TILE,
     PERMUTE_ELEMENTS,
+    dispatch_time,
     expert_times,
     grouped_gemm_time,
     permute_bytes,
+    remote_copies,
+    remote_domains,
     tokens_per_sample,
 )
 from costmodel.node_costs import node_times
 from profiler.hardware import parse_cluster
 from profiler.model_config import TransformerConfig
+from profiler.models import load_model
 from profiler.transformer import build_graph
-from vocab.strategy import Mesh, MeshConfig, Strategy, Workload
+from vocab.strategy import LayerStrategy, Mesh, MeshConfig, Strategy, Workload
 
 H, F_, E, K = 7168, 2048, 256, 8  # DeepSeek-V3's routed experts
 
@@ -124,3 +131,52 @@ def test_node_prices_experts_per_ep_in_a_batch_as_alone() -> None:
         fa, ba = node_times(n, dev, ConfigArrays.of([c]), w)
         assert (f[i], b[i]) == (fa[0], ba[0])
     assert len(set(np.round(f, 12))) == 3
+
+
+def test_expected_domains_a_token_reaches() -> None:
+    """Uniform routing: each copy lies in another of m domains with probability (m-1)/m; distinct
+    domains by inclusion-exclusion over the experts; DeepSeek-V3's 4-of-8 groups, one per node, 3.5."""
+    assert remote_copies(256, 8, 8) == 7.0
+    assert remote_domains(256, 8, 8) == pytest.approx(7 * (1 - comb(224, 8) / comb(256, 8)), rel=1e-12)
+    assert remote_domains(256, 8, 8, groups=8, group_top_k=4) == 3.5
+    assert remote_domains(256, 8, 1) == 0.0
+    assert remote_domains(8, 2, 2) == pytest.approx(1 - comb(4, 2) / comb(8, 2))  # Mixtral over 2 nodes
+
+
+def test_dedup_dispatch_sends_one_copy_per_domain_reached() -> None:
+    """Inside one domain a de-duplicating dispatch is the all-to-all; across eight, its scale-out
+    bytes shrink to the domains reached (3.5 of 7 remote copies for DeepSeek-V3) and the forwarding
+    inside the domain still moves every copy."""
+    dev = DeviceModel(parse_cluster("128xh100"))
+    routing = (256, 8, 8, 4)
+    nbytes = 4096 * 8 * 7168 * 2.0
+    inside = AxisGroup(np.array([8.0]), np.array([1.0]))
+    assert dispatch_time(dev, nbytes, inside, routing, np.array([True])) == dev.collective_time(
+        "all_to_all", nbytes, inside)
+    across = AxisGroup(np.array([64.0]), np.array([1.0]))
+    a2a = dev.collective_time("all_to_all", nbytes, across)
+    dedup = dispatch_time(dev, nbytes, across, routing, np.array([True]))
+    expect = max(dev.collective_time("all_to_all", nbytes * 0.5, across), dev.collective_time("all_to_all", nbytes, inside))
+    assert dedup == pytest.approx(expect, rel=1e-12) and dedup < 0.6 * a2a
+    assert dispatch_time(dev, nbytes, across, routing, np.array([False])) == a2a
+
+
+def _ep_comm(overlap: str, pp: int = 1, vpp: int = 1, recompute: str = "none") -> float:
+    graph = load_model("mixtral-8x7b", 2048)
+    s = Strategy(mesh=Mesh(pp=pp, dp_shard=16 // pp, ep=8), micro_batch=1,
+                 schedule="interleaved" if vpp > 1 else "1f1b", vpp=vpp,
+                 default=LayerStrategy(sharding="zero1", recompute=recompute))
+    w = Workload(seq_len=2048, global_batch=32, kernels="fused", moe_overlap=overlap)
+    return estimate(graph, parse_cluster("16xh100"), s, w).time.comm["ep"]
+
+
+def test_megatron_overlap_hides_the_all_to_alls_where_it_runs() -> None:
+    """Under 1F1B pairing the all-to-alls (smaller than a block's compute here) hide but for
+    comm_interference of them; not with full recomputation, nor with a pipeline of one virtual
+    stage per rank, as Megatron refuses both."""
+    c = DeviceModel(parse_cluster("16xh100")).c
+    assert _ep_comm("1f1b") == pytest.approx(c.comm_interference * _ep_comm("none"), rel=1e-9)
+    assert _ep_comm("1f1b", recompute="full") == _ep_comm("none", recompute="full")
+    assert _ep_comm("1f1b", pp=2) == _ep_comm("none", pp=2)
+    assert _ep_comm("1f1b", pp=2, vpp=2) == pytest.approx(c.comm_interference * _ep_comm("none", pp=2, vpp=2),
+                                                          rel=1e-9)

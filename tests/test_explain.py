@@ -34,13 +34,13 @@ def _graph(model: str, seq_len: int) -> Any:
 
 def make_plan(strategy: dict[str, Any], cluster: str = "16xh100", seq_len: int = 2048, global_batch: int = 32,
               alternatives: tuple[dict[str, Any], ...] = (), memory_limit_gib: float | None = None,
-              target: TargetRef | None = None, **workload: Any) -> Plan:
+              target: TargetRef | None = None, model: str = MODEL, **workload: Any) -> Plan:
     """The test fixture: estimate() given strategies and wrap them into a plan (solver 'user'), with
     the workload's other fields (``cross_entropy``, ...) and the target it records."""
     from costmodel.estimate import estimate
     from profiler.hardware import parse_cluster
 
-    graph, cl = _graph(MODEL, seq_len), parse_cluster(cluster)
+    graph, cl = _graph(model, seq_len), parse_cluster(cluster)
     w = Workload(seq_len=seq_len, global_batch=global_batch, **workload)
 
     def priced(s: dict[str, Any]) -> tuple[Strategy, Predicted]:
@@ -49,7 +49,7 @@ def make_plan(strategy: dict[str, Any], cluster: str = "16xh100", seq_len: int =
 
     s, pred = priced(strategy)
     alts = [Alternative(strategy=a, predicted=p) for a, p in map(priced, alternatives)]
-    inputs = PlanInputs(model=MODEL, model_hash=graph.content_hash(), cluster=ClusterRef(**cl.to_dict()),
+    inputs = PlanInputs(model=model, model_hash=graph.content_hash(), cluster=ClusterRef(**cl.to_dict()),
                         workload=w, memory_limit_gib=memory_limit_gib, target=target or TargetRef(name="any"))
     return Plan(inputs=inputs, strategy=s, predicted=pred, solver=SolverInfo(name="user"), alternatives=alts)
 

@@ -22,7 +22,7 @@ from planner.imports import unknown_keys
 from tests.test_explain import make_plan
 from tests.test_exports import flags as megatron_flags
 from tests.trainer_loaders import trainer_loader
-from vocab.plan import Plan
+from vocab.plan import Plan, TargetRef
 from vocab.targets import by_exporter, key_snapshot
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,6 +99,29 @@ def test_megatron_model_shape_flags() -> None:
     gpt2 = megatron_flags(export(search("gpt2", "16xh100", 1024, 64, target="megatron"), "megatron").text)
     assert "--swiglu" not in gpt2 and "--untie-embeddings-and-output-weights" not in gpt2
     assert gpt2["--normalization"] == "LayerNorm" and gpt2["--position-embedding-type"] == "learned_absolute"
+
+
+@pytest.mark.parametrize("dispatch,overlap,pp,vpp,flex,overlapped", [
+    ("alltoall", "1f1b", 1, 1, False, True), ("dedup", "1f1b", 2, 2, True, True),
+    ("alltoall", "1f1b", 2, 1, False, False), ("alltoall", "none", 1, 1, False, False)])
+def test_megatron_moe_flags_are_what_the_price_assumes(dispatch: str, overlap: str, pp: int, vpp: int, flex: bool,
+                                                       overlapped: bool) -> None:
+    """Expert parallelism runs the all-to-all dispatcher the price assumes (or DeepEP's flex one for
+    dedup), with grouped GEMMs and fused permutations, and overlaps the all-to-alls where Megatron
+    can (no pipeline, or virtual stages): Megatron's default allgather dispatcher is never left."""
+    mesh = {"pp": pp, "dp_shard": 16 // pp, "ep": 8}
+    s = {"mesh": mesh, "micro_batch": 1, "default": {"sharding": "zero1"},
+         **({"schedule": "interleaved", "vpp": vpp} if vpp > 1 else {})}
+    p = make_plan(s, cluster="16xh100", seq_len=2048, global_batch=32, model="mixtral-8x7b",
+                  target=TargetRef(name="megatron", version="0.16.1"), cross_entropy="fused", recv_buffers="none",
+                  kernels="fused", moe_dispatch=dispatch, moe_overlap=overlap)
+    f = megatron_flags(export(p, "megatron").text)
+    assert f["--moe-token-dispatcher-type"] == ("flex" if flex else "alltoall")
+    assert f.get("--moe-flex-dispatcher-backend") == ("deepep" if flex else None)
+    assert f["--moe-grouped-gemm"] is True and f["--moe-permute-fusion"] is True
+    assert f.get("--overlap-moe-expert-parallel-comm", False) is overlapped
+    fields = {x for names in snapshot("megatron")["classes"].values() for x in names}
+    assert {k[2:].replace("-", "_") for k in f if k.startswith("--moe") or k.startswith("--overlap-moe")} <= fields
 
 
 def test_deepspeed_keys_are_in_the_snapshot() -> None:

@@ -24,7 +24,7 @@ DEEPSEEK_V3_HF = {  # deepseek-ai/DeepSeek-V3 config.json, the keys shardplan re
     "n_shared_experts": 1, "num_experts_per_tok": 8, "first_k_dense_replace": 3, "q_lora_rank": 1536,
     "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
     "vocab_size": 129280, "max_position_embeddings": 163840, "num_nextn_predict_layers": 1,
-    "tie_word_embeddings": False,
+    "tie_word_embeddings": False, "n_group": 8, "topk_group": 4, "topk_method": "noaux_tc",
 }
 GPT_OSS_120B_HF = {  # openai/gpt-oss-120b config.json
     "model_type": "gpt_oss", "hidden_size": 2880, "intermediate_size": 2880, "num_hidden_layers": 36,
@@ -110,6 +110,9 @@ def test_deepseek_v3_counts_and_its_mtp_module() -> None:
 def test_the_families_read_from_their_config_keys() -> None:
     """Each key set gives the preset's architecture."""
     assert _arch(config_from_hf(DEEPSEEK_V3_HF)) == _arch(preset("deepseek-v3"))
+    # group-limited routing: DeepSeek-V2's plain greedy top-k routes over every expert
+    greedy = config_from_hf({**DEEPSEEK_V3_HF, "topk_method": "greedy"})
+    assert (greedy.expert_groups, preset("deepseek-v3").expert_groups, preset("deepseek-v3").group_top_k) == (0, 8, 4)
     assert _arch(config_from_hf(GPT_OSS_120B_HF)) == _arch(preset("gpt-oss-120b"))
     gemma3 = config_from_hf({"model_type": "gemma3_text", "hidden_size": 2560, "intermediate_size": 10240,
                              "num_hidden_layers": 34, "num_attention_heads": 8, "num_key_value_heads": 4,
@@ -189,6 +192,7 @@ def test_megatron_export_writes_mla_and_mtp_flags() -> None:
     assert (f["--mtp-num-layers"], f["--moe-shared-expert-intermediate-size"], f["--moe-layer-freq"]) == (
         "1", "2048", "[0]*3+[1]*58")
     assert f["--num-layers"] == "61"  # the MTP block is not a decoder layer
+    assert (f["--moe-router-num-groups"], f["--moe-router-group-topk"]) == ("8", "4")  # node-limited routing
     # every flag is one megatron-core's configs have at the pinned version (MLATransformerConfig too)
     snap = key_snapshot(by_exporter("megatron"))
     fields = {x for names in snap["classes"].values() for x in names}

@@ -222,7 +222,7 @@ def test_cli_plan_records_its_target_and_exports_to_it(tmp_path: Path) -> None:
     assert r.exit_code == 0, r.output
     assert "torchtitan 0.2.2" in r.stdout
     doc = json.loads(out.read_text())
-    assert doc["schema_version"] == "1.4" and doc["inputs"]["target"] == {"name": "torchtitan", "version": "0.2.2"}
+    assert doc["schema_version"] == "1.5" and doc["inputs"]["target"] == {"name": "torchtitan", "version": "0.2.2"}
     r = runner.invoke(app, ["export", str(out), "--to", "torchtitan", "-o", str(tmp_path / "tt.toml")])
     assert r.exit_code == 0 and "warning" not in r.stderr and (tmp_path / "tt.toml").exists()
     d = json.loads(runner.invoke(app, ["explain", str(out), "--json"]).stdout)
@@ -256,7 +256,7 @@ def test_plans_record_the_targets_receive_buffers() -> None:
     them (schema 1.3); a 1.2 document was priced with torch's and may name no other; a 1.2 document
     without the field reads as torch's."""
     p = searched("megatron", "gpt2")
-    assert p.schema_version == "1.4" and p.inputs.workload.recv_buffers == "none"
+    assert p.schema_version == "1.5" and p.inputs.workload.recv_buffers == "none"
     doc = json.loads(p.to_json())
     with pytest.raises(PlanError, match="workload.recv_buffers 'none' needs schema_version 1.3"):
         parse_plan({**doc, "schema_version": "1.2"})
@@ -282,7 +282,7 @@ def test_plans_record_the_targets_kernels() -> None:
     1.4), and its norms cost less than the same plan's with eager kernels; a 1.3 document was priced
     with eager kernels and may name no other; a 1.3 document without the field reads as eager."""
     p = searched("megatron", "gpt2")
-    assert p.schema_version == "1.4" and p.inputs.workload.kernels == "fused"
+    assert p.schema_version == "1.5" and p.inputs.workload.kernels == "fused"
     assert searched("shardplan", "gpt2").inputs.workload.kernels == "eager"
     doc = json.loads(p.to_json())
     with pytest.raises(PlanError, match="workload.kernels 'fused' needs schema_version 1.4"):
@@ -295,3 +295,19 @@ def test_plans_record_the_targets_kernels() -> None:
     fused = estimate(graph, cluster, fsdp, w).time.compute
     eager = estimate(graph, cluster, fsdp, w.model_copy(update={"kernels": "eager"})).time.compute
     assert eager > 1.05 * fused
+
+
+def test_plans_record_the_targets_moe_dispatch_and_overlap() -> None:
+    """A plan for Megatron-LM is priced with its all-to-all overlap and records it (schema 1.5); a
+    1.4 document was priced with a plain all-to-all and may name no other; one without the fields
+    reads as that."""
+    p = searched("megatron", "gpt2")
+    assert (p.inputs.workload.moe_dispatch, p.inputs.workload.moe_overlap) == ("alltoall", "1f1b")
+    doc = json.loads(p.to_json())
+    with pytest.raises(PlanError, match="moe_overlap '1f1b' need schema_version 1.5"):
+        parse_plan({**doc, "schema_version": "1.4"})
+    old = older_doc("1.4")
+    for f in ("moe_dispatch", "moe_overlap"):
+        del old["inputs"]["workload"][f]
+    parsed = parse_plan(old).inputs.workload
+    assert (parsed.moe_dispatch, parsed.moe_overlap) == ("alltoall", "none")

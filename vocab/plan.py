@@ -33,13 +33,14 @@ from vocab.errors import ShardplanError, describe_validation_error
 from vocab.io import canonical_json, decode_json, document_schema, read_text, validate_document, write_atomic
 from vocab.strategy import Strategy, Workload
 
-SCHEMA_VERSION = "1.4"
+SCHEMA_VERSION = "1.5"
 #: versions this shardplan reads: 1.1 added ``inputs.model_graph`` (a 1.0 document is a 1.1 one without
 #: it); 1.2 added ``inputs.target`` (a 1.0 or 1.1 document is one searched for the target ``any``); 1.3
 #: added ``workload.recv_buffers`` (older documents keep torch's per-micro-batch buffers); 1.4 added
 #: ``workload.kernels`` and ``workload.zero3_master`` (older documents were priced with eager kernels
-#: and the master weights in the optimizer)
-READABLE_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4")
+#: and the master weights in the optimizer); 1.5 added ``workload.moe_dispatch`` and ``workload.moe_overlap``
+#: (older documents were priced with an all-to-all, not overlapped)
+READABLE_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4", "1.5")
 #: the target a document records when it names none: the whole plan vocabulary (``vocab.targets``)
 ANY_TARGET = "any"
 SCHEMA_PATH = Path(__file__).parent / "plan.schema.json"
@@ -252,7 +253,7 @@ class Alternative(_Doc):
 # What the plan was made for, the strategy, the cost model's prediction, the solver, runners-up. (No
 # docstring: it would become the schema's description.)
 class Plan(_Doc):
-    schema_version: Literal["1.0", "1.1", "1.2", "1.3", "1.4"] = SCHEMA_VERSION
+    schema_version: Literal["1.0", "1.1", "1.2", "1.3", "1.4", "1.5"] = SCHEMA_VERSION
     inputs: PlanInputs
     strategy: Strategy
     predicted: Predicted
@@ -277,6 +278,11 @@ class Plan(_Doc):
         if version in ("1.0", "1.1", "1.2", "1.3") and inp.workload.zero3_master != "optimizer":
             raise _rule(f"workload.zero3_master '{inp.workload.zero3_master}' needs schema_version 1.4 (older "
                         "plans kept the master weights in the optimizer)")
+        older = ("1.0", "1.1", "1.2", "1.3", "1.4")
+        if version in older and (inp.workload.moe_dispatch, inp.workload.moe_overlap) != ("alltoall", "none"):
+            raise _rule(f"workload.moe_dispatch '{inp.workload.moe_dispatch}' and moe_overlap "
+                        f"'{inp.workload.moe_overlap}' need schema_version 1.5 (older plans were priced with an "
+                        "all-to-all, not overlapped)")
         if version != "1.0" and inp.model_graph is None and names_factory(inp.model):
             raise _rule(f"model '{inp.model}' names a factory, which a plan never imports: the plan must record "
                         "its layer graph (inputs.model_graph), as 'shardplan plan' does")

@@ -45,13 +45,17 @@ GRAD_DTYPE_CHOICES = ("fp32", "bf16")
 RECV_BUFFER_CHOICES = ("per_micro_batch", "one", "none")
 KERNEL_CHOICES = ("eager", "fused")
 ZERO3_MASTER_CHOICES = ("optimizer", "parameter")
+MOE_DISPATCH_CHOICES = ("alltoall", "dedup")
+MOE_OVERLAP_CHOICES = ("none", "1f1b")
 #: the workload's kernel and buffer choices: field -> (what a message calls it, accepted values)
 WORKLOAD_CHOICES = {"attention_kernel": ("attention kernel", ATTENTION_KERNEL_CHOICES),
                     "cross_entropy": ("cross-entropy", CROSS_ENTROPY_CHOICES),
                     "grad_dtype": ("gradient dtype", GRAD_DTYPE_CHOICES),
                     "recv_buffers": ("pipeline receive buffers", RECV_BUFFER_CHOICES),
                     "kernels": ("memory-bound kernels", KERNEL_CHOICES),
-                    "zero3_master": ("ZeRO-3 master weights", ZERO3_MASTER_CHOICES)}
+                    "zero3_master": ("ZeRO-3 master weights", ZERO3_MASTER_CHOICES),
+                    "moe_dispatch": ("MoE token dispatch", MOE_DISPATCH_CHOICES),
+                    "moe_overlap": ("MoE all-to-all overlap", MOE_OVERLAP_CHOICES)}
 #: Transient memory of the loss beside the fp32 softmax it keeps, as a multiple of that softmax:
 #: PyTorch eager ``F.cross_entropy(logits.float())`` holds, in its backward, the incoming gradient
 #: of the log-softmax and the outgoing one (2x); a fused kernel (Megatron's vocab-parallel
@@ -200,6 +204,18 @@ class Workload(_Strict):
         "parameter shard beside an fp32 master in the optimizer: DeepSpeed) or parameter (the sharded parameter "
         "is the fp32 master, cast to 16 bits when gathered: FSDP and FSDP2 with mixed precision, this runtime, "
         "torchtitan)"
+    )
+    moe_dispatch: Literal["alltoall", "dedup"] = Field(
+        "alltoall", description="how expert parallelism sends tokens to their experts: alltoall (every routed copy "
+        "to its expert's rank: NCCL all-to-all, Megatron's alltoall dispatcher, torchtitan's standard backend) or "
+        "dedup (one copy per scale-up domain, forwarded inside it: DeepEP, Megatron's flex dispatcher, "
+        "torchtitan's deepep backend)"
+    )
+    moe_overlap: Literal["none", "1f1b"] = Field(
+        "none", description="whether the expert-parallel all-to-alls hide under compute: none, or 1f1b (each "
+        "micro-batch's all-to-alls under the compute of the micro-batch paired with it in 1F1B: Megatron's "
+        "overlap_moe_expert_parallel_comm, without a pipeline or with virtual stages, not with full "
+        "recomputation)"
     )
 
     @property

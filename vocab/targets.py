@@ -28,6 +28,8 @@ from vocab.strategy import (
     CROSS_ENTROPY_CHOICES,
     GRAD_DTYPE_CHOICES,
     KERNEL_CHOICES,
+    MOE_DISPATCH_CHOICES,
+    MOE_OVERLAP_CHOICES,
     OFFLOADS,
     RECOMPUTES,
     RECV_BUFFER_CHOICES,
@@ -117,6 +119,11 @@ class OffloadCaps(_Strict):
     per_layer: bool = False
 
 
+#: the workload fields a target's behaviour sets (``Behaviour``: the values it runs)
+WORKLOAD_BEHAVIOUR = ("cross_entropy", "grad_dtype", "recv_buffers", "kernels", "zero3_master", "moe_dispatch",
+                      "moe_overlap")
+
+
 class Behaviour(_Strict):
     """How the trainer behaves where the cost model has a knob (``vocab.strategy.Workload``): the
     values it runs, the first being what a search for it assumes."""
@@ -135,12 +142,17 @@ class Behaviour(_Strict):
     cp_rotate: list[Literal["allgather", "alltoall"]] = Field(
         default_factory=lambda: ["allgather"], min_length=1,
         description="how its ring attention moves K/V (vocab.strategy.Strategy.cp_rotate)")
+    moe_dispatch: list[Literal["alltoall", "dedup"]] = Field(
+        default_factory=lambda: ["alltoall"], min_length=1,
+        description="how expert parallelism sends tokens to experts (vocab.strategy.Workload.moe_dispatch)")
+    moe_overlap: list[Literal["none", "1f1b"]] = Field(
+        default_factory=lambda: ["none"], min_length=1,
+        description="whether its expert-parallel all-to-alls hide under compute (vocab.strategy.Workload.moe_overlap)")
 
-    def workload(self, cross_entropy: str | None = None, grad_dtype: str | None = None) -> dict[str, str]:
-        """The workload fields a plan for the target is priced with: its first value of each, or the
-        cross-entropy kernel and gradient dtype asked for."""
-        return {"cross_entropy": cross_entropy or self.cross_entropy[0], "grad_dtype": grad_dtype or self.grad_dtype[0],
-                "recv_buffers": self.recv_buffers[0], "kernels": self.kernels[0], "zero3_master": self.zero3_master[0]}
+    def workload(self, **asked: str | None) -> dict[str, str]:
+        """The workload fields a plan for the target is priced with: the value asked for of each
+        field of :data:`WORKLOAD_BEHAVIOUR` (``None``: not asked), else the target's first."""
+        return {f: asked.get(f) or getattr(self, f)[0] for f in WORKLOAD_BEHAVIOUR}
 
 
 class Target(_Strict):
@@ -231,7 +243,9 @@ def _any() -> Target:
                             grad_dtype=list(GRAD_DTYPE_CHOICES),  # type: ignore[arg-type]
                             recv_buffers=list(RECV_BUFFER_CHOICES),  # type: ignore[arg-type]
                             kernels=list(KERNEL_CHOICES),  # type: ignore[arg-type]
-                            zero3_master=list(ZERO3_MASTER_CHOICES)),  # type: ignore[arg-type]
+                            zero3_master=list(ZERO3_MASTER_CHOICES),  # type: ignore[arg-type]
+                            moe_dispatch=list(MOE_DISPATCH_CHOICES),  # type: ignore[arg-type]
+                            moe_overlap=list(MOE_OVERLAP_CHOICES)),  # type: ignore[arg-type]
         notes=["no trainer: every choice of the plan vocabulary; plans of schema 1.0 and 1.1 read as this target"],
     )
 

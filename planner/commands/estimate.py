@@ -57,6 +57,8 @@ KEYS = (
     "attention_kernel",
     "cross_entropy",
     "grad_dtype",
+    "moe_dispatch",
+    "moe_overlap",
     "sequence_parallel",
     "profile",
     "memory_limit",
@@ -67,9 +69,11 @@ KEYS = (
     "target",
 )
 COUNTS = ("seq_len", "global_batch", "micro_batch", "tp", "pp", "cp", "ep", "dp", "dp_shard", "dp_replicate", "vpp")
-NAMES = ("recompute", "schedule", "precision", "attention_kernel", "cross_entropy", "grad_dtype", "profile", "plan",
-         "tp_mode", "cp_mode", "target")
+NAMES = ("recompute", "schedule", "precision", "attention_kernel", "cross_entropy", "grad_dtype", "moe_dispatch",
+         "moe_overlap", "profile", "plan", "tp_mode", "cp_mode", "target")
 LIMITS = ("memory_limit", "memory_limit_gib")
+#: the workload options a user may set; the others of WORKLOAD_BEHAVIOUR follow the target
+ASKED = ("cross_entropy", "grad_dtype", "moe_dispatch", "moe_overlap")
 CLUSTER_COUNTS = ("nodes", "gpus", "gpus_per_node")
 
 
@@ -198,6 +202,7 @@ def price_args(a: dict[str, Any], *, model_from_cli: bool = False) -> dict[str, 
         Workload,
         check_workload_choices,
     )
+    from vocab.targets import WORKLOAD_BEHAVIOUR
 
     unknown = sorted(set(a) - set(KEYS))
     if unknown:
@@ -225,17 +230,14 @@ def price_args(a: dict[str, Any], *, model_from_cli: bool = False) -> dict[str, 
         raise ShardplanError("give --seq-len and --global-batch (or --plan)")
     precision = a.get("precision") or (wl.precision if wl else "bf16")
     kernel = a.get("attention_kernel") or (wl.attention_kernel if wl else "auto")
-    target = _target(a.get("target"), precision, a)
-    ce = a.get("cross_entropy") or (target[1] if target else wl.cross_entropy if wl else "eager")
-    grad = a.get("grad_dtype") or (target[2] if target else wl.grad_dtype if wl else "fp32")
-    check_workload_choices(attention_kernel=kernel, cross_entropy=ce, grad_dtype=grad)
-    # how the target runs what no option sets: its behaviour, else the plan's workload, else the default
-    behaved = {f: getattr(target[0].behaviour, f)[0] if target
-               else getattr(wl, f) if wl else Workload.model_fields[f].default
-               for f in ("recv_buffers", "kernels", "zero3_master")}
+    asked = {f: a.get(f) for f in ASKED}
+    check_workload_choices(attention_kernel=kernel, **{f: v for f, v in asked.items() if v is not None})
+    target = _target(a.get("target"), precision, asked)
+    # what is asked; else how the target runs it; else the plan's workload; else the default
+    behaved = target[1] if target else {
+        f: asked.get(f) or (getattr(wl, f) if wl else Workload.model_fields[f].default) for f in WORKLOAD_BEHAVIOUR}
     try:
-        w = Workload(seq_len=seq, global_batch=gb, precision=precision, attention_kernel=kernel,
-                     cross_entropy=ce, grad_dtype=grad, **behaved)
+        w = Workload(seq_len=seq, global_batch=gb, precision=precision, attention_kernel=kernel, **behaved)
     except ValidationError as e:
         raise ShardplanError(f"invalid workload: {_pydantic_message(e)}") from None
     if model is None:
@@ -288,16 +290,16 @@ def price_args(a: dict[str, Any], *, model_from_cli: bool = False) -> dict[str, 
     return rep
 
 
-def _target(name: str | None, precision: str, a: dict[str, Any]) -> tuple[Any, str, str] | None:
-    """The target ``--target`` names, with the cross-entropy kernel and gradient dtype it prices with."""
+def _target(name: str | None, precision: str, asked: dict[str, Any]) -> tuple[Any, dict[str, str]] | None:
+    """The target ``--target`` names, with the workload fields it prices with (those ``asked``,
+    which it must run, else its own)."""
     if not name:
         return None
     from planner.api import target_behaviour
     from vocab.targets import load_target
 
     t = load_target(name)
-    ce, grad = target_behaviour(t, precision, a.get("cross_entropy"), a.get("grad_dtype"))
-    return t, ce, grad
+    return t, target_behaviour(t, precision, **asked)
 
 
 def _check_expressible(t: Any, graph: Any, cluster: Any, s: Any, w: Any, model: str, rep: dict[str, Any]) -> None:
@@ -433,6 +435,12 @@ def estimate_cmd(
         None, "--cross-entropy", help="eager (PyTorch F.cross_entropy, the default) | fused (Megatron)"
     ),
     grad_dtype: str = typer.Option(None, "--grad-dtype", help="gradient buffers: fp32 (default) | bf16"),
+    moe_dispatch: str = typer.Option(
+        None, "--moe-dispatch", help="alltoall (NCCL all-to-all, the default) | dedup (DeepEP: one copy per node)"
+    ),
+    moe_overlap: str = typer.Option(
+        None, "--moe-overlap", help="none | 1f1b (EP all-to-alls under the paired micro-batch's compute: Megatron)"
+    ),
     target: str = typer.Option(None, "--target", help="price as this trainer runs it (its cross-entropy and "
                                "gradient dtype), and refuse what it cannot express"),
     sequence_parallel: bool = typer.Option(
@@ -458,6 +466,8 @@ def estimate_cmd(
         "attention_kernel": attention_kernel,
         "cross_entropy": cross_entropy,
         "grad_dtype": grad_dtype,
+        "moe_dispatch": moe_dispatch,
+        "moe_overlap": moe_overlap,
         "target": target,
         "profile": str(profile) if profile else None,
         "memory_limit": memory_limit,

@@ -338,7 +338,9 @@ def _precision(n: Nearest, t: Target) -> None:
                                ("grad_dtype", "gradient dtype", t.behaviour.grad_dtype),
                                ("recv_buffers", "pipeline receive buffers", t.behaviour.recv_buffers),
                                ("kernels", "memory-bound kernels", t.behaviour.kernels),
-                               ("zero3_master", "ZeRO-3 master weights", t.behaviour.zero3_master)):
+                               ("zero3_master", "ZeRO-3 master weights", t.behaviour.zero3_master),
+                               ("moe_dispatch", "MoE token dispatch", t.behaviour.moe_dispatch),
+                               ("moe_overlap", "MoE all-to-all overlap", t.behaviour.moe_overlap)):
         if w[key] not in allowed:
             n.behave(what, f"{w[key]} → {allowed[0]} (how {t.name} runs it)")
             w[key] = allowed[0]

@@ -29,6 +29,7 @@ TORCHTITAN: Final[dict[str, str | None]] = {
     "cp": "context_parallel_degree",
     "cp_rotate": "context_parallel_rotate_method",
     "ep": "expert_parallel_degree",
+    "ep_backend": "expert_parallel_comm_backend",  # "standard" (all-to-all) | "deepep"
     "ac": "activation_checkpoint",  # [activation_checkpoint]
     "ac_mode": "mode",  # "none" | "selective" | "full"
     "ac_option": "selective_ac_option",  # "op" (selective op-level) or "N" (full AC every N-th layer)
@@ -97,6 +98,13 @@ MEGATRON: Final[dict[str, str | None]] = {
     "moe_ffn_hidden": "--moe-ffn-hidden-size",
     "shared_expert_hidden": "--moe-shared-expert-intermediate-size",
     "moe_layer_freq": "--moe-layer-freq",
+    "router_groups": "--moe-router-num-groups",
+    "router_group_topk": "--moe-router-group-topk",
+    "moe_dispatcher": "--moe-token-dispatcher-type",
+    "moe_flex_backend": "--moe-flex-dispatcher-backend",
+    "moe_grouped_gemm": "--moe-grouped-gemm",
+    "moe_permute_fusion": "--moe-permute-fusion",
+    "moe_overlap": "--overlap-moe-expert-parallel-comm",
     "mla": "--multi-latent-attention",
     "q_lora_rank": "--q-lora-rank",
     "kv_lora_rank": "--kv-lora-rank",

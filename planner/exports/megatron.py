@@ -27,7 +27,7 @@ from planner.exports.keys import (
 )
 from planner.reprice import plan_graph
 from vocab.errors import ShardplanError
-from vocab.strategy import Strategy
+from vocab.strategy import Strategy, Workload
 
 SUFFIX = ".args"
 
@@ -92,7 +92,24 @@ def _shape(n: Nearest) -> None:
         dense, layers = cfg.get("dense_layers", 0), cfg.get("layers", len(n.blocks))
         if dense:
             out.append((K["moe_layer_freq"], f"[0]*{dense}+[1]*{layers - dense}"))
+        if cfg.get("expert_groups"):
+            out += [(K["router_groups"], cfg["expert_groups"]), (K["router_group_topk"], cfg["group_top_k"])]
+        # the experts as priced: grouped GEMMs and fused permutations (Transformer Engine)
+        out += [(K["moe_grouped_gemm"], True), (K["moe_permute_fusion"], True)]
     n.extra["shape"] = out
+
+
+def _dispatch(w: Workload, pp: int, vpp: int, recompute: list[str]) -> list[tuple[str, object]]:
+    """The token dispatcher the price assumes (an all-to-all, or DeepEP's de-duplicating one), and
+    the all-to-all overlap where Megatron runs it: without a pipeline or with virtual stages, and
+    no full recomputation (``costmodel.units`` prices it under the same conditions)."""
+    K = MEGATRON
+    out: list[tuple[str, object]] = [(K["moe_dispatcher"], "flex" if w.moe_dispatch == "dedup" else "alltoall")]
+    if w.moe_dispatch == "dedup":
+        out.append((K["moe_flex_backend"], "deepep"))
+    if w.moe_overlap == "1f1b" and (pp == 1 or vpp > 1) and "full" not in recompute:
+        out.append((K["moe_overlap"], True))
+    return out
 
 
 def _stages(n: Nearest) -> None:
@@ -172,6 +189,8 @@ def render(n: Nearest, s: Strategy, cost: str) -> str:
     if m.cp > 1:
         flags.append((K["cp_comm"], MEGATRON_CP_COMM[(s.cp_mode, s.cp_rotate if s.cp_mode == "ring" else "allgather")]))
     flags += [(K["ep"], m.ep), (K["sp"], True if s.sequence_parallel else None)]
+    if m.ep > 1:
+        flags += _dispatch(w, m.pp, s.vpp, n.values("recompute", n.blocks))
     shard = n.values("sharding")[0] if n.units else s.default.sharding
     if shard == "zero1":
         flags += [(K["dist_opt"], True), (K["overlap_grad"], True), (K["overlap_param"], True)]
