@@ -145,6 +145,10 @@ def plan_cmd(
         None, "--cross-entropy", help="eager (PyTorch F.cross_entropy) | fused (Megatron's kernel); default: how "
         "the target computes it"
     ),
+    moe_dispatch: str = typer.Option(
+        None, "--moe-dispatch", help="alltoall (NCCL all-to-all) | dedup (DeepEP: one copy per node; the target "
+        "must offer it); default: the target's"
+    ),
     profile: Path = typer.Option(
         None, "--profile", help="measured profile (shardplan profile) to price with"
     ),
@@ -196,6 +200,7 @@ def plan_cmd(
             cross_entropy,
             target,
             reserve=reserve / 100 if reserve is not None else None,
+            moe_dispatch=moe_dispatch,
         )
     wall = time.perf_counter() - t0
     if output is not None:
