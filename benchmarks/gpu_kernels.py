@@ -346,9 +346,32 @@ def _median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
-def summarize(rows: list[dict]) -> None:
+def _moe_model(r: dict, model: DeviceModel | None) -> float:
+    """A grouped-GEMM row's price: as recorded, or re-priced by ``model`` (current constants)."""
+    if model is None:
+        return r["model_s"]
+    cols, depth = (2 * r["ffn"], r["hidden"]) if r["proj"] == "up" else (r["hidden"], r["ffn"])
+    return grouped_gemm_time(model, r["rows"], r["experts"], cols, depth, "bf16")
+
+
+def _permute_model(r: dict, model: DeviceModel | None) -> float:
+    """A permutation row's price: as recorded, or re-priced by ``model`` from its name
+    (``... h<hidden> f<ffn> k<top-k> <tokens> tokens``)."""
+    if model is None or not r["section"].startswith("moe permute"):
+        return r["model_s"]
+    words = r["name"].split()
+    tokens = int(words[-2])
+    hidden = next(int(w[1:]) for w in words if w[0] == "h" and w[1:].isdigit())
+    k = next(int(w[1:]) for w in words if w[0] == "k" and w[1:].isdigit())
+    node = type("ExpertsNode", (), {"dims": {"in": hidden, "out": 1, "top_k": k}})()
+    fwd, bwd = permute_times(node, model, tokens, "eager")
+    return fwd if r["section"].endswith("fwd") else bwd
+
+
+def summarize(rows: list[dict], model: DeviceModel | None = None) -> None:
     """The condensed tables docs/validation.md keeps: GEMM rates and fp8 speed-ups by hidden size,
-    the per-call fit, attention by kernel, length and head dim, the memory-bound kernels."""
+    the per-call fit, attention by kernel, length and head dim, the memory-bound kernels, the MoE
+    grouped GEMMs (re-priced by ``model`` when given: ``--summarize`` with the current constants)."""
     gemm = [r for r in rows if r["section"] == "gemm bf16"]
     if gemm:
         print("\n| hidden | bf16 TFLOP/s (4k / 16k tokens) | model/measured | fp8 speed-up, per-tensor | per-row |")
@@ -371,18 +394,19 @@ def summarize(rows: list[dict]) -> None:
             big = flops > 1e11
             print(f"{sec}: t = F / {1 / inv_rate / 1e12:.0f} TFLOP/s + {t0 * 1e6:.1f} us per call (relative least "
                   f"squares, {len(rs)} GEMMs); median above 100 GFLOP {np.median(flops[big] / t[big]) / 1e12:.0f} TFLOP/s")
-    moe = [r for r in rows if r["section"] in ("moe grouped_mm", "moe loop")]
+    moe = [r for r in rows if r["section"] == "moe grouped_mm"]
     if moe:
-        print("\n| experts | proj | local experts | rows/expert | grouped TFLOP/s | model/measured | loop TFLOP/s "
-              "| model/measured |")
-        print("|---|---|---:|---:|---:|---:|---:|---:|")
-        by = {(r["section"], r["hidden"], r["ffn"], r["proj"], r["experts"], r["rows"]): r for r in moe}
-        for (sec, h, f, proj, e, n), r in sorted(by.items(), key=lambda kv: kv[0][1:]):
-            if sec != "moe loop":
-                continue
-            g = by.get(("moe grouped_mm", h, f, proj, e, n))
-            cells = f"{g['rate']:.0f} | {g['model_over_measured']:.2f}" if g else "- | -"
-            print(f"| h{h} f{f} | {proj} | {e} | {n} | {cells} | {r['rate']:.0f} | {r['model_over_measured']:.2f} |")
+        print("\n| experts (hidden, FFN) | rows per expert | grouped TFLOP/s | model/measured | loop of GEMMs TFLOP/s |")
+        print("|---|---:|---:|---:|---:|")
+        loop = {(r["hidden"], r["ffn"], r["rows"], r["experts"], r["proj"]): r["rate"] for r in rows
+                if r["section"] == "moe loop"}
+        for h, f in dict.fromkeys((r["hidden"], r["ffn"]) for r in moe):
+            for n in sorted({r["rows"] for r in moe if (r["hidden"], r["ffn"]) == (h, f)}):
+                rs = [r for r in moe if (r["hidden"], r["ffn"], r["rows"]) == (h, f, n)]
+                ratio = [_moe_model(r, model) / r["measured_s"] for r in rs]
+                loops = [loop[(h, f, n, r["experts"], r["proj"])] for r in rs if (h, f, n, r["experts"], r["proj"]) in loop]
+                print(f"| {h}, {f} | {n} | {_median([r['rate'] for r in rs]):.0f} | {min(ratio):.2f}-{max(ratio):.2f} | "
+                      f"{_median(loops):.0f} |")
     attn = [r for r in rows if r["section"].startswith("attention")]
     if attn:
         print("\n| kernel | head dim | causal | tokens | fwd TFLOP/s | bwd/fwd time | model/measured fwd, bwd |")
@@ -400,7 +424,8 @@ def summarize(rows: list[dict]) -> None:
         print("\n| kernel | case | measured ms | TB/s over counted bytes | model/measured |")
         print("|---|---|---:|---:|---:|")
         for r in mem:
-            mm = f"{r['model_over_measured']:.2f}" if r["model_over_measured"] else "-"
+            priced = _permute_model(r, model)
+            mm = f"{priced / r['measured_s']:.2f}" if priced else "-"
             print(f"| {r['section']} | {r['name']} | {r['measured_s'] * 1e3:.3f} | {r['rate']:.2f} | {mm} |")
 
 
@@ -419,7 +444,8 @@ def main() -> None:
     ap.add_argument("--summarize", default="", help="print the summary tables of a saved --json and exit")
     a = ap.parse_args()
     if a.summarize:
-        summarize(json.loads(Path(a.summarize).read_text())["rows"])
+        doc = json.loads(Path(a.summarize).read_text())
+        summarize(doc["rows"], DeviceModel(parse_cluster(f"1x{doc['accelerator']}")))
         return
     dev = torch.device(a.device)
     if dev.type == "cuda":

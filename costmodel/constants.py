@@ -67,7 +67,9 @@ class CostConstants:
             overlapped traffic slows the compute it hides under (0 = free overlap). Applies to
             every overlapped collective (FSDP, DP, TP, CP, EP, PP); host offload copies run on
             copy engines and are exempt.
-        moe_imbalance: slowest expert rank's tokens over the mean.
+        moe_imbalance: slowest expert rank's routed tokens over the mean, across ep > 1 ranks
+            (costmodel.experts.load_imbalance; GShard, Lepikhin et al. 2020: loads vary even with a
+            balancing loss). Not fitted: no published MoE run is in the calibration file.
         context_bytes: per-GPU memory that is not tensors (CUDA context, NCCL buffers).
         dp_bucket_bytes: gradient buckets in flight while data parallelism reduces gradients
             (PyTorch DDP and Megatron: two 25 MiB buckets); shardplan's own runtime reduces
