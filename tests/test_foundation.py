@@ -122,12 +122,16 @@ def test_moe_graph_counts_active_flops_and_all_parameters() -> None:
 
 def test_accelerators_have_sources_and_sane_numbers() -> None:
     accs = hardware.accelerators()
-    for name in ("a100-40gb", "a100-80gb", "h100-sxm", "h100-pcie", "h200", "b200", "gb200", "mi300x", "cpu"):
+    for name in ("a100-40gb", "a100-80gb", "h100-sxm", "h100-pcie", "h800", "h200", "b200", "b300", "gb200", "gb300",
+                 "mi300x", "cpu"):
         a = accs[name]
         assert a.peak_tflops["bf16"] > 0 and a.hbm_gb > 0
         assert {"peak_tflops", "hbm", "scale_up", "scale_out"} <= set(a.sources)
     assert accs["gb200"].scale_up.domain == 72
     assert hardware.accelerator("H100").name == "h100-sxm"
+    # the H800 is the H100's compute with a narrower NVLink
+    h800, h100 = accs["h800"], accs["h100-sxm"]
+    assert h800.peak_tflops == h100.peak_tflops and h800.scale_up.gbps < h100.scale_up.gbps
 
 
 def test_a_new_accelerator_file_is_picked_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
