@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from costmodel.constants import error_band
 from costmodel.device import DeviceModel
 from costmodel.report import GIB
 from planner.reprice import graph_record
@@ -27,7 +28,7 @@ from profiler.graph import LayerGraph
 from profiler.hardware import Cluster, parse_cluster
 from profiler.models import load_model
 from solvers.hybrid import Progress, search
-from solvers.result import SearchResult
+from solvers.result import SearchResult, break_tie, parallel_axes
 from solvers.space import SPACES, SpaceOptions, restrict
 from vocab.errors import ShardplanError
 from vocab.plan import Alternative, ClusterRef, Plan, PlanInputs, Predicted, SolverInfo, TargetRef
@@ -68,6 +69,7 @@ def search_plan(
     grad_dtype: str | None = None,
     reserve: float | None = None,
     moe_dispatch: str | None = None,
+    tie_break: bool = True,
 ) -> Planned:
     """Search and build the plan document; with several global batches the one with the most
     samples per second wins (throughput, not time per step, is compared). ``model`` is a preset
@@ -75,7 +77,10 @@ def search_plan(
     plan records the layer graph of a model that is not a preset or config file. ``target`` bounds
     the search; ``cross_entropy``, ``grad_dtype`` and ``moe_dispatch`` default to how the target
     runs (and must be values it runs). Without ``memory_limit_gib`` a plan may use the GPU's memory less ``reserve``
-    (a fraction; :data:`profiler.hardware.DEFAULT_RESERVE` by default), and records that limit."""
+    (a fraction; :data:`profiler.hardware.DEFAULT_RESERVE` by default), and records that limit.
+    With ``tie_break`` (and a published-sweeps band for the accelerator), a runner-up within that
+    band of the fastest plan and with fewer parallel axes is the plan (:func:`solvers.result.break_tie`;
+    ``solver.options.tie_break`` records it, and the fastest stays the first alternative)."""
     if space not in SPACES:
         raise ShardplanError(f"unknown search space '{space}'; known: {', '.join(SPACES)}")
     if precision not in PRECISIONS:
@@ -130,6 +135,15 @@ def search_plan(
     if best is None:
         raise ShardplanError("; ".join(errors) + f" (target {t.name}: {t.label})")
     _, res, w = best
+    chosen = res.best
+    band = None if prof is not None else error_band(cl.accelerator.name, precision)
+    if tie_break and band is not None and "pair" in band:
+        chosen = break_tie(res, band["pair"])
+        if chosen is not res.best:
+            res.options["tie_break"] = {
+                "fastest_step_time_s": res.best.step_time_s, "pair_band": band["pair"], "slice": band["slice"],
+                "axes": parallel_axes(chosen.strategy), "fastest_axes": parallel_axes(res.best.strategy)}
+    runners_up = [f for f in [res.best, *res.alternatives] if f is not chosen]
     exact_osdp = space == "osdp" and opts.per_layer  # the OSDP chain, solved twice
     if exact_osdp:
         res.options.update(_dp_check(graph, dev, res, w, memory_limit_gib, opts))
@@ -146,8 +160,8 @@ def search_plan(
             profile=str(profile) if profile is not None else None,
             target=TargetRef(name=t.name, version=t.version or None),
         ),
-        strategy=res.best.strategy,
-        predicted=Predicted(**res.best.report.to_dict()),
+        strategy=chosen.strategy,
+        predicted=Predicted(**chosen.report.to_dict()),
         solver=SolverInfo(
             name="ilp" if exact_osdp else "hybrid",
             status=res.status,  # type: ignore[arg-type]
@@ -160,15 +174,15 @@ def search_plan(
             options={
                 **res.options,
                 "settled_by": res.solver,
-                "family": res.best.family,
-                "alternative_families": [a.family for a in res.alternatives],
+                "family": chosen.family,
+                "alternative_families": [a.family for a in runners_up],
                 "time_limit_s": time_limit,
                 "top_k": top_k,
             },
         ),
         alternatives=[
             Alternative(strategy=a.strategy, predicted=Predicted(**a.report.to_dict()))
-            for a in res.alternatives
+            for a in runners_up
         ],
     )
     return Planned(doc, res, graph, cl, by_batch)

@@ -135,6 +135,12 @@ def runner_up(plan: Plan, units: list[str]) -> dict[str, Any] | None:
         if pair is not None and dt / a["step_time_s"] < pair:
             verdict += (f", closer than the model tells two configurations apart ({pair:.1%} on "
                         f"{band['slice']}'s published sweeps): the two are indistinguishable")
+    elif plan.solver.options.get("tie_break"):
+        tie = plan.solver.options["tie_break"]
+        verdict = (f"the runner-up, the fastest plan, is {-dt:.4g} s per step faster ({-dt / b['step_time_s']:.1%}), "
+                   f"closer than the model tells two configurations apart ({tie['pair_band']:.1%} on "
+                   f"{tie['slice']}'s published sweeps): the two are indistinguishable, and this plan runs "
+                   f"{tie['axes']} parallel axes to its {tie['fastest_axes']}")
     else:
         verdict = (f"the runner-up is {-dt:.4g} s per step faster; the solver ranked this plan first "
                    f"(objective and status in 'solver')")

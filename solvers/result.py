@@ -77,3 +77,21 @@ def family_of(s: Strategy) -> str:
     ):
         return "megatron"
     return "hybrid"
+
+
+def parallel_axes(s: Strategy) -> int:
+    """How many mesh axes ``s`` runs above 1 (pp, dp_replicate, dp_shard, cp, tp, ep): what a
+    person has to set up and get right."""
+    m = s.mesh
+    return sum(d > 1 for d in (m.pp, m.dp_replicate, m.dp_shard, m.cp, m.tp, m.ep))
+
+
+def break_tie(res: SearchResult, pair: float) -> Found:
+    """The plan to recommend: among the best and the runners-up whose step time is within ``pair``
+    (the relative error of comparing two configurations of one job: the published sweeps' band) of
+    the best, the one with the fewest parallel axes (:func:`parallel_axes`), the faster first among
+    equals. The cost model cannot tell those apart; the simpler plan is as likely to be the faster
+    and less to get wrong."""
+    limit = res.best.step_time_s * (1.0 + pair)
+    close = [f for f in [res.best, *res.alternatives] if f.step_time_s <= limit]
+    return min(close, key=lambda f: (parallel_axes(f.strategy), f.step_time_s))

@@ -54,7 +54,7 @@ def _mesh(s: Any) -> str:
 
 def summary_table(planned: Any, wall_s: float) -> Table:
     """Mesh, schedule, micro-batching, predicted step time, tokens/s/GPU, MFU, memory, solver."""
-    p, res = planned.plan, planned.result
+    p = planned.plan
     s, pred = p.strategy, p.predicted
     w = p.inputs.workload
     n_mb = w.global_batch // (s.mesh.dp * s.micro_batch)
@@ -105,10 +105,17 @@ def summary_table(planned: Any, wall_s: float) -> Table:
         f"{sol.name} ({sol.options.get('settled_by')}) on '{sol.space}': {sol.status}{gap}, "
         f"{sol.candidates:,} candidates, {wall_s:.2f} s",
     )
-    if res.alternatives:
-        r = res.alternatives[0]
+    tie = sol.options.get("tie_break")
+    if tie:
+        t.add_row("tie-break", f"{tie['axes']} parallel axes where the fastest plan has {tie['fastest_axes']}, "
+                  f"within {tie['pair_band']:.1%} of its {tie['fastest_step_time_s']:.4g} s (the model cannot "
+                  f"order two plans closer than that on {tie['slice']})")
+    if p.alternatives:
+        r = p.alternatives[0]
+        family = sol.options.get("alternative_families", [None])[0]
         t.add_row(
-            "runner-up", f"{_mesh(r.strategy)}: {r.step_time_s:.4g} s, {r.memory_gib:.1f} GiB ({r.family})"
+            "runner-up", f"{_mesh(r.strategy)}: {r.predicted.step_time_s:.4g} s, {r.predicted.memory_peak_gib:.1f} GiB"
+            + (f" ({family})" if family else "")
         )
     return t
 
@@ -156,6 +163,10 @@ def plan_cmd(
         None, "--time-limit", help="seconds; the best plan so far, with its gap"
     ),
     top_k: int = typer.Option(5, "--top-k", min=0, max=1000, help="runners-up to keep"),
+    tie_break: bool = typer.Option(
+        True, "--tie-break/--fastest", help="among plans closer than the model can order (the published sweeps' "
+        "band), recommend the one with the fewest parallel axes (default), or always the fastest"
+    ),
     output: Path = typer.Option(None, "--output", "-o", help="write the plan JSON here"),
     as_json: bool = typer.Option(False, "--json", help="print the plan JSON instead of the summary"),
 ) -> None:
@@ -201,6 +212,7 @@ def plan_cmd(
             target,
             reserve=reserve / 100 if reserve is not None else None,
             moe_dispatch=moe_dispatch,
+            tie_break=tie_break,
         )
     wall = time.perf_counter() - t0
     if output is not None:
