@@ -203,6 +203,7 @@ def plan(
     cross_entropy: str | None = None,
     target: str = DEFAULT_TARGET,
     reserve: float | None = None,
+    tie_break: bool = True,
 ) -> Plan:
     """The fastest plan of ``space`` that ``target`` runs for ``model`` on ``cluster`` that fits
     ``memory_limit_gib`` per GPU (by default the GPU's memory less ``reserve``, a fraction). Raises
@@ -211,6 +212,7 @@ def plan(
     return search_plan(
         model, cluster, seq_len, global_batch, memory_limit_gib, space, precision, profile, time_limit, top_k,
         attention_kernel=attention_kernel, cross_entropy=cross_entropy, target=target, reserve=reserve,
+        tie_break=tie_break,
     ).plan
 
 

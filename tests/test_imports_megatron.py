@@ -39,7 +39,8 @@ def full_on(*blocks: int) -> list[dict[str, Any]]:
 
 #: name -> (the plan, flags its export must carry: what the case covers)
 CASES: dict[str, tuple[Callable[[], Plan], tuple[str, ...]]] = {
-    "searched-pp-cp-tp": (lambda: plan("llama3-8b", "16xh100", 4096, 64, memory_limit_gib=18, target="megatron"),
+    "searched-pp-cp-tp": (lambda: plan("llama3-8b", "16xh100", 4096, 64, memory_limit_gib=18, target="megatron",
+                                       tie_break=False),
                           ("--pipeline-model-parallel-size 2", "--context-parallel-size 2", "--cp-comm-type p2p")),
     "searched-gpt2": (lambda: plan("gpt2", "16xh100", 1024, 64, target="megatron"), ("--num-layers 12",)),
     "searched-moe": (lambda: plan("mixtral-8x7b", "16xh100", 2048, 64, target="megatron"),
