@@ -140,7 +140,7 @@ def runner_up(plan: Plan, units: list[str]) -> dict[str, Any] | None:
         verdict = (f"the runner-up, the fastest plan, is {-dt:.4g} s per step faster ({-dt / b['step_time_s']:.1%}), "
                    f"closer than the model tells two configurations apart ({tie['pair_band']:.1%} on "
                    f"{tie['slice']}'s published sweeps): the two are indistinguishable, and this plan runs "
-                   f"{tie['axes']} parallel axes to its {tie['fastest_axes']}")
+                   f"{tie['axes']} parallel {'axis' if tie['axes'] == 1 else 'axes'} to its {tie['fastest_axes']}")
     else:
         verdict = (f"the runner-up is {-dt:.4g} s per step faster; the solver ranked this plan first "
                    f"(objective and status in 'solver')")
