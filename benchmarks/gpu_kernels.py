@@ -19,6 +19,7 @@ the accelerator file of the device (``DeviceModel`` on spec sheets, current cons
   cuDNN back-ends, causal and not, head dim 64/128/256, 512-32,768 tokens per sequence.
 - ``memory``: the eager RMSNorm, SwiGLU and cross-entropy of ``profiler.kernel_traffic`` and the
   fused references, forward and backward; the residual add; a fused and a foreach AdamW step.
+- ``rows``: dense GEMMs of 16-4,096 rows (MLP projections of 8B-405B blocks) against the roofline.
 - ``moe``: routed experts' grouped GEMMs (``torch._grouped_mm``, and a loop of one GEMM per
   expert) at 16-4,096 rows per expert with loads drawn at random, for Mixtral-, DeepSeek-V3- and
   Qwen3-30B-shaped experts; the eager token permutations forward and backward.
@@ -275,6 +276,27 @@ def memory_section(dev: torch.device, model: DeviceModel, small: bool) -> None:
         del opt
 
 
+def rows_section(dev: torch.device, model: DeviceModel, small: bool) -> None:
+    """Dense GEMMs of few rows (the tokens a rank keeps outside attention under deep context
+    parallelism, or a small micro-batch): the MLP up and down projections of 8B-, 70B- and
+    405B-sized blocks at 16-4,096 rows, bf16 ``torch.mm``, against the roofline of
+    ``DeviceModel.gemm_time`` (compute, or the operands' bytes at ``gemm_stream_efficiency``)."""
+    shapes = {"8b": (4096, 14336), "70b": (8192, 28672), "405b": (16384, 53248)}
+    if small:
+        shapes = {"tiny": (256, 1024)}
+    for label, (h, f) in shapes.items():
+        for proj, (n, k) in (("up", (f, h)), ("down", (h, f))):
+            w = torch.randn(n, k, dtype=torch.bfloat16, device=dev)
+            for m in ([16, 64] if small else [16, 64, 128, 256, 512, 1024, 4096]):
+                x = torch.randn(m, k, dtype=torch.bfloat16, device=dev)
+                flops = 2.0 * m * n * k
+                t = timed(lambda x=x, w=w: torch.mm(x, w.t()), dev)
+                row("gemm rows", f"{label} {proj} m{m} ({m}x{n}x{k})", t, model.gemm_time(flops, "bf16", shape=(m, n, k)),
+                    flops, "TFLOP/s", m=m, n=n, k=k, hidden=h, layer=proj, tokens=m, phase="fwd")
+                del x
+            del w
+
+
 def _loads(total: int, experts: int, gen: torch.Generator) -> list[int]:
     """Rows per expert for ``total`` routed copies drawn uniformly over ``experts`` (varying loads,
     as routing makes them)."""
@@ -394,6 +416,14 @@ def summarize(rows: list[dict], model: DeviceModel | None = None) -> None:
             big = flops > 1e11
             print(f"{sec}: t = F / {1 / inv_rate / 1e12:.0f} TFLOP/s + {t0 * 1e6:.1f} us per call (relative least "
                   f"squares, {len(rs)} GEMMs); median above 100 GFLOP {np.median(flops[big] / t[big]) / 1e12:.0f} TFLOP/s")
+    few = [r for r in rows if r["section"] == "gemm rows"]
+    if few:
+        print("\n| GEMM (n x k) | rows | TFLOP/s | model/measured |")
+        print("|---|---:|---:|---:|")
+        for r in few:
+            priced = model.gemm_time(2.0 * r["m"] * r["n"] * r["k"], "bf16", shape=(r["m"], r["n"], r["k"])) \
+                if model is not None else r["model_s"]
+            print(f"| {r['n']} x {r['k']} | {r['m']} | {r['rate']:.0f} | {priced / r['measured_s']:.2f} |")
     moe = [r for r in rows if r["section"] == "moe grouped_mm"]
     if moe:
         print("\n| experts (hidden, FFN) | rows per expert | grouped TFLOP/s | model/measured | loop of GEMMs TFLOP/s |")
@@ -430,7 +460,7 @@ def summarize(rows: list[dict], model: DeviceModel | None = None) -> None:
 
 
 SECTIONS = {"copy": copy_section, "gemm": gemm_section, "cast": cast_section, "attention": attention_section,
-            "memory": memory_section, "moe": moe_section}
+            "memory": memory_section, "moe": moe_section, "rows": rows_section}
 
 
 def main() -> None:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The device checks of one CUDA GPU, each step independent of the others' success (about 8 minutes):
 #   1. kernel rates against the cost model's prices (benchmarks/gpu_kernels.py: GEMMs by shape in
-#      bf16 and fp8, flash attention by length and head dim, memory-bound kernels by class);
+#      bf16 and fp8, flash attention by length and head dim, memory-bound kernels by class, MoE
+#      grouped GEMMs and permutations, dense GEMMs of few rows);
 #   2. a quick compute profile (`shardplan profile compute --quick`) and its bf16 GEMM curve against
 #      the accelerator file's peak and gemm_efficiency;
 #   3. one `shardplan train` per strategy family (benchmarks/gpu_train_families.py).

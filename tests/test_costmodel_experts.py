@@ -4,7 +4,11 @@ imbalance that only expert parallelism exposes."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from math import comb
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,6 +33,7 @@ from profiler.hardware import parse_cluster
 from profiler.model_config import TransformerConfig
 from profiler.models import load_model
 from profiler.transformer import build_graph
+from tests.benchmark_scripts import benchmark_script
 from vocab.strategy import LayerStrategy, Mesh, MeshConfig, Strategy, Workload
 
 H, F_, E, K = 7168, 2048, 256, 8  # DeepSeek-V3's routed experts
@@ -180,3 +185,39 @@ def test_megatron_overlap_hides_the_all_to_alls_where_it_runs() -> None:
     assert _ep_comm("1f1b", pp=2) == _ep_comm("none", pp=2)
     assert _ep_comm("1f1b", pp=2, vpp=2) == pytest.approx(c.comm_interference * _ep_comm("none", pp=2, vpp=2),
                                                           rel=1e-9)
+
+
+def test_deepseek_v3s_published_job_is_priced_with_its_dispatch_and_overlap() -> None:
+    """benchmarks/moe_jobs.py's four pricings of DeepSeek-V3's pre-training: the de-duplicated
+    dispatch cuts the exposed all-to-alls, the overlap hides them, and with both they are a small
+    part of the step."""
+    jobs = benchmark_script("moe_jobs")
+    graph, cl = load_model(jobs.MODEL, jobs.SEQ), parse_cluster(jobs.CLUSTER)
+    steps, comm = {}, {}
+    for dispatch in ("alltoall", "dedup"):
+        for overlap in ("none", "1f1b"):
+            w = Workload(seq_len=jobs.SEQ, global_batch=jobs.BATCH, precision="fp8", kernels="fused",
+                         moe_dispatch=dispatch, moe_overlap=overlap)
+            r = estimate(graph, cl, jobs.strategy(), w)
+            steps[dispatch, overlap], comm[dispatch, overlap] = r.step_time_s, r.time.comm["ep"]
+    assert comm["dedup", "none"] < 0.6 * comm["alltoall", "none"]
+    assert comm["alltoall", "1f1b"] < comm["alltoall", "none"]
+    assert min(steps.values()) == steps["dedup", "1f1b"] and max(steps.values()) == steps["alltoall", "none"]
+    assert comm["dedup", "1f1b"] < 0.05 * steps["dedup", "1f1b"]
+
+
+def test_the_kernel_benchmark_dry_runs_its_moe_and_rows_sections(tmp_path: Path) -> None:
+    """benchmarks/gpu_kernels.py on CPU with small shapes: every MoE and few-row case is recorded
+    with the model's price, and --summarize reads the file back."""
+    out = tmp_path / "k.json"
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_kernels.py"
+    run = subprocess.run([sys.executable, str(script), "--device", "cpu", "--small", "--sections", "moe,rows",
+                          "--json", str(out)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    sections = {r["section"] for r in rows}
+    assert {"moe grouped_mm", "moe loop", "moe permute fwd", "moe permute bwd", "gemm rows"} <= sections
+    assert all(r["model_s"] > 0 and r["measured_s"] > 0 for r in rows)
+    again = subprocess.run([sys.executable, str(script), "--summarize", str(out)], capture_output=True, text=True,
+                           timeout=300)
+    assert again.returncode == 0 and "rows per expert" in again.stdout and "| GEMM (n x k) |" in again.stdout
