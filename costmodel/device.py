@@ -266,7 +266,8 @@ class DeviceModel:
     def _alpha_beta(self, kind: str, n: np.ndarray, stride: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Spec-sheet (α, β) of a collective: a ring within one scale-up domain; across domains the
         scale-up part and the scale-out part (each GPU's NIC share, on 1/k of the data) pipelined,
-        so the slower part's bytes set β."""
+        so the slower part's bytes set β. In a mesh domain (``NetworkTier.topology``) a group's
+        ranks have only their links to each other: ``k - 1`` of ``domain - 1``."""
         fac = COLLECTIVE_FACTORS[kind]
         up, out = self.acc.scale_up, self.acc.scale_out
         eff = self.acc.busbw_efficiency
@@ -277,6 +278,9 @@ class DeviceModel:
             log_n = np.ceil(np.log2(size))
             steps = np.ones_like(n) if kind == "send_recv" else log_n * (2 if kind == "all_reduce" else 1)
             k, m = self.domain_split(size, stride)
+            if up.topology == "mesh":  # the group's ranks use their links to each other only
+                links = max(self.cluster.scale_up_domain - 1, 1)
+                up_bw = up_bw * np.minimum(np.maximum(k - 1, 1) / links, 1.0)
             single = (steps * up.latency_us * 1e-6, factor / up_bw)
             if kind == "send_recv":
                 multi = (out.latency_us * 1e-6 * np.ones_like(size), np.full(size.shape, 1 / out_bw))

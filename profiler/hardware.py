@@ -65,6 +65,7 @@ class _TierDoc(_Strict):
     gbps: Annotated[float, Field(gt=0.0, le=MAX_LINK_GBPS)]
     latency_us: Annotated[float, Field(ge=0.0, le=MAX_LATENCY_US)]
     domain: Annotated[int, Field(ge=0, le=MAX_WORLD_SIZE)] = 0
+    topology: Literal["switch", "mesh"] = "switch"
 
 
 class _TierPatch(_Strict):
@@ -74,6 +75,7 @@ class _TierPatch(_Strict):
     gbps: Any = None
     latency_us: Any = None
     domain: Any = None
+    topology: Any = None
 
 
 class _AcceleratorDoc(_Strict):
@@ -117,12 +119,17 @@ class NetworkTier:
         gbps: unidirectional bandwidth per GPU in GB/s (1e9 bytes/s).
         latency_us: per-message latency α in microseconds.
         domain: GPUs that share this tier directly (scale-up only; 0 = unbounded).
+        topology: ``switch`` (every GPU's bandwidth reaches any peer through a switch: NVSwitch)
+            or ``mesh`` (a link to each other GPU of the domain, ``gbps`` over all of them: AMD's
+            Infinity Fabric); a group of ``k`` ranks of a mesh domain of ``d`` uses ``k - 1`` of
+            each GPU's ``d - 1`` links.
     """
 
     name: str
     gbps: float
     latency_us: float
     domain: int = 0
+    topology: str = "switch"
 
     def __post_init__(self) -> None:
         if self.gbps <= 0 or self.latency_us < 0:
