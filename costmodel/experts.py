@@ -132,6 +132,13 @@ def permute_times(n: LayerNode, dev: DeviceModel, tokens: float, kernels: str) -
     return dev.memory_time(pf, "elementwise") / slow, dev.memory_time(pb, "elementwise") / slow
 
 
+def overlap_runs(pp: Any, vpp: Any, full_recompute: Any) -> Any:
+    """Where Megatron's 1F1B all-to-all overlap (``overlap_moe_expert_parallel_comm``) runs, per
+    configuration: without a pipeline or with virtual stages, and not under full recomputation
+    (megatron-core 0.16.1 asserts both)."""
+    return ((np.asarray(pp) == 1) | (np.asarray(vpp) > 1)) & ~np.asarray(full_recompute, dtype=bool)
+
+
 def remote_copies(experts: int, top_k: int, domains: int) -> float:
     """Expected copies of a token an all-to-all sends out of its scale-up domain when its ``top_k``
     experts are spread over ``domains`` domains: each lies elsewhere with probability (m-1)/m."""

@@ -18,9 +18,9 @@ from vocab.strategy import Workload
 F = np.ndarray
 GEMM_KINDS = ("linear", "router", "experts")
 TP_SPLIT_ROLES = ("column", "row", "heads", "vocab")
+TP_SPLIT_OUTPUTS = ("column", "heads", "vocab")  # roles whose output Megatron TP alone splits
 #: above every TP division: packs (calls, TP division) into one exact float key
 TDIV_RANGE = 1 << 16
-TP_SPLIT_OUTPUTS = ("column", "heads", "vocab")  # roles whose output Megatron TP alone splits
 
 #: the profile's bandwidth case each bandwidth-bound node kind is priced by (else ``elementwise``)
 MEMORY_OPS = {"norm": "norm", "embedding": "embedding", "loss": "cross_entropy", "activation": "activation",

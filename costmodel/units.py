@@ -19,7 +19,7 @@ import numpy as np
 
 from costmodel.configs import AxisGroup, ConfigArrays
 from costmodel.device import DeviceModel
-from costmodel.experts import dispatch_time, load_imbalance
+from costmodel.experts import dispatch_time, load_imbalance, overlap_runs
 from costmodel.gradients import (
     GATHER_BYTES,
     GRAD_REDUCE_BYTES,
@@ -363,7 +363,7 @@ class _Traffic:
             one = dispatch_time(dev, self.ep_bytes * load_imbalance(dev, ep), cfg.ep_group, self.routing,
                                 self.w.moe_dispatch == "dedup")
             a2a = 2 * one * passes
-            paired = (self.w.moe_overlap == "1f1b") & (passes == 2) & ((cfg.pp == 1) | (cfg.vpp > 1))
+            paired = (self.w.moe_overlap == "1f1b") & overlap_runs(cfg.pp, cfg.vpp, passes == 3)
             comm_ep = np.where(experts, c.exposed(a2a, np.where(paired, compute, a2a * c.ep_overlap)), comm_ep)
         return {"comm_tp": comm_tp, "comm_cp": comm_cp, "comm_ep": comm_ep}
 

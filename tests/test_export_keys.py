@@ -158,3 +158,17 @@ def test_trainer_loaders_accept_the_exports(target: str, tmp_path: Path) -> None
     assert loader is not None
     for i, p in enumerate(plans(target)):
         loader(export(p, target), tmp_path / str(i))
+
+
+def test_megatron_drops_the_overlap_a_full_recompute_forbids_and_prices_it() -> None:
+    """One block recomputed fully: Megatron refuses the all-to-all overlap for the whole model, so the
+    export leaves the flag out, says why, and prices the plan without the overlap (slower)."""
+    s = {"mesh": {"dp_shard": 16, "ep": 8}, "micro_batch": 1, "default": {"sharding": "zero1"},
+         "layers": [{"unit": "layers.0", "sharding": "zero1", "recompute": "full"}]}
+    p = make_plan(s, cluster="16xh100", seq_len=2048, global_batch=32, model="mixtral-8x7b",
+                  target=TargetRef(name="megatron", version="0.16.1"), cross_entropy="fused", recv_buffers="none",
+                  kernels="fused", moe_overlap="1f1b")
+    e = export(p, "megatron")
+    assert "--overlap-moe-expert-parallel-comm" not in megatron_flags(e.text)
+    assert any(x.what == "MoE all-to-all overlap" and x.behaviour for x in e.losses)
+    assert e.repriced is not None and e.repriced.variant["step_time_s"] > e.repriced.original["step_time_s"]

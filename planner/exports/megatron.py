@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from costmodel.constants import constants_for
+from costmodel.experts import overlap_runs
 from planner.exports.base import Nearest, header, runs_text
 from planner.exports.keys import (
     MEGATRON,
@@ -35,6 +36,7 @@ SUFFIX = ".args"
 def adjust(n: Nearest) -> None:
     _stages(n)
     _recompute(n)
+    _overlap(n)
     _shape(n)
 
 
@@ -101,15 +103,25 @@ def _shape(n: Nearest) -> None:
 
 def _dispatch(w: Workload, pp: int, vpp: int, recompute: list[str]) -> list[tuple[str, object]]:
     """The token dispatcher the price assumes (an all-to-all, or DeepEP's de-duplicating one), and
-    the all-to-all overlap where Megatron runs it: without a pipeline or with virtual stages, and
-    no full recomputation (``costmodel.units`` prices it under the same conditions)."""
+    the all-to-all overlap where Megatron runs it (``costmodel.experts.overlap_runs``, which the
+    price uses too)."""
     K = MEGATRON
     out: list[tuple[str, object]] = [(K["moe_dispatcher"], "flex" if w.moe_dispatch == "dedup" else "alltoall")]
     if w.moe_dispatch == "dedup":
         out.append((K["moe_flex_backend"], "deepep"))
-    if w.moe_overlap == "1f1b" and (pp == 1 or vpp > 1) and "full" not in recompute:
+    if w.moe_overlap == "1f1b" and bool(overlap_runs(pp, vpp, "full" in recompute)):
         out.append((K["moe_overlap"], True))
     return out
+
+
+def _overlap(n: Nearest) -> None:
+    """Megatron refuses the all-to-all overlap once any block recomputes fully: a plan priced with
+    it on the blocks that do not is priced again without it."""
+    rec = n.values("recompute", n.blocks)
+    if (n.workload.get("moe_overlap") == "1f1b" and n.mesh["ep"] > 1 and "full" in rec and set(rec) != {"full"}
+            and bool(overlap_runs(n.mesh["pp"], n.fields["vpp"], False))):
+        n.behave("MoE all-to-all overlap", "1f1b → none (Megatron refuses it with full recomputation of any block)")
+        n.workload["moe_overlap"] = "none"
 
 
 def _stages(n: Nearest) -> None:
