@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from costmodel.experts import overlap_runs
 from planner.compare import describe_diff, describe_run, diff_strategies, label_units, runs
 from planner.reprice import (
     band_text,
@@ -75,10 +76,15 @@ def mesh_placement(plan: Plan) -> dict[str, Any]:
 def schedule_info(plan: Plan) -> dict[str, Any]:
     s, w = plan.strategy, plan.inputs.workload
     n_mb = s.num_microbatches(w.global_batch)
-    return {"schedule": s.schedule if s.mesh.pp > 1 else "none (pp=1)", "pp": s.mesh.pp, "vpp": s.vpp,
-            "micro_batch": s.micro_batch, "num_microbatches": n_mb, "dp": s.mesh.dp,
-            "tokens_per_microbatch": s.micro_batch * w.seq_len, "stage_layers": s.stage_layers,
-            "sequence_parallel": s.sequence_parallel, "tp_mode": s.tp_mode, "cp_mode": s.cp_mode}
+    out = {"schedule": s.schedule if s.mesh.pp > 1 else "none (pp=1)", "pp": s.mesh.pp, "vpp": s.vpp,
+           "micro_batch": s.micro_batch, "num_microbatches": n_mb, "dp": s.mesh.dp,
+           "tokens_per_microbatch": s.micro_batch * w.seq_len, "stage_layers": s.stage_layers,
+           "sequence_parallel": s.sequence_parallel, "tp_mode": s.tp_mode, "cp_mode": s.cp_mode}
+    if s.mesh.ep > 1:  # how the experts' all-to-alls run, as priced
+        full = s.default.recompute == "full" or any(x.recompute == "full" for x in s.layers)
+        hidden = w.moe_overlap == "1f1b" and bool(overlap_runs(s.mesh.pp, s.vpp, full))
+        out["moe"] = {"dispatch": w.moe_dispatch, "overlap": "1f1b" if hidden else "none"}
+    return out
 
 
 def stage_info(plan: Plan) -> list[dict[str, Any]]:
@@ -236,7 +242,9 @@ def render_explain(d: dict[str, Any], console: Console) -> None:
     console.print(f"[bold]schedule[/] {sc['schedule']}, pp={sc['pp']}, vpp={sc['vpp']}: {sc['num_microbatches']} "
                   f"micro-batches of {sc['micro_batch']} sample(s) ({sc['tokens_per_microbatch']:,} tokens) per "
                   f"data-parallel rank (dp={sc['dp']}); tp_mode {sc['tp_mode']}"
-                  f"{', sequence parallel' if sc['sequence_parallel'] else ''}, cp_mode {sc['cp_mode']}",
+                  f"{', sequence parallel' if sc['sequence_parallel'] else ''}, cp_mode {sc['cp_mode']}"
+                  + (f"; MoE dispatch {sc['moe']['dispatch']}, all-to-all overlap {sc['moe']['overlap']}"
+                     if "moe" in sc else ""),
                   highlight=False)
     st = Table(title="per pipeline stage: memory per GPU (GiB)")
     for col in ("stage", "layers", "strategies", "params", "grads", "optim", "acts", "buffers", "overhead",

@@ -209,3 +209,14 @@ def test_explain_flags_context_parallelism_below_the_validated_length(tmp_path: 
     assert r.exit_code == 0 and "caveat context parallelism at 1,024 tokens per rank" in r.output
     long = {"mesh": {"cp": 2, "dp_shard": 8}, "default": {"sharding": "zero3"}}
     assert explain_data(make_plan(long, seq_len=8192, global_batch=8))["caveats"] == []
+
+
+@pytest.mark.parametrize("mesh,overlap", [({"dp_shard": 16, "ep": 8}, "1f1b"), ({"pp": 2, "dp_shard": 8, "ep": 8}, "none")])
+def test_explain_says_how_the_experts_all_to_alls_run(mesh: dict[str, int], overlap: str) -> None:
+    """With expert parallelism, explain names the dispatch and whether the all-to-alls hide under
+    the paired micro-batch's compute, as priced (not with a pipeline of one virtual stage per rank)."""
+    s = {"mesh": mesh, "micro_batch": 1, "default": {"sharding": "zero1"}}
+    p = make_plan(s, cluster="16xh100", seq_len=2048, global_batch=32, model="mixtral-8x7b", moe_overlap="1f1b",
+                  moe_dispatch="dedup")
+    assert explain_data(p)["schedule"]["moe"] == {"dispatch": "dedup", "overlap": overlap}
+    assert "moe" not in explain_data(make_plan({"mesh": {"dp_shard": 16}}))["schedule"]
