@@ -178,3 +178,17 @@ def test_import_cli_writes_a_plan_that_explains(tmp_path: Path, capsys: pytest.C
     back = load_plan(out)
     assert close(p, back) and json.loads(out.read_text())["inputs"]["target"]["name"] == "torchtitan"
     assert main(["explain", str(out)]) == 0
+
+
+@pytest.mark.parametrize("dispatch", ["alltoall", "dedup"])
+def test_torchtitan_expert_parallel_backend_round_trips(dispatch: str, tmp_path: Path) -> None:
+    """torchtitan's expert_parallel_comm_backend carries the dispatch: deepep is the de-duplicated
+    one; the plan comes back with it and its step time."""
+    from tests.test_explain import make_plan
+    from vocab.plan import TargetRef
+
+    p = make_plan({"mesh": {"dp_shard": 16, "ep": 8}, "default": {"sharding": "zero3"}}, model="mixtral-8x7b",
+                  target=TargetRef(name="torchtitan", version="0.2.2"), zero3_master="parameter",
+                  moe_dispatch=dispatch)
+    back = round_trip(p, "torchtitan", tmp_path)
+    assert back.inputs.workload.moe_dispatch == dispatch and close(p, back)

@@ -202,3 +202,31 @@ def test_fp32_and_flat_data_parallelism(tmp_path: Path) -> None:
     hsdp = export(made("gpt2", {"mesh": {"dp_replicate": 2, "dp_shard": 8}}), "megatron")
     assert not hsdp.exact and any("dp_replicate" in x.lacks or "HSDP" in x.lacks or "replica" in x.lacks
                                   for x in hsdp.losses)
+
+
+@pytest.mark.parametrize(("drop", "add", "expect"), [
+    (("--overlap-moe-expert-parallel-comm",), (), ("alltoall", "none")),
+    (("--moe-token-dispatcher-type",), ("--moe-token-dispatcher-type flex",), ("dedup", "1f1b")),
+    (("--moe-token-dispatcher-type",), (), "the allgather token dispatcher is not priced"),
+    (("--moe-token-dispatcher-type",), ("--moe-token-dispatcher-type flex", "--moe-flex-dispatcher-backend hybridep"),
+     "the flex token dispatcher with hybridep is not priced"),
+])
+def test_the_moe_dispatcher_and_overlap_are_read(drop: tuple[str, ...], add: tuple[str, ...], expect: Any,
+                                                 tmp_path: Path) -> None:
+    """With expert parallelism the file's dispatcher and overlap flag set how the plan is priced: no
+    overlap flag, no overlap (Megatron's default); flex is DeepEP's de-duplicated dispatch; the
+    default allgather dispatcher, and flex without DeepEP, are refused by name."""
+    p = made("mixtral-8x7b", {"mesh": {"dp_shard": 16, "ep": 8}, "default": Z})
+    p = p.model_copy(update={"inputs": p.inputs.model_copy(update={"workload": p.inputs.workload.model_copy(
+        update={"moe_overlap": "1f1b"})})})
+    text = export(p, "megatron").text
+    assert "\n--overlap-moe-expert-parallel-comm\n" in text and "\n--moe-token-dispatcher-type alltoall\n" in text
+    lines = [x for x in text.splitlines() if not x.startswith(drop)]
+    path = tmp_path / "moe.args"
+    path.write_text("\n".join([*lines, *add]) + "\n")
+    if isinstance(expect, str):
+        with pytest.raises(ConfigError, match=expect):
+            import_plan(path)
+        return
+    w = import_plan(path).inputs.workload
+    assert (w.moe_dispatch, w.moe_overlap) == expect

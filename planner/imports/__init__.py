@@ -25,7 +25,7 @@ from vocab.errors import ShardplanError, UnknownNameError
 from vocab.io import read_text, validate_document
 from vocab.plan import Plan, TargetRef
 from vocab.strategy import RECOMPUTES, Strategy, Workload, even_split
-from vocab.targets import Target, by_exporter
+from vocab.targets import WORKLOAD_BEHAVIOUR, Target, by_exporter
 
 #: the importers, by the exporter (and target) they read
 IMPORTERS = ("torchtitan", "megatron", "deepspeed", "nanotron", "python")
@@ -183,8 +183,9 @@ def import_plan(path: str | Path, trainer: str | None = None, model: str | None 
     if gb % (strategy.mesh.dp * strategy.micro_batch):
         raise ConfigError(f"{origin}: global batch {gb} is not a multiple of micro-batch {strategy.micro_batch} x "
                           f"{strategy.mesh.dp} data-parallel ranks")
+    said = {f: found[f] for f in WORKLOAD_BEHAVIOUR if f in found}  # what the file says; else how the target runs
     w = _validated(Workload, {"seq_len": seq, "global_batch": gb, "precision": found.get("precision", "bf16"),
-                              **t.behaviour.workload()}, origin)
+                              **t.behaviour.workload(**said)}, origin)
     plan = price(graph, cl, strategy, w, limit, model=model)
     return plan.model_copy(update={"inputs": plan.inputs.model_copy(
         update={"target": TargetRef(name=t.name, version=t.version or None)})})

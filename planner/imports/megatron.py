@@ -12,7 +12,9 @@ else 1F1B, with ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipel
 other stages share the rest evenly). ZeRO-1 with ``--use-distributed-optimizer``, DDP otherwise;
 ``--optimizer-cpu-offload`` (fraction 1.0) offloads the optimizer. Blocks only recompute:
 ``--recompute-granularity selective`` (all), ``full`` with ``--recompute-method uniform`` (all) or
-``block`` with ``--recompute-num-layers k`` (the first k of every virtual stage). ``--num-layers`` must
+``block`` with ``--recompute-num-layers k`` (the first k of every virtual stage). With expert
+parallelism, ``--moe-token-dispatcher-type`` alltoall or flex (DeepEP: ``moe_dispatch`` dedup; the
+default allgather is refused) and ``--overlap-moe-expert-parallel-comm``. ``--num-layers`` must
 be the model's block count; other shape and overlap flags are accepted and not read.
 """
 
@@ -110,7 +112,22 @@ def workload(doc: Doc, origin: str) -> dict[str, Any]:
         raise ConfigError(f"{origin}: {_key('fp8')} {fp8!r} is not one of {', '.join(FP8_FORMATS)}")
     half = _on(doc, "bf16", origin) or FP16 in doc  # fp16 is priced as bf16: two bytes a value
     out["precision"] = "fp8" if fp8 is not None else "bf16" if half else "fp32"
-    return out
+    return out | _moe(doc, origin)
+
+
+def _moe(doc: Doc, origin: str) -> dict[str, str]:
+    """How expert parallelism runs: the token dispatcher (Megatron's default, ``allgather``, is not
+    priced) and the 1F1B all-to-all overlap, on only where the flag is."""
+    if (_int(doc, "ep", origin, 1) or 1) == 1:
+        return {}
+    dispatcher = _str(doc, "moe_dispatcher", origin) or "allgather"
+    backend = _str(doc, "moe_flex_backend", origin) or "deepep"
+    if dispatcher not in ("alltoall", "flex") or (dispatcher == "flex" and backend != "deepep"):
+        raise ConfigError(f"{origin}: the {dispatcher} token dispatcher"
+                          f"{' with ' + backend if dispatcher == 'flex' else ''} is not priced by shardplan: "
+                          f"give {_key('moe_dispatcher')} alltoall, or flex with DeepEP")
+    return {"moe_dispatch": "dedup" if dispatcher == "flex" else "alltoall",
+            "moe_overlap": "1f1b" if _on(doc, "moe_overlap", origin) else "none"}
 
 
 #: model-shape flags and the model config key each must equal (when both are there)

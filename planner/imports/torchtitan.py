@@ -9,6 +9,8 @@ rank, two for multi-stage schedules). FSDP shards over ``dp_shard × cp`` whenev
 is on with TP; context parallelism is ring attention. ``[activation_checkpoint]`` covers the
 transformer blocks: ``full``, ``selective`` with ``selective_ac_option = "op"``, or full on every N-th
 block a pipeline rank builds (``"N"``). ``training.enable_cpu_offload`` offloads parameters.
+``expert_parallel_comm_backend`` ``deepep`` is the de-duplicated MoE dispatch (``standard``: an
+all-to-all).
 """
 
 from __future__ import annotations
@@ -59,6 +61,10 @@ def workload(doc: dict[str, Any], origin: str) -> dict[str, Any]:
     out["precision"] = PRECISIONS[precision]
     if TORCHTITAN_FLOAT8 in _get(doc, "model", "converters", []):
         out["precision"] = "fp8"
+    backend = _get(doc, "parallelism", "ep_backend", "standard")
+    if backend not in ("standard", "deepep"):
+        raise ConfigError(f"{origin}: parallelism.{K['ep_backend']} {backend!r} is not standard or deepep")
+    out["moe_dispatch"] = "dedup" if backend == "deepep" else "alltoall"
     return out
 
 
