@@ -75,11 +75,14 @@ def tokens_per_sample(n: LayerNode) -> float:
     return n.fwd_flops / (2.0 * k * mats * h * f)
 
 
-def load_imbalance(dev: DeviceModel, ep: Any) -> Any:
+def load_imbalance(dev: DeviceModel, ep: Any, capacity: float | None = None) -> Any:
     """The slowest expert rank's routed copies over the mean (per configuration where ``ep`` is an
     array): ``moe_imbalance`` across ``ep > 1`` ranks, 1 on one rank (all experts local). The
-    experts' GEMMs and the dispatch and combine all-to-alls both wait on that rank."""
-    return np.where(np.asarray(ep) > 1, dev.c.moe_imbalance, 1.0)
+    experts' GEMMs and the dispatch and combine all-to-alls both wait on that rank. A capacity
+    factor caps every expert's tokens at that multiple of its mean (the rest dropped before the
+    dispatch, GShard's capacity; Megatron's ``moe_expert_capacity_factor``), so at most it."""
+    load = np.where(np.asarray(ep) > 1, dev.c.moe_imbalance, 1.0)
+    return load if capacity is None else np.minimum(load, capacity)
 
 
 def permute_bytes(n: LayerNode, tokens: float, kernels: str) -> tuple[float, float]:
@@ -103,14 +106,15 @@ def grouped_gemm_time(dev: DeviceModel, rows: float, groups: float, cols: float,
 
 
 def expert_times(n: LayerNode, dev: DeviceModel, tokens: float, ep: float, tdiv: float, gemm_precision: str,
-                 fp8_casts: bool, kernels: str) -> tuple[float, float]:
+                 fp8_casts: bool, kernels: str, capacity: float | None = None) -> tuple[float, float]:
     """(forward, backward) seconds of the routed experts of one MoE layer on the slowest rank, for
     ``tokens`` tokens through the layer on it (all of the micro-batch's under TP, which splits
     every expert's FFN width ``tdiv`` ways): the grouped GEMMs of its ``E/ep`` experts (the input
-    projection(s), then the output one), their fp8 casts where ``fp8_casts``, and the permutations."""
+    projection(s), then the output one), their fp8 casts where ``fp8_casts``, and the permutations;
+    ``capacity``: the workload's capacity factor (:func:`load_imbalance`)."""
     h, f, e, k, mats = moe_dims(n)
     local = max(1.0, e / ep)
-    rows = tokens * k * float(load_imbalance(dev, ep)) / local  # per local expert, on the slowest rank
+    rows = tokens * k * float(load_imbalance(dev, ep, capacity)) / local  # per local expert, on the slowest rank
     fwd = bwd = 0.0
     for cols, depth in (((mats - 1) * f / tdiv, h), (h, f / tdiv)):
         fwd += grouped_gemm_time(dev, rows, local, cols, depth, gemm_precision)

@@ -136,7 +136,8 @@ def _one_shape(n: LayerNode, dev: DeviceModel, sc: float, cl: float, td: float, 
         fp8 = fp8_runs(n, prec) and dev.fp8_gemms(prec)
         gprec = "bf16" if prec == "fp8" and not fp8 else prec
         if n.kind == "experts":
-            return expert_times(n, dev, tokens_per_sample(n) * sc * td, ep, td, gprec, fp8, w.kernels)
+            return expert_times(n, dev, tokens_per_sample(n) * sc * td, ep, td, gprec, fp8, w.kernels,
+                                w.moe_capacity_factor)
         shape = gemm_shape(n, sc * td, td, cl)
         fwd = dev.gemm_time(flops / cl, gprec, cl, shape=shape)
         bwd = dev.gemm_time(flops / cl, gprec, cl, backward=True, shape=shape)

@@ -360,8 +360,8 @@ class _Traffic:
             comm_cp = np.where(context & cfg.ulysses, uly, comm_cp)
         experts = (self.ep_bytes > 0) & (ep > 1)
         if experts.any():  # EP: dispatch and combine, per pass; hidden under the paired micro-batch's compute
-            one = dispatch_time(dev, self.ep_bytes * load_imbalance(dev, ep), cfg.ep_group, self.routing,
-                                self.w.moe_dispatch == "dedup")
+            load = load_imbalance(dev, ep, self.w.moe_capacity_factor)
+            one = dispatch_time(dev, self.ep_bytes * load, cfg.ep_group, self.routing, self.w.moe_dispatch == "dedup")
             a2a = 2 * one * passes
             paired = (self.w.moe_overlap == "1f1b") & overlap_runs(cfg.pp, cfg.vpp, passes == 3)
             comm_ep = np.where(experts, c.exposed(a2a, np.where(paired, compute, a2a * c.ep_overlap)), comm_ep)

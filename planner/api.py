@@ -15,6 +15,7 @@ best plan found so far comes back with status ``time_limit`` and its proven gap.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -70,13 +71,15 @@ def search_plan(
     reserve: float | None = None,
     moe_dispatch: str | None = None,
     tie_break: bool = True,
+    moe_capacity_factor: float | None = None,
 ) -> Planned:
     """Search and build the plan document; with several global batches the one with the most
     samples per second wins (throughput, not time per step, is compared). ``model`` is a preset
     name, a config path or dict, or a ``package.module:factory`` (imported and run: your call); the
     plan records the layer graph of a model that is not a preset or config file. ``target`` bounds
     the search; ``cross_entropy``, ``grad_dtype`` and ``moe_dispatch`` default to how the target
-    runs (and must be values it runs). Without ``memory_limit_gib`` a plan may use the GPU's memory less ``reserve``
+    runs (and must be values it runs); ``moe_capacity_factor`` (dropless without) needs a target that
+    drops tokens. Without ``memory_limit_gib`` a plan may use the GPU's memory less ``reserve``
     (a fraction; :data:`profiler.hardware.DEFAULT_RESERVE` by default), and records that limit.
     With ``tie_break`` (and a published-sweeps band for the accelerator), a runner-up within that
     band of the fastest plan and with fewer parallel axes is the plan (:func:`solvers.result.break_tie`;
@@ -89,6 +92,7 @@ def search_plan(
     check_workload_choices(attention_kernel=attention_kernel, **{k: v for k, v in asked.items() if v is not None})
     t = load_target(target)
     behaved = target_behaviour(t, precision, **asked)
+    check_capacity(t, moe_capacity_factor)
     opts = restrict(SPACES[space], t)
     if seq_len <= 0:
         raise ShardplanError(f"seq_len must be positive, got {seq_len}")
@@ -121,7 +125,7 @@ def search_plan(
     for b in sorted({int(x) for x in batches}):
         w = Workload(seq_len=seq_len, global_batch=b, precision=precision,  # type: ignore[arg-type]
                      attention_kernel=attention_kernel,  # type: ignore[arg-type]
-                     **behaved)
+                     moe_capacity_factor=moe_capacity_factor, **behaved)
         try:
             res = search(graph, cl, w, opts, memory_limit_gib, dev, time_limit, top_k, progress)
         except ShardplanError as e:
@@ -229,6 +233,16 @@ def target_behaviour(t: Target, precision: str, **asked: str | None) -> dict[str
             what = WORKLOAD_CHOICES[field][0]
             raise ShardplanError(f"the {t.name} target ({t.label}) runs {what} {' or '.join(allowed)}, not '{value}'")
     return t.behaviour.workload(**asked)
+
+
+def check_capacity(t: Target, capacity: float | None) -> None:
+    """A capacity factor needs a target that drops tokens, and a positive finite value."""
+    if capacity is None:
+        return
+    if not math.isfinite(capacity) or capacity <= 0:
+        raise ShardplanError(f"the MoE capacity factor must be a positive number, got {capacity}")
+    if not t.moe_capacity:
+        raise ShardplanError(f"the {t.name} target ({t.label}) runs dropless MoE only: it takes no capacity factor")
 
 
 def _dp_check(

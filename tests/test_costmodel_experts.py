@@ -23,6 +23,7 @@ from costmodel.experts import (
     dispatch_time,
     expert_times,
     grouped_gemm_time,
+    load_imbalance,
     permute_bytes,
     remote_copies,
     remote_domains,
@@ -221,3 +222,22 @@ def test_the_kernel_benchmark_dry_runs_its_moe_and_rows_sections(tmp_path: Path)
     again = subprocess.run([sys.executable, str(script), "--summarize", str(out)], capture_output=True, text=True,
                            timeout=300)
     assert again.returncode == 0 and "rows per expert" in again.stdout and "| GEMM (n x k) |" in again.stdout
+
+
+def test_a_capacity_factor_caps_the_slowest_expert_rank() -> None:
+    """Tokens beyond capacity are dropped before the dispatch: the slowest rank holds at most the
+    capacity factor times the mean, in its GEMMs and its all-to-alls; on one rank a factor below 1
+    drops part of every expert's tokens."""
+    dev, n = _dev(), _experts()
+    assert float(load_imbalance(dev, 8, 1.0)) == 1.0 and float(load_imbalance(dev, 8, 2.0)) == dev.c.moe_imbalance
+    assert float(load_imbalance(dev, 1, 0.5)) == 0.5 and float(load_imbalance(dev, 1)) == 1.0
+    capped = expert_times(n, dev, 4096, 8, 1, "bf16", False, "fused", capacity=1.0)
+    flat = DeviceModel(parse_cluster("64xh100"), constants=dev.c.with_overrides({"moe_imbalance": 1.0}))
+    assert capped == expert_times(n, flat, 4096, 8, 1, "bf16", False, "fused")
+    graph = load_model("mixtral-8x7b", 2048)
+    s = Strategy(mesh=Mesh(dp_shard=16, ep=8), default=LayerStrategy(sharding="zero1"))
+    w = Workload(seq_len=2048, global_batch=32, kernels="fused")
+    free = estimate(graph, parse_cluster("16xh100"), s, w)
+    cut = estimate(graph, parse_cluster("16xh100"), s, w.model_copy(update={"moe_capacity_factor": 1.0}))
+    assert cut.time.comm["ep"] == pytest.approx(free.time.comm["ep"] / dev.c.moe_imbalance, rel=0.02)
+    assert cut.step_time_s < free.step_time_s

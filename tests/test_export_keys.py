@@ -172,3 +172,26 @@ def test_megatron_drops_the_overlap_a_full_recompute_forbids_and_prices_it() -> 
     assert "--overlap-moe-expert-parallel-comm" not in megatron_flags(e.text)
     assert any(x.what == "MoE all-to-all overlap" and x.behaviour for x in e.losses)
     assert e.repriced is not None and e.repriced.variant["step_time_s"] > e.repriced.original["step_time_s"]
+
+
+def test_a_capacity_factor_goes_to_megatron_and_comes_back_and_is_lost_elsewhere(tmp_path: Path) -> None:
+    """Megatron-LM writes --moe-expert-capacity-factor and reads it back; torchtitan runs dropless
+    only, so its export loses the factor and is priced without it; a search for it refuses one."""
+    from planner.api import search_plan
+    from planner.imports import import_plan
+    from vocab.errors import ShardplanError
+
+    s = {"mesh": {"dp_shard": 16, "ep": 8}, "micro_batch": 1, "default": {"sharding": "zero1"}}
+    p = make_plan(s, cluster="16xh100", seq_len=2048, global_batch=32, model="mixtral-8x7b",
+                  target=TargetRef(name="megatron", version="0.16.1"), cross_entropy="fused", recv_buffers="none",
+                  kernels="fused", moe_capacity_factor=1.25)
+    e = export(p, "megatron")
+    assert megatron_flags(e.text)["--moe-expert-capacity-factor"] == "1.25"
+    path = tmp_path / "cf.args"
+    path.write_text(e.text)
+    assert import_plan(path).inputs.workload.moe_capacity_factor == 1.25
+    t = export(p, "torchtitan")
+    assert any(x.what == "capacity factor" for x in t.losses)
+    assert not [k for sec in tomllib.loads(t.text).values() for k in sec if "capacity" in k]
+    with pytest.raises(ShardplanError, match="runs dropless MoE only"):
+        search_plan("mixtral-8x7b", "16xh100", 2048, 32, target="torchtitan", moe_capacity_factor=1.25)

@@ -279,6 +279,8 @@ class Plan(_Doc):
             raise _rule(f"workload.zero3_master '{inp.workload.zero3_master}' needs schema_version 1.4 (older "
                         "plans kept the master weights in the optimizer)")
         older = ("1.0", "1.1", "1.2", "1.3", "1.4")
+        if version in older and inp.workload.moe_capacity_factor is not None:
+            raise _rule("workload.moe_capacity_factor needs schema_version 1.5 (older plans were priced dropless)")
         if version in older and (inp.workload.moe_dispatch, inp.workload.moe_overlap) != ("alltoall", "none"):
             raise _rule(f"workload.moe_dispatch '{inp.workload.moe_dispatch}' and moe_overlap "
                         f"'{inp.workload.moe_overlap}' need schema_version 1.5 (older plans were priced with an "

@@ -211,6 +211,11 @@ class Workload(_Strict):
         "dedup (one copy per scale-up domain, forwarded inside it: DeepEP, Megatron's flex dispatcher, "
         "torchtitan's deepep backend)"
     )
+    moe_capacity_factor: float | None = Field(
+        None, gt=0.0, le=64.0, allow_inf_nan=False,
+        description="tokens an expert takes per step, as a multiple of its mean load: the rest are dropped "
+        "(Megatron's moe_expert_capacity_factor); none: dropless (every target's default)"
+    )
     moe_overlap: Literal["none", "1f1b"] = Field(
         "none", description="whether the expert-parallel all-to-alls hide under compute: none, or 1f1b (each "
         "micro-batch's all-to-alls under the compute of the micro-batch paired with it in 1F1B: Megatron's "

@@ -173,6 +173,8 @@ class Target(_Strict):
     offload: OffloadCaps
     osdp_split: bool = False
     fp8: bool = False
+    moe_capacity: bool = Field(False, description="it can cap the tokens each expert takes (a capacity factor, "
+                               "dropping the rest); false: dropless MoE only")
     behaviour: Behaviour
     notes: list[str] = Field(default_factory=list)
 
@@ -238,7 +240,7 @@ def _any() -> Target:
         recompute=RecomputeCaps(modes=list(RECOMPUTES), scope="units", per_layer="any"),  # type: ignore[arg-type]
         offload=OffloadCaps(modes=list(OFFLOADS), needs={"params": ["zero3", "zero3_keep"]},  # type: ignore[arg-type]
                             per_layer=True),
-        osdp_split=True, fp8=True,
+        osdp_split=True, fp8=True, moe_capacity=True,
         behaviour=Behaviour(cross_entropy=list(CROSS_ENTROPY_CHOICES),  # type: ignore[arg-type]
                             grad_dtype=list(GRAD_DTYPE_CHOICES),  # type: ignore[arg-type]
                             recv_buffers=list(RECV_BUFFER_CHOICES),  # type: ignore[arg-type]

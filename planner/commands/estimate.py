@@ -59,6 +59,7 @@ KEYS = (
     "grad_dtype",
     "moe_dispatch",
     "moe_overlap",
+    "moe_capacity_factor",
     "sequence_parallel",
     "profile",
     "memory_limit",
@@ -72,6 +73,7 @@ COUNTS = ("seq_len", "global_batch", "micro_batch", "tp", "pp", "cp", "ep", "dp"
 NAMES = ("recompute", "schedule", "precision", "attention_kernel", "cross_entropy", "grad_dtype", "moe_dispatch",
          "moe_overlap", "profile", "plan", "tp_mode", "cp_mode", "target")
 LIMITS = ("memory_limit", "memory_limit_gib")
+POSITIVE = ("moe_capacity_factor",)
 #: the workload options a user may set; the others of WORKLOAD_BEHAVIOUR follow the target
 ASKED = ("cross_entropy", "grad_dtype", "moe_dispatch", "moe_overlap")
 CLUSTER_COUNTS = ("nodes", "gpus", "gpus_per_node")
@@ -107,8 +109,10 @@ def check_values(a: dict[str, Any]) -> None:
             raise ShardplanError(f"{k} must be a string, got {_show(v)}")
         if k == "sequence_parallel" and not isinstance(v, bool):
             raise ShardplanError(f"sequence_parallel must be true or false, got {_show(v)}")
-        if k in LIMITS and not (isinstance(v, int | float) and not isinstance(v, bool) and _finite(v) and v > 0):
-            raise ShardplanError(f"{k} must be a finite positive number of GiB, got {_show(v)}")
+        if k in LIMITS + POSITIVE and not (isinstance(v, int | float) and not isinstance(v, bool) and _finite(v)
+                                           and v > 0):
+            raise ShardplanError(f"{k} must be a finite positive number{' of GiB' if k in LIMITS else ''}, "
+                                 f"got {_show(v)}")
         if k in ("model", "cluster") and not isinstance(v, str | dict):
             raise ShardplanError(f"{k} must be a name or an object, got {_show(v)}")
     cluster = a.get("cluster")
@@ -236,8 +240,14 @@ def price_args(a: dict[str, Any], *, model_from_cli: bool = False) -> dict[str, 
     # what is asked; else how the target runs it; else the plan's workload; else the default
     behaved = target[1] if target else {
         f: asked.get(f) or (getattr(wl, f) if wl else Workload.model_fields[f].default) for f in WORKLOAD_BEHAVIOUR}
+    capacity = a.get("moe_capacity_factor") or (wl.moe_capacity_factor if wl else None)
+    if target:
+        from planner.api import check_capacity
+
+        check_capacity(target[0], capacity)
     try:
-        w = Workload(seq_len=seq, global_batch=gb, precision=precision, attention_kernel=kernel, **behaved)
+        w = Workload(seq_len=seq, global_batch=gb, precision=precision, attention_kernel=kernel,
+                     moe_capacity_factor=capacity, **behaved)
     except ValidationError as e:
         raise ShardplanError(f"invalid workload: {_pydantic_message(e)}") from None
     if model is None:
@@ -441,6 +451,10 @@ def estimate_cmd(
     moe_overlap: str = typer.Option(
         None, "--moe-overlap", help="none | 1f1b (EP all-to-alls under the paired micro-batch's compute: Megatron)"
     ),
+    moe_capacity_factor: float = positive_option(
+        None, "--moe-capacity-factor", help="tokens each expert takes, as a multiple of its mean (the rest "
+        "dropped); default: dropless"
+    ),
     target: str = typer.Option(None, "--target", help="price as this trainer runs it (its cross-entropy and "
                                "gradient dtype), and refuse what it cannot express"),
     sequence_parallel: bool = typer.Option(
@@ -468,6 +482,7 @@ def estimate_cmd(
         "grad_dtype": grad_dtype,
         "moe_dispatch": moe_dispatch,
         "moe_overlap": moe_overlap,
+        "moe_capacity_factor": moe_capacity_factor,
         "target": target,
         "profile": str(profile) if profile else None,
         "memory_limit": memory_limit,

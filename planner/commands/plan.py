@@ -161,6 +161,10 @@ def plan_cmd(
         None, "--moe-dispatch", help="alltoall (NCCL all-to-all) | dedup (DeepEP: one copy per node; the target "
         "must offer it); default: the target's"
     ),
+    moe_capacity_factor: float = positive_option(
+        None, "--moe-capacity-factor", help="tokens each expert takes, as a multiple of its mean (the rest "
+        "dropped; Megatron-LM); default: dropless"
+    ),
     profile: Path = typer.Option(
         None, "--profile", help="measured profile (shardplan profile) to price with"
     ),
@@ -218,6 +222,7 @@ def plan_cmd(
             reserve=reserve / 100 if reserve is not None else None,
             moe_dispatch=moe_dispatch,
             tie_break=tie_break,
+            moe_capacity_factor=moe_capacity_factor,
         )
     wall = time.perf_counter() - t0
     if output is not None:

@@ -330,6 +330,9 @@ def _precision(n: Nearest, t: Target) -> None:
         w["recv_buffers"] = t.behaviour.recv_buffers[0]
     if w["precision"] == "fp32" or not any(str(v).startswith("zero3") for v in n.values("sharding")):
         w["zero3_master"] = t.behaviour.zero3_master[0]  # no 16-bit ZeRO-3 shard: where the master lives changes nothing
+    if w.get("moe_capacity_factor") is not None and not t.moe_capacity:
+        n.lose("capacity factor", f"{w['moe_capacity_factor']:g} → dropless ({t.name} drops no tokens)")
+        w["moe_capacity_factor"] = None
     rotate = t.behaviour.cp_rotate
     if n.mesh["cp"] > 1 and n.fields["cp_mode"] == "ring" and n.fields["cp_rotate"] not in rotate:
         n.behave("ring rotation", f"{n.fields['cp_rotate']} → {rotate[0]} (how {t.name} moves K/V round its ring)")

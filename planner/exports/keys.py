@@ -105,6 +105,7 @@ MEGATRON: Final[dict[str, str | None]] = {
     "moe_grouped_gemm": "--moe-grouped-gemm",
     "moe_permute_fusion": "--moe-permute-fusion",
     "moe_overlap": "--overlap-moe-expert-parallel-comm",
+    "moe_capacity": "--moe-expert-capacity-factor",
     "mla": "--multi-latent-attention",
     "q_lora_rank": "--q-lora-rank",
     "kv_lora_rank": "--kv-lora-rank",

@@ -203,6 +203,7 @@ def render(n: Nearest, s: Strategy, cost: str) -> str:
     flags += [(K["ep"], m.ep), (K["sp"], True if s.sequence_parallel else None)]
     if m.ep > 1:
         flags += _dispatch(w, m.pp, s.vpp, n.values("recompute", n.blocks))
+    flags.append((K["moe_capacity"], w.moe_capacity_factor))
     shard = n.values("sharding")[0] if n.units else s.default.sharding
     if shard == "zero1":
         flags += [(K["dist_opt"], True), (K["overlap_grad"], True), (K["overlap_param"], True)]

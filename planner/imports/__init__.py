@@ -185,6 +185,7 @@ def import_plan(path: str | Path, trainer: str | None = None, model: str | None 
                           f"{strategy.mesh.dp} data-parallel ranks")
     said = {f: found[f] for f in WORKLOAD_BEHAVIOUR if f in found}  # what the file says; else how the target runs
     w = _validated(Workload, {"seq_len": seq, "global_batch": gb, "precision": found.get("precision", "bf16"),
+                              "moe_capacity_factor": found.get("moe_capacity_factor"),
                               **t.behaviour.workload(**said)}, origin)
     plan = price(graph, cl, strategy, w, limit, model=model)
     return plan.model_copy(update={"inputs": plan.inputs.model_copy(

@@ -14,7 +14,7 @@ other stages share the rest evenly). ZeRO-1 with ``--use-distributed-optimizer``
 ``--recompute-granularity selective`` (all), ``full`` with ``--recompute-method uniform`` (all) or
 ``block`` with ``--recompute-num-layers k`` (the first k of every virtual stage). With expert
 parallelism, ``--moe-token-dispatcher-type`` alltoall or flex (DeepEP: ``moe_dispatch`` dedup; the
-default allgather is refused) and ``--overlap-moe-expert-parallel-comm``. ``--num-layers`` must
+default allgather is refused) and ``--overlap-moe-expert-parallel-comm``; ``--moe-expert-capacity-factor``. ``--num-layers`` must
 be the model's block count; other shape and overlap flags are accepted and not read.
 """
 
@@ -112,6 +112,12 @@ def workload(doc: Doc, origin: str) -> dict[str, Any]:
         raise ConfigError(f"{origin}: {_key('fp8')} {fp8!r} is not one of {', '.join(FP8_FORMATS)}")
     half = _on(doc, "bf16", origin) or FP16 in doc  # fp16 is priced as bf16: two bytes a value
     out["precision"] = "fp8" if fp8 is not None else "bf16" if half else "fp32"
+    capacity = _str(doc, "moe_capacity", origin)
+    if capacity is not None:
+        try:
+            out["moe_capacity_factor"] = float(capacity)
+        except ValueError:
+            raise ConfigError(f"{origin}: {_key('moe_capacity')} must be a number, got {capacity!r}") from None
     return out | _moe(doc, origin)
 
 
