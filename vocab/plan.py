@@ -38,8 +38,8 @@ SCHEMA_VERSION = "1.5"
 #: it); 1.2 added ``inputs.target`` (a 1.0 or 1.1 document is one searched for the target ``any``); 1.3
 #: added ``workload.recv_buffers`` (older documents keep torch's per-micro-batch buffers); 1.4 added
 #: ``workload.kernels`` and ``workload.zero3_master`` (older documents were priced with eager kernels
-#: and the master weights in the optimizer); 1.5 added ``workload.moe_dispatch`` and ``workload.moe_overlap``
-#: (older documents were priced with an all-to-all, not overlapped)
+#: and the master weights in the optimizer); 1.5 added ``workload.moe_dispatch``, ``workload.moe_overlap`` and
+#: ``workload.moe_capacity_factor`` (older documents were priced with an all-to-all, not overlapped, dropless)
 READABLE_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4", "1.5")
 #: the target a document records when it names none: the whole plan vocabulary (``vocab.targets``)
 ANY_TARGET = "any"
