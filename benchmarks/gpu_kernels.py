@@ -356,9 +356,8 @@ def moe_section(dev: torch.device, model: DeviceModel, small: bool) -> None:
             g = torch.randn_like(permute_unpermute())
             tf = timed(permute_unpermute, dev)
             tfb = timed(lambda g=g, x=x, p=probs, fn=permute_unpermute: torch.autograd.grad(fn(), (x, p), g), dev)
-            node = type("N", (), {"dims": {"in": h, "out": 1, "top_k": k}})()
-            bf, bb = permute_bytes(node, n_tok, "eager")
-            pf, pb = permute_times(node, model, n_tok, "eager")
+            bf, bb = permute_bytes(h, k, n_tok, "eager")
+            pf, pb = permute_times(model, h, k, n_tok, "eager")
             row("moe permute fwd", f"{label} k{k} {n_tok} tokens", tf, pf, bf, "TB/s (counted)")
             row("moe permute bwd", f"{label} k{k} {n_tok} tokens", max(tfb - tf, 1e-9), pb, bb, "TB/s (counted)")
             del x, g
@@ -385,8 +384,7 @@ def _permute_model(r: dict, model: DeviceModel | None) -> float:
     tokens = int(words[-2])
     hidden = next(int(w[1:]) for w in words if w[0] == "h" and w[1:].isdigit())
     k = next(int(w[1:]) for w in words if w[0] == "k" and w[1:].isdigit())
-    node = type("ExpertsNode", (), {"dims": {"in": hidden, "out": 1, "top_k": k}})()
-    fwd, bwd = permute_times(node, model, tokens, "eager")
+    fwd, bwd = permute_times(model, hidden, k, tokens, "eager")
     return fwd if r["section"].endswith("fwd") else bwd
 
 

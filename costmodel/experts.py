@@ -85,12 +85,11 @@ def load_imbalance(dev: DeviceModel, ep: Any, capacity: float | None = None) -> 
     return load if capacity is None else np.minimum(load, capacity)
 
 
-def permute_bytes(n: LayerNode, tokens: float, kernels: str) -> tuple[float, float]:
+def permute_bytes(hidden: float, top_k: float, tokens: float, kernels: str) -> tuple[float, float]:
     """(forward, backward) bytes of the token permutations of one MoE layer over ``tokens`` tokens
-    (:data:`PERMUTE_ELEMENTS`, 16-bit hidden states)."""
-    h, _, _, k, _ = moe_dims(n)
+    of ``hidden`` 16-bit elements, each routed to ``top_k`` experts (:data:`PERMUTE_ELEMENTS`)."""
     (a, b), (c, d) = PERMUTE_ELEMENTS["fused" if kernels == "fused" else "eager"]
-    return 2.0 * h * tokens * (a * k + b), 2.0 * h * tokens * (c * k + d)
+    return 2.0 * hidden * tokens * (a * top_k + b), 2.0 * hidden * tokens * (c * top_k + d)
 
 
 def grouped_gemm_time(dev: DeviceModel, rows: float, groups: float, cols: float, depth: float, precision: str,
@@ -124,14 +123,14 @@ def expert_times(n: LayerNode, dev: DeviceModel, tokens: float, ep: float, tdiv:
             ef, eb = fp8_cast_elements(shape)
             fwd += dev.memory_time(local * ef * FP8_CAST_BYTES[kernels], "elementwise")
             bwd += dev.memory_time(local * eb * FP8_CAST_BYTES[kernels], "elementwise")
-    pf, pb = permute_times(n, dev, tokens, kernels)
+    pf, pb = permute_times(dev, h, k, tokens, kernels)
     return fwd + pf, bwd + pb
 
 
-def permute_times(n: LayerNode, dev: DeviceModel, tokens: float, kernels: str) -> tuple[float, float]:
-    """(forward, backward) seconds of the permutations of ``tokens`` tokens (:func:`permute_bytes`):
-    streamed, eager ones at :data:`EAGER_PERMUTE_RATE` of that on the spec sheet."""
-    pf, pb = permute_bytes(n, tokens, kernels)
+def permute_times(dev: DeviceModel, hidden: float, top_k: float, tokens: float, kernels: str) -> tuple[float, float]:
+    """(forward, backward) seconds of the permutations of :func:`permute_bytes`: streamed, eager
+    ones at :data:`EAGER_PERMUTE_RATE` of that on the spec sheet."""
+    pf, pb = permute_bytes(hidden, top_k, tokens, kernels)
     slow = EAGER_PERMUTE_RATE if kernels != "fused" and not dev.measured("bandwidth") else 1.0
     return dev.memory_time(pf, "elementwise") / slow, dev.memory_time(pb, "elementwise") / slow
 

@@ -62,7 +62,7 @@ def test_grouped_gemm_pads_each_experts_rows_by_half_a_tile_and_pays_one_launch(
     rows = 4096 * K * dev.c.moe_imbalance / 32 + GROUPED_GEMM_TILE / 2
     flops = 2 * rows * 32 * (2 * F_ * H + H * F_)
     fwd, bwd = expert_times(n, dev, 4096, ep=8, tdiv=1, gemm_precision="bf16", fp8_casts=False, kernels="fused")
-    pf, pb = permute_bytes(n, 4096, "fused")
+    pf, pb = permute_bytes(H, K, 4096, "fused")
     perm = dev.memory_time(pf), dev.memory_time(pb)
     assert fwd - perm[0] == pytest.approx(flops / dev.gemm_rate("bf16") + 2 * dev.c.grouped_gemm_overhead_s,
                                           rel=1e-12)
@@ -76,7 +76,7 @@ def test_few_rows_per_expert_are_bound_by_reading_the_weights() -> None:
     fwd, _ = expert_times(n, dev, 64, ep=1, tdiv=1, gemm_precision="bf16", fp8_casts=False, kernels="fused")
     rows = 64 * K / E + GROUPED_GEMM_TILE / 2
     weights = E * sum(gemm_bytes((rows, c, d), "bf16", False) for c, d in ((2 * F_, H), (H, F_)))
-    pf, _ = permute_bytes(n, 64, "fused")
+    pf, _ = permute_bytes(H, K, 64, "fused")
     read = weights / (dev.acc.hbm_tbps * 1e12 * dev.c.gemm_stream_efficiency)
     expect = read + 2 * dev.c.grouped_gemm_overhead_s + dev.memory_time(pf)
     assert fwd == pytest.approx(expect, rel=1e-12)
@@ -100,7 +100,7 @@ def test_permutations_move_the_counted_bytes(kernels: str) -> None:
     streaming kernel's, fused ones at the streaming rate."""
     n, dev = _experts(), _dev()
     (a, b), (c, d) = PERMUTE_ELEMENTS[kernels]
-    pf, pb = permute_bytes(n, 1000, kernels)
+    pf, pb = permute_bytes(H, K, 1000, kernels)
     assert (pf, pb) == (2 * H * 1000 * (a * K + b), 2 * H * 1000 * (c * K + d))
     assert PERMUTE_ELEMENTS["fused"] == ((3.0, 1.0), (4.0, 1.0))  # 2k + (k + 1) forward, +k backward
     fwd, bwd = expert_times(n, dev, 1000, 8, 1, "bf16", False, kernels)
