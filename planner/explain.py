@@ -116,6 +116,11 @@ def time_breakdown(pred: dict[str, Any]) -> dict[str, Any]:
             "components": [{"name": n, "seconds": v, "share": v / step} for n, v in parts]}
 
 
+def axes_text(n: int) -> str:
+    """``1 parallel axis``, ``3 parallel axes``."""
+    return f"{n} parallel {'axis' if n == 1 else 'axes'}"
+
+
 def runner_up(plan: Plan, units: list[str]) -> dict[str, Any] | None:
     """Why the plan beats ``alternatives[0]``: what differs, and the predicted time and memory."""
     if not plan.alternatives:
@@ -146,7 +151,7 @@ def runner_up(plan: Plan, units: list[str]) -> dict[str, Any] | None:
         verdict = (f"the runner-up, the fastest plan, is {-dt:.4g} s per step faster ({-dt / b['step_time_s']:.1%}), "
                    f"closer than the model tells two configurations apart ({tie['pair_band']:.1%} on "
                    f"{tie['slice']}'s published sweeps): the two are indistinguishable, and this plan runs "
-                   f"{tie['axes']} parallel {'axis' if tie['axes'] == 1 else 'axes'} to its {tie['fastest_axes']}")
+                   f"{axes_text(tie['axes'])} to its {tie['fastest_axes']}")
     else:
         verdict = (f"the runner-up is {-dt:.4g} s per step faster; the solver ranked this plan first "
                    f"(objective and status in 'solver')")

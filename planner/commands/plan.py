@@ -52,11 +52,6 @@ def _mesh(s: Any) -> str:
     return " ".join(parts or ["1 GPU"]) + (f" ({', '.join(extra)})" if extra else "")
 
 
-def axes_text(n: int) -> str:
-    """``1 parallel axis``, ``3 parallel axes``."""
-    return f"{n} parallel {'axis' if n == 1 else 'axes'}"
-
-
 def summary_table(planned: Any, wall_s: float) -> Table:
     """Mesh, schedule, micro-batching, predicted step time, tokens/s/GPU, MFU, memory, solver."""
     p = planned.plan
@@ -112,6 +107,8 @@ def summary_table(planned: Any, wall_s: float) -> Table:
     )
     tie = sol.options.get("tie_break")
     if tie:
+        from planner.explain import axes_text
+
         t.add_row("tie-break", f"{axes_text(tie['axes'])} where the fastest plan has {tie['fastest_axes']}, "
                   f"within {tie['pair_band']:.1%} of its {tie['fastest_step_time_s']:.4g} s (the model cannot "
                   f"order two plans closer than that on {tie['slice']})")
