@@ -204,8 +204,6 @@ def map_row(line: int, r: dict[str, str]) -> PublishedRow | Skipped:
     if isinstance(strat, str):
         return skip(strat)
     strategy, global_batch = strat
-    if ctx.op_sac and metric in MEMORY_METRICS:
-        return skip("op-level selective checkpointing has no matching recompute mode: memory not comparable")
     prec = "fp8" if "fp8" in r["precision"].lower() else "bf16"
     workload = Workload(seq_len=seq, global_batch=global_batch, precision=prec, attention_kernel=rules.attention_kernel,
                         cross_entropy=rules.cross_entropy,  # type: ignore[arg-type]
@@ -213,7 +211,8 @@ def map_row(line: int, r: dict[str, str]) -> PublishedRow | Skipped:
                         kernels="fused" if "compile" in r["notes"].lower() else rules.kernels,  # type: ignore[arg-type]
                         # the ZeRO paper's formula: a 16-bit parameter shard beside the optimizer's master
                         zero3_master="optimizer" if analytic else rules.zero3_master,  # type: ignore[arg-type]
-                        grad_dtype="bf16" if analytic else "fp32")  # the ZeRO formula: 16-bit gradients
+                        grad_dtype="bf16" if analytic else "fp32",  # the ZeRO formula: 16-bit gradients
+                        selective="op" if ctx.op_sac else "attention")
     if analytic:
         ctx.assumptions.append("16-bit gradients (the ZeRO paper's 2 + 2 + K bytes per parameter)")
     if rules.attention_kernel != "auto":
@@ -367,8 +366,7 @@ def _recompute(text: str, rules: SourceRules, ctx: _Ctx) -> tuple[str, int]:
         ctx.assumptions.append("block-level checkpointing of every 2nd block (torchtitan ac_freq default)")
         return "full", 2
     if " op" in t or (t == "selective" and "torchtitan" in rules.key):  # torchtitan's default policy is 'op'
-        ctx.op_sac = True
-        ctx.assumptions.append("op-level selective checkpointing priced as attention-core recompute")
+        ctx.op_sac = True  # torchtitan's op-level policy (costmodel.recompute)
     return "selective", 1
 
 

@@ -34,6 +34,7 @@ from costmodel.node_costs import (
     node_times,
     tp_divisor,
 )
+from costmodel.recompute import OP_POLICIES, Kept, selective
 from costmodel.state_groups import each_distinct, group_costs, state_bytes
 from profiler.graph import LayerNode
 from vocab.strategy import LayerStrategy, Strategy, Workload
@@ -184,6 +185,7 @@ def price_unit(name: str, nodes: Sequence[LayerNode], dev: DeviceModel, cfg: Con
     first_acts = acts[0] if nodes[0].kind == "norm" else z
     tsp_buffers = _tsp_buffers(cfg, w, local, traffic.kv_bytes) if cfg.tsp.any() else None
 
+    policy = selective(nodes, w.selective)
     compute: dict[tuple, tuple[F, ...]] = {}
     by_rc: dict[tuple, dict[str, F]] = {}
     by_dp: dict[tuple, dict[str, F]] = {}
@@ -193,21 +195,25 @@ def price_unit(name: str, nodes: Sequence[LayerNode], dev: DeviceModel, cfg: Con
     for o in options:
         splits = tuple(op.split for op in o.ops)
         if splits not in compute:
-            compute[splits] = _compute(nodes, dev, cfg, w, tdiv, splits)
-        fwd, bwd, bwd_w, attn_fwd, attn_time = compute[splits]
+            compute[splits] = _compute(nodes, dev, cfg, w, tdiv, splits, [k.recompute for k in policy])
+        fwd, bwd, bwd_w, attn_fwd, attn_time, sel_fwd = compute[splits]
         rk = (o.recompute, splits)
         if rk not in by_rc:
-            full = o.recompute == "full"
-            passes = 3 if full else 2
-            kept = [a - s if o.recompute == "selective" else a for a, s in zip(acts, sel, strict=True)]
-            loss_held = sum((k for n, k in zip(nodes, kept, strict=True) if n.kind == "loss"), z)
+            full, part = o.recompute == "full", o.recompute == "selective"
+            checkpointed = full or (part and w.selective in OP_POLICIES)  # only its input kept, and what the policy keeps
+            kept = [a - s if part else a for a, s in zip(acts, sel, strict=True)]
+            loss_held = z if checkpointed else sum((k for n, k in zip(nodes, kept, strict=True) if n.kind == "loss"), z)
+            sel_flops = sum((n.fwd_flops * scale / d * k.recompute for n, d, k in zip(nodes, tdiv, policy, strict=True)),
+                            z) if part else z
             by_rc[rk] = {
-                "activations": first_acts if full else sum(kept, z),
-                "recompute": fwd if full else (attn_fwd if o.recompute == "selective" else z),
-                "remat": sum(acts, z) if full else z,
-                "hw_flops": hw + fwd_flops if full else hw,
-                "pending": grads_out if full else grads_out - loss_held,
-                **traffic.comm(dev, passes, params, fwd + bwd, attn_time, attn_fwd),
+                "activations": first_acts if full else (
+                    _kept_outputs(nodes, policy, cfg, traffic, w, scale, ew, first_acts) if checkpointed
+                    else sum(kept, z)),
+                "recompute": fwd if full else (sel_fwd if part else z),
+                "remat": sum(acts, z) if checkpointed else z,
+                "hw_flops": hw + fwd_flops if full else hw + sel_flops,
+                "pending": grads_out - loss_held,
+                **traffic.comm(dev, _passes(cfg, o.recompute, w.selective), params, fwd + bwd, attn_time, attn_fwd),
             }
         dk = (tuple((op.sharding, op.offload) for op in o.ops), splits)
         if dk not in by_dp:
@@ -241,19 +247,54 @@ def _tsp_buffers(cfg: ConfigArrays, w: Workload, local: list[F], kv_bytes: F) ->
 
 
 def _compute(nodes: list[LayerNode], dev: DeviceModel, cfg: ConfigArrays, w: Workload, tdiv: list[F],
-             splits: tuple[int, ...]) -> tuple[F, ...]:
+             splits: tuple[int, ...], recomputed: list[float]) -> tuple[F, ...]:
     """(forward, backward, weight-gradient part of backward, attention forward, attention forward
-    and backward) seconds of the unit with its operators split ``splits`` ways."""
+    and backward, forward recomputed under selective recomputation: ``recomputed`` of each
+    operator's) seconds of the unit with its operators split ``splits`` ways."""
     z = np.zeros(cfg.size)
-    fwd, bwd, bwd_w, attn_fwd, attn_time = z, z, z, z, z
-    for n, td, k in zip(nodes, tdiv, splits, strict=True):
+    fwd, bwd, bwd_w, attn_fwd, attn_time, sel_fwd = z, z, z, z, z, z
+    for n, td, k, r in zip(nodes, tdiv, splits, recomputed, strict=True):
         f, bw = node_times(n, dev, cfg, w, td, k)
-        fwd, bwd = fwd + f, bwd + bw
+        fwd, bwd, sel_fwd = fwd + f, bwd + bw, sel_fwd + r * f
         if n.kind in GEMM_KINDS:
             bwd_w = bwd_w + bw / 2
         if n.kind == "attention":
             attn_fwd, attn_time = attn_fwd + f, attn_time + f + bw
-    return fwd, bwd, bwd_w, attn_fwd, attn_time
+    return fwd, bwd, bwd_w, attn_fwd, attn_time, sel_fwd
+
+
+def _kept_outputs(nodes: list[LayerNode], policy: list[Kept], cfg: ConfigArrays, traffic: _Traffic, w: Workload,
+                  scale: F, ew: float, first_acts: F) -> F:
+    """Bytes a unit checkpointed under an op-level policy (:mod:`costmodel.recompute`) keeps: its
+    input and the outputs the policy keeps, TP-split where the operator splits its output (a
+    row-parallel GEMM's is a whole partial sum); under Megatron TP the collectives' outputs too that
+    it keeps: the reduce-scatters' with sequence parallelism (``op`` and ``gemms``), the
+    all-gathers' with it and the all-reduces' without it (``gemms``)."""
+    tp = cfg.tp
+    out = first_acts
+    for n, k in zip(nodes, policy, strict=True):
+        if k.out_bytes:
+            split = n.tp in TP_SPLIT_OUTPUTS or n.kind == "experts"
+            out = out + k.out_bytes * scale / np.where(cfg.tsp | split, tp, 1.0) * ew
+    one = traffic.act_msg / 2  # one activation of the unit's hidden width
+    megatron = (tp > 1) & ~cfg.tsp
+    sp = np.where(cfg.sequence_parallel, one / tp, 0.0)
+    if w.selective == "gemms":
+        sp = sp + one
+    return out + np.where(megatron, traffic.tp_msgs * sp, 0.0)
+
+
+def _passes(cfg: ConfigArrays, recompute: str, policy: str) -> dict[str, Any]:
+    """Forward and backward passes of a unit's TP, CP and EP communication (forward again under full
+    recomputation): the ``op`` policy re-runs its sequence-parallel all-gathers (its all-reduces
+    without sequence parallelism), and a policy that recomputes attention re-runs the context-parallel
+    exchange inside it."""
+    full, part = recompute == "full", recompute == "selective"
+    tp: Any = 3 if full else 2
+    if part and policy == "op":
+        tp = 2 + np.where(cfg.sequence_parallel, 0.5, 1.0)
+    cp = 3 if full or (part and policy != "op") else 2
+    return {"tp": tp, "cp": cp, "ep": 3 if full else 2, "full": full}
 
 
 class _Traffic:
@@ -324,8 +365,10 @@ class _Traffic:
         wbytes = GATHER_BYTES * params * self.cfg.tp
         return wbytes, wbytes * GRAD_REDUCE_BYTES / GATHER_BYTES, self.kv_bytes
 
-    def comm(self, dev: DeviceModel, passes: int, params: F, compute: F, attn_time: F, attn_fwd: F
+    def comm(self, dev: DeviceModel, passes: dict[str, Any], params: F, compute: F, attn_time: F, attn_fwd: F
              ) -> dict[str, F]:
+        """Exposed TP, CP and EP seconds of a micro-batch over the ``passes`` of each
+        (:func:`_passes`)."""
         cfg, c = self.cfg, dev.c
         tp, cp, ep = cfg.tp, cfg.cp, cfg.ep
         tpg = cfg.tp_group
@@ -336,9 +379,9 @@ class _Traffic:
         comm_tp = comm_cp = comm_ep = z
         megatron, tsp = (tp > 1) & ~cfg.tsp, (tp > 1) & cfg.tsp
         if megatron.any():
-            meg = self.tp_msgs * passes * dev.collective_time("all_reduce", self.act_msg, tpg)
+            meg = self.tp_msgs * passes["tp"] * dev.collective_time("all_reduce", self.act_msg, tpg)
             if (megatron & cfg.sequence_parallel).any():
-                sp = self.tp_msgs * passes * dev.collective_wait("reduce_scatter", tpg)
+                sp = self.tp_msgs * passes["tp"] * dev.collective_wait("reduce_scatter", tpg)
                 if self.sp_grads:
                     sp = sp + self.sp_grads * dev.collective_time(
                         "all_reduce", self.sp_params / self.sp_grads * GRAD_REDUCE_BYTES, tpg)
@@ -346,24 +389,24 @@ class _Traffic:
             comm_tp = np.where(megatron, c.exposed(meg, meg * c.tp_overlap), comm_tp)
         if tsp.any():  # TSP: weight shards streamed around the tp ring, K/V gathered for attention
             wbytes, gbytes, kv = self.tsp_volumes(params)
-            t = passes * dev.collective_time("all_gather", wbytes, tpg)
+            t = passes["tp"] * dev.collective_time("all_gather", wbytes, tpg)
             t = t + dev.collective_time("reduce_scatter", gbytes, tpg)
-            t = t + passes * dev.collective_time("all_gather", kv, tpg)
+            t = t + passes["tp"] * dev.collective_time("all_gather", kv, tpg)
             comm_tp = np.where(tsp, c.exposed(t, c.fsdp_overlap * compute), comm_tp)
         # CP: ring step by step (:meth:`ring`); Ulysses — all-to-all of q, k, v and of the output,
         # forward and backward
         context = (cp > 1) & (self.cp_bytes > 0)
         if (context & ~cfg.ulysses).any():
-            comm_cp = np.where(context & ~cfg.ulysses, self.ring(dev, passes, attn_fwd, attn_time - attn_fwd), comm_cp)
+            comm_cp = np.where(context & ~cfg.ulysses, self.ring(dev, passes["cp"], attn_fwd, attn_time - attn_fwd), comm_cp)
         if (context & cfg.ulysses).any():
-            uly = 2 * dev.collective_time("all_to_all", self.act_msg * 2 / tp, cfg.cp_group) * passes
+            uly = 2 * dev.collective_time("all_to_all", self.act_msg * 2 / tp, cfg.cp_group) * passes["cp"]
             comm_cp = np.where(context & cfg.ulysses, uly, comm_cp)
         experts = (self.ep_bytes > 0) & (ep > 1)
         if experts.any():  # EP: dispatch and combine, per pass; hidden under the paired micro-batch's compute
             load = load_imbalance(dev, ep, self.w.moe_capacity_factor)
             one = dispatch_time(dev, self.ep_bytes * load, cfg.ep_group, self.routing, self.w.moe_dispatch == "dedup")
-            a2a = 2 * one * passes
-            paired = (self.w.moe_overlap == "1f1b") & overlap_runs(cfg.pp, cfg.vpp, passes == 3)
+            a2a = 2 * one * passes["ep"]
+            paired = (self.w.moe_overlap == "1f1b") & overlap_runs(cfg.pp, cfg.vpp, passes["full"])
             comm_ep = np.where(experts, c.exposed(a2a, np.where(paired, compute, a2a * c.ep_overlap)), comm_ep)
         return {"comm_tp": comm_tp, "comm_cp": comm_cp, "comm_ep": comm_ep}
 

@@ -73,6 +73,11 @@ def mesh_placement(plan: Plan) -> dict[str, Any]:
             "scale_up_domain": domain, "axes": axes}
 
 
+#: what each selective-recomputation policy keeps (costmodel.recompute), in a few words
+SELECTIVE_KEEPS = {"attention": "all but the attention core", "op": "every other GEMM's output and attention's",
+                   "gemms": "every GEMM's output"}
+
+
 def schedule_info(plan: Plan) -> dict[str, Any]:
     s, w = plan.strategy, plan.inputs.workload
     n_mb = s.num_microbatches(w.global_batch)
@@ -84,6 +89,8 @@ def schedule_info(plan: Plan) -> dict[str, Any]:
         full = s.default.recompute == "full" or any(x.recompute == "full" for x in s.layers)
         hidden = w.moe_overlap == "1f1b" and bool(overlap_runs(s.mesh.pp, s.vpp, full))
         out["moe"] = {"dispatch": w.moe_dispatch, "overlap": "1f1b" if hidden else "none"}
+    if s.default.recompute == "selective" or any(x.recompute == "selective" for x in s.layers):
+        out["selective"] = {"policy": w.selective, "keeps": SELECTIVE_KEEPS[w.selective]}
     return out
 
 
@@ -249,7 +256,9 @@ def render_explain(d: dict[str, Any], console: Console) -> None:
                   f"data-parallel rank (dp={sc['dp']}); tp_mode {sc['tp_mode']}"
                   f"{', sequence parallel' if sc['sequence_parallel'] else ''}, cp_mode {sc['cp_mode']}"
                   + (f"; MoE dispatch {sc['moe']['dispatch']}, all-to-all overlap {sc['moe']['overlap']}"
-                     if "moe" in sc else ""),
+                     if "moe" in sc else "")
+                  + (f"; selective recomputation '{sc['selective']['policy']}': {sc['selective']['keeps']}"
+                     if "selective" in sc else ""),
                   highlight=False)
     st = Table(title="per pipeline stage: memory per GPU (GiB)")
     for col in ("stage", "layers", "strategies", "params", "grads", "optim", "acts", "buffers", "overhead",

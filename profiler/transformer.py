@@ -11,6 +11,8 @@ activation), flash attention (no score matrix, only a log-sum-exp per head and r
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from profiler.graph import LayerGraph, LayerNode
 from profiler.model_config import MAX_PARAMETERS, MAX_SEQ_LEN, TransformerConfig, check_seq_len
 from vocab.errors import ShardplanError
@@ -130,7 +132,7 @@ def _mlp(cfg: TransformerConfig, i: int, btype: str, s: int) -> list[LayerNode]:
     h, f = cfg.hidden, cfg.ffn_hidden
     p = f"layers.{i}.mlp"
     n_in = 2 if cfg.activation == "swiglu" else 1
-    up = _linear(f"{p}.up", i, btype, s, h, n_in * f, bias=cfg.bias, tp="column", act_tp_sharded=False)
+    up = _fused(_linear(f"{p}.up", i, btype, s, h, n_in * f, bias=cfg.bias, tp="column", act_tp_sharded=False), n_in)
     act = LayerNode(
         name=f"{p}.act", kind="activation", block=i, block_type=btype,
         act_saved_bytes=ACT_BYTES * s * n_in * f, act_tp_sharded=True,
@@ -169,7 +171,8 @@ def _moe(cfg: TransformerConfig, i: int, btype: str, s: int) -> list[LayerNode]:
         fs = f * cfg.shared_experts
         n_in = n_mat - 1
         nodes += [
-            _linear(f"{p}.shared.up", i, btype, s, h, n_in * fs, bias=False, tp="column", act_tp_sharded=False),
+            _fused(_linear(f"{p}.shared.up", i, btype, s, h, n_in * fs, bias=False, tp="column", act_tp_sharded=False),
+                   n_in),
             _linear(f"{p}.shared.down", i, btype, s, fs, h, bias=False, tp="row", act_tp_sharded=True),
         ]
     return nodes
@@ -189,7 +192,7 @@ def _block(cfg: TransformerConfig, i: int, s: int) -> list[LayerNode]:
         )
         if cfg.qk_norm:  # two per-head RMSNorm weights; their saved inputs are Q and K again
             qkv = _with_params(qkv, qkv.params + 2 * d)
-        nodes.append(qkv)
+        nodes.append(_fused(qkv, 3, a * d))
     nodes.append(_attention_core(cfg, i, btype, s))
     d_out = a * (cfg.v_head_dim or d)
     nodes.append(_linear(f"{p}.attn.out", i, btype, s, d_out, h, bias=cfg.bias, tp="row", act_tp_sharded=True))
@@ -205,9 +208,16 @@ def _block(cfg: TransformerConfig, i: int, s: int) -> list[LayerNode]:
 
 
 def _with_params(n: LayerNode, params: int) -> LayerNode:
-    from dataclasses import replace
-
     return replace(n, params=params)
+
+
+def _fused(n: LayerNode, gemms: int, first: int | None = None) -> LayerNode:
+    """A linear node that runs ``gemms`` GEMMs on one input in turn (Q, K, V; SwiGLU's gate and up),
+    the first ``first`` wide (the others share the rest equally): what op-level selective
+    recomputation counts (:mod:`costmodel.recompute`)."""
+    if gemms == 1:
+        return n
+    return replace(n, dims={**n.dims, "gemms": gemms, **({"first": first} if first is not None else {})})
 
 
 def _embedding(cfg: TransformerConfig, s: int) -> list[LayerNode]:

@@ -4,11 +4,11 @@
   only its inputs are kept and the whole unit is recomputed in backward.
 * ``selective``: the same checkpoint with a selective policy
   (``torch.utils.checkpoint.create_selective_checkpoint_contexts``, op-level SAC as in torchtitan)
-  that keeps the outputs of the weight GEMMs (``mm``/``addmm``) and of TP collectives and
-  recomputes everything else: the attention core — the scaled-dot-product-attention op, whose
-  ATen name depends on the device (:data:`SDPA_OPS`), or ``bmm``/``softmax`` in math attention —
-  as Korthikanti et al.'s selective recomputation asks, and also the cheap norms and
-  elementwise ops. (Saving *every* non-attention output is not possible with SAC: ops such as
+  that keeps the outputs of the weight GEMMs (``mm``/``addmm``, fp8 and grouped ones too) and of TP
+  collectives and recomputes everything else: the attention core — the scaled-dot-product-attention
+  op, whose ATen name depends on the device (:data:`SDPA_OPS`), or ``bmm``/``softmax`` in math
+  attention — as Korthikanti et al.'s selective recomputation asks, and also the cheap norms and
+  elementwise ops. The cost model prices it as the ``gemms`` policy (:mod:`costmodel.recompute`). (Saving *every* non-attention output is not possible with SAC: ops such as
   RMSNorm's in-place ``add_`` mutate cached tensors.)
 
 The module keeps its name and parameters: its ``forward`` is wrapped on the instance, so this
@@ -37,7 +37,7 @@ SDPA_OPS: dict[str, tuple[str, ...]] = {
 MATH_ATTENTION_OPS = ("bmm", "_softmax", "baddbmm", "_safe_softmax")
 #: Ops whose outputs ``selective`` saves: the weight GEMMs, and collectives (recomputing them
 #: would repeat communication). Everything else is recomputed.
-SAVE_OPS = ("mm", "addmm", "_scaled_mm")
+SAVE_OPS = ("mm", "addmm", "_scaled_mm", "_grouped_mm")
 SAVE_COLLECTIVES = ("reduce_scatter_tensor", "all_gather_into_tensor", "all_reduce")
 
 

@@ -330,7 +330,7 @@ CLI_TEMPLATES: dict[str, tuple[list[str], dict[str, str]]] = {
                   "--vpp": "count", "--seq-len": "count", "--global-batch": "count", "--memory-limit": "limit",
                   "--zero": "zero", "--model": "name", "--cluster": "name", "--schedule": "name",
                   "--recompute": "name", "--precision": "name", "--attention-kernel": "name",
-                  "--dp": "count", "--dp-shard": "count", "--dp-replicate": "count"}),
+                  "--dp": "count", "--dp-shard": "count", "--dp-replicate": "count", "--selective": "name"}),
     "plan": (["plan", "--model", "gpt2", "--cluster", "4xcpu", "--seq-len", "128", "--global-batch", "8", "--space",
               "fsdp", "--top-k", "2"],
              {"--seq-len": "count", "--global-batch": "count", "--memory-limit": "limit", "--time-limit": "limit",

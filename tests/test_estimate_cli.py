@@ -70,6 +70,8 @@ def test_estimate_json_keys() -> None:
         (["--pp", "2", "--vpp", "2"], "vpp=2 needs schedule 'interleaved'"),
         (["--cross-entropy", "bogus"], "unknown cross-entropy 'bogus'; known: eager, fused"),
         (["--grad-dtype", "fp8"], "unknown gradient dtype 'fp8'"),
+        (["--selective", "some"], "unknown selective recomputation 'some'; known: attention, op, gemms"),
+        (["--target", "megatron", "--selective", "op"], "runs selective recomputation attention, not 'op'"),
     ],
 )
 def test_estimate_errors_exit_2(args: list[str], needle: str) -> None:
@@ -91,6 +93,21 @@ def test_target_prices_its_behaviour_and_refuses_what_it_lacks() -> None:
     assert r.exit_code == 2 and "megatron-core 0.16.1 cannot express: ZeRO-3" in r.output
     r = runner.invoke(app, [*BASE, "--target", "megatron", "--cross-entropy", "eager"])
     assert r.exit_code == 2 and "runs cross-entropy fused, not 'eager'" in r.output
+
+
+def test_selective_prices_what_each_policy_keeps() -> None:
+    """--selective: torchtitan's op policy keeps less than the attention core's recomputation and
+    recomputes more; --target torchtitan prices its op policy."""
+    def priced(*extra: str) -> tuple[float, float]:
+        r = runner.invoke(app, [*BASE, "--recompute", "selective", "--json", *extra])
+        assert r.exit_code == 0, r.output
+        d = json.loads(r.stdout)
+        return d["memory_peak_gib"], d["time"]["recompute_s"]
+
+    attention, op, gemms = (priced("--selective", p) for p in ("attention", "op", "gemms"))
+    assert op[0] < gemms[0] < attention[0] and op[1] > gemms[1] > attention[1] > 0
+    assert priced() == attention
+    assert priced("--target", "torchtitan", "--zero", "3")[1] == priced("--selective", "op", "--zero", "3")[1]
 
 
 def test_ep_must_divide_experts() -> None:

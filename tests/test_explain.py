@@ -220,3 +220,14 @@ def test_explain_says_how_the_experts_all_to_alls_run(mesh: dict[str, int], over
                   moe_dispatch="dedup")
     assert explain_data(p)["schedule"]["moe"] == {"dispatch": "dedup", "overlap": overlap}
     assert "moe" not in explain_data(make_plan({"mesh": {"dp_shard": 16}}))["schedule"]
+
+
+def test_explain_says_what_selective_recomputation_keeps(tmp_path: Path) -> None:
+    """A plan that recomputes selectively names its target's policy and what it keeps; one that
+    does not says nothing of it."""
+    s = {"mesh": {"dp_shard": 16}, "default": {"sharding": "zero3", "recompute": "selective"}}
+    make_plan(s, selective="op").save(tmp_path / "op.json")
+    r = runner.invoke(app, ["explain", str(tmp_path / "op.json")])
+    assert r.exit_code == 0 and "selective recomputation 'op': every other GEMM's output and attention's" in " ".join(
+        r.output.split())
+    assert explain_data(make_plan({"mesh": {"dp_shard": 16}}, selective="op"))["schedule"].get("selective") is None

@@ -167,7 +167,7 @@ def test_nanotron_folds_context_parallelism() -> None:
 
 
 def test_python_script_embeds_the_plan_exactly() -> None:
-    plan = make_plan(UNSPLIT, **TT)
+    plan = make_plan(UNSPLIT, selective="gemms", **TT)  # what the runtime's selective recomputation keeps
     e = export(plan, "python")
     tree = ast.parse(e.text)
     assert e.exact and not e.warnings()
@@ -301,3 +301,18 @@ def test_torchtitan_runs_no_ddp_beside_tensor_parallelism() -> None:
     assert [x.lacks for x in e.losses] == ["DDP beside model parallelism"]
     assert (e.strategy.mesh.dp_replicate, e.strategy.mesh.dp_shard) == (1, 4)
     assert export(make_plan({"mesh": {"dp_replicate": 16}}), "torchtitan").exact  # plain DDP alone runs
+
+
+def test_selective_recomputation_is_exported_as_the_trainer_runs_it() -> None:
+    """The runtime keeps every GEMM's output; torchtitan keeps every other one and Megatron-LM all but
+    the attention core: the export says so and prices the trainer's policy. Without selective
+    recomputation the policy changes nothing and nothing is said."""
+    sel = {"mesh": {"dp_shard": 16}, "default": {"sharding": "zero3", "recompute": "selective"}}
+    p = make_plan(sel, selective="gemms", **TT)
+    for target, policy in (("torchtitan", "op"), ("megatron", "attention")):
+        e = export(p, target)
+        notes = [x.detail for x in e.losses if x.what == "selective recomputation"]
+        assert notes == [f"gemms → {policy} (how {target} runs it)"], e.losses
+        assert e.repriced is not None and e.repriced.variant is not None
+    none = make_plan({**sel, "default": {"sharding": "zero3"}}, selective="gemms", **TT)
+    assert not [x for x in export(none, "torchtitan").losses if x.what == "selective recomputation"]

@@ -33,14 +33,15 @@ from vocab.errors import ShardplanError, describe_validation_error
 from vocab.io import canonical_json, decode_json, document_schema, read_text, validate_document, write_atomic
 from vocab.strategy import Strategy, Workload
 
-SCHEMA_VERSION = "1.5"
+SCHEMA_VERSION = "1.6"
 #: versions this shardplan reads: 1.1 added ``inputs.model_graph`` (a 1.0 document is a 1.1 one without
 #: it); 1.2 added ``inputs.target`` (a 1.0 or 1.1 document is one searched for the target ``any``); 1.3
 #: added ``workload.recv_buffers`` (older documents keep torch's per-micro-batch buffers); 1.4 added
 #: ``workload.kernels`` and ``workload.zero3_master`` (older documents were priced with eager kernels
 #: and the master weights in the optimizer); 1.5 added ``workload.moe_dispatch``, ``workload.moe_overlap`` and
-#: ``workload.moe_capacity_factor`` (older documents were priced with an all-to-all, not overlapped, dropless)
-READABLE_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4", "1.5")
+#: ``workload.moe_capacity_factor`` (older documents were priced with an all-to-all, not overlapped, dropless);
+#: 1.6 added ``workload.selective`` (older documents were priced with the attention core recomputed)
+READABLE_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "1.6")
 #: the target a document records when it names none: the whole plan vocabulary (``vocab.targets``)
 ANY_TARGET = "any"
 SCHEMA_PATH = Path(__file__).parent / "plan.schema.json"
@@ -253,7 +254,7 @@ class Alternative(_Doc):
 # What the plan was made for, the strategy, the cost model's prediction, the solver, runners-up. (No
 # docstring: it would become the schema's description.)
 class Plan(_Doc):
-    schema_version: Literal["1.0", "1.1", "1.2", "1.3", "1.4", "1.5"] = SCHEMA_VERSION
+    schema_version: Literal["1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "1.6"] = SCHEMA_VERSION
     inputs: PlanInputs
     strategy: Strategy
     predicted: Predicted
@@ -285,6 +286,9 @@ class Plan(_Doc):
             raise _rule(f"workload.moe_dispatch '{inp.workload.moe_dispatch}' and moe_overlap "
                         f"'{inp.workload.moe_overlap}' need schema_version 1.5 (older plans were priced with an "
                         "all-to-all, not overlapped)")
+        if version in (*older, "1.5") and inp.workload.selective != "attention":
+            raise _rule(f"workload.selective '{inp.workload.selective}' needs schema_version 1.6 (older plans were "
+                        "priced with the attention core recomputed)")
         if version != "1.0" and inp.model_graph is None and names_factory(inp.model):
             raise _rule(f"model '{inp.model}' names a factory, which a plan never imports: the plan must record "
                         "its layer graph (inputs.model_graph), as 'shardplan plan' does")

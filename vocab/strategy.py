@@ -47,6 +47,7 @@ KERNEL_CHOICES = ("eager", "fused")
 ZERO3_MASTER_CHOICES = ("optimizer", "parameter")
 MOE_DISPATCH_CHOICES = ("alltoall", "dedup")
 MOE_OVERLAP_CHOICES = ("none", "1f1b")
+SELECTIVE_CHOICES = ("attention", "op", "gemms")
 #: the workload's kernel and buffer choices: field -> (what a message calls it, accepted values)
 WORKLOAD_CHOICES = {"attention_kernel": ("attention kernel", ATTENTION_KERNEL_CHOICES),
                     "cross_entropy": ("cross-entropy", CROSS_ENTROPY_CHOICES),
@@ -55,7 +56,8 @@ WORKLOAD_CHOICES = {"attention_kernel": ("attention kernel", ATTENTION_KERNEL_CH
                     "kernels": ("memory-bound kernels", KERNEL_CHOICES),
                     "zero3_master": ("ZeRO-3 master weights", ZERO3_MASTER_CHOICES),
                     "moe_dispatch": ("MoE token dispatch", MOE_DISPATCH_CHOICES),
-                    "moe_overlap": ("MoE all-to-all overlap", MOE_OVERLAP_CHOICES)}
+                    "moe_overlap": ("MoE all-to-all overlap", MOE_OVERLAP_CHOICES),
+                    "selective": ("selective recomputation", SELECTIVE_CHOICES)}
 #: Transient memory of the loss beside the fp32 softmax it keeps, as a multiple of that softmax:
 #: PyTorch eager ``F.cross_entropy(logits.float())`` holds, in its backward, the incoming gradient
 #: of the log-softmax and the outgoing one (2x); a fused kernel (Megatron's vocab-parallel
@@ -221,6 +223,13 @@ class Workload(_Strict):
         "micro-batch's all-to-alls under the compute of the micro-batch paired with it in 1F1B: Megatron's "
         "overlap_moe_expert_parallel_comm, without a pipeline or with virtual stages, not with full "
         "recomputation)"
+    )
+    selective: Literal["attention", "op", "gemms"] = Field(
+        "attention", description="what recompute 'selective' keeps and recomputes: attention (the attention core "
+        "recomputed, everything else kept: Korthikanti et al., Megatron-LM's core_attn), op (torchtitan's "
+        "op-level policy: the outputs of every other weight GEMM, of attention and of reduce-scatters kept, the "
+        "rest recomputed) or gemms (this runtime: the outputs of every weight GEMM and collective kept, the "
+        "rest, attention included, recomputed)"
     )
 
     @property

@@ -34,6 +34,7 @@ from vocab.strategy import (
     RECOMPUTES,
     RECV_BUFFER_CHOICES,
     SCHEDULES,
+    SELECTIVE_CHOICES,
     SHARDINGS,
     ZERO3_MASTER_CHOICES,
     Offload,
@@ -121,7 +122,7 @@ class OffloadCaps(_Strict):
 
 #: the workload fields a target's behaviour sets (``Behaviour``: the values it runs)
 WORKLOAD_BEHAVIOUR = ("cross_entropy", "grad_dtype", "recv_buffers", "kernels", "zero3_master", "moe_dispatch",
-                      "moe_overlap")
+                      "moe_overlap", "selective")
 
 
 class Behaviour(_Strict):
@@ -148,6 +149,9 @@ class Behaviour(_Strict):
     moe_overlap: list[Literal["none", "1f1b"]] = Field(
         default_factory=lambda: ["none"], min_length=1,
         description="whether its expert-parallel all-to-alls hide under compute (vocab.strategy.Workload.moe_overlap)")
+    selective: list[Literal["attention", "op", "gemms"]] = Field(
+        default_factory=lambda: ["attention"], min_length=1,
+        description="what its selective recomputation keeps (vocab.strategy.Workload.selective)")
 
     def workload(self, **asked: str | None) -> dict[str, str]:
         """The workload fields a plan for the target is priced with: the value asked for of each
@@ -247,7 +251,8 @@ def _any() -> Target:
                             kernels=list(KERNEL_CHOICES),  # type: ignore[arg-type]
                             zero3_master=list(ZERO3_MASTER_CHOICES),  # type: ignore[arg-type]
                             moe_dispatch=list(MOE_DISPATCH_CHOICES),  # type: ignore[arg-type]
-                            moe_overlap=list(MOE_OVERLAP_CHOICES)),  # type: ignore[arg-type]
+                            moe_overlap=list(MOE_OVERLAP_CHOICES),  # type: ignore[arg-type]
+                            selective=list(SELECTIVE_CHOICES)),  # type: ignore[arg-type]
         notes=["no trainer: every choice of the plan vocabulary; plans of schema 1.0 and 1.1 read as this target"],
     )
 

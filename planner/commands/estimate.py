@@ -60,6 +60,7 @@ KEYS = (
     "moe_dispatch",
     "moe_overlap",
     "moe_capacity_factor",
+    "selective",
     "sequence_parallel",
     "profile",
     "memory_limit",
@@ -71,11 +72,11 @@ KEYS = (
 )
 COUNTS = ("seq_len", "global_batch", "micro_batch", "tp", "pp", "cp", "ep", "dp", "dp_shard", "dp_replicate", "vpp")
 NAMES = ("recompute", "schedule", "precision", "attention_kernel", "cross_entropy", "grad_dtype", "moe_dispatch",
-         "moe_overlap", "profile", "plan", "tp_mode", "cp_mode", "target")
+         "moe_overlap", "selective", "profile", "plan", "tp_mode", "cp_mode", "target")
 LIMITS = ("memory_limit", "memory_limit_gib")
 POSITIVE = ("moe_capacity_factor",)
 #: the workload options a user may set; the others of WORKLOAD_BEHAVIOUR follow the target
-ASKED = ("cross_entropy", "grad_dtype", "moe_dispatch", "moe_overlap")
+ASKED = ("cross_entropy", "grad_dtype", "moe_dispatch", "moe_overlap", "selective")
 CLUSTER_COUNTS = ("nodes", "gpus", "gpus_per_node")
 
 
@@ -455,6 +456,11 @@ def estimate_cmd(
         None, "--moe-capacity-factor", help="tokens each expert takes, as a multiple of its mean (the rest "
         "dropped); default: dropless"
     ),
+    selective: str = typer.Option(
+        None, "--selective", help="what --recompute selective keeps: attention (attention core recomputed: "
+        "Megatron) | op (every other GEMM output kept: torchtitan) | gemms (every GEMM output kept: this runtime); "
+        "default: the target's"
+    ),
     target: str = typer.Option(None, "--target", help="price as this trainer runs it (its cross-entropy and "
                                "gradient dtype), and refuse what it cannot express"),
     sequence_parallel: bool = typer.Option(
@@ -483,6 +489,7 @@ def estimate_cmd(
         "moe_dispatch": moe_dispatch,
         "moe_overlap": moe_overlap,
         "moe_capacity_factor": moe_capacity_factor,
+        "selective": selective,
         "target": target,
         "profile": str(profile) if profile else None,
         "memory_limit": memory_limit,

@@ -333,6 +333,8 @@ def _precision(n: Nearest, t: Target) -> None:
     if w.get("moe_capacity_factor") is not None and not t.moe_capacity:
         n.lose("capacity factor", f"{w['moe_capacity_factor']:g} → dropless ({t.name} drops no tokens)")
         w["moe_capacity_factor"] = None
+    if "selective" not in n.values("recompute"):  # no selective recomputation: what its policy keeps changes nothing
+        w["selective"] = t.behaviour.selective[0]
     rotate = t.behaviour.cp_rotate
     if n.mesh["cp"] > 1 and n.fields["cp_mode"] == "ring" and n.fields["cp_rotate"] not in rotate:
         n.behave("ring rotation", f"{n.fields['cp_rotate']} → {rotate[0]} (how {t.name} moves K/V round its ring)")
@@ -343,7 +345,8 @@ def _precision(n: Nearest, t: Target) -> None:
                                ("kernels", "memory-bound kernels", t.behaviour.kernels),
                                ("zero3_master", "ZeRO-3 master weights", t.behaviour.zero3_master),
                                ("moe_dispatch", "MoE token dispatch", t.behaviour.moe_dispatch),
-                               ("moe_overlap", "MoE all-to-all overlap", t.behaviour.moe_overlap)):
+                               ("moe_overlap", "MoE all-to-all overlap", t.behaviour.moe_overlap),
+                               ("selective", "selective recomputation", t.behaviour.selective)):
         if w[key] not in allowed:
             n.behave(what, f"{w[key]} → {allowed[0]} (how {t.name} runs it)")
             w[key] = allowed[0]
