@@ -220,16 +220,25 @@ def _support(rows: Sequence[PublishedRow]) -> dict[str, Any]:
             "source_names": sorted({source_label(r.source) for r in time})}
 
 
+def training_stack(source: str) -> str:
+    """The trainer a published source ran (``pytorch/torchtitan`` for every torchtitan benchmark
+    file): what allocates its memory, so what a memory fit must see two of."""
+    first = source.split(" ", 1)[0]
+    return first if "/" in first else source
+
+
 def fit_memory(rows: Sequence[PublishedRow], constants: ConstantsFor) -> tuple[dict[str, float], dict[str, Any]]:
-    """``fragmentation`` from the measured peaks, ``context_bytes`` kept at its documented value.
+    """``fragmentation`` from the measured peaks, ``context_bytes`` kept at its documented value,
+    once the peaks come from :data:`MIN_SOURCES` trainers (:func:`training_stack`) at least.
 
     The peak is ``T·(1 + fragmentation) + context`` with ``T`` the tensors' peak, so the relative
     least-squares fraction has a closed form. The two overheads are nearly collinear across runs
     that all fill the device, so only the fraction is fitted.
     """
     mem = [r for r in fit_rows(rows) if r.metric == "memory_GiB_peak"]
-    support = {"memory_rows": len(mem), "memory_sources": len({r.source for r in mem})}
-    if len(mem) < 3 or support["memory_sources"] < MIN_SOURCES:  # one source's allocator is no physics
+    support = {"memory_rows": len(mem), "memory_sources": len({r.source for r in mem}),
+               "memory_stacks": len({training_stack(r.source) for r in mem})}
+    if len(mem) < 3 or support["memory_stacks"] < MIN_SOURCES:  # one trainer's allocator is no physics
         return {}, {**support, "memory_fitted": False}
 
     def consts(acc: str) -> CostConstants:
