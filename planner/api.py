@@ -142,12 +142,19 @@ def search_plan(
     chosen = res.best
     band = None if prof is not None else error_band(cl.accelerator.name, precision)
     if tie_break and band is not None and "pair" in band:
-        chosen = break_tie(res, band["pair"])
+        def search_axes(axes: int, cutoff: float) -> Any:
+            try:
+                return search(graph, cl, w, opts.with_(max_axes=axes), memory_limit_gib, dev, time_limit, 0,
+                              cutoff=cutoff).best
+            except ShardplanError:
+                return None
+
+        chosen = break_tie(res.best, band["pair"], search_axes)
         if chosen is not res.best:
             res.options["tie_break"] = {
                 "fastest_step_time_s": res.best.step_time_s, "pair_band": band["pair"], "slice": band["slice"],
                 "axes": parallel_axes(chosen.strategy), "fastest_axes": parallel_axes(res.best.strategy)}
-    runners_up = [f for f in [res.best, *res.alternatives] if f is not chosen]
+    runners_up = [f for f in [res.best, *res.alternatives] if f.strategy != chosen.strategy]
     exact_osdp = space == "osdp" and opts.per_layer  # the OSDP chain, solved twice
     if exact_osdp:
         res.options.update(_dp_check(graph, dev, res, w, memory_limit_gib, opts))

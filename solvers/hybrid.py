@@ -84,11 +84,11 @@ class _Pool:
     exactly the next best meshes of the space (each at its optimum), not merely the best found.
     Keys are ``(kind, configuration index, ...)``."""
 
-    def __init__(self, keep: int):
+    def __init__(self, keep: int, cut: float = np.inf):
         self.keep = keep
         self.by_mesh: dict[int, tuple[float, tuple, Callable[[], Strategy], str]] = {}
         self.best = np.inf
-        self.cut = np.inf
+        self.limit = self.cut = cut  # nothing at or above ``limit`` is wanted
 
     def add(self, obj: float, key: tuple, build: Callable[[], Strategy], solver: str) -> None:
         mesh = key[1]
@@ -98,7 +98,7 @@ class _Pool:
         self.by_mesh[mesh] = (obj, key, build, solver)
         self.best = min(self.best, obj)
         if len(self.by_mesh) > self.keep:
-            self.cut = heapq.nsmallest(self.keep + 1, (v[0] for v in self.by_mesh.values()))[-1]
+            self.cut = min(self.limit, heapq.nsmallest(self.keep + 1, (v[0] for v in self.by_mesh.values()))[-1])
             if len(self.by_mesh) > 4 * self.keep + 16:  # forget meshes that can no longer place
                 for m in [m for m, v in self.by_mesh.items() if v[0] > self.cut]:
                     del self.by_mesh[m]
@@ -109,9 +109,11 @@ class _Pool:
 
 def search(graph: LayerGraph, cluster: Cluster, w: Workload, space: str | SpaceOptions = "full",
            memory_limit_gib: float | None = None, device: DeviceModel | None = None,
-           time_limit: float | None = None, top_k: int = 5, progress: Progress | None = None) -> SearchResult:
+           time_limit: float | None = None, top_k: int = 5, progress: Progress | None = None,
+           cutoff: float | None = None) -> SearchResult:
     """The fastest plan of ``space`` that fits ``memory_limit_gib`` per GPU (the GPU's memory by
-    default). Raises :class:`ShardplanError` when no plan fits (see :mod:`solvers.infeasible`)."""
+    default). Raises :class:`ShardplanError` when no plan fits (see :mod:`solvers.infeasible`), or,
+    given a ``cutoff`` (seconds), when no plan is faster than that (what is slower is not searched)."""
     t0 = time.perf_counter()
     opts = for_device(space if isinstance(space, SpaceOptions) else space_options(space), cluster.accelerator.kind)
     dev = device or DeviceModel(cluster)
@@ -126,7 +128,7 @@ def search(graph: LayerGraph, cluster: Cluster, w: Workload, space: str | SpaceO
             f"data-parallel degree (and seq_len by 2*cp)")
     uopts, lopts = grid_options(opts)  # lopts: for the bounds of meshes without a pipeline
     units = unit_names(graph) if opts.recompute_blocks_only else []  # grid plans recompute blocks only
-    pool = _Pool(max(top_k, 1))
+    pool = _Pool(max(top_k, 1), np.inf if cutoff is None else cutoff)
     lb0 = compute_bound(graph, cluster, w, configs, device=dev)
     order = np.argsort(lb0, kind="stable")
     parts: list[tuple[np.ndarray, GridReport, GridReport | None]] = []
@@ -215,6 +217,8 @@ def search(graph: LayerGraph, cluster: Cluster, w: Workload, space: str | SpaceO
                              "stage_ilp" if opts.mix_stages else "stages")
             if progress and n % 8 == 0:
                 progress("solving per-layer plans", n + 1, len(items))
+    if cutoff is not None and not pool.best < cutoff:
+        raise ShardplanError(f"no plan of the '{opts.name}' space is faster than {cutoff:.4g} s")
     if not np.isfinite(pool.best):
         from solvers.infeasible import explain
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,12 +87,18 @@ def parallel_axes(s: Strategy) -> int:
     return sum(d > 1 for d in (m.pp, m.dp_replicate, m.dp_shard, m.cp, m.tp, m.ep))
 
 
-def break_tie(res: SearchResult, pair: float) -> Found:
-    """The plan to recommend: among the best and the runners-up whose step time is within ``pair``
-    (the relative error of comparing two configurations of one job: the published sweeps' band) of
-    the best, the one with the fewest parallel axes (:func:`parallel_axes`), the faster first among
-    equals. The cost model cannot tell those apart; the simpler plan is as likely to be the faster
-    and less to get wrong."""
-    limit = res.best.step_time_s * (1.0 + pair)
-    close = [f for f in [res.best, *res.alternatives] if f.step_time_s <= limit]
-    return min(close, key=lambda f: (parallel_axes(f.strategy), f.step_time_s))
+def break_tie(fastest: Found, pair: float, search_axes: Callable[[int, float], Found | None]) -> Found:
+    """The plan to recommend: of the plans whose step time is within ``pair`` (the relative error of
+    comparing two configurations of one job: the published sweeps' band) of the ``fastest``, the
+    fastest of those with the fewest parallel axes (:func:`parallel_axes`). The cost model cannot tell
+    them apart; the simpler plan is as likely to be the faster and less to get wrong.
+
+    ``search_axes(a, cutoff)`` is the fastest plan of at most ``a`` axes faster than ``cutoff``
+    seconds, or None: a search of the space narrowed to such meshes, so the answer is exact (the
+    runners-up of the fastest's search are not enough: what cannot beat the fastest is pruned)."""
+    cutoff = fastest.step_time_s * (1.0 + pair)
+    for axes in range(1, parallel_axes(fastest.strategy)):
+        found = search_axes(axes, cutoff)
+        if found is not None and found.step_time_s <= cutoff:
+            return found
+    return fastest

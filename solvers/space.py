@@ -111,6 +111,7 @@ class SpaceOptions:
     tp_experts: bool = True  # tp > 1 for mixture-of-experts models
     tsp_cp_modes: tuple[str, ...] = ("ring", "ulysses")  # context-parallel modes beside TSP
     cp_rotate: str = "allgather"  # how the target's ring moves K/V (recorded in the plan, priced as it runs)
+    max_axes: int | None = None  # meshes with at most this many degrees above 1 (the tie-break's searches)
 
     def with_(self, **kw: object) -> SpaceOptions:
         return replace(self, **kw)  # type: ignore[arg-type]
@@ -257,6 +258,8 @@ def mesh_configs(
                 dp = world // (tp * pp * cp)
                 for dpr, dps in dp_splits(dp, opts.dp_replicate):
                     for ep in ep_degrees(graph, dps * cp) if opts.ep else [1]:
+                        if opts.max_axes is not None and sum(d > 1 for d in (pp, dpr, dps, cp, tp, ep)) > opts.max_axes:
+                            continue
                         for b in micro_batches(w.global_batch, dp, opts):
                             n_mb = w.global_batch // (dp * b)
                             for sched, vpp in schedules(pp, n_mb, blocks, opts):

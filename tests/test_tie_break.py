@@ -9,7 +9,7 @@ import pytest
 
 from planner.api import search_plan
 from planner.explain import explain_data
-from solvers.result import Found, SearchResult, break_tie, parallel_axes
+from solvers.result import Found, break_tie, parallel_axes
 from vocab.strategy import Mesh, Strategy
 
 
@@ -18,9 +18,12 @@ def _found(step: float, **mesh: int) -> Found:
     return Found(strategy=Strategy(mesh=Mesh(**mesh)), report=report, family="hybrid")  # type: ignore[arg-type]
 
 
-def _result(*found: Found) -> SearchResult:
-    return SearchResult(best=found[0], objective=found[0].step_time_s, bound=found[0].step_time_s, status="optimal",
-                        space="full", solver="grid", candidates=len(found), time_s=0.0, alternatives=list(found[1:]))
+def _space(*found: Found) -> object:
+    """A search over the plans ``found``: the fastest of at most ``a`` axes faster than ``cutoff``."""
+    def search_axes(a: int, cutoff: float) -> Found | None:
+        fit = [f for f in found if parallel_axes(f.strategy) <= a and f.step_time_s < cutoff]
+        return min(fit, key=lambda f: f.step_time_s) if fit else None
+    return search_axes
 
 
 def test_parallel_axes_count_the_mesh_degrees_above_one() -> None:
@@ -31,13 +34,14 @@ def test_parallel_axes_count_the_mesh_degrees_above_one() -> None:
 def test_the_fewest_axes_within_the_band_then_the_fastest() -> None:
     fastest = _found(10.0, pp=4, dp_shard=2, cp=2, tp=4)
     simpler = _found(10.5, pp=8, dp_shard=2, tp=4)
+    simpler_slower = _found(10.8, pp=2, dp_shard=4, tp=4)
     simplest_too_slow = _found(12.0, dp_shard=32, tp=2)
-    res = _result(fastest, simpler, simplest_too_slow)
-    assert break_tie(res, 0.10) is simpler  # 5% slower, one axis fewer; the 20% slower one is out
-    assert break_tie(res, 0.01) is fastest  # nothing else is within 1%
-    assert break_tie(res, 0.25) is simplest_too_slow
+    space = _space(fastest, simpler_slower, simpler, simplest_too_slow)
+    assert break_tie(fastest, 0.10, space) is simpler  # 5% slower, one axis fewer (and the faster of two)
+    assert break_tie(fastest, 0.01, space) is fastest  # nothing else is within 1%
+    assert break_tie(fastest, 0.25, space) is simplest_too_slow
     same = _found(10.2, pp=4, dp_shard=2, cp=2, tp=4)
-    assert break_tie(_result(fastest, same), 0.10) is fastest  # equal axes: the faster
+    assert break_tie(fastest, 0.10, _space(fastest, same)) is fastest  # equal axes: the fastest stays
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +51,7 @@ def tied() -> object:
 
 def test_the_plan_records_the_tie_break_and_keeps_the_fastest_first(tied: object) -> None:
     """GPT-3 175B on 1,024 A100s for Megatron-LM: the fastest plan runs four axes (cp=2 among them);
-    a plan 3.5% slower runs three, within the A100's 14% pair band, so it is the plan."""
+    a plan 1% slower runs three (PP8 TP8), within the A100's pair band, so it is the plan."""
     p = tied.plan  # type: ignore[attr-defined]
     tie = p.solver.options["tie_break"]
     fastest = p.alternatives[0]
@@ -59,3 +63,16 @@ def test_the_plan_records_the_tie_break_and_keeps_the_fastest_first(tied: object
     assert "indistinguishable" in verdict and f"runs {tie['axes']} parallel axes to its {tie['fastest_axes']}" in verdict
     fastest_only = search_plan("gpt3-175b", "1024xa100-80gb", 4096, 512, target="megatron", tie_break=False).plan
     assert fastest_only.strategy == fastest.strategy and "tie_break" not in fastest_only.solver.options
+
+
+def test_the_tie_break_searches_the_fewer_axes_not_just_the_runners_up() -> None:
+    """Llama 3 8B on 16 H100 under 14 GiB, staged space: the fastest plan runs three axes; the
+    fastest two-axis plan within the band (per-unit sharding) was pruned by the fastest's search,
+    which cannot beat it; the tie-break's own search finds it, the same as the hybrid space's."""
+    kw = dict(seq_len=8192, global_batch=32, memory_limit_gib=14.0, top_k=1)
+    staged = search_plan("llama3-8b", "16xh100", space="staged", **kw).plan
+    hybrid = search_plan("llama3-8b", "16xh100", space="hybrid", **kw).plan
+    tie = staged.solver.options["tie_break"]
+    assert tie["axes"] == 2 < tie["fastest_axes"] == 3
+    assert staged.predicted.step_time_s == pytest.approx(hybrid.predicted.step_time_s, rel=1e-12)
+    assert staged.alternatives[0].predicted.step_time_s == tie["fastest_step_time_s"] < staged.predicted.step_time_s
