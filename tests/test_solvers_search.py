@@ -311,3 +311,23 @@ def test_runners_up_are_exactly_the_next_best_meshes(setup: tuple) -> None:
         got = [res.objective] + [a.report.step_time_s for a in res.alternatives[:k]]
         assert got == pytest.approx(expected, rel=1e-9)
         assert len({MeshConfig.of(a.strategy) for a in res.alternatives[:k]} | {MeshConfig.of(res.best.strategy)}) == k + 1
+
+
+def test_a_narrowed_space_and_a_cutoff_search_exactly_what_they_keep() -> None:
+    """``max_axes`` keeps the meshes of at most that many degrees above one; a search narrowed so
+    equals the brute force over those meshes, and a ``cutoff`` at or below its optimum finds nothing."""
+    g, cl = load_model(dict(SMALL, layers=2), 1024), parse_cluster("4xh100")
+    w = Workload(seq_len=1024, global_batch=4)
+    opts = SPACES["hybrid"].with_(**{**LIMITED, "max_micro_batch_sizes": 1, "recomputes": ("none",)},
+                                  schedules=("1f1b",), pp=False, cp=False)
+    every = list(mesh_configs(g, cl, w, opts))
+    one = list(mesh_configs(g, cl, w, opts.with_(max_axes=1)))
+    axes = [sum(d > 1 for d in (c.pp, c.dp_replicate, c.dp_shard, c.cp, c.tp, c.ep)) for c in every]
+    assert max(axes) > 1 and one == [c for c, a in zip(every, axes, strict=True) if a <= 1]
+    narrow = opts.with_(max_axes=1)
+    best, _, _ = search_space(g, cl, w, narrow, None)
+    res = search(g, cl, w, narrow, top_k=1)
+    assert res.objective == pytest.approx(best, rel=1e-9)
+    assert search(g, cl, w, narrow, top_k=1, cutoff=best * 1.01).objective == pytest.approx(best, rel=1e-9)
+    with pytest.raises(ShardplanError, match="faster than"):
+        search(g, cl, w, narrow, top_k=1, cutoff=best)
