@@ -13,7 +13,8 @@ its forward that backward recomputes and the bytes of its outputs kept until the
   (routed experts), the router's GEMM (``per_op_sac_force_recompute_mm_shapes_by_fqns``, by default
   ``moe.router.gate``: recomputed and not counted), norms, activations and all-gathers are
   recomputed. A node that fuses several GEMMs (``dims["gemms"]``,
-  Q/K/V or SwiGLU's gate and up) counts as that many calls. An fp8 linear (torchao's
+  Q/K/V or SwiGLU's gate and up) counts as that many calls; a linear layer with a bias runs
+  ``aten.addmm``, which the list does not hold (recomputed, not counted). An fp8 linear (torchao's
   ``Float8Linear``) calls ``aten.mm`` on float8 tensors, which the policy sees, counts and keeps
   (its bf16 output) before the tensor subclass runs ``_scaled_mm``: fp8 keeps what bf16 keeps.
 * ``gemms`` (this project's runtime, :mod:`runtime.checkpointing`): the same checkpoint keeping the
@@ -59,6 +60,14 @@ def expert_outputs(n: LayerNode) -> float:
     return per_token * k * ((mats - 1) * f + h)
 
 
+def has_bias(n: LayerNode) -> bool:
+    """Whether a linear node's parameters hold a bias (``out`` more than its weight's; a QK-norm's
+    two head-wide weights do not divide by ``out``)."""
+    out = int(n.dims.get("out", 0))
+    extra = n.params - int(n.dims.get("in", 0)) * out
+    return out > 0 and extra > 0 and extra % out == 0
+
+
 def lse_bytes(n: LayerNode) -> float:
     """Bytes per sample of the fp32 log-sum-exp a flash attention node returns beside its output
     (one per head and query)."""
@@ -76,7 +85,7 @@ def selective(nodes: list[LayerNode], policy: str) -> list[Kept]:
     for n in nodes:
         if n.kind in ("linear", "router") and policy == "gemms":
             out.append(Kept(0.0, n.out_bytes))
-        elif n.kind == "linear":
+        elif n.kind == "linear" and not has_bias(n):
             widths = gemm_widths(n)
             per_col = n.out_bytes / max(sum(widths), 1)
             saved = 0
@@ -88,9 +97,9 @@ def selective(nodes: list[LayerNode], policy: str) -> list[Kept]:
             out.append(Kept(0.0, n.out_bytes + lse_bytes(n)) if policy == "op" else Kept(1.0, 0.0))
         elif n.kind == "experts" and policy == "gemms":
             out.append(Kept(0.0, expert_outputs(n)))
-        else:  # norms, activations, dropout, the loss; under op the router and the routed experts
+        else:  # norms, activations, dropout, the loss; under op biased linears, the router, the experts
             out.append(Kept(1.0, 0.0))
     return out
 
 
-__all__ = ["OP_POLICIES", "Kept", "expert_outputs", "gemm_widths", "lse_bytes", "selective"]
+__all__ = ["OP_POLICIES", "Kept", "expert_outputs", "gemm_widths", "has_bias", "lse_bytes", "selective"]

@@ -9,6 +9,7 @@ import sys
 import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -177,6 +178,12 @@ def test_fused_nodes_count_their_gemms_in_call_order() -> None:
     assert kept["layers.0.attn.core"].recompute == 0.0
     assert all(k.recompute == 1.0 for n, k in zip(nodes, selective(nodes, "op"), strict=True)
                if n.kind in ("norm", "activation"))
+    # with biases every linear runs aten.addmm, which torchtitan's list does not hold
+    biased = dict(build_graph(replace(LLAMA, bias=True), S).blocks())["layers.0"]
+    assert all(k.recompute == 1.0 and k.out_bytes == 0 for n, k in zip(biased, selective(biased, "op"), strict=True)
+               if n.kind == "linear")
+    assert [k.recompute for n, k in zip(biased, selective(biased, "gemms"), strict=True) if n.kind == "linear"] == [
+        0.0] * 4
 
 
 def test_policies_trade_memory_for_recomputation_on_llama3_8b() -> None:
