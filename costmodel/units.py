@@ -173,7 +173,6 @@ def price_unit(name: str, nodes: Sequence[LayerNode], dev: DeviceModel, cfg: Con
     aw = [act_width(n, w.precision) for n in nodes]
     acts = [n.act_saved_bytes * scale / d * a for n, d, a in zip(nodes, adiv, aw, strict=True)]
     sel = [n.act_selective_bytes * scale / d * a for n, d, a in zip(nodes, adiv, aw, strict=True)]
-    fwd_flops = sum((n.fwd_flops * scale / d for n, d in zip(nodes, tdiv, strict=True)), z)
     hw = sum(((n.fwd_flops + n.bwd_flops) * scale / d for n, d in zip(nodes, tdiv, strict=True)), z)
     params = sum(local, np.zeros(C, dtype=np.int64))
     ew = act_width(None, w.precision)
@@ -187,6 +186,7 @@ def price_unit(name: str, nodes: Sequence[LayerNode], dev: DeviceModel, cfg: Con
 
     policy = selective(nodes, w.selective)
     compute: dict[tuple, tuple[F, ...]] = {}
+    held: dict[str, dict[str, F]] = {}  # what a recomputation mode keeps, whatever the splits
     by_rc: dict[tuple, dict[str, F]] = {}
     by_dp: dict[tuple, dict[str, F]] = {}
     groups: dict[tuple, Any] = {}  # parameter groups and their collectives, shared across options
@@ -197,22 +197,15 @@ def price_unit(name: str, nodes: Sequence[LayerNode], dev: DeviceModel, cfg: Con
         if splits not in compute:
             compute[splits] = _compute(nodes, dev, cfg, w, tdiv, splits, [k.recompute for k in policy])
         fwd, bwd, bwd_w, attn_fwd, attn_time, sel_fwd = compute[splits]
+        if o.recompute not in held:
+            held[o.recompute] = _held(o.recompute, nodes, policy, acts, sel, first_acts, grads_out, hw, tdiv, cfg,
+                                      traffic, w, scale, ew)
         rk = (o.recompute, splits)
         if rk not in by_rc:
             full, part = o.recompute == "full", o.recompute == "selective"
-            checkpointed = full or (part and w.selective in OP_POLICIES)  # only its input kept, and what the policy keeps
-            kept = [a - s if part else a for a, s in zip(acts, sel, strict=True)]
-            loss_held = z if checkpointed else sum((k for n, k in zip(nodes, kept, strict=True) if n.kind == "loss"), z)
-            sel_flops = sum((n.fwd_flops * scale / d * k.recompute for n, d, k in zip(nodes, tdiv, policy, strict=True)),
-                            z) if part else z
             by_rc[rk] = {
-                "activations": first_acts if full else (
-                    _kept_outputs(nodes, policy, cfg, traffic, w, scale, ew, first_acts) if checkpointed
-                    else sum(kept, z)),
+                **held[o.recompute],
                 "recompute": fwd if full else (sel_fwd if part else z),
-                "remat": sum(acts, z) if checkpointed else z,
-                "hw_flops": hw + fwd_flops if full else hw + sel_flops,
-                "pending": grads_out - loss_held,
                 **traffic.comm(dev, _passes(cfg, o.recompute, w.selective), params, fwd + bwd, attn_time, attn_fwd),
             }
         dk = (tuple((op.sharding, op.offload) for op in o.ops), splits)
@@ -261,6 +254,24 @@ def _compute(nodes: list[LayerNode], dev: DeviceModel, cfg: ConfigArrays, w: Wor
         if n.kind == "attention":
             attn_fwd, attn_time = attn_fwd + f, attn_time + f + bw
     return fwd, bwd, bwd_w, attn_fwd, attn_time, sel_fwd
+
+
+def _held(recompute: str, nodes: list[LayerNode], policy: list[Kept], acts: list[F], sel: list[F], first_acts: F,
+          grads_out: F, hw: F, tdiv: list[F], cfg: ConfigArrays, traffic: _Traffic, w: Workload, scale: F, ew: float
+          ) -> dict[str, F]:
+    """What a unit keeps for backward under ``recompute`` (its activations, the transient its
+    backward rematerialises, the output gradients a deferred weight pass holds) and its hardware
+    FLOPs (``hw`` and the forward FLOPs it recomputes)."""
+    z = np.zeros(cfg.size)
+    full, part = recompute == "full", recompute == "selective"
+    frac = [1.0] * len(nodes) if full else [k.recompute for k in policy] if part else [0.0] * len(nodes)
+    flops = hw + sum((n.fwd_flops * scale / d * f for n, d, f in zip(nodes, tdiv, frac, strict=True)), z)
+    if full or (part and w.selective in OP_POLICIES):  # checkpointed: its input and what the policy keeps
+        kept = first_acts if full else _kept_outputs(nodes, policy, cfg, traffic, w, scale, ew, first_acts)
+        return {"activations": kept, "remat": sum(acts, z), "pending": grads_out, "hw_flops": flops}
+    kept_acts = [a - s for a, s in zip(acts, sel, strict=True)] if part else acts
+    loss_held = sum((k for n, k in zip(nodes, kept_acts, strict=True) if n.kind == "loss"), z)
+    return {"activations": sum(kept_acts, z), "remat": z, "pending": grads_out - loss_held, "hw_flops": flops}
 
 
 def _kept_outputs(nodes: list[LayerNode], policy: list[Kept], cfg: ConfigArrays, traffic: _Traffic, w: Workload,
