@@ -24,8 +24,8 @@ from planner.imports import inputs_line
 from planner.reprice import Repriced, block_index
 from vocab.errors import ShardplanError
 from vocab.plan import Plan
-from vocab.strategy import OFFLOADS, RECOMPUTES, Strategy, Workload, split_blocks
-from vocab.targets import Target
+from vocab.strategy import OFFLOADS, RECOMPUTES, WORKLOAD_CHOICES, Strategy, Workload, split_blocks
+from vocab.targets import WORKLOAD_BEHAVIOUR, Target
 
 ORDER: dict[str, tuple[str, ...]] = {"sharding": ("replicate", "zero1", "zero2", "zero3_keep", "zero3"),
                                      "recompute": RECOMPUTES, "offload": OFFLOADS}
@@ -339,14 +339,8 @@ def _precision(n: Nearest, t: Target) -> None:
     if n.mesh["cp"] > 1 and n.fields["cp_mode"] == "ring" and n.fields["cp_rotate"] not in rotate:
         n.behave("ring rotation", f"{n.fields['cp_rotate']} → {rotate[0]} (how {t.name} moves K/V round its ring)")
         n.fields["cp_rotate"] = rotate[0]
-    for key, what, allowed in (("cross_entropy", "cross-entropy", t.behaviour.cross_entropy),
-                               ("grad_dtype", "gradient dtype", t.behaviour.grad_dtype),
-                               ("recv_buffers", "pipeline receive buffers", t.behaviour.recv_buffers),
-                               ("kernels", "memory-bound kernels", t.behaviour.kernels),
-                               ("zero3_master", "ZeRO-3 master weights", t.behaviour.zero3_master),
-                               ("moe_dispatch", "MoE token dispatch", t.behaviour.moe_dispatch),
-                               ("moe_overlap", "MoE all-to-all overlap", t.behaviour.moe_overlap),
-                               ("selective", "selective recomputation", t.behaviour.selective)):
+    for key in WORKLOAD_BEHAVIOUR:
+        what, allowed = WORKLOAD_CHOICES[key][0], getattr(t.behaviour, key)
         if w[key] not in allowed:
             n.behave(what, f"{w[key]} → {allowed[0]} (how {t.name} runs it)")
             w[key] = allowed[0]
