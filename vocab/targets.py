@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from functools import cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -125,33 +125,32 @@ WORKLOAD_BEHAVIOUR = ("cross_entropy", "grad_dtype", "recv_buffers", "kernels", 
                       "moe_overlap", "selective")
 
 
+def _runs(default: str, what: str) -> Any:
+    """A :class:`Behaviour` field: the values the trainer runs (at least one), ``[default]`` where
+    its file names none; ``what`` describes it."""
+    return Field(default_factory=lambda: [default], min_length=1, description=what)
+
+
 class Behaviour(_Strict):
     """How the trainer behaves where the cost model has a knob (``vocab.strategy.Workload``): the
     values it runs, the first being what a search for it assumes."""
 
     cross_entropy: list[Literal["eager", "fused"]] = Field(..., min_length=1)
     grad_dtype: list[Literal["fp32", "bf16"]] = Field(..., min_length=1)
-    recv_buffers: list[Literal["per_micro_batch", "one", "none"]] = Field(
-        default_factory=lambda: ["per_micro_batch"], min_length=1,
-        description="pipeline receive buffers kept beyond the activations (vocab.strategy.Workload)")
-    kernels: list[Literal["eager", "fused"]] = Field(
-        default_factory=lambda: ["eager"], min_length=1,
-        description="how it runs memory-bound kernels (vocab.strategy.Workload.kernels)")
-    zero3_master: list[Literal["optimizer", "parameter"]] = Field(
-        default_factory=lambda: ["optimizer"], min_length=1,
-        description="where ZeRO-3 keeps the fp32 master weights (vocab.strategy.Workload.zero3_master)")
-    cp_rotate: list[Literal["allgather", "alltoall"]] = Field(
-        default_factory=lambda: ["allgather"], min_length=1,
-        description="how its ring attention moves K/V (vocab.strategy.Strategy.cp_rotate)")
-    moe_dispatch: list[Literal["alltoall", "dedup"]] = Field(
-        default_factory=lambda: ["alltoall"], min_length=1,
-        description="how expert parallelism sends tokens to experts (vocab.strategy.Workload.moe_dispatch)")
-    moe_overlap: list[Literal["none", "1f1b"]] = Field(
-        default_factory=lambda: ["none"], min_length=1,
-        description="whether its expert-parallel all-to-alls hide under compute (vocab.strategy.Workload.moe_overlap)")
-    selective: list[Literal["attention", "op", "gemms"]] = Field(
-        default_factory=lambda: ["attention"], min_length=1,
-        description="what its selective recomputation keeps (vocab.strategy.Workload.selective)")
+    recv_buffers: list[Literal["per_micro_batch", "one", "none"]] = _runs(
+        "per_micro_batch", "pipeline receive buffers kept beyond the activations (vocab.strategy.Workload)")
+    kernels: list[Literal["eager", "fused"]] = _runs(
+        "eager", "how it runs memory-bound kernels (vocab.strategy.Workload.kernels)")
+    zero3_master: list[Literal["optimizer", "parameter"]] = _runs(
+        "optimizer", "where ZeRO-3 keeps the fp32 master weights (vocab.strategy.Workload.zero3_master)")
+    cp_rotate: list[Literal["allgather", "alltoall"]] = _runs(
+        "allgather", "how its ring attention moves K/V (vocab.strategy.Strategy.cp_rotate)")
+    moe_dispatch: list[Literal["alltoall", "dedup"]] = _runs(
+        "alltoall", "how expert parallelism sends tokens to experts (vocab.strategy.Workload.moe_dispatch)")
+    moe_overlap: list[Literal["none", "1f1b"]] = _runs(
+        "none", "whether its expert-parallel all-to-alls hide under compute (vocab.strategy.Workload.moe_overlap)")
+    selective: list[Literal["attention", "op", "gemms"]] = _runs(
+        "attention", "what its selective recomputation keeps (vocab.strategy.Workload.selective)")
 
     def workload(self, **asked: str | None) -> dict[str, str]:
         """The workload fields a plan for the target is priced with: the value asked for of each
