@@ -98,6 +98,7 @@ class Assembled:
     hw_flops: F  # hardware FLOPs of one step over all ranks
     n_mb: F  # (n,)
     p2p_total: F  # (n,): send/recv seconds of all stage boundaries per micro-batch
+    host: F  # host bytes of the worst rank's offloaded states
     # per rank (n, O, p), filled with ``detail``
     rank_time: F | None = None
     pipe: F | None = None
@@ -169,7 +170,8 @@ def assemble(ua: Sequence[UnitCost], layout: Layout, cfg: ConfigArrays, dev: Dev
     held = (sig * mult[:, None]).sum(axis=0)
     hw = units.mix("hw_flops", held[None, :])[..., 0]
     hw = hw * m[:, None] * (cfg.dp * cfg.tp * cfg.cp)[:, None]
-    a = Assembled(step, memory, hw, m, (p2p_rank * mult).sum(axis=1))
+    host = per_rank("host_bytes").max(axis=2)
+    a = Assembled(step, memory, hw, m, (p2p_rank * mult).sum(axis=1), host)
     if detail:
         a.rank_time, a.pipe, a.bubble, a.dp_exposed = t_r, pipe, bubble, dp_exposed
         a.optim, a.offload, a.ranks, a.p2p = optim, offload, [mem.rank(i) for i in range(len(ranks))], p2p_rank

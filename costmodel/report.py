@@ -84,6 +84,8 @@ class Report:
     num_microbatches: int
     fits: bool = True
     notes: list[str] = field(default_factory=list)
+    host_per_node_gib: float = 0.0  # offloaded states in one node's host memory (worst rank x GPUs per node)
+    host_limit_per_node_gib: float = 0.0  # what they may use there; 0 = not recorded, not bounded
 
     def to_dict(self) -> dict[str, Any]:
         t = self.time
@@ -103,4 +105,6 @@ class Report:
                      "offload_s": t.offload},
             "stages": [s.to_dict() for s in self.stages],
             "notes": list(self.notes),
+            **({"host_per_node_gib": self.host_per_node_gib, "host_limit_per_node_gib": self.host_limit_per_node_gib}
+               if self.host_per_node_gib else {}),
         }

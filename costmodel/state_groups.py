@@ -46,7 +46,7 @@ HOST_ADAM_STATE_BYTES = 16
 MASTER_BYTES = 4
 SHARDING_LEVEL = {"replicate": 0, "zero1": 1, "zero2": 2, "zero3": 3, "zero3_keep": 3}
 _FIELDS = ("state_params", "state_grads", "state_optim", "param_bytes", "grad_bytes", "optim_bytes", "comm_dp",
-           "step_comm", "optim", "offload", "gathered", "accumulate")
+           "step_comm", "optim", "offload", "gathered", "accumulate", "host_bytes")
 
 
 def state_bytes(w: Workload) -> tuple[int, int, int]:
@@ -167,6 +167,12 @@ def _data_parallel(sg: StateGroup, sharding: str, offload: str, grp: AxisGroup, 
     n_mb = cfg.num_microbatches(w.global_batch)
     out["accumulate"] = accumulate_time(dev, grads_on_device, n_mb)
     local_opt = params / o_div
+    # what stays in host memory: the host optimizer's fp32 master, moments and gradient, and under
+    # parameter offload a 16-bit parameter shard beside it unless the shard is the master (FSDP2)
+    host = params_i * HOST_ADAM_STATE_BYTES // o_div.astype(np.int64) if on_host else 0 * params_i
+    if offload == "params" and w.precision != "fp32":
+        host = host + np.where(master, 0, params_i * pbs // p_div.astype(np.int64))
+    out["host_bytes"] = host
     if offload == "params":  # FSDP2's CPU offload: every gather copies the shard up, every backward sends its gradient down
         # the shard that moves is the one kept: FSDP's fp32 master under ``zero3_master = parameter``
         per_mb = params / p_div * pbs * (1 if keep else 2) + params / g_div * GRAD_REDUCE_BYTES

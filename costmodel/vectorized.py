@@ -22,7 +22,7 @@ import numpy as np
 from costmodel.assemble import Layout, Stacked, assemble
 from costmodel.configs import ConfigArrays
 from costmodel.device import DeviceModel
-from costmodel.estimate import tied_sum_bytes
+from costmodel.estimate import host_fits, tied_sum_bytes
 from costmodel.node_costs import node_times
 from costmodel.pipeline import ramp_step, time_shared
 from costmodel.report import GIB
@@ -134,7 +134,7 @@ def price_grid(graph: LayerGraph, cluster: Cluster, w: Workload, configs: Sequen
         uopts = [UnitOption.uniform(nodes, o.sharding, o.recompute if block else "none", o.offload,
                                     large if o.large else frozenset()) for o in opts]
         ua.append(price_unit(name, nodes, dev, cfg, w, uopts))
-    out = {k: np.zeros((C, n_opt)) for k in ("step", "mem", "hw")}
+    out = {k: np.zeros((C, n_opt)) for k in ("step", "mem", "hw", "host")}
     n_mb, p2p_total = np.zeros(C), np.zeros(C)
     tail = tied_sum_bytes(graph, cfg.pp, cfg.tp, w)
     key = np.stack([cfg.pp, cfg.vpp])
@@ -145,6 +145,7 @@ def price_grid(graph: LayerGraph, cluster: Cluster, w: Workload, configs: Sequen
         a = assemble(ua, grid_layout(graph, int(key[0, s]), int(key[1, s])), cfg.rows(sl), dev, w, tail[sl],
                      stacked=stacked.take(sl))
         out["step"][sl], out["mem"][sl], out["hw"][sl] = a.step, a.memory / GIB, a.hw_flops
+        out["host"][sl] = host_fits(a.host, cluster)
         n_mb[sl], p2p_total[sl] = a.n_mb, a.p2p_total
     back = np.argsort(order)  # the caller's order
     out = {k: v[back] for k, v in out.items()}
@@ -155,7 +156,7 @@ def price_grid(graph: LayerGraph, cluster: Cluster, w: Workload, configs: Sequen
     return GridReport(
         configs=list(configs), options=opts, step_time_s=step, memory_peak_gib=out["mem"],
         tokens_per_s_per_gpu=tokens / step / cluster.world_size, mfu=graph.train_flops * w.global_batch / step / peak,
-        hfu=out["hw"] / step / peak, fits=out["mem"] <= limit, num_microbatches=n_mb, memory_limit_gib=limit,
+        hfu=out["hw"] / step / peak, fits=(out["mem"] <= limit) & (out["host"] > 0), num_microbatches=n_mb, memory_limit_gib=limit,
         units=ua, unit_index=index, p2p_total=p2p_total)
 
 

@@ -196,7 +196,9 @@ def explain_data(plan: Plan) -> dict[str, Any]:
         "predicted": {"step_time_s": pred["step_time_s"], "tokens_per_s_per_gpu": pred["tokens_per_s_per_gpu"],
                       "mfu": pred["mfu"], "hfu": pred["hfu"], "memory_peak_gib": pred["memory_peak_gib"],
                       "memory_limit_gib": limit, "fits": bool(pred.get("fits", pred["memory_peak_gib"] <= limit)),
-                      "device_gib": device_gib(plan), "headroom": headroom_text(plan), "band": plan_band(plan)},
+                      "device_gib": device_gib(plan), "headroom": headroom_text(plan), "band": plan_band(plan),
+                      "host_per_node_gib": pred.get("host_per_node_gib", 0.0),
+                      "host_limit_per_node_gib": pred.get("host_limit_per_node_gib", 0.0)},
         "mesh": mesh_placement(plan),
         "schedule": schedule_info(plan),
         "layer_strategies": runs(plan.strategy, units),
@@ -237,6 +239,11 @@ def render_explain(d: dict[str, Any], console: Console) -> None:
                   f"{p['mfu']:.1%}  |  peak {p['memory_peak_gib']:.1f} / {p['memory_limit_gib']:.1f} GiB {fit} "
                   f"({escape(p['headroom'])})")
     console.print(f"[bold]target[/] {escape(target_line(d['target']))}", highlight=False)
+    if p.get("host_per_node_gib"):
+        cap = p["host_limit_per_node_gib"]
+        console.print(f"[bold]host memory[/] offloaded states {p['host_per_node_gib']:,.0f} GiB per node "
+                      + (f"of the {cap:,.0f} GiB they may use" if cap else "(the node's host memory is not recorded: "
+                         "not checked)"), highlight=False)
     if p.get("band"):
         console.print(f"[bold]step time[/] {escape(band_text(p['band']))}", highlight=False)
     for note in d["caveats"]:

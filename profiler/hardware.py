@@ -51,6 +51,12 @@ MAX_COST_CONSTANT = 1e18
 DEFAULT_RESERVE = 0.05
 #: the largest reserve accepted
 MAX_RESERVE = 0.9
+#: host memory per node, GB
+MAX_HOST_GB = 1_000_000_000.0
+#: the fraction of a node's host memory offloaded states leave to everything else: the OS and page
+#: cache, the data loader's workers and the trainer's pinned staging buffers. A policy, not a
+#: measurement (as :data:`DEFAULT_RESERVE` is for the GPU).
+HOST_RESERVE = 0.10
 
 Fraction = Annotated[float, Field(gt=0.0, le=1.0)]
 Count = Annotated[int, Field(gt=0, le=MAX_WORLD_SIZE)]
@@ -91,6 +97,7 @@ class _AcceleratorDoc(_Strict):
     scale_up: _TierDoc
     scale_out: _TierDoc
     host_link_gbps: Annotated[float, Field(gt=0.0, le=MAX_LINK_GBPS)]
+    host_memory_gb: Annotated[float, Field(ge=0.0, le=MAX_HOST_GB)] = 0.0
     gemm_efficiency: Fraction
     busbw_efficiency: Fraction
     attention_efficiency: dict[Literal["flash2", "flash3"], Fraction] | None = None
@@ -151,6 +158,9 @@ class Accelerator:
         gpus_per_node: GPUs in one server (compute tray for NVL72).
         scale_up / scale_out: the two network tiers.
         host_link_gbps: device-host bandwidth per direction (PCIe, NVLink-C2C), for offload.
+        host_memory_gb: host memory (DRAM) of one node of ``gpus_per_node`` GPUs, in 1e9-byte GB
+            (the reference server's: DGX, NVL72 compute tray); offloaded states must fit in it
+            (:attr:`Cluster.host_bytes_per_node`). 0 = not recorded, and offload is not bounded.
         gemm_efficiency: measured best bf16 GEMM throughput over peak.
         busbw_efficiency: measured large-message ring bus bandwidth over the scale-up spec.
         attention_efficiency: best published forward throughput of each flash-attention kernel
@@ -180,6 +190,7 @@ class Accelerator:
     cores_per_node: int = 0
     cost_constants: dict[str, float] = field(default_factory=dict)
     memory_reported_mib: float = 0.0
+    host_memory_gb: float = 0.0
     vendor: str = ""
     aliases: tuple[str, ...] = ()
     sources: dict[str, str] = field(default_factory=dict)
@@ -384,6 +395,13 @@ class Cluster:
     def device_bytes(self) -> float:
         """Bytes of one GPU: the cluster's ``memory_gb``, else what the accelerator reports."""
         return self.memory_gb * 1e9 if self.memory_gb else self.accelerator.memory_bytes
+
+    @property
+    def host_bytes_per_node(self) -> float:
+        """Host bytes offloaded states may use on one node: the accelerator's server memory, per GPU
+        times this cluster's GPUs per node, less :data:`HOST_RESERVE`; 0 when not recorded."""
+        acc = self.accelerator
+        return acc.host_memory_gb * 1e9 / acc.gpus_per_node * self.gpus_per_node * (1 - HOST_RESERVE)
 
     @property
     def memory_bytes(self) -> float:

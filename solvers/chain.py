@@ -51,6 +51,7 @@ class Option:
     r: float = 0.0
     key: Any = None
     end: float = 0.0  # memory at the end of backward (states with every gradient)
+    host: float = 0.0  # offloaded states in host memory
 
 
 @dataclass
@@ -62,6 +63,7 @@ class ChainProblem:
     transitions: list[np.ndarray] | None = None  # len(classes) - 1 matrices (options_i x options_i+1)
     names: list[str] = field(default_factory=list)
     tail: float | None = None  # transient at the end of backward; None: no such constraint
+    host_budget: float | None = None  # host bytes the rank's offloaded states may use; None: unbounded
 
     @property
     def units(self) -> int:
@@ -83,8 +85,19 @@ class ChainProblem:
         run = sum(o.mem for o in opts) + g + max((o.r for o in opts), default=0.0)
         return run if self.tail is None else max(run, sum(o.end for o in opts) + g + self.tail)
 
+    def host(self, choice: Sequence[int]) -> float:
+        return sum(self.unit_options(i)[c].host for i, c in enumerate(choice))
+
     def fits(self, choice: Sequence[int]) -> bool:
-        return self.memory(choice) <= self.budget
+        return self.memory(choice) <= self.budget and (self.host_budget is None
+                                                       or self.host(choice) <= self.host_budget)
+
+    @property
+    def host_binds(self) -> bool:
+        """Whether the host budget can exclude a choice (the units' largest host bytes exceed it)."""
+        if self.host_budget is None:
+            return False
+        return sum(max(o.host for o in self.unit_options(i)) for i in range(self.units)) > self.host_budget
 
     def counts(self) -> Counter[int]:
         return Counter(self.classes)
@@ -109,7 +122,7 @@ class ChainSolution:
 def pareto(options: list[Option]) -> list[int]:
     """Indices of the options no other option beats or equals on every field (first of equals kept)."""
     keep: list[int] = []
-    vec = [(o.a, o.d, o.mem, o.g, o.r, o.end) for o in options]
+    vec = [(o.a, o.d, o.mem, o.g, o.r, o.end, o.host) for o in options]
     for i, v in enumerate(vec):
         dominated = False
         for j, u in enumerate(vec):
@@ -134,6 +147,7 @@ def reduced(prob: ChainProblem) -> tuple[ChainProblem, list[list[int]]]:
         None,
         prob.names,
         prob.tail,
+        prob.host_budget,
     ), maps
 
 
@@ -224,7 +238,10 @@ def mesh_problem(
         options.append([unit_option(u, m, c, key, head=w.loss_buffer if is_head else 0.0, held=bool(grads_held(1, m)))
                         for u, key in zip(costs, mine, strict=True)])
     tail = tied_sum_bytes(graph, 1, cfg.tp, w)
-    return ChainProblem(options, index, memory_budget(dev, cfg, limit_gib), c.step_overhead_s, None, names, tail)
+    host = dev.cluster.host_bytes_per_node / dev.cluster.gpus_per_node
+    offloads = any(o.host > 0 for opts in options for o in opts)
+    return ChainProblem(options, index, memory_budget(dev, cfg, limit_gib), c.step_overhead_s, None, names, tail,
+                        host * (1 - BUDGET_SAFETY) if host and offloads else None)
 
 
 def unit_option(
@@ -248,6 +265,7 @@ def unit_option(
         r=u.remat,
         key=key,
         end=states,
+        host=u.host_bytes,
     )
 
 

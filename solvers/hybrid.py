@@ -324,7 +324,7 @@ def _items(graph: LayerGraph, parts: list[Part], configs: list[MeshConfig],
 
 
 _SIG_FIELDS = ("time", "activations", "remat", "states", "gathered", "step_comm", "window", "optim",
-               "offload", "bwd_weight", "pending")
+               "offload", "bwd_weight", "pending", "host_bytes")
 
 
 def _signature(gr: GridReport, i: int, cols: list[int], cfg: MeshConfig, w: Workload, dev: DeviceModel,
@@ -346,7 +346,8 @@ def _signature(gr: GridReport, i: int, cols: list[int], cfg: MeshConfig, w: Work
 def _view(u: Any, i: int, j: int) -> UnitView:
     f = (u.time, u.activations, u.remat, u.states, u.gathered, u.step_comm, u.window, u.optim)
     return UnitView(*(float(x[i, j]) for x in f),
-                    float(u.offload[i, j]), float(u.bwd_weight[i, j]), float(u.out_bytes[i]), float(u.pending[i, j]))
+                    float(u.offload[i, j]), float(u.bwd_weight[i, j]), float(u.out_bytes[i]), float(u.pending[i, j]),
+                    float(u.host_bytes[i, j]))
 
 
 def _grid_builder(gr: GridReport, i: int, j: int, units: list[str]) -> Callable[[], Strategy]:

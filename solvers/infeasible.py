@@ -220,7 +220,15 @@ def explain(
 ) -> ShardplanError:
     gib, s = min_memory(graph, cluster, w, opts, dev, configs)
     rep = estimate(graph, cluster, s, w, device=dev)
+    host = (f"{rep.host_per_node_gib:.0f} GiB of offloaded states per node, where a node's host memory holds "
+            f"{rep.host_limit_per_node_gib:.0f} GiB for them")
+    if gib <= limit and rep.host_per_node_gib > rep.host_limit_per_node_gib > 0:
+        return ShardplanError(
+            f"no plan in the '{opts.name}' space fits {limit:.2f} GiB per GPU and the host memory of a node: the "
+            f"least per-GPU memory, {gib:.2f} GiB ({_describe(s, graph)}), takes {host}")
     why = dominant(graph, cluster, s, w, rep, dev)
+    if rep.host_per_node_gib > rep.host_limit_per_node_gib > 0:
+        why += f"; and it takes {host}"
     return ShardplanError(
         f"no plan in the '{opts.name}' space fits {limit:.2f} GiB per GPU: the smallest per-GPU memory any "
         f"plan needs is {gib:.2f} GiB ({_describe(s, graph)}), dominated by {why}"

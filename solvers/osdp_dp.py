@@ -22,6 +22,9 @@ memory dimension. When no plan can make it bind (every option's ``end - mem`` su
 plus the tail, stays at or below zero) it is dropped and nothing changes. Otherwise the conservative
 run asks ``Σ max(mem, end) <= budget - G - max(R, tail)``, which implies both constraints, and the
 relaxed run drops it, which keeps its optimum a lower bound: the gap says what that cost.
+
+A problem whose host-memory budget can bind (offloaded states of the node) has a third resource the
+DP does not track: it answers ``unsupported`` and the ILP, which takes it as one more row, solves it.
 """
 
 from __future__ import annotations
@@ -195,6 +198,9 @@ def solve_dp(
     long as units × options × buckets stays under ``work``): the best plan of every run and the
     largest of their lower bounds are kept."""
     t0 = time.perf_counter()
+    if prob.host_binds:  # a second budget the DP's one memory dimension does not track
+        return ChainSolution(None, INF, -INF, "unsupported", 0.0,
+                             {"reason": "the host memory budget binds: only the ILP takes two budgets"})
     red, maps = reduced(prob)
     best: tuple[float, list[int]] | None = None
     lower = -INF

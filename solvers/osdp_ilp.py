@@ -185,6 +185,10 @@ def solve_ilp(
         if cap is not None:
             mem_row[cap] = 1.0
     md.row(mem_row, hi=budget * scale)
+    if red.host_binds:  # the offloaded states of the rank in its share of the node's host memory
+        host_row = {v: o.host / red.host_budget for row_cols, (_, k) in zip(cols, groups, strict=True)
+                    for v, o in zip(row_cols, red.options[k], strict=True) if o.host > 0}
+        md.row(host_row, hi=1.0)
     if red.tail is not None:
         if G is not None:
             end_row[G] = 1.0

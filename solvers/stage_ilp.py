@@ -128,6 +128,7 @@ class _Formulation:
         self.ycols: dict[tuple[int, int], list[tuple[Opt, int]]] = {}  # (stage, class) -> option counts
         self.stage_of: dict[tuple[int, int], int] = {}  # (block, stage) -> binary (several classes, free)
         self.end_cols: dict[str, list[tuple[Opt, int]]] = {}
+        self.host: list[dict[int, float]] = [{} for _ in range(pp.p)]  # per stage: offloaded states' host bytes
 
     def _unit(self, k: int, col: int, u: UnitView, held: float, hi: int) -> None:
         """Column ``col`` counts units costing ``u`` on stage ``k`` (``held`` bytes of micro-batches
@@ -139,6 +140,8 @@ class _Formulation:
         mem = (u.states + held) * self.scale
         if mem:
             self.ex[k]["memory"][col] = self.ex[k]["memory"].get(col, 0.0) + mem
+        if u.host:
+            self.host[k][col] = self.host[k].get(col, 0.0) + u.host
         if u.gathered <= 0 and u.recompute_peak <= 0:
             return
         z = col  # present on the stage
@@ -215,6 +218,10 @@ class _Formulation:
         for k in range(self.p):
             self.md.row({**self.ex[k]["memory"], self.gathered[k]: 1.0, self.remat[k]: 1.0},
                         hi=1.0 - MEMORY_MARGIN - self.pp.recv(k) * self.scale)
+        budgets = [q.host_budget for q in self.qs if q.host_budget is not None]
+        for k in range(self.p):  # a stage's offloaded states in its share of the node's host memory
+            if self.host[k] and budgets:
+                self.md.row({col: h / budgets[0] for col, h in self.host[k].items()}, hi=1.0 - MEMORY_MARGIN)
 
     def step(self) -> float:
         """The objective's rows and costs; returns its constant."""

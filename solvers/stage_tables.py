@@ -25,7 +25,7 @@ from costmodel.pipeline import in_flight, weights_pending
 from costmodel.unit_classes import block_classes, unit_classes, unit_names
 from costmodel.units import UnitCost
 from profiler.graph import LayerGraph
-from solvers.chain import memory_budget, price_options
+from solvers.chain import BUDGET_SAFETY, memory_budget, price_options
 from vocab.strategy import MeshConfig, Workload
 
 INF = float("inf")
@@ -100,6 +100,7 @@ class UnitView:
     weight: float
     out_bytes: float
     pending: float = 0.0  # added while its weight gradients wait (zero bubble)
+    host: float = 0.0  # offloaded states in host memory
 
     def held(self, fly: float, pend: float) -> float:
         """Bytes of this unit's micro-batches in flight: ``fly`` of activations, ``pend`` of them
@@ -112,7 +113,7 @@ class UnitView:
     @classmethod
     def of(cls, u: UnitCost) -> UnitView:
         return cls(u.time, u.activations, u.remat, u.states, u.gathered, u.step_comm, u.window, u.optim, u.offload,
-                   u.bwd_weight, u.out_bytes, u.pending)
+                   u.bwd_weight, u.out_bytes, u.pending, u.host_bytes)
 
 
 class PipelineProblem:
@@ -140,6 +141,8 @@ class PipelineProblem:
                                                       cfg, dev, w)] for k in set(index)}
         self.bucket = bucket_bytes(dev.c, cfg.dp)
         self.budget = memory_budget(dev, cfg, limit_gib) + self.bucket
+        host = dev.cluster.host_bytes_per_node / dev.cluster.gpus_per_node  # a rank's share of its node's
+        self.host_budget = host * (1 - BUDGET_SAFETY) if host and offload != "none" else None
         out = self.costs[self.block_cls[-1]][0].out_bytes
         self.p2p = float(boundary_time(dev, np.array([out]), one_config(cfg), self.p)[0])
         self.cache: dict[tuple, Any] = {}
@@ -252,8 +255,17 @@ class PipelineProblem:
                 tab.nf = np.where(better, j, tab.nf)
                 tab.na = np.where(better, na[rows, j], tab.na)
         tab.time[0] = INF  # every stage holds at least one block
+        tab.time[~self.host_fits(r, emb, head, n_max)] = INF
         self.evaluated += n_max + 1
         return tab
+
+    def host_fits(self, r: int, emb: bool, head: bool, n_max: int) -> np.ndarray:
+        """Whether rank ``r`` holding 0..n_max blocks of the only block class (and emb/head) keeps its
+        offloaded states within its share of the node's host memory."""
+        n = np.arange(n_max + 1)
+        if self.host_budget is None:
+            return np.ones(n_max + 1, dtype=bool)
+        return n * self.costs[self.kinds[0]][0].host + self.host({}, emb, head) <= self.host_budget
 
     def _two(self, tab: _Table, n: np.ndarray, fixed: np.ndarray, r_eh: float, base_t: float, e: int | None,
              h: int | None, fly: float, pend: float) -> None:
@@ -340,7 +352,10 @@ class PipelineProblem:
             best[r] = lo + (np.argmin(t[lo:hi], axis=0) if hi - lo > 1 else 0)
         cols = np.arange(L + 1)[None, :]
         eh = np.stack([rows_e, rows_h], axis=1)
-        self.batch = {"time": t[best, cols], "e": eh[best, 0], "h": eh[best, 1],
+        t_best = t[best, cols]
+        for r in range(p):
+            t_best[r, ~self.host_fits(r, r == 0, r == p - 1, L)] = INF
+        self.batch = {"time": t_best, "e": eh[best, 0], "h": eh[best, 1],
                       "nf": nf[best, cols].astype(int),
                       "na": n - nf[best, cols], "f": f, "rest": rest}
         self.evaluated += p * (L + 1)
@@ -382,6 +397,8 @@ class PipelineProblem:
 
     def stage(self, r: int, counts: dict[int, int], emb: bool, head: bool, bounds: int) -> StageCost | None:
         """Least time of pipeline rank ``r`` holding ``counts`` blocks per class (and emb/head)."""
+        if self.host_budget is not None and self.host(counts, emb, head) > self.host_budget:
+            return None
         if self.single:
             key = (r, emb, head, bounds)
             if key not in self.cache:
@@ -391,6 +408,15 @@ class PipelineProblem:
         if key not in self.cache:
             self.cache[key] = [self._general(r, counts, emb, head, bounds)]
         return self.cache[key][0]
+
+    def host(self, counts: dict[int, int], emb: bool, head: bool) -> float:
+        """Host bytes of a rank's offloaded states holding ``counts`` blocks per class (and emb/head):
+        they follow the problem's sharding and offload, whatever recomputes."""
+        out = sum(n * self.costs[k][0].host for k, n in counts.items())
+        for on, k in ((emb, self.emb), (head, self.head)):
+            if on and k is not None:
+                out += self.costs[k][0].host
+        return out
 
     def _general(self, r: int, counts: dict[int, int], emb: bool, head: bool, bounds: int
                  ) -> StageCost | None:

@@ -195,6 +195,8 @@ def pipeline_objective(qs: Sequence[PipelineProblem], per_unit: Sequence[tuple[i
         mem = (sum(u.states + held for u, held in units[r]) + max((u.gathered for u in us), default=0.0) + pp.recv(r)
                + max((u.recompute_peak for u in us), default=0.0))
         fits = fits and mem <= pp.budget - pp.bucket
+        host = sum(u.host for u in us)
+        fits = fits and (pp.host_budget is None or host <= pp.host_budget)
     total = vals[0]
     for sv in vals[1:]:
         total = _extend(total, sv)
