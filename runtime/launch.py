@@ -290,11 +290,13 @@ def _all_done(out_dir: Path, nproc: int) -> bool:
 
 
 def _failure(out_dir: Path, rank: int, fallback: str) -> str:
-    """The failing rank's own message, else ``fallback`` (a rank killed without a word)."""
-    mine = out_dir / f"error.{rank}"
-    if mine.exists():
-        return f"rank {rank} failed: {mine.read_text().split(SEP)[0]}"
-    return fallback
+    """Why ``rank`` ended: when it raised, the message of the rank that raised first (its error file
+    is the oldest: the others fail after it, on the broken connection, and whichever the join sees
+    first is a race); else ``fallback`` (a rank killed without a word)."""
+    if not (out_dir / f"error.{rank}").exists():
+        return fallback
+    first = min(out_dir.glob("error.*"), key=lambda f: (f.stat().st_mtime_ns, f.name))
+    return f"rank {first.name.split('.')[1]} failed: {first.read_text().split(SEP)[0]}"
 
 
 def _kill(procs: list[Any]) -> None:
