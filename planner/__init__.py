@@ -6,9 +6,12 @@ Importing ``planner`` is light: the plan schema and the CLI import heavy package
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from vocab.plan import Plan, register_viewer
+from vocab.viewers import register_viewer
+
+if TYPE_CHECKING:
+    from vocab.plan import Plan
 
 
 def _plan_view(plan: Plan) -> Any:

@@ -12,9 +12,11 @@ import hashlib
 import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import networkx as nx
+if TYPE_CHECKING:
+    import networkx as nx
+
 
 #: Operator kinds the cost model knows how to price.
 OP_KINDS = (
@@ -125,6 +127,8 @@ class LayerGraph:
     # ---- networkx view -------------------------------------------------------------------
     def to_networkx(self) -> nx.DiGraph:
         """A DiGraph whose nodes carry the :class:`LayerNode` fields, edges in execution order."""
+        import networkx as nx  # only for this view: 80 ms of every command's start-up otherwise
+
         g = nx.DiGraph(model_id=self.model_id, seq_len=self.seq_len)
         prev = None
         for n in self.nodes:

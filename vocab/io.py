@@ -6,19 +6,20 @@ names the file (``origin``) and the reason, never a traceback.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import stat
 import tempfile
 from pathlib import Path
-from typing import Any, TypeVar
-
-import yaml
-from pydantic import BaseModel, ValidationError
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from vocab.errors import ShardplanError, describe_validation_error
 
-M = TypeVar("M", bound=BaseModel)
+if TYPE_CHECKING:  # pydantic and PyYAML load where a document is read, not at every start-up
+    from pydantic import BaseModel
+
+M = TypeVar("M", bound="BaseModel")
 
 #: the largest document read (bytes): plans, profiles, model, cluster and batch files are far smaller
 MAX_DOCUMENT_BYTES = 64 * 2**20
@@ -134,27 +135,34 @@ def check_depth(data: Any, origin: str, error: type[ShardplanError] = ShardplanE
     return data
 
 
-class _BoundedLoader(yaml.SafeLoader):
+@functools.cache
+def _bounded_loader() -> type:
     """PyYAML's safe loader (plain data, no tags that build objects) that refuses documents using
-    more than :data:`MAX_YAML_ALIASES` aliases."""
+    more than :data:`MAX_YAML_ALIASES` aliases (made on first use: PyYAML loads with it)."""
+    import yaml
 
-    def __init__(self, stream: str):
-        super().__init__(stream)
-        self.aliases = 0
+    class BoundedLoader(yaml.SafeLoader):
+        def __init__(self, stream: str):
+            super().__init__(stream)
+            self.aliases = 0
 
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            self.aliases += 1
-            if self.aliases > MAX_YAML_ALIASES:
-                raise yaml.YAMLError(f"more than {MAX_YAML_ALIASES} aliases")
-        return super().compose_node(parent, index)
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                self.aliases += 1
+                if self.aliases > MAX_YAML_ALIASES:
+                    raise yaml.YAMLError(f"more than {MAX_YAML_ALIASES} aliases")
+            return super().compose_node(parent, index)
+
+    return BoundedLoader
 
 
 def decode_yaml(text: str, origin: str, error: type[ShardplanError] = ShardplanError) -> Any:
     """``text`` decoded as YAML (JSON is YAML too) with the safe loader, at most
     :data:`MAX_YAML_ALIASES` aliases and :data:`MAX_DEPTH` levels, or ``error`` naming ``origin``."""
+    import yaml
+
     try:
-        data = yaml.load(text, Loader=_BoundedLoader)  # noqa: S506 (a SafeLoader subclass)
+        data = yaml.load(text, Loader=_bounded_loader())  # noqa: S506 (a SafeLoader subclass)
     except yaml.YAMLError as e:
         where = getattr(e, "problem_mark", None)
         at = f" at line {where.line + 1} column {where.column + 1}" if where is not None else ""
@@ -219,6 +227,8 @@ def decode_json(text: str, origin: str, error: type[ShardplanError] = ShardplanE
 def validate_document(model: type[M], data: Any, origin: str, what: str,
                       error: type[ShardplanError] = ShardplanError) -> M:
     """``data`` validated as ``model``; errors name the first fields and their reasons."""
+    from pydantic import ValidationError
+
     try:
         return model.model_validate(data)
     except ValidationError as e:

@@ -5,7 +5,7 @@ keeps it in step. A document that does not validate raises :class:`PlanError` na
 the reason.
 
 A plan's notebook conveniences (``to_dataframe``, ``plot``, ``export``, the HTML view) delegate to
-the view that :func:`register_viewer` installs; importing ``planner`` installs
+the view that :func:`vocab.viewers.register_viewer` installs; importing ``planner`` installs
 ``planner.notebook.PlanView``.
 """
 
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -32,6 +31,7 @@ from pydantic_core import PydanticCustomError
 from vocab.errors import ShardplanError, describe_validation_error
 from vocab.io import canonical_json, decode_json, document_schema, read_text, validate_document, write_atomic
 from vocab.strategy import Strategy, Workload
+from vocab.viewers import register_viewer, registered  # noqa: F401  (register_viewer: re-exported)
 
 SCHEMA_VERSION = "1.6"
 #: versions this shardplan reads: 1.1 added ``inputs.model_graph`` (a 1.0 document is a 1.1 one without
@@ -45,7 +45,6 @@ READABLE_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "1.6")
 #: the target a document records when it names none: the whole plan vocabulary (``vocab.targets``)
 ANY_TARGET = "any"
 SCHEMA_PATH = Path(__file__).parent / "plan.schema.json"
-_VIEWER: list[Callable[[Plan], Any]] = []
 
 
 #: a finite number at least 0 (an integer is taken as a float)
@@ -327,9 +326,10 @@ class Plan(_Doc):
 
     def view(self) -> Any:
         """The registered notebook view of this plan (``planner.notebook.PlanView``)."""
-        if not _VIEWER:
+        view = registered()
+        if view is None:
             raise ShardplanError("notebook views of a plan need the planner: import planner")
-        return _VIEWER[-1](self)
+        return view(self)
 
     def to_dataframe(self) -> Any:
         """One row per unit: stage, sharding, recompute, offload, split, memory and time."""
@@ -355,11 +355,6 @@ def _check_fits(s: Strategy, inp: PlanInputs, where: str) -> None:
     if gb % (s.mesh.dp * s.micro_batch):
         raise _rule(f"{where}micro_batch x dp = {s.micro_batch} x {s.mesh.dp} does not divide "
                     f"inputs.workload.global_batch {gb}")
-
-
-def register_viewer(factory: Callable[[Plan], Any]) -> None:
-    """Make ``factory(plan)`` the view :class:`Plan`'s notebook conveniences delegate to."""
-    _VIEWER.append(factory)
 
 
 def parse_plan(data: dict[str, Any] | str, origin: str = "plan") -> Plan:
