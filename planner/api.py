@@ -29,6 +29,7 @@ from profiler.graph import LayerGraph
 from profiler.hardware import Cluster, parse_cluster
 from profiler.models import load_model
 from solvers.hybrid import Progress, search
+from solvers.mip import DEFAULT_SOLVER, SOLVERS
 from solvers.result import SearchResult, break_tie, parallel_axes
 from solvers.space import SPACES, SpaceOptions, restrict
 from vocab.errors import ShardplanError
@@ -72,6 +73,7 @@ def search_plan(
     moe_dispatch: str | None = None,
     tie_break: bool = True,
     moe_capacity_factor: float | None = None,
+    solver: str = DEFAULT_SOLVER,
 ) -> Planned:
     """Search and build the plan document; with several global batches the one with the most
     samples per second wins (throughput, not time per step, is compared). ``model`` is a preset
@@ -83,7 +85,10 @@ def search_plan(
     (a fraction; :data:`profiler.hardware.DEFAULT_RESERVE` by default), and records that limit.
     With ``tie_break`` (and a published-sweeps band for the accelerator), a runner-up within that
     band of the fastest plan and with fewer parallel axes is the plan (:func:`solvers.result.break_tie`;
-    ``solver.options.tie_break`` records it, and the fastest stays the first alternative)."""
+    ``solver.options.tie_break`` records it, and the fastest stays the first alternative).
+    ``solver`` names the back-end of the integer programs (:data:`solvers.mip.SOLVERS`)."""
+    if solver not in SOLVERS:
+        raise ShardplanError(f"unknown MIP solver '{solver}'; known: {', '.join(SOLVERS)}")
     if space not in SPACES:
         raise ShardplanError(f"unknown search space '{space}'; known: {', '.join(SPACES)}")
     if precision not in PRECISIONS:
@@ -127,7 +132,7 @@ def search_plan(
                      attention_kernel=attention_kernel,  # type: ignore[arg-type]
                      moe_capacity_factor=moe_capacity_factor, **behaved)
         try:
-            res = search(graph, cl, w, opts, memory_limit_gib, dev, time_limit, top_k, progress)
+            res = search(graph, cl, w, opts, memory_limit_gib, dev, time_limit, top_k, progress, solver=solver)
         except ShardplanError as e:
             if len(batches) == 1:
                 raise ShardplanError(f"{e} (target {t.name}: {t.label})") from None
@@ -145,7 +150,7 @@ def search_plan(
         def search_axes(axes: int, cutoff: float) -> Any:
             try:
                 return search(graph, cl, w, opts.with_(max_axes=axes), memory_limit_gib, dev, time_limit, 0,
-                              cutoff=cutoff).best
+                              cutoff=cutoff, solver=solver).best
             except ShardplanError:
                 return None
 
@@ -189,6 +194,7 @@ def search_plan(
                 "alternative_families": [a.family for a in runners_up],
                 "time_limit_s": time_limit,
                 "top_k": top_k,
+                "mip_solver": solver,
             },
         ),
         alternatives=[
@@ -215,6 +221,7 @@ def plan(
     target: str = DEFAULT_TARGET,
     reserve: float | None = None,
     tie_break: bool = True,
+    solver: str = DEFAULT_SOLVER,
 ) -> Plan:
     """The fastest plan of ``space`` that ``target`` runs for ``model`` on ``cluster`` that fits
     ``memory_limit_gib`` per GPU (by default the GPU's memory less ``reserve``, a fraction). Raises
@@ -223,7 +230,7 @@ def plan(
     return search_plan(
         model, cluster, seq_len, global_batch, memory_limit_gib, space, precision, profile, time_limit, top_k,
         attention_kernel=attention_kernel, cross_entropy=cross_entropy, target=target, reserve=reserve,
-        tie_break=tie_break,
+        tie_break=tie_break, solver=solver,
     ).plan
 
 

@@ -51,6 +51,7 @@ from solvers.bounds import (
     sub_grid,
 )
 from solvers.chain import chain_strategy, large_ops, mesh_problem
+from solvers.mip import DEFAULT_SOLVER
 from solvers.osdp_ilp import solve_ilp
 from solvers.result import Found, SearchResult, family_of
 from solvers.space import (
@@ -110,10 +111,11 @@ class _Pool:
 def search(graph: LayerGraph, cluster: Cluster, w: Workload, space: str | SpaceOptions = "full",
            memory_limit_gib: float | None = None, device: DeviceModel | None = None,
            time_limit: float | None = None, top_k: int = 5, progress: Progress | None = None,
-           cutoff: float | None = None) -> SearchResult:
+           cutoff: float | None = None, solver: str = DEFAULT_SOLVER) -> SearchResult:
     """The fastest plan of ``space`` that fits ``memory_limit_gib`` per GPU (the GPU's memory by
     default). Raises :class:`ShardplanError` when no plan fits (see :mod:`solvers.infeasible`), or,
-    given a ``cutoff`` (seconds), when no plan is faster than that (what is slower is not searched)."""
+    given a ``cutoff`` (seconds), when no plan is faster than that (what is slower is not searched).
+    ``solver``: the back-end of the per-layer MIPs (:data:`solvers.mip.SOLVERS`)."""
     t0 = time.perf_counter()
     opts = for_device(space if isinstance(space, SpaceOptions) else space_options(space), cluster.accelerator.kind)
     dev = device or DeviceModel(cluster)
@@ -184,7 +186,8 @@ def search(graph: LayerGraph, cluster: Cluster, w: Workload, space: str | SpaceO
             if sub is None:
                 prob = mesh_problem(graph, dev, cfg, w, opts, limit)
                 priced += sum(len(o) for o in prob.options)
-                sol = solve_ilp(prob, time_limit=left, cutoff=pool.cut)
+                sol = solve_ilp(prob, time_limit=left, cutoff=pool.cut, solver=solver,
+                                hint=_grid_hint(parts[part][1], i, uopts))
                 if sol.status == "time_limit":
                     bound_left.append(sol.bound)
                 if sol.choice is not None:
@@ -211,7 +214,7 @@ def search(graph: LayerGraph, cluster: Cluster, w: Workload, space: str | SpaceO
                                                       mixed=True))
                     splits = [PipelineProblem.lazy(graph, dev, cfg, w, sh, off, opts.recomputes, limit, k, mx)
                               for sh, off, k, mx in ops if k > 1 or gl is None]
-                    psol = memo[sig] = _solve_stages(qs, splits, pool.cut, opts, graph, left, bound_left)
+                    psol = memo[sig] = _solve_stages(qs, splits, pool.cut, opts, graph, left, bound_left, solver)
                 if psol is not None:
                     pool.add(psol.objective, (1,) + key, _pipe_builder(graph, cfg, psol),
                              "stage_ilp" if opts.mix_stages else "stages")
@@ -239,7 +242,8 @@ def search(graph: LayerGraph, cluster: Cluster, w: Workload, space: str | SpaceO
 
 
 def _solve_stages(qs: list[PipelineProblem], splits: list[Callable[[], PipelineProblem]], cut: float,
-                  opts: SpaceOptions, graph: LayerGraph, left: float | None, bound_left: list[float]) -> Any:
+                  opts: SpaceOptions, graph: LayerGraph, left: float | None, bound_left: list[float],
+                  solver: str = DEFAULT_SOLVER) -> Any:
     """One pipeline mesh: the stage DP of its one (sharding, offload), or with ``mix_stages`` the
     MIP where every unit takes its own (:mod:`solvers.stage_ilp`); a MIP stopped by the time limit
     leaves its bound.
@@ -253,14 +257,25 @@ def _solve_stages(qs: list[PipelineProblem], splits: list[Callable[[], PipelineP
     if mixed_bound(qs, opts.stage_boundaries) >= cut:  # holds for the split options too
         return None
     if splits:  # the relaxation also bounds the MIP without them
-        relaxed = solve_layers([q.relaxed() for q in qs], cut, opts.stage_boundaries, tied, left)
+        relaxed = solve_layers([q.relaxed() for q in qs], cut, opts.stage_boundaries, tied, left, solver)
         if relaxed.solution is None and relaxed.status != "time_limit":
             return None
         qs = qs + [make() for make in splits]
-    mix = solve_layers(qs, cut, opts.stage_boundaries, tied, left)
+    mix = solve_layers(qs, cut, opts.stage_boundaries, tied, left, solver)
     if mix.status == "time_limit":
         bound_left.append(mix.bound)
     return mix.solution
+
+
+def _grid_hint(gr: GridReport, i: int, uopts: list[GridOption]) -> list[tuple]:
+    """The chain options of mesh ``i``'s best uniform plan of the grid, the warm start of its MIP:
+    every unit under its (sharding, recomputation, offload); units outside the blocks recompute
+    nothing where the target checkpoints blocks only."""
+    step = np.where(gr.fits[i], gr.step_time_s[i], np.inf)
+    if not np.isfinite(step).any():
+        return []
+    o = uopts[int(np.argmin(step))]
+    return [(o.sharding, o.recompute, o.offload, 1, False), (o.sharding, "none", o.offload, 1, False)]
 
 
 def _layout(graph: LayerGraph) -> tuple:

@@ -1,4 +1,5 @@
-"""Pipeline meshes with per-layer sharding inside the stages, as a mixed-integer program (HiGHS).
+"""Pipeline meshes with per-layer sharding inside the stages, as a mixed-integer program
+(:class:`solvers.mip.Model`: MathOpt, HiGHS by default).
 
 Every unit (embedding, blocks, head) of a pipeline mesh picks its own (sharding, offload,
 recompute) among the options of the given :class:`PipelineProblem` s (one problem per (sharding,
@@ -35,7 +36,7 @@ import numpy as np
 
 from costmodel.estimate import rank_sends
 from costmodel.pipeline import ramp_stretch
-from solvers.osdp_ilp import _Model
+from solvers.mip import DEFAULT_SOLVER, Model
 from solvers.stage_tables import INF, PipelineProblem, UnitView
 from solvers.stages import PipelineSolution, pipeline_objective
 from vocab.strategy import rank_blocks
@@ -81,13 +82,14 @@ def block_options(qs: Sequence[PipelineProblem], k: int, zb: bool) -> list[Opt]:
 
 
 def solve_layers(qs: Sequence[PipelineProblem], incumbent: float = INF, nonuniform: bool = True,
-                 tied: bool = False, time_limit: float | None = None) -> LayerMix:
-    """The fastest pipeline plan with per-unit options that fits, or none better than ``incumbent``."""
+                 tied: bool = False, time_limit: float | None = None, solver: str = DEFAULT_SOLVER) -> LayerMix:
+    """The fastest pipeline plan with per-unit options that fits, or none better than ``incumbent``
+    (``solver``: the MIP back-end, :data:`solvers.mip.SOLVERS`)."""
     t0 = time.perf_counter()
     pp = qs[0]
     if pp.budget - pp.bucket <= 0:
         return LayerMix(None, "infeasible", INF, time.perf_counter() - t0)
-    f = _Formulation(qs, nonuniform and pp.v == 1 and pp.p > 1)
+    f = _Formulation(qs, nonuniform and pp.v == 1 and pp.p > 1, solver)
     f.blocks()
     f.ends(tied)
     f.memory()
@@ -110,12 +112,12 @@ def solve_layers(qs: Sequence[PipelineProblem], incumbent: float = INF, nonunifo
 class _Formulation:
     """The MIP of one pipeline mesh, built part by part (see the module's docstring)."""
 
-    def __init__(self, qs: Sequence[PipelineProblem], free: bool):
+    def __init__(self, qs: Sequence[PipelineProblem], free: bool, solver: str = DEFAULT_SOLVER):
         pp = self.pp = qs[0]
         self.qs, self.free = qs, free
         self.p, self.L = pp.p, len(pp.block_cls)
         self.kinds = sorted(set(pp.block_cls))
-        self.md = _Model()
+        self.md = Model("stage_mix", solver)
         self.scale = 1.0 / (pp.budget - pp.bucket)  # memory rows in units of the budget
         # time in units that make the step about 1e4: HiGHS's absolute tolerances (1e-7) would
         # otherwise treat plans a fraction of a microsecond apart as equal
@@ -147,10 +149,11 @@ class _Formulation:
         z = col  # present on the stage
         if hi > 1:
             z = self.md.var(hi=1, integer=True)
-            self.md.row({col: 1.0, z: -float(hi)}, hi=0.0)
+            self.md.row({col: 1.0, z: -float(hi)}, hi=0.0, family="used")
         for cap, val in ((self.gathered[k], u.gathered), (self.remat[k], u.recompute_peak)):
             if val > 0:
-                self.md.row({z: val * self.scale, cap: -1.0}, hi=0.0)
+                self.md.row({z: val * self.scale, cap: -1.0}, hi=0.0,
+                            family="gathered" if cap == self.gathered[k] else "remat")
 
     def _counts(self) -> dict[tuple[int, int], dict[int, float] | int]:
         """(stage, class) -> how many blocks it holds: a number (even split), or an expression of
@@ -161,18 +164,19 @@ class _Formulation:
             return {(k, kind): sum(pp.block_cls[i] == kind for i in held[k]) for k in range(p) for kind in kinds}
         if len(kinds) == 1:
             n = [md.var(lo=1, hi=L - p + 1, integer=True) for _ in range(p)]
-            md.row(dict.fromkeys(n, 1.0), lo=L, hi=L)
+            md.row(dict.fromkeys(n, 1.0), lo=L, hi=L, family="stage_sizes")
             return {(k, kinds[0]): {n[k]: 1.0} for k in range(p)}
         idx = [md.var(lo=0, hi=p - 1, integer=True) for _ in range(L)]  # the stage of each block
         for i in range(L):
             cols = [md.var(hi=1, integer=True) for _ in range(p)]
             self.stage_of.update({(i, k): col for k, col in enumerate(cols)})
-            md.row(dict.fromkeys(cols, 1.0), lo=1, hi=1)
-            md.row({**{col: float(k) for k, col in enumerate(cols) if k}, idx[i]: -1.0}, lo=0, hi=0)
+            md.row(dict.fromkeys(cols, 1.0), lo=1, hi=1, family="block_stage")
+            md.row({**{col: float(k) for k, col in enumerate(cols) if k}, idx[i]: -1.0}, lo=0, hi=0,
+                   family="stage_index")
             if i:  # contiguous stages, none empty: the stage index steps by 0 or 1 from 0 to p-1
-                md.row({idx[i]: 1.0, idx[i - 1]: -1.0}, lo=0, hi=1)
-        md.row({idx[0]: 1.0}, hi=0)
-        md.row({idx[-1]: 1.0}, lo=p - 1)
+                md.row({idx[i]: 1.0, idx[i - 1]: -1.0}, lo=0, hi=1, family="contiguous")
+        md.row({idx[0]: 1.0}, hi=0, family="contiguous")
+        md.row({idx[-1]: 1.0}, lo=p - 1, family="contiguous")
         return {(k, kind): {self.stage_of[(i, k)]: 1.0 for i in range(L) if pp.block_cls[i] == kind}
                 for k in range(p) for kind in kinds}
 
@@ -191,9 +195,9 @@ class _Formulation:
             self.ycols[(k, kind)] = cols
             row = dict.fromkeys((col for _, col in cols), 1.0)
             if isinstance(cnt, int):
-                self.md.row(row, lo=cnt, hi=cnt)
+                self.md.row(row, lo=cnt, hi=cnt, family="assign")
             else:
-                self.md.row({**row, **{col: -a for col, a in cnt.items()}}, lo=0, hi=0)
+                self.md.row({**row, **{col: -a for col, a in cnt.items()}}, lo=0, hi=0, family="assign")
 
     def ends(self, tied: bool) -> None:
         """The embedding (first stage) and head (last) take one option each; tied, the same pair."""
@@ -207,21 +211,22 @@ class _Formulation:
                 u = self.qs[o[0]].costs[kind][o[1]]
                 held = pp.ends_held(u, None, *self.fly[k]) if name == "embedding" else pp.ends_held(None, u, *self.fly[k])
                 self._unit(k, col, u, held, 1)
-            md.row({col: 1.0 for _, col in cols}, lo=1, hi=1)
+            md.row({col: 1.0 for _, col in cols}, lo=1, hi=1, family="ends")
             self.end_cols[name] = cols
         if tied and len(self.end_cols) == 2:
             for s in range(len(self.qs)):
                 md.row({**{col: 1.0 for o, col in self.end_cols["embedding"] if o[0] == s},
-                        **{col: -1.0 for o, col in self.end_cols["head"] if o[0] == s}}, lo=0, hi=0)
+                        **{col: -1.0 for o, col in self.end_cols["head"] if o[0] == s}}, lo=0, hi=0, family="tied")
 
     def memory(self) -> None:
         for k in range(self.p):
             self.md.row({**self.ex[k]["memory"], self.gathered[k]: 1.0, self.remat[k]: 1.0},
-                        hi=1.0 - MEMORY_MARGIN - self.pp.recv(k) * self.scale)
+                        hi=1.0 - MEMORY_MARGIN - self.pp.recv(k) * self.scale, family="memory")
         budgets = [q.host_budget for q in self.qs if q.host_budget is not None]
         for k in range(self.p):  # a stage's offloaded states in its share of the node's host memory
             if self.host[k] and budgets:
-                self.md.row({col: h / budgets[0] for col, h in self.host[k].items()}, hi=1.0 - MEMORY_MARGIN)
+                self.md.row({col: h / budgets[0] for col, h in self.host[k].items()}, hi=1.0 - MEMORY_MARGIN,
+                            family="host")
 
     def step(self) -> float:
         """The objective's rows and costs; returns its constant."""
@@ -234,11 +239,11 @@ class _Formulation:
         sum_t: dict[int, float] = {}
         for k in range(p):
             e = ex[k]
-            md.row({**e["time"], tau: -1.0}, hi=-base[k])
-            md.row({**_scaled(e["sync"], kappa), eps: -1.0}, hi=0.0)
-            md.row({**_plus(e["sync"], e["window"], -(1 - kappa) * ov), eps: -1.0}, hi=0.0)
-            md.row({**e["optim"], opt: -1.0}, hi=0.0)
-            md.row({**e["offload"], off: -1.0}, hi=0.0)
+            md.row({**e["time"], tau: -1.0}, hi=-base[k], family="stage_time")
+            md.row({**_scaled(e["sync"], kappa), eps: -1.0}, hi=0.0, family="sync")
+            md.row({**_plus(e["sync"], e["window"], -(1 - kappa) * ov), eps: -1.0}, hi=0.0, family="sync")
+            md.row({**e["optim"], opt: -1.0}, hi=0.0, family="optimizer")
+            md.row({**e["offload"], off: -1.0}, hi=0.0, family="offload")
             sum_t = _plus(sum_t, e["time"], 1.0)
         pipe_const, fill = 0.0, None
         if sched == "interleaved":
@@ -246,7 +251,7 @@ class _Formulation:
         elif sched == "zb":
             fill = md.var()
             for k in range(p):
-                md.row({**_plus(ex[k]["time"], ex[k]["weight"], -2.0), fill: -1.0}, hi=-base[k])
+                md.row({**_plus(ex[k]["time"], ex[k]["weight"], -2.0), fill: -1.0}, hi=-base[k], family="fill")
             pipe = {tau: float(m), fill: float(p - 1)}
         else:
             pipe = {**sum_t, tau: float(m - 1)}
@@ -271,15 +276,17 @@ class _Formulation:
         else:
             ramp, ramp_const = _scaled(sum_t, 1.0 / p), sum_const / p
         shared, plateau = md.var(cost=1.0), md.var(lo=-np.inf)  # as time_shared: no floor of its own
-        md.row({**_scaled(pipe, share), shared: -1.0}, hi=-share * pipe_const)
-        md.row({**_scaled(sum_t, m / p), shared: -1.0}, hi=-m * sum_const / p)
+        fam = "time_shared"
+        md.row({**_scaled(pipe, share), shared: -1.0}, hi=-share * pipe_const, family=fam)
+        md.row({**_scaled(sum_t, m / p), shared: -1.0}, hi=-m * sum_const / p, family=fam)
         cut = 2 * (k - 1) * share
         md.row({**_plus(_scaled(pipe, share), ramp, -cut), plateau: -1.0},
-               hi=-(share * pipe_const - cut * ramp_const))
+               hi=-(share * pipe_const - cut * ramp_const), family=fam)
         cut = k * (k - 1) / p
-        md.row({**_plus(_scaled(sum_t, m / p), ramp, -cut), plateau: -1.0}, hi=-(m * sum_const / p - cut * ramp_const))
+        md.row({**_plus(_scaled(sum_t, m / p), ramp, -cut), plateau: -1.0}, hi=-(m * sum_const / p - cut * ramp_const),
+               family=fam)
         lift = 2 * share * stretch
-        md.row({**_scaled(ramp, lift), plateau: 1.0, shared: -1.0}, hi=-lift * ramp_const)
+        md.row({**_scaled(ramp, lift), plateau: 1.0, shared: -1.0}, hi=-lift * ramp_const, family=fam)
 
     def assignment(self, x: np.ndarray) -> tuple[list[Opt], list[list[int]], list[int] | None]:
         """Per unit (embedding, blocks, head) its option, the blocks of each rank, the stage sizes."""

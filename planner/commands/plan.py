@@ -17,7 +17,6 @@ from planner.cli import app, console, err_console, guard, print_json
 from planner.options import count_option, finite, positive_option
 from vocab.errors import ShardplanError
 from vocab.io import check_writable
-from vocab.strategy import MAX_GLOBAL_BATCH
 
 GIB = 1024**3
 
@@ -31,6 +30,8 @@ def _batches(text: str) -> list[int]:
         ) from None
     if not out:
         raise ShardplanError("--global-batch is empty")
+    from vocab.strategy import MAX_GLOBAL_BATCH
+
     bad = [b for b in out if not 1 <= b <= MAX_GLOBAL_BATCH]
     if bad:
         raise ShardplanError(f"--global-batch {bad[0]} is out of range: 1 to {MAX_GLOBAL_BATCH:,} samples")
@@ -169,6 +170,10 @@ def plan_cmd(
         None, "--time-limit", help="seconds; the best plan so far, with its gap"
     ),
     top_k: int = typer.Option(5, "--top-k", min=0, max=1000, help="runners-up to keep"),
+    solver: str = typer.Option(
+        "highs", "--solver", help="the back-end of the integer programs: highs (HiGHS, default) | scip (SCIP "
+        "through OR-Tools MathOpt); docs/solvers.md"
+    ),
     tie_break: bool = typer.Option(
         True, "--tie-break/--fastest", help="among plans closer than the model can order (the published sweeps' "
         "band), recommend the one with the fewest parallel axes (default), or always the fastest"
@@ -220,6 +225,7 @@ def plan_cmd(
             moe_dispatch=moe_dispatch,
             tie_break=tie_break,
             moe_capacity_factor=moe_capacity_factor,
+            solver=solver,
         )
     wall = time.perf_counter() - t0
     if output is not None:
