@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from costmodel.assemble import bucket_bytes
-from costmodel.configs import one_config
+from costmodel.configs import ConfigArrays, one_config
 from costmodel.constants import CostConstants
 from costmodel.device import DeviceModel
 from costmodel.estimate import tied_sum_bytes
@@ -121,17 +121,16 @@ class ChainSolution:
 
 def pareto(options: list[Option]) -> list[int]:
     """Indices of the options no other option beats or equals on every field (first of equals kept)."""
-    keep: list[int] = []
-    vec = [(o.a, o.d, o.mem, o.g, o.r, o.end, o.host) for o in options]
-    for i, v in enumerate(vec):
-        dominated = False
-        for j, u in enumerate(vec):
-            if j != i and all(x <= y for x, y in zip(u, v, strict=True)) and (u != v or j < i):
-                dominated = True
-                break
-        if not dominated:
-            keep.append(i)
-    return keep
+    if not options:
+        return []
+    v = np.array([(o.a, o.d, o.mem, o.g, o.r, o.end, o.host) for o in options])  # (n, fields)
+    n = len(v)
+    le = (v[:, None, :] <= v[None, :, :]).all(axis=2)  # le[j, i]: j is no worse than i everywhere
+    equal = (v[:, None, :] == v[None, :, :]).all(axis=2)
+    earlier = np.arange(n)[:, None] < np.arange(n)[None, :]  # j < i
+    beats = le & (~equal | earlier)
+    np.fill_diagonal(beats, False)
+    return [int(i) for i in np.flatnonzero(~beats.any(axis=0))]
 
 
 def reduced(prob: ChainProblem) -> tuple[ChainProblem, list[list[int]]]:
@@ -204,10 +203,25 @@ def price_options(name: str, nodes: list[LayerNode], keys: Sequence[tuple], cfg:
                   w: Workload) -> list[UnitCost]:
     """The unit's costs under every option of ``keys`` (:func:`option_strategy`), exactly as
     :func:`estimate` prices it inside a plan, priced in one call."""
+    priced = _priced(name, nodes, keys, cfg, dev, w)
+    return [priced.at(0, j) for j in range(len(keys))]
+
+
+def _priced(name: str, nodes: list[LayerNode], keys: Sequence[tuple], cfg: MeshConfig, dev: DeviceModel,
+            w: Workload) -> UnitCost:
     options = [UnitOption.of_strategy(name, nodes, cfg.strategy(layers=option_strategy(name, nodes, key)))
                for key in keys]
-    priced = price_unit(name, nodes, dev, one_config(cfg), w, options)
-    return [priced.at(0, j) for j in range(len(keys))]
+    return price_unit(name, nodes, dev, one_config(cfg), w, options)
+
+
+class _Row:
+    """Configuration ``i`` of a priced unit, every quantity an array over its options."""
+
+    def __init__(self, priced: UnitCost, i: int = 0):
+        self.priced, self.i = priced, i
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.priced, attr)[self.i]
 
 
 def memory_budget(dev: DeviceModel, cfg: MeshConfig, limit_gib: float) -> float:
@@ -222,34 +236,69 @@ def mesh_problem(
     graph: LayerGraph, dev: DeviceModel, cfg: MeshConfig, w: Workload, opts: SpaceOptions, limit_gib: float
 ) -> ChainProblem:
     """The per-unit choice of one pipeline-free mesh configuration as a :class:`ChainProblem`."""
-    if cfg.pp != 1:
+    return mesh_problems(graph, dev, [cfg], w, opts, limit_gib)[0]
+
+
+def mesh_problems(
+    graph: LayerGraph, dev: DeviceModel, cfgs: Sequence[MeshConfig], w: Workload, opts: SpaceOptions,
+    limit_gib: float,
+) -> list[ChainProblem]:
+    """:func:`mesh_problem` of every mesh of ``cfgs``: meshes with the same options priced together,
+    one pricer call per unit class (the pricer prices any number of configurations at once)."""
+    if any(cfg.pp != 1 for cfg in cfgs):
         raise ValueError("mesh_problem is for meshes without pipeline parallelism")
+    groups: dict[tuple, list[int]] = {}
+    for i, cfg in enumerate(cfgs):
+        groups.setdefault(tuple(unit_options(opts, cfg.dp_shard * cfg.cp)), []).append(i)
+    out: list[ChainProblem | None] = [None] * len(cfgs)
+    for keys, members in groups.items():
+        for i, prob in zip(members, _problems(graph, dev, [cfgs[i] for i in members], w, list(keys), limit_gib),
+                           strict=True):
+            out[i] = prob
+    return out  # type: ignore[return-value]
+
+
+def _problems(graph: LayerGraph, dev: DeviceModel, cfgs: list[MeshConfig], w: Workload, keys: list[tuple],
+              limit_gib: float) -> list[ChainProblem]:
     c = dev.c
-    m = w.global_batch // (cfg.dp * cfg.micro_batch)
     reps, index = unit_classes(graph)
-    keys = list(unit_options(opts, cfg.dp_shard * cfg.cp))
     last = len(index) - 1
     names = [n for n, _ in graph.blocks()]
-    options: list[list[Option]] = []
+    arrays = ConfigArrays.of(cfgs)
+    m = [w.global_batch // (cfg.dp * cfg.micro_batch) for cfg in cfgs]
+    per_class = []  # per class: (its keys, per mesh the option fields)
     for k, (name, nodes) in enumerate(reps):
         is_head = names[last] == "head" and index[last] == k
         mine = [key for key in keys if option_allowed(nodes, key)]
-        costs = price_options(name, nodes, mine, cfg, dev, w)
-        options.append([unit_option(u, m, c, key, head=w.loss_buffer if is_head else 0.0, held=bool(grads_held(1, m)))
-                        for u, key in zip(costs, mine, strict=True)])
-    tail = tied_sum_bytes(graph, 1, cfg.tp, w)
+        options = [UnitOption.of_strategy(name, nodes, cfgs[0].strategy(layers=option_strategy(name, nodes, key)))
+                   for key in mine]
+        priced = price_unit(name, nodes, dev, arrays, w, options)
+        per_class.append((mine, [unit_option(_Row(priced, i), m[i], c, None, head=w.loss_buffer if is_head else 0.0,
+                                             held=bool(grads_held(1, m[i]))) for i in range(len(cfgs))]))
     host = dev.cluster.host_bytes_per_node / dev.cluster.gpus_per_node
-    offloads = any(o.host > 0 for opts in options for o in opts)
-    return ChainProblem(options, index, memory_budget(dev, cfg, limit_gib), c.step_overhead_s, None, names, tail,
-                        host * (1 - BUDGET_SAFETY) if host and offloads else None)
+    out = []
+    for i, cfg in enumerate(cfgs):
+        options = []
+        for mine, every in per_class:
+            fields = {f: np.asarray(getattr(every[i], f), dtype=float).tolist() for f in _OPTION_FIELDS}
+            options.append([Option(**{f: fields[f][j] for f in _OPTION_FIELDS}, key=key) for j, key in enumerate(mine)])
+        tail = tied_sum_bytes(graph, 1, cfg.tp, w)
+        offloads = any(o.host > 0 for opts_k in options for o in opts_k)
+        out.append(ChainProblem(options, index, memory_budget(dev, cfg, limit_gib), c.step_overhead_s, None, names,
+                                tail, host * (1 - BUDGET_SAFETY) if host and offloads else None))
+    return out
+
+
+_OPTION_FIELDS = ("a", "d", "mem", "g", "r", "end", "host")
 
 
 def unit_option(
-    u: UnitCost, m: float, c: CostConstants, key: Any, head: float = 0.0, in_flight: float = 1.0,
+    u: UnitCost | _Row, m: float, c: CostConstants, key: Any, head: float = 0.0, in_flight: float = 1.0,
     held: bool = True,
 ) -> Option:
     """``head``: the loss's transient memory as a multiple of the unit's activations (the head only);
-    ``held``: whether the gradients are live beside the activations (:func:`grads_held`).
+    ``held``: whether the gradients are live beside the activations (:func:`grads_held`). ``u`` one
+    option's costs, or every option's as arrays (:class:`_Row`): then every field is an array.
 
     The step's exposed gradient sync ``κ·ΣS + (1-κ)·max(0, Σ(S - overlap·W))`` (``c.exposed`` of the
     summed sync S and window W, κ the communication interference) splits into an additive part and

@@ -50,7 +50,7 @@ from solvers.bounds import (
     pipeline_lagrange,
     sub_grid,
 )
-from solvers.chain import chain_strategy, large_ops, mesh_problem
+from solvers.chain import chain_strategy, large_ops, mesh_problems
 from solvers.mip import DEFAULT_SOLVER
 from solvers.osdp_ilp import solve_ilp
 from solvers.result import Found, SearchResult, family_of
@@ -75,6 +75,9 @@ from vocab.strategy import Strategy, Workload
 Progress = Callable[[str, int, int], None]
 CHUNK = 4096
 PARETO_POINTS = 8
+#: meshes without a pipeline whose per-layer problems are priced in one call: the one due and the
+#: next ones the incumbent does not yet prune (a few may be pruned by the time they are due)
+CHAIN_BATCH = 16
 
 
 class _Pool:
@@ -172,6 +175,7 @@ def search(graph: LayerGraph, cluster: Cluster, w: Workload, space: str | SpaceO
     memo: dict[tuple, Any] = {}
     col = {o: j for j, o in enumerate(uopts)}
     lcol = {o: j for j, o in enumerate(lopts)}
+    chains: dict[MeshConfig, Any] = {}  # per-layer problems of meshes without a pipeline, priced ahead
     if opts.per_layer:
         items = _items(graph, parts, configs, opts, uopts, w, dev, _layout(graph), limit, pool.cut)
         for n, (lb, key, part, i, sub) in enumerate(items):
@@ -184,7 +188,11 @@ def search(graph: LayerGraph, cluster: Cluster, w: Workload, space: str | SpaceO
             cfg = configs[int(parts[part][0][i])]
             left = None if time_limit is None else max(time_limit - (time.perf_counter() - t0), 0.05)
             if sub is None:
-                prob = mesh_problem(graph, dev, cfg, w, opts, limit)
+                if cfg not in chains:  # this mesh and the next ones still in reach, priced together
+                    ahead = [configs[int(parts[pt][0][ii])] for lb2, _, pt, ii, sb in items[n:n + 4 * CHAIN_BATCH]
+                             if sb is None and lb2 < pool.cut][:CHAIN_BATCH]
+                    chains.update(zip(ahead, mesh_problems(graph, dev, ahead, w, opts, limit), strict=True))
+                prob = chains.pop(cfg)
                 priced += sum(len(o) for o in prob.options)
                 sol = solve_ilp(prob, time_limit=left, cutoff=pool.cut, solver=solver,
                                 hint=_grid_hint(parts[part][1], i, uopts))
