@@ -23,7 +23,6 @@ from costmodel.assemble import Layout, Stacked, assemble
 from costmodel.configs import ConfigArrays
 from costmodel.device import DeviceModel
 from costmodel.estimate import host_fits, tied_sum_bytes
-from costmodel.node_costs import node_times
 from costmodel.pipeline import ramp_step, time_shared
 from costmodel.report import GIB
 from costmodel.unit_classes import block_classes, unit_classes, unit_names
@@ -174,11 +173,15 @@ def strategies_grid(strategies: Sequence[Strategy]
 
 def compute_bound(graph: LayerGraph, cluster: Cluster, w: Workload, configs: Sequence[MeshConfig],
                   profile: Profile | None = None, device: DeviceModel | None = None) -> F:
-    """Per configuration, a step time no plan with it beats: its forward and backward compute alone.
+    """Per configuration, a step time no plan with it beats: its compute and the tensor-, context-
+    and expert-parallel communication no option hides.
 
-    Units at their fastest (no recomputation, no operator splitting, no exposed communication),
-    stages perfectly balanced, plus the fixed per-step overhead: ``m·ΣT`` without a pipeline,
-    ``((m-1)/p + 1)·ΣT`` for 1F1B/GPipe, ``(m + (p-1)/v)·ΣT/p`` interleaved, ``m·ΣT/p`` zero-bubble.
+    Units at their fastest: the pricer's forward, backward and exposed TP/CP/EP traffic without
+    recomputation or operator splitting (every option adds to these: recomputation re-runs work and
+    traffic, splitting slices GEMMs; sharding and offload leave them alone and add ZeRO traffic,
+    gradient accumulation and host copies, bounded below by nothing), stages perfectly balanced,
+    plus the fixed per-step overhead: ``m·ΣT`` without a pipeline, ``((m-1)/p + 1)·ΣT`` for
+    1F1B/GPipe, ``(m + (p-1)/v)·ΣT/p`` interleaved, ``m·ΣT/p`` zero-bubble.
     """
     dev = device or DeviceModel(cluster, profile)
     if not configs:
@@ -187,10 +190,9 @@ def compute_bound(graph: LayerGraph, cluster: Cluster, w: Workload, configs: Seq
     reps, index = unit_classes(graph)
     counts = np.bincount(np.array(index), minlength=len(reps))
     total = np.zeros(len(configs))
-    for k, (_, nodes) in enumerate(reps):
-        for n in nodes:
-            f, b = node_times(n, dev, cfg, w)
-            total += counts[k] * (f + b)
+    for k, (name, nodes) in enumerate(reps):
+        u = price_unit(name, nodes, dev, cfg, w, [UnitOption.uniform(nodes, "replicate", "none", "none", frozenset())])
+        total += counts[k] * (u.fwd + u.bwd + u.comm_tp + u.comm_cp + u.comm_ep)[:, 0]
     m = w.global_batch / (cfg.dp * cfg.micro_batch)
     p, v, sched = cfg.pp, cfg.vpp, cfg.schedule
     pipe = np.select([p == 1, sched == "interleaved", sched == "zb"],

@@ -1,7 +1,8 @@
 """The search: mesh enumeration, uniform plans priced at once, then the exact per-mesh solvers.
 
-1. Every mesh configuration of the space (:func:`solvers.space.mesh_configs`) gets a compute-only
-   lower bound (:func:`costmodel.vectorized.compute_bound`); in increasing order of it, the
+1. Every mesh configuration of the space (:func:`solvers.space.mesh_configs`) gets a lower bound
+   (:func:`costmodel.vectorized.compute_bound`: compute and the TP/CP/EP traffic no option
+   hides); in increasing order of it, the
    configurations are priced with every uniform layer strategy at once
    (:func:`costmodel.vectorized.price_grid`) until the bound reaches the best plan so far.
 2. Spaces with per-layer choices then solve each configuration exactly, in increasing order of a

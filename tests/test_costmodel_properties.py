@@ -80,6 +80,30 @@ def test_the_compute_bound_stays_below_every_price(model: str, data: st.DataObje
     assert (lb[:, None] <= gr.step_time_s * (1 + 1e-12)).all()
 
 
+def test_the_bound_counts_the_communication_no_option_hides() -> None:
+    """The search's bound is compute plus the exposed TP/CP traffic of the unit at its fastest: on a
+    TP-8 mesh it is above compute alone, and still below the cheapest plan."""
+    from costmodel.configs import ConfigArrays
+    from costmodel.node_costs import node_times
+    from costmodel.unit_classes import unit_classes
+
+    g, cl = load_model("llama3-8b", 4096), parse_cluster("32xh100")
+    w = Workload(seq_len=4096, global_batch=32)
+    every = [c for c in mesh_configs(g, cl, w, SPACES["full"]) if c.pp == 1 and c.micro_batch == 1 and c.cp == 1
+             and c.tp_mode == "megatron"]
+    cfgs = [next(c for c in every if c.tp == t) for t in (1, 8)]
+    reps, index = unit_classes(g)
+    counts = np.bincount(np.array(index))
+    compute = sum(counts[k] * sum(sum(node_times(n, DeviceModel(cl), ConfigArrays.of(cfgs), w)) for n in nodes)
+                  for k, (_, nodes) in enumerate(reps))
+    lb = compute_bound(g, cl, w, cfgs)
+    m = np.array([w.global_batch / (c.dp * c.micro_batch) for c in cfgs])
+    ratio = (lb - DeviceModel(cl).c.step_overhead_s) / (m * compute)
+    assert ratio[0] == pytest.approx(1.0, rel=1e-9) and ratio[1] > 1.1, ratio  # TP 8 with SP: 1.18
+    gr = price_grid(g, cl, w, cfgs, [LayerStrategy(sharding=sh) for sh in SHARDINGS])
+    assert (lb <= gr.step_time_s.min(axis=1) * (1 + 1e-12)).all()
+
+
 @SETTINGS
 @given(dp=st.sampled_from([1, 2, 4, 8, 16, 32, 64]), sharding=st.sampled_from(SHARDINGS),
        grad_dtype=st.sampled_from(["fp32", "bf16"]), model=st.sampled_from(["gpt2", "llama3-8b", "mixtral-8x7b"]))
