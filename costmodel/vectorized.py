@@ -133,7 +133,8 @@ def price_grid(graph: LayerGraph, cluster: Cluster, w: Workload, configs: Sequen
         uopts = [UnitOption.uniform(nodes, o.sharding, o.recompute if block else "none", o.offload,
                                     large if o.large else frozenset()) for o in opts]
         ua.append(price_unit(name, nodes, dev, cfg, w, uopts))
-    out = {k: np.zeros((C, n_opt)) for k in ("step", "mem", "hw", "host")}
+    out = {k: np.zeros((C, n_opt)) for k in ("step", "mem", "hw")}
+    host_ok = np.ones((C, n_opt), dtype=bool)  # offloaded states fit the node's host memory
     n_mb, p2p_total = np.zeros(C), np.zeros(C)
     tail = tied_sum_bytes(graph, cfg.pp, cfg.tp, w)
     key = np.stack([cfg.pp, cfg.vpp])
@@ -144,10 +145,11 @@ def price_grid(graph: LayerGraph, cluster: Cluster, w: Workload, configs: Sequen
         a = assemble(ua, grid_layout(graph, int(key[0, s]), int(key[1, s])), cfg.rows(sl), dev, w, tail[sl],
                      stacked=stacked.take(sl))
         out["step"][sl], out["mem"][sl], out["hw"][sl] = a.step, a.memory / GIB, a.hw_flops
-        out["host"][sl] = host_fits(a.host, cluster)
+        host_ok[sl] = host_fits(a.host, cluster)
         n_mb[sl], p2p_total[sl] = a.n_mb, a.p2p_total
     back = np.argsort(order)  # the caller's order
     out = {k: v[back] for k, v in out.items()}
+    host_ok = host_ok[back]
     n_mb, p2p_total, ua = n_mb[back], p2p_total[back], [u.reordered(back) for u in ua]
     peak = dev.acc.peak_flops(w.precision) * cluster.world_size
     step = out["step"]
@@ -155,7 +157,7 @@ def price_grid(graph: LayerGraph, cluster: Cluster, w: Workload, configs: Sequen
     return GridReport(
         configs=list(configs), options=opts, step_time_s=step, memory_peak_gib=out["mem"],
         tokens_per_s_per_gpu=tokens / step / cluster.world_size, mfu=graph.train_flops * w.global_batch / step / peak,
-        hfu=out["hw"] / step / peak, fits=(out["mem"] <= limit) & (out["host"] > 0), num_microbatches=n_mb, memory_limit_gib=limit,
+        hfu=out["hw"] / step / peak, fits=(out["mem"] <= limit) & host_ok, num_microbatches=n_mb, memory_limit_gib=limit,
         units=ua, unit_index=index, p2p_total=p2p_total)
 
 

@@ -203,15 +203,10 @@ def price_options(name: str, nodes: list[LayerNode], keys: Sequence[tuple], cfg:
                   w: Workload) -> list[UnitCost]:
     """The unit's costs under every option of ``keys`` (:func:`option_strategy`), exactly as
     :func:`estimate` prices it inside a plan, priced in one call."""
-    priced = _priced(name, nodes, keys, cfg, dev, w)
-    return [priced.at(0, j) for j in range(len(keys))]
-
-
-def _priced(name: str, nodes: list[LayerNode], keys: Sequence[tuple], cfg: MeshConfig, dev: DeviceModel,
-            w: Workload) -> UnitCost:
     options = [UnitOption.of_strategy(name, nodes, cfg.strategy(layers=option_strategy(name, nodes, key)))
                for key in keys]
-    return price_unit(name, nodes, dev, one_config(cfg), w, options)
+    priced = price_unit(name, nodes, dev, one_config(cfg), w, options)
+    return [priced.at(0, j) for j in range(len(keys))]
 
 
 class _Row:
@@ -270,6 +265,7 @@ def _problems(graph: LayerGraph, dev: DeviceModel, cfgs: list[MeshConfig], w: Wo
     for k, (name, nodes) in enumerate(reps):
         is_head = names[last] == "head" and index[last] == k
         mine = [key for key in keys if option_allowed(nodes, key)]
+        # an option's per-operator choices follow from its key alone: the first mesh's plan spells them
         options = [UnitOption.of_strategy(name, nodes, cfgs[0].strategy(layers=option_strategy(name, nodes, key)))
                    for key in mine]
         priced = price_unit(name, nodes, dev, arrays, w, options)

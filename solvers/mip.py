@@ -11,9 +11,9 @@ primal values, the objective and a proven lower bound.
 
 Back-ends (``--solver``):
 
-* ``highs``: HiGHS 1.16 through ``highspy``, from the same columns and rows. MathOpt's bundled
-  HiGHS (OR-Tools 9.15) solves the project's OSDP instances 5-13x slower
-  (``benchmarks/solver_speed.py --solvers``), so the default goes around it;
+* ``highs``: HiGHS 1.16 through ``highspy``, from the same columns and rows. The HiGHS that
+  MathOpt (OR-Tools 9.15) bundles solves the 70B searches' OSDP programs 6x slower and their stage
+  MIPs 1.6x slower (``benchmarks/mip_backends.py``), so the default goes around it;
 * ``scip``: SCIP through MathOpt (``SolverType.GSCIP``), with a warm start (:meth:`Model.hint`).
 
 CP-SAT (MathOpt's ``CP_SAT``) is measured but not offered: it reads the formulations' continuous

@@ -255,13 +255,13 @@ class PipelineProblem:
                 tab.nf = np.where(better, j, tab.nf)
                 tab.na = np.where(better, na[rows, j], tab.na)
         tab.time[0] = INF  # every stage holds at least one block
-        tab.time[~self.host_fits(r, emb, head, n_max)] = INF
+        tab.time[~self.host_fits(emb, head, n_max)] = INF
         self.evaluated += n_max + 1
         return tab
 
-    def host_fits(self, r: int, emb: bool, head: bool, n_max: int) -> np.ndarray:
-        """Whether rank ``r`` holding 0..n_max blocks of the only block class (and emb/head) keeps its
-        offloaded states within its share of the node's host memory."""
+    def host_fits(self, emb: bool, head: bool, n_max: int) -> np.ndarray:
+        """Whether a rank holding 0..n_max blocks of the only block class (and the embedding, the
+        head) keeps its offloaded states within its share of the node's host memory."""
         n = np.arange(n_max + 1)
         if self.host_budget is None:
             return np.ones(n_max + 1, dtype=bool)
@@ -354,7 +354,7 @@ class PipelineProblem:
         eh = np.stack([rows_e, rows_h], axis=1)
         t_best = t[best, cols]
         for r in range(p):
-            t_best[r, ~self.host_fits(r, r == 0, r == p - 1, L)] = INF
+            t_best[r, ~self.host_fits(r == 0, r == p - 1, L)] = INF
         self.batch = {"time": t_best, "e": eh[best, 0], "h": eh[best, 1],
                       "nf": nf[best, cols].astype(int),
                       "na": n - nf[best, cols], "f": f, "rest": rest}
