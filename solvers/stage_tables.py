@@ -453,19 +453,21 @@ def best_splits(table: np.ndarray, join: Callable[[Any, Any], Any]) -> np.ndarra
     """(ranks + 1, blocks + 1): entry ``[k, j]`` is the least ``join`` (``np.add`` or
     ``np.maximum``) of the values of ranks ``k..`` holding blocks ``j..`` in order, each at least
     one block, the last the rest; ``table[r, n]``: rank ``r`` holding ``n`` blocks (inf where it
-    cannot). Inf where no split exists."""
+    cannot). Inf where no split exists, and where ``j < k`` (the ranks before ``k`` hold a block
+    each: no split reaches such an entry, and none is computed). Rank ``k`` then starts at a block
+    in ``k .. L-(p-k)`` and holds at most ``L-p+1``."""
     p, L = table.shape[0], table.shape[1] - 1
     out = np.full((p + 1, L + 1), INF)
     out[p, L] = 0.0 if join is np.add else -INF
-    jj = np.arange(L + 1)[:, None]
     for k in range(p - 1, -1, -1):
         finite = np.flatnonzero(np.isfinite(table[k]))
-        cap = int(finite[-1]) if len(finite) else 0  # more blocks than this do not fit on the rank
+        cap = min(int(finite[-1]) if len(finite) else 0, L - p + 1)  # more do not fit, or leave a rank none
         if cap < 1:
             break
+        jj = np.arange(k, L - (p - k) + 1)[:, None]
         tgt = jj + np.arange(1, cap + 1)[None, :]
         nxt = np.where(tgt <= L, out[k + 1][np.minimum(tgt, L)], INF)
-        out[k] = np.min(join(table[k][None, 1:cap + 1], nxt), axis=1)
+        out[k, k:L - (p - k) + 1] = np.min(join(table[k][None, 1:cap + 1], nxt), axis=1)
     return out
 
 
