@@ -160,3 +160,30 @@ def test_operators_split_and_sharded_apart_inside_stages() -> None:
         sol = solve_layers(_problems(g, dev, cfg, w, opts, limit)).solution
         used |= set(sol.operators or []) if sol is not None else set()
     assert used - {(1, False)}
+
+
+def test_best_splits_is_brute_force_over_contiguous_splits() -> None:
+    """Every entry a split reaches (ranks k.. holding blocks j.. with j >= k) is the least sum or
+    maximum over the contiguous splits that give each rank at least one block, brute-forced."""
+    from itertools import combinations
+
+    from solvers.stage_tables import best_splits
+
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        p = int(rng.integers(1, 5))
+        L = int(rng.integers(p, 9))
+        t = rng.uniform(0.1, 5.0, size=(p, L + 1))
+        t[:, 0] = np.inf
+        for r in range(p):  # some ranks fit only so many blocks
+            if rng.random() < 0.4:
+                t[r, int(rng.integers(1, L + 1)) + 1:] = np.inf
+        for join, reduce in ((np.add, sum), (np.maximum, max)):
+            got = best_splits(t, join)
+            for k in range(p):
+                for j in range(k, L + 1):
+                    best = np.inf
+                    for cuts in combinations(range(j + 1, L), p - k - 1):
+                        sizes = np.diff([j, *cuts, L])
+                        best = min(best, reduce(t[k + i, n] for i, n in enumerate(sizes)))
+                    assert got[k, j] == pytest.approx(best) if np.isfinite(best) else got[k, j] == np.inf
