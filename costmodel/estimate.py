@@ -217,19 +217,19 @@ def _report(pp: PricedPlan, graph: LayerGraph, cluster: Cluster, s: Strategy, w:
     peak = dev.acc.peak_flops(w.precision) * cluster.world_size
     mem_peak = max(st.total for st in stages) / GIB
     limit = memory_limit_gib if memory_limit_gib is not None else cluster.memory_bytes / GIB
-    host = float(host_per_node(a.host[0, 0], cluster))
+    host, host_ok = float(host_per_node(a.host[0, 0], cluster)), bool(host_fits(a.host[0, 0], cluster))
     rep = Report(
         step_time_s=step, tokens_per_s_per_gpu=tokens / step / cluster.world_size,
         mfu=model_flops / step / peak, hfu=hw_flops / step / peak, memory_peak_gib=mem_peak,
         time=time, stages=stages, memory_limit_gib=limit, model_flops_per_step=model_flops,
         hardware_flops_per_step=hw_flops, num_microbatches=n_mb,
-        fits=mem_peak <= limit and bool(host_fits(a.host[0, 0], cluster)),
+        fits=mem_peak <= limit and host_ok,
         host_per_node_gib=host / GIB, host_limit_per_node_gib=cluster.host_bytes_per_node / GIB if host else 0.0,
     )
     if host and not cluster.host_bytes_per_node:
         rep.notes.append(f"the host memory of a {cluster.accelerator.name} node is not recorded: the "
                          f"{host / GIB:.0f} GiB of offloaded states per node are not checked against it")
-    elif not host_fits(a.host[0, 0], cluster):
+    elif not host_ok:
         rep.notes.append(f"offloaded states need {host / GIB:.0f} GiB of host memory per node; a "
                          f"{cluster.accelerator.name} node has {cluster.host_bytes_per_node / GIB:.0f} GiB for them")
     return rep

@@ -227,6 +227,13 @@ def memory_budget(dev: DeviceModel, cfg: MeshConfig, limit_gib: float) -> float:
     return budget * (1 - BUDGET_SAFETY)
 
 
+def host_budget(dev: DeviceModel) -> float | None:
+    """Host bytes a rank's offloaded states may use: its share of its node's host memory (None
+    where the server's host memory is not recorded)."""
+    host = host_budget(dev)
+    return host * (1 - BUDGET_SAFETY) if host else None
+
+
 def mesh_problem(
     graph: LayerGraph, dev: DeviceModel, cfg: MeshConfig, w: Workload, opts: SpaceOptions, limit_gib: float
 ) -> ChainProblem:
@@ -281,7 +288,7 @@ def _problems(graph: LayerGraph, dev: DeviceModel, cfgs: list[MeshConfig], w: Wo
         tail = tied_sum_bytes(graph, 1, cfg.tp, w)
         offloads = any(o.host > 0 for opts_k in options for o in opts_k)
         out.append(ChainProblem(options, index, memory_budget(dev, cfg, limit_gib), c.step_overhead_s, None, names,
-                                tail, host * (1 - BUDGET_SAFETY) if host and offloads else None))
+                                tail, host if offloads else None))
     return out
 
 

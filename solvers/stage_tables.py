@@ -25,7 +25,7 @@ from costmodel.pipeline import in_flight, weights_pending
 from costmodel.unit_classes import block_classes, unit_classes, unit_names
 from costmodel.units import UnitCost
 from profiler.graph import LayerGraph
-from solvers.chain import BUDGET_SAFETY, memory_budget, price_options
+from solvers.chain import host_budget, memory_budget, price_options
 from vocab.strategy import MeshConfig, Workload
 
 INF = float("inf")
@@ -141,8 +141,7 @@ class PipelineProblem:
                                                       cfg, dev, w)] for k in set(index)}
         self.bucket = bucket_bytes(dev.c, cfg.dp)
         self.budget = memory_budget(dev, cfg, limit_gib) + self.bucket
-        host = dev.cluster.host_bytes_per_node / dev.cluster.gpus_per_node  # a rank's share of its node's
-        self.host_budget = host * (1 - BUDGET_SAFETY) if host and offload != "none" else None
+        self.host_budget = host_budget(dev) if offload != "none" else None
         out = self.costs[self.block_cls[-1]][0].out_bytes
         self.p2p = float(boundary_time(dev, np.array([out]), one_config(cfg), self.p)[0])
         self.cache: dict[tuple, Any] = {}
@@ -397,13 +396,13 @@ class PipelineProblem:
 
     def stage(self, r: int, counts: dict[int, int], emb: bool, head: bool, bounds: int) -> StageCost | None:
         """Least time of pipeline rank ``r`` holding ``counts`` blocks per class (and emb/head)."""
-        if self.host_budget is not None and self.host(counts, emb, head) > self.host_budget:
-            return None
-        if self.single:
+        if self.single:  # its table is infinite where the host memory does not hold the blocks
             key = (r, emb, head, bounds)
             if key not in self.cache:
                 self.cache[key] = self._single(r, emb, head, bounds, len(self.block_cls))
             return self.cache[key].get(counts.get(self.kinds[0], 0))  # type: ignore[union-attr]
+        if self.host_budget is not None and self.host(counts, emb, head) > self.host_budget:
+            return None
         key = (r, tuple(sorted(counts.items())), emb, head, bounds)
         if key not in self.cache:
             self.cache[key] = [self._general(r, counts, emb, head, bounds)]
