@@ -230,7 +230,7 @@ def memory_budget(dev: DeviceModel, cfg: MeshConfig, limit_gib: float) -> float:
 def host_budget(dev: DeviceModel) -> float | None:
     """Host bytes a rank's offloaded states may use: its share of its node's host memory (None
     where the server's host memory is not recorded)."""
-    host = host_budget(dev)
+    host = dev.cluster.host_bytes_per_node / dev.cluster.gpus_per_node
     return host * (1 - BUDGET_SAFETY) if host else None
 
 
@@ -278,7 +278,7 @@ def _problems(graph: LayerGraph, dev: DeviceModel, cfgs: list[MeshConfig], w: Wo
         priced = price_unit(name, nodes, dev, arrays, w, options)
         per_class.append((mine, [unit_option(_Row(priced, i), m[i], c, None, head=w.loss_buffer if is_head else 0.0,
                                              held=bool(grads_held(1, m[i]))) for i in range(len(cfgs))]))
-    host = dev.cluster.host_bytes_per_node / dev.cluster.gpus_per_node
+    host = host_budget(dev)
     out = []
     for i, cfg in enumerate(cfgs):
         options = []
