@@ -4,9 +4,9 @@ Without transition costs, units of one class are interchangeable, so the program
 units of each class take each option (``n[k,c]`` integer in ``0..N_k``) — exact, and tiny for an
 80-layer model. With transition costs every unit gets one-hot binaries ``x[i,c]`` and every
 adjacent pair a flow ``f[i,c,c']`` (``Σ_c' f = x[i,c]``, ``Σ_c f = x[i+1,c']``), the standard
-linearisation of ``x[i,c]·x[i+1,c']``. The transient maxima become ``G >= g·y`` (``y`` says an
-option is used), the clipped term ``e >= Σ d·n, e >= 0``. A problem with a ``tail`` gets its second
-memory row, the end of backward: ``Σ end·n + G + tail <= budget``.
+linearisation of ``x[i,c]·x[i+1,c']``. The transient maxima are levels (:func:`_levels`): a
+binary per distinct value, the clipped term ``e >= Σ d·n, e >= 0``. A problem with a ``tail`` gets
+its second memory row, the end of backward: ``Σ end·n + G + tail <= budget``.
 """
 
 from __future__ import annotations
@@ -49,58 +49,52 @@ def solve_ilp(
     all_opts = [o for opts in red.options for o in opts]
     d_mixed = any(o.d > 0 for o in all_opts) and any(o.d < 0 for o in all_opts)
     d_fold = not d_mixed and any(o.d > 0 for o in all_opts)  # always >= 0: objective is linear in d
-    G = md.var() if any(o.g > 0 for o in all_opts) else None
-    R = md.var() if any(o.r > 0 for o in all_opts) else None
-    e = md.var(cost=1.0) if d_mixed else None
+    # time in units that make the objective about 1e4: HiGHS's absolute tolerances (1e-7) would
+    # otherwise take options a fraction of a microsecond apart for equal
+    ref = red.const + sum(min(o.a for o in red.options[k]) for k in red.classes)
+    ts = 1e4 / ref if ref > 0 else 1.0
+    e = md.var(cost=ts) if d_mixed else None
     mem_row: dict[int, float] = {}
     end_row: dict[int, float] = {}  # the end of backward (when the problem has a tail)
     d_row: dict[int, float] = {}
     cols: list[list[int]] = []
     for units, k in groups:
         n = len(units)
-        opts = red.options[k]
         row_cols = []
-        for o in opts:
-            v = md.var(cost=o.a + (o.d if d_fold else 0.0), hi=n, integer=True)
+        for o in red.options[k]:
+            v = md.var(cost=(o.a + (o.d if d_fold else 0.0)) * ts, hi=n, integer=True)
             row_cols.append(v)
             mem_row[v] = o.mem * scale
             end_row[v] = o.end * scale
             if e is not None and o.d:
                 d_row[v] = o.d
-            for cap, val in ((G, o.g), (R, o.r)):
-                if cap is None or val <= 0:
-                    continue
-                y = v if n == 1 else md.var(hi=1, integer=True)
-                if y != v:
-                    md.row({v: 1.0, y: -float(n)}, hi=0.0, family="used")
-                md.row({y: val * scale, cap: -1.0}, hi=0.0, family="gathered" if cap == G else "remat")
         md.row(dict.fromkeys(row_cols, 1.0), lo=n, hi=n, family="assign")
         cols.append(row_cols)
-    for cap in (G, R):
-        if cap is not None:
-            mem_row[cap] = 1.0
+    opts_of = [red.options[k] for _, k in groups]
+    sizes = [len(units) for units, _ in groups]
+    _levels(md, sizes, cols, opts_of, "g", [mem_row, end_row], scale, "gathered")
+    _levels(md, sizes, cols, opts_of, "r", [mem_row], scale, "remat")
     md.row(mem_row, hi=budget * scale, family="memory")
     if red.host_binds:  # the offloaded states of the rank in its share of the node's host memory
         host_row = {v: o.host / red.host_budget for row_cols, (_, k) in zip(cols, groups, strict=True)
                     for v, o in zip(row_cols, red.options[k], strict=True) if o.host > 0}
         md.row(host_row, hi=1.0, family="host")
     if red.tail is not None:
-        if G is not None:
-            end_row[G] = 1.0
         md.row(end_row, hi=(budget - red.tail) * scale, family="memory_end")
     if e is not None:
         md.row({**d_row, e: -1.0}, hi=0.0, family="sync")
     if red.transitions is not None and not by_unit:
         for i, t in enumerate(red.transitions):
             a, b = cols[i], cols[i + 1]
-            f = [[md.var(cost=float(t[c, c2]), hi=1.0) for c2 in range(len(b))] for c in range(len(a))]
+            f = [[md.var(cost=float(t[c, c2]) * ts, hi=1.0) for c2 in range(len(b))] for c in range(len(a))]
             for c in range(len(a)):
                 md.row({**{f[c][c2]: 1.0 for c2 in range(len(b))}, a[c]: -1.0}, lo=0.0, hi=0.0, family="flow_out")
             for c2 in range(len(b)):
                 md.row({**{f[c][c2]: 1.0 for c in range(len(a))}, b[c2]: -1.0}, lo=0.0, hi=0.0, family="flow_in")
     if hint and by_unit:
         _hint(md, red, groups, cols, hint)
-    status, x, _, bound = md.solve(red.const, time_limit, cutoff)
+    status, x, _, bound = md.solve(red.const * ts, time_limit, None if cutoff is None else cutoff * ts)
+    bound /= ts
     dt = time.perf_counter() - t0
     info: dict[str, Any] = {"solver": solver, "columns": len(md.cost), "rows": len(md.rows)}
     if status == "cutoff":
@@ -137,9 +131,8 @@ def least_memory(prob: ChainProblem, solver: str = DEFAULT_SOLVER) -> tuple[floa
     ref = max((max(o.mem, o.end) for row in prob.options for o in row), default=1.0) or 1.0
     scale = 1.0 / ref
     M = md.var(cost=1.0)
-    G, R = md.var(), md.var()
-    run_row: dict[int, float] = {G: 1.0, R: 1.0, M: -1.0}
-    end_row: dict[int, float] = {G: 1.0, M: -1.0}
+    run_row: dict[int, float] = {M: -1.0}
+    end_row: dict[int, float] = {M: -1.0}
     counts: dict[int, list[int]] = {}
     for i, k in enumerate(prob.classes):
         counts.setdefault(k, []).append(i)
@@ -148,15 +141,15 @@ def least_memory(prob: ChainProblem, solver: str = DEFAULT_SOLVER) -> tuple[floa
         row_cols = []
         for o in prob.options[k]:
             v = md.var(hi=len(units), integer=True)
-            y = md.var(hi=1, integer=True)  # the option is used
-            md.row({v: 1.0, y: -float(len(units))}, hi=0.0, family="used")
-            md.row({y: o.g * scale, G: -1.0}, hi=0.0, family="gathered")
-            md.row({y: o.r * scale, R: -1.0}, hi=0.0, family="remat")
             run_row[v] = o.mem * scale
             end_row[v] = o.end * scale
             row_cols.append(v)
         md.row(dict.fromkeys(row_cols, 1.0), lo=len(units), hi=len(units), family="assign")
         cols.append((units, row_cols))
+    sizes = [len(units) for units, _ in cols]
+    opts_of = [prob.options[k] for k in counts]
+    _levels(md, sizes, [c for _, c in cols], opts_of, "g", [run_row, end_row], scale, "gathered")
+    _levels(md, sizes, [c for _, c in cols], opts_of, "r", [run_row], scale, "remat")
     md.row(run_row, hi=0.0, family="memory")
     if prob.tail is not None:
         md.row(end_row, hi=-prob.tail * scale, family="memory_end")
@@ -169,6 +162,31 @@ def least_memory(prob: ChainProblem, solver: str = DEFAULT_SOLVER) -> tuple[floa
         for i, c in zip(units, slots, strict=True):
             choice[i] = c
     return prob.memory(choice), choice
+
+
+def _levels(md: Model, sizes: list[int], cols: list[list[int]], options: list[list[Any]], attr: str,
+            rows: list[dict[int, float]], scale: float, family: str) -> None:
+    """The largest ``attr`` (``g`` or ``r``) of the options used, added to each of ``rows``.
+
+    One binary ``u_j`` per distinct positive value ``v_1 < … < v_m`` ("the largest is at least
+    ``v_j``"), the maximum ``Σ_j (v_j − v_(j−1))·u_j``; a group of ``N`` units (columns ``cols``,
+    options ``options``) forces it by ``Σ_(c: attr_c >= v_j) n_c <= N·u_j`` (family ``family``),
+    and ``u_j >= u_(j+1)`` (``family_order``). Exact, and a handful of binaries where a binary per
+    option made HiGHS branch between options that differ in the fourth digit (0.4–0.6 s per
+    program of the 175B search, 20 ms so)."""
+    levels = sorted({float(getattr(o, attr)) for opts in options for o in opts if getattr(o, attr) > 0})
+    prev, last = 0.0, None
+    for lv in levels:
+        u = md.var(hi=1, integer=True)
+        for row in rows:
+            row[u] = (lv - prev) * scale
+        if last is not None:
+            md.row({u: 1.0, last: -1.0}, hi=0.0, family=f"{family}_order")
+        for n, row_cols, opts in zip(sizes, cols, options, strict=True):
+            link = {v: 1.0 for v, o in zip(row_cols, opts, strict=True) if getattr(o, attr) >= lv}
+            if link:
+                md.row({**link, u: -float(n)}, hi=0.0, family=family)
+        prev, last = lv, u
 
 
 def _hint(md: Model, red: ChainProblem, groups: list[tuple[list[int], int]], cols: list[list[int]],

@@ -17,7 +17,7 @@ from tests.test_solvers_stage_ilp import _instance, _problems
 from vocab.errors import ShardplanError
 
 #: the row families of the OSDP and stage programs, as docs/solvers.md names them
-CHAIN_FAMILIES = {"assign", "used", "gathered", "remat", "memory", "memory_end", "host", "sync", "flow_out", "flow_in"}
+CHAIN_FAMILIES = {"assign", "gathered", "gathered_order", "remat", "remat_order", "memory", "memory_end", "host", "sync", "flow_out", "flow_in"}
 STAGE_FAMILIES = {"assign", "used", "gathered", "remat", "memory", "host", "stage_sizes", "block_stage", "stage_index",
                   "contiguous", "ends", "tied", "stage_time", "sync", "optimizer", "offload", "fill", "time_shared"}
 
