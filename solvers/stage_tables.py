@@ -26,6 +26,7 @@ from costmodel.unit_classes import block_classes, unit_classes, unit_names
 from costmodel.units import UnitCost
 from profiler.graph import LayerGraph
 from solvers.chain import host_budget, memory_budget, price_options
+from solvers.rank_tables import single_class_tables
 from vocab.strategy import MeshConfig, Workload
 
 INF = float("inf")
@@ -146,7 +147,6 @@ class PipelineProblem:
         self.p2p = float(boundary_time(dev, np.array([out]), one_config(cfg), self.p)[0])
         self.cache: dict[tuple, Any] = {}
         self.batch: dict[str, Any] | None = None
-        self.evaluated = 0
         # per rank, read in the stage DP's inner loops: (in flight, awaiting weight gradients) and
         # the receive buffers' bytes (every stage boundary carries a block's output)
         ranks = np.arange(self.p)
@@ -203,61 +203,6 @@ class PipelineProblem:
             f.weight += n * u.weight
         return f
 
-    def _single(self, r: int, emb: bool, head: bool, bounds: int, n_max: int) -> _Table:
-        """Least stage time of rank ``r`` for 0..n_max blocks of the only block class."""
-        k = self.kinds[0]
-        fly, pend = self.held(r)
-        opts = self.costs[k]
-        f, rest = self._split()
-        n = np.arange(n_max + 1)[:, None].astype(float)
-        nf = np.arange(n_max + 1)[None, :].astype(float)
-        valid = nf <= n
-        ta, ma = (opts[rest[0]].time, opts[rest[0]].held(fly, pend)) if rest else (0.0, 0.0)
-        tb, mb = (opts[rest[1]].time, opts[rest[1]].held(fly, pend)) if len(rest) > 1 else (ta, ma)
-        tf, mf, rf = opts[f].time, opts[f].held(fly, pend), opts[f].recompute_peak
-        tab = _Table(self, k, emb, head, n_max, f, rest)
-        e_opts = range(len(self.costs[self.emb])) if emb and self.emb is not None else [None]
-        h_opts = range(len(self.costs[self.head])) if head and self.head is not None else [None]
-        fx = self.fixed({k: 1}, emb, head)
-        st_b = opts[0].states
-        states = fx.states - st_b + n * st_b
-        rows = np.arange(n_max + 1)
-        for e in e_opts:
-            for h in h_opts:
-                ue = self.costs[self.emb][e] if e is not None else None  # type: ignore[index]
-                uh = self.costs[self.head][h] if h is not None else None  # type: ignore[index]
-                base_t = (ue.time if ue else 0.0) + (uh.time if uh else 0.0) + bounds * self.p2p
-                base_m = self.ends_held(ue, uh, fly, pend) + self.recv(r)
-                r_eh = max(ue.recompute_peak if ue else 0.0, uh.recompute_peak if uh else 0.0)
-                remat = np.where(nf > 0, max(r_eh, rf), r_eh)
-                if len(rest) == 1 and ta <= tf and ma > mf:  # two options: the fewest slow blocks that fit
-                    self._two(tab, n[:, 0], states[:, 0] + fx.gathered + base_m, r_eh, base_t, e, h, fly, pend)
-                    continue
-                room = self.budget - self.bucket - states - fx.gathered - remat - base_m - nf * mf
-                left = n - nf
-                if not rest:
-                    ok = valid & (left == 0) & (room >= 0)
-                    na = np.zeros_like(left)
-                elif mb < ma:
-                    na = np.clip(np.floor((room - left * mb) / (ma - mb)), 0, left)
-                    ok = valid & (room - left * mb >= 0)
-                else:
-                    na = left
-                    ok = valid & (room - left * ma >= 0)
-                t = np.where(ok, base_t + nf * tf + na * ta + (left - na) * tb, INF)
-                j = np.argmin(t, axis=1)
-                tj = t[rows, j]
-                better = tj < tab.time
-                tab.time = np.where(better, tj, tab.time)
-                tab.e = np.where(better, -1 if e is None else e, tab.e)
-                tab.h = np.where(better, -1 if h is None else h, tab.h)
-                tab.nf = np.where(better, j, tab.nf)
-                tab.na = np.where(better, na[rows, j], tab.na)
-        tab.time[0] = INF  # every stage holds at least one block
-        tab.time[~self.host_fits(emb, head, n_max)] = INF
-        self.evaluated += n_max + 1
-        return tab
-
     def host_fits(self, emb: bool, head: bool, n_max: int) -> np.ndarray:
         """Whether a rank holding 0..n_max blocks of the only block class (and the embedding, the
         head) keeps its offloaded states within its share of the node's host memory."""
@@ -266,27 +211,7 @@ class PipelineProblem:
             return np.ones(n_max + 1, dtype=bool)
         return n * self.costs[self.kinds[0]][0].host + self.host({}, emb, head) <= self.host_budget
 
-    def _two(self, tab: _Table, n: np.ndarray, fixed: np.ndarray, r_eh: float, base_t: float, e: int | None,
-             h: int | None, fly: float, pend: float) -> None:
-        """Faster option ``a`` and leaner ``f``: per block count, the fewest ``f`` blocks that fit."""
-        opts = self.costs[self.kinds[0]]
-        a, f = opts[tab.rest[0]], opts[tab.f]
-        ta, ma, tf, mf = a.time, a.held(fly, pend), f.time, f.held(fly, pend)
-        room0 = self.budget - self.bucket - fixed - r_eh  # no block recomputes fully
-        room1 = self.budget - self.bucket - fixed - max(r_eh, f.recompute_peak)
-        need = np.maximum(1.0, np.ceil((n * ma - room1) / (ma - mf)))
-        need = np.where(need * mf + (n - need) * ma <= room1, need, need + 1)
-        nf = np.where(n * ma <= room0, 0.0, need)
-        ok = (nf <= n) & (nf * mf + (n - nf) * ma <= np.where(nf > 0, room1, room0))
-        t = np.where(ok, base_t + nf * tf + (n - nf) * ta, INF)
-        better = t < tab.time
-        tab.time = np.where(better, t, tab.time)
-        tab.e = np.where(better, -1 if e is None else e, tab.e)
-        tab.h = np.where(better, -1 if h is None else h, tab.h)
-        tab.nf = np.where(better, nf, tab.nf).astype(int)
-        tab.na = np.where(better, n - nf, tab.na)
-
-    def _split(self) -> tuple[int, list[int]]:
+    def option_order(self) -> tuple[int, list[int]]:
         """The leanest option (full recomputation) and the others worth keeping, fastest first."""
         opts = self.costs[self.kinds[0]]
         order = sorted(range(len(opts)), key=lambda i: (opts[i].time, i))
@@ -297,93 +222,38 @@ class PipelineProblem:
             rest = rest[:1]  # the faster option also uses no more memory
         return f, rest
 
-    def _batch(self) -> None:
-        """Every rank's table at once (one block class, one virtual stage per rank, two options)."""
-        k, p, L = self.kinds[0], self.p, len(self.block_cls)
-        f, rest = self._split()
-        opts = self.costs[k]
-        a, fo = opts[rest[0]], opts[f]
-        # rows: rank 0 under each embedding option, the middle ranks, rank p-1 under each head option
-        flies, pends = np.array([self.held(r) for r in range(p)]).T
-        base_b = {kind: (fx.states - opts[0].states + fx.gathered)
-                  for kind in {(r == 0, r == p - 1) for r in (0, p // 2, p - 1)}
-                  for fx in [self.fixed({k: 1}, *kind)]}
-        rank, es, hs, fly_l, pend_l, base_l, reh_l, bt_l = [], [], [], [], [], [], [], []
-        emb = list(enumerate(self.costs[self.emb])) if self.emb is not None else [(None, None)]
-        head = list(enumerate(self.costs[self.head])) if self.head is not None else [(None, None)]
-        for r in (0, p - 1):
-            for e, ue in emb if r == 0 else [(None, None)]:
-                for h, uh in head if r == p - 1 else [(None, None)]:
-                    fl, pe = flies[r], pends[r]
-                    rank.append(r)
-                    es.append(-1 if e is None else e)
-                    hs.append(-1 if h is None else h)
-                    fly_l.append(fl)
-                    pend_l.append(pe)
-                    base_l.append(base_b[(r == 0, r == p - 1)] + self.ends_held(ue, uh, fl, pe) + self.recv(r))
-                    reh_l.append(max(ue.recompute_peak if ue else 0.0, uh.recompute_peak if uh else 0.0))
-                    bt_l.append((ue.time if ue else 0.0) + (uh.time if uh else 0.0)
-                                + (self.p2p if r < p - 1 else 0.0))
-        mid = np.arange(1, p - 1)
-        rank_a = np.concatenate([rank, mid])
-        order = np.argsort(rank_a, kind="stable")
-        col = lambda xs, midv: np.concatenate([np.array(xs, dtype=float), midv])[order][:, None]  # noqa: E731
-        fly, pend = col(fly_l, flies[1:p - 1]), col(pend_l, pends[1:p - 1])
-        base = col(base_l, np.array([base_b.get((False, False), 0.0) + self.recv(int(r)) for r in mid]))
-        r_eh = col(reh_l, np.zeros(len(mid)))
-        base_t = col(bt_l, np.full(len(mid), self.p2p))
-        rows_rank = rank_a[order]
-        rows_e = np.concatenate([es, -np.ones(len(mid), dtype=int)])[order]
-        rows_h = np.concatenate([hs, -np.ones(len(mid), dtype=int)])[order]
-        n = np.arange(L + 1, dtype=float)[None, :]
-        ma, mf = a.held(fly, pend), fo.held(fly, pend)
-        fixed = base + n * opts[0].states
-        room0 = self.budget - self.bucket - fixed - r_eh
-        room1 = self.budget - self.bucket - fixed - np.maximum(r_eh, fo.recompute_peak)
-        need = np.maximum(1.0, np.ceil((n * ma - room1) / (ma - mf)))
-        need = np.where(need * mf + (n - need) * ma <= room1, need, need + 1)
-        nf = np.where(n * ma <= room0, 0.0, need)
-        ok = (nf <= n) & (nf * mf + (n - nf) * ma <= np.where(nf > 0, room1, room0)) & (n >= 1)
-        t = np.where(ok, base_t + nf * fo.time + (n - nf) * a.time, INF)
-        starts = np.flatnonzero(np.r_[True, rows_rank[1:] != rows_rank[:-1]])
-        best = np.empty((p, L + 1), dtype=int)
-        for r, (lo, hi) in enumerate(zip(starts, list(starts[1:]) + [len(rows_rank)], strict=True)):
-            best[r] = lo + (np.argmin(t[lo:hi], axis=0) if hi - lo > 1 else 0)
-        cols = np.arange(L + 1)[None, :]
-        eh = np.stack([rows_e, rows_h], axis=1)
-        t_best = t[best, cols]
-        for r in range(p):
-            t_best[r, ~self.host_fits(r == 0, r == p - 1, L)] = INF
-        self.batch = {"time": t_best, "e": eh[best, 0], "h": eh[best, 1],
-                      "nf": nf[best, cols].astype(int),
-                      "na": n - nf[best, cols], "f": f, "rest": rest}
-        self.evaluated += p * (L + 1)
+    def times(self) -> np.ndarray:
+        """(ranks × block counts) least stage times, one block class, one virtual stage per rank:
+        every rank's table in one array computation (:func:`solvers.rank_tables.single_class_tables`),
+        inf past the L-p+1 blocks a rank can hold."""
+        if self.batch is None:
+            p, L = self.p, len(self.block_cls)
+            rows = [(r, r == 0, r == p - 1, 1 if r < p - 1 else 0) for r in range(p)]
+            # a rank holds at most L-p+1 blocks (every other rank holds one): inf beyond
+            got = single_class_tables(self, rows, np.arange(L - p + 2))
+            pad = {"time": INF, "e": -1, "h": -1, "nf": 0, "na": 0.0}
+            self.batch = {f: np.pad(x, ((0, 0), (0, p - 1)), constant_values=pad[f]) for f, x in got.items()}
+        return self.batch["time"]
 
     def table(self, r: int) -> _Table:
         """Rank ``r``'s table (one block class, one virtual stage per rank)."""
         key = (r, r == 0, r == self.p - 1, 1 if r < self.p - 1 else 0)
         tab = self.cache.get(key)
         if tab is None:
-            b = self.batch
-            if b is not None:
-                tab = _Table(self, self.kinds[0], key[1], key[2], len(self.block_cls), b["f"], b["rest"])
-                tab.time, tab.e, tab.h = b["time"][r], b["e"][r], b["h"][r]
-                tab.nf, tab.na = b["nf"][r], b["na"][r]
-            else:
-                tab = self._single(r, key[1], key[2], key[3], len(self.block_cls))
+            self.times()
+            tab = self._table(key[1], key[2], len(self.block_cls), self.batch, r)  # type: ignore[arg-type]
             self.cache[key] = tab
         return tab
 
-    def times(self) -> np.ndarray:
-        """(ranks × block counts) least stage times, one block class, one virtual stage per rank."""
-        if self.batch is None and not self.cache and self.v == 1:
-            f, rest = self._split()
-            o = self.costs[self.kinds[0]]
-            if len(rest) == 1 and o[rest[0]].time <= o[f].time and o[rest[0]].activations > o[f].activations:
-                self._batch()
-        if self.batch is not None:
-            return self.batch["time"]
-        return np.stack([self.table(r).time for r in range(self.p)])
+    def _table(self, emb: bool, head: bool, n_max: int, rows: dict[str, np.ndarray], i: int,
+               at: np.ndarray | None = None) -> _Table:
+        """Row ``i`` of :func:`single_class_tables`'s answer as a table of 0..n_max blocks (its
+        counts ``at``; every count when None)."""
+        tab = _Table(self, self.kinds[0], emb, head, n_max, *self.option_order())
+        idx = slice(None) if at is None else at
+        tab.time[idx], tab.e[idx], tab.h[idx] = rows["time"][i], rows["e"][i], rows["h"][i]
+        tab.nf[idx], tab.na[idx] = rows["nf"][i], rows["na"][i]
+        return tab
 
     def at(self, k: int, j: int, n: int) -> StageCost | None:
         """Stage ``k`` of a pipeline without interleaving, holding blocks ``j .. j+n-1``."""
@@ -394,13 +264,30 @@ class PipelineProblem:
         held = dict(Counter(self.block_cls[j:j + n]))
         return self.stage(k, held, k == 0, k == p - 1, 1 if k < p - 1 else 0)
 
+    def prefetch(self, requests: list[tuple[int, dict[int, int], bool, bool, int]]) -> None:
+        """Price the :meth:`stage` ``requests`` (one block class) in one array computation."""
+        if not self.single:
+            return
+        todo = [(r, e, h, b, c.get(self.kinds[0], 0)) for r, c, e, h, b in requests]
+        todo = [key for key in dict.fromkeys(todo) if key not in self.cache]
+        if not todo:
+            return
+        ns = np.array(sorted({key[4] for key in todo}))
+        got = single_class_tables(self, [key[:4] for key in todo], ns)
+        for i, key in enumerate(todo):
+            at = np.searchsorted(ns, [key[4]])
+            row = {f: x[i][at] for f, x in got.items()}
+            self.cache[key] = self._table(key[1], key[2], key[4], {f: x[None, :] for f, x in row.items()}, 0,
+                                          np.array([key[4]]))
+
     def stage(self, r: int, counts: dict[int, int], emb: bool, head: bool, bounds: int) -> StageCost | None:
         """Least time of pipeline rank ``r`` holding ``counts`` blocks per class (and emb/head)."""
-        if self.single:  # its table is infinite where the host memory does not hold the blocks
-            key = (r, emb, head, bounds)
+        if self.single:  # infinite where the host memory does not hold the blocks
+            n = counts.get(self.kinds[0], 0)
+            key = (r, emb, head, bounds, n)
             if key not in self.cache:
-                self.cache[key] = self._single(r, emb, head, bounds, len(self.block_cls))
-            return self.cache[key].get(counts.get(self.kinds[0], 0))  # type: ignore[union-attr]
+                self.prefetch([(r, counts, emb, head, bounds)])
+            return self.cache[key].get(n)  # type: ignore[union-attr]
         if self.host_budget is not None and self.host(counts, emb, head) > self.host_budget:
             return None
         key = (r, tuple(sorted(counts.items())), emb, head, bounds)
@@ -422,7 +309,6 @@ class PipelineProblem:
         """Several block classes: Pareto frontiers of (time, memory) per class, merged."""
         fly, pend = self.held(r)
         fx = self.fixed(counts, emb, head)
-        self.evaluated += 1
         groups: list[tuple[int, int, bool]] = [(k, n, False) for k, n in sorted(counts.items()) if n]
         if emb and self.emb is not None:
             groups.append((self.emb, 1, False))

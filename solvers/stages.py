@@ -107,8 +107,12 @@ def solve_pipeline(problems: PipelineProblem | Sequence[PipelineProblem], incumb
     if v > 1 or not nonuniform:
         per_rank, sends = rank_blocks(L, p, v), rank_sends(p, v)
         labels = [_Label((0.0, 0.0, -INF, 0.0, 0.0, 0.0), None, 0, None)]
+        requests = [(r, dict(Counter(pp.block_cls[i] for i in per_rank[r])), r == 0, r == p - 1, sends[r])
+                    for r in range(p)]
+        for q in qs:
+            q.prefetch(requests)
         for r in range(p):
-            counts = dict(Counter(pp.block_cls[i] for i in per_rank[r]))
+            counts = requests[r][1]
             cands = _undominated([(s, sc) for s, q in enumerate(qs)
                                   if (sc := q.stage(r, counts, r == 0, r == p - 1, sends[r])) is not None], consts, dims)
             if not cands:
