@@ -74,6 +74,8 @@ def search_plan(
     tie_break: bool = True,
     moe_capacity_factor: float | None = None,
     solver: str = DEFAULT_SOLVER,
+    device: DeviceModel | None = None,
+    degrees: dict[str, int] | None = None,
 ) -> Planned:
     """Search and build the plan document; with several global batches the one with the most
     samples per second wins (throughput, not time per step, is compared). ``model`` is a preset
@@ -86,7 +88,9 @@ def search_plan(
     With ``tie_break`` (and a published-sweeps band for the accelerator), a runner-up within that
     band of the fastest plan and with fewer parallel axes is the plan (:func:`solvers.result.break_tie`;
     ``solver.options.tie_break`` records it, and the fastest stays the first alternative).
-    ``solver`` names the back-end of the integer programs (:data:`solvers.mip.SOLVERS`)."""
+    ``solver`` names the back-end of the integer programs (:data:`solvers.mip.SOLVERS`). ``device``:
+    a device model of this cluster to price with (a sweep shares one between its points);
+    ``degrees``: mesh axes held at a degree (``{"tp": 4, "pp": 8}``), the rest of the space free."""
     if solver not in SOLVERS:
         raise ShardplanError(f"unknown MIP solver '{solver}'; known: {', '.join(SOLVERS)}")
     if space not in SPACES:
@@ -99,6 +103,12 @@ def search_plan(
     behaved = target_behaviour(t, precision, **asked)
     check_capacity(t, moe_capacity_factor)
     opts = restrict(SPACES[space], t)
+    if degrees:
+        axes = ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep")
+        bad = [a for a in degrees if a not in axes]
+        if bad:
+            raise ShardplanError(f"unknown mesh axis '{bad[0]}'; known: {', '.join(axes)}")
+        opts = opts.with_(degrees=tuple(sorted((a, int(d)) for a, d in degrees.items())))
     if seq_len <= 0:
         raise ShardplanError(f"seq_len must be positive, got {seq_len}")
     batches = [global_batch] if isinstance(global_batch, int) else list(global_batch)
@@ -123,7 +133,7 @@ def search_plan(
         from profiler.profile_schema import load_profile
 
         prof = load_profile(profile)
-    dev = DeviceModel(cl, prof)
+    dev = device if device is not None and prof is None and device.cluster == cl else DeviceModel(cl, prof)
     best: tuple[float, SearchResult, Workload] | None = None
     by_batch: dict[int, float] = {}
     errors = []
@@ -195,6 +205,7 @@ def search_plan(
                 "time_limit_s": time_limit,
                 "top_k": top_k,
                 "mip_solver": solver,
+                **({"degrees": dict(opts.degrees)} if degrees else {}),
             },
         ),
         alternatives=[

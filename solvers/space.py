@@ -112,6 +112,7 @@ class SpaceOptions:
     tsp_cp_modes: tuple[str, ...] = ("ring", "ulysses")  # context-parallel modes beside TSP
     cp_rotate: str = "allgather"  # how the target's ring moves K/V (recorded in the plan, priced as it runs)
     max_axes: int | None = None  # meshes with at most this many degrees above 1 (the tie-break's searches)
+    degrees: tuple[tuple[str, int], ...] = ()  # (axis, degree): meshes with exactly these (a sweep's heatmap cells)
 
     def with_(self, **kw: object) -> SpaceOptions:
         return replace(self, **kw)  # type: ignore[arg-type]
@@ -260,6 +261,9 @@ def mesh_configs(
                     for ep in ep_degrees(graph, dps * cp) if opts.ep else [1]:
                         if opts.max_axes is not None and sum(d > 1 for d in (pp, dpr, dps, cp, tp, ep)) > opts.max_axes:
                             continue
+                        if opts.degrees and not _has_degrees(opts.degrees, pp=pp, dp_replicate=dpr, dp_shard=dps,
+                                                             cp=cp, tp=tp, ep=ep):
+                            continue
                         for b in micro_batches(w.global_batch, dp, opts):
                             n_mb = w.global_batch // (dp * b)
                             for sched, vpp in schedules(pp, n_mb, blocks, opts):
@@ -276,6 +280,10 @@ def mesh_configs(
                                             yield MeshConfig(
                                                 pp, dpr, dps, cp, tp, ep, b, sched, vpp, sp, tpm, cpm, rot
                                             )
+
+
+def _has_degrees(want: tuple[tuple[str, int], ...], **mesh: int) -> bool:
+    return all(mesh[axis] == d for axis, d in want)
 
 
 def offload_fits(sharding: str, offload: str, needs: tuple[tuple[str, tuple[str, ...]], ...] = OFFLOAD_NEEDS

@@ -11,6 +11,7 @@ import json
 import os
 import stat
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -57,16 +58,22 @@ def check_writable(path: str | Path, what: str = "output", error: type[Shardplan
 def write_atomic(path: Path, text: str, error: type[ShardplanError] = ShardplanError) -> None:
     """Write ``text`` to ``path`` through a temporary file renamed over it: never half a file; a
     path that cannot be written raises ``error``."""
+    write_with(path, lambda tmp: Path(tmp).write_text(text), error)
+
+
+def write_with(path: Path, write: Callable[[str], Any], error: type[ShardplanError] = ShardplanError) -> None:
+    """``write(tmp)`` (a figure's ``savefig``, a table's ``to_csv``) to a temporary file beside
+    ``path``, renamed over it: never half a file; a path that cannot be written raises ``error``."""
     path = Path(path)
     check_writable(path, "output", error)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
+        os.close(fd)
     except OSError as e:
         raise error(f"cannot write '{path}': {e.strerror}") from None
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        write(tmp)
         os.replace(tmp, path)
     except OSError as e:
         Path(tmp).unlink(missing_ok=True)

@@ -1,0 +1,202 @@
+"""``shardplan sweep``: plan over a grid of cluster sizes, accelerators, global batches, sequence
+lengths, memory limits, targets and spaces (:mod:`planner.sweep`); a table, CSV or Parquet, and
+plots.
+
+Lists are comma-separated (``--gpus 256,512,1024``); ``--gpus 256..8192`` doubles from the first
+to the last. Bad input is one line and exit code 2 before any search; every output is written
+whole or not at all.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from planner.cli import app, console, err_console, guard
+from planner.options import positive_option
+from vocab.errors import ShardplanError
+from vocab.io import check_writable
+
+TABLE_FORMATS = (".csv", ".parquet")
+
+
+def int_list(text: str, flag: str, unit: str, example: str) -> list[int]:
+    """``a,b,c`` or ``a..b`` (doubling from a to b) as positive integers."""
+    text = text.replace(" ", "")
+    try:
+        if ".." in text:
+            lo, hi = (int(x) for x in text.split(".."))
+            if lo < 1 or hi < lo:
+                raise ValueError
+            out = []
+            while lo <= hi:
+                out.append(lo)
+                lo *= 2
+            return out
+        out = [int(x) for x in text.split(",") if x]
+    except ValueError:
+        raise ShardplanError(f"{flag} takes {unit} as a comma list or a doubling range, e.g. {example}, "
+                             f"got '{text}'") from None
+    if not out or any(v < 1 for v in out):
+        raise ShardplanError(f"{flag} takes positive {unit}, e.g. {example}, got '{text}'")
+    return out
+
+
+def float_list(text: str, flag: str, example: str) -> list[float | None]:
+    """``a,b`` as positive finite numbers; ``default`` stands for the accelerator's own limit."""
+    out: list[float | None] = []
+    for x in text.replace(" ", "").split(","):
+        if x == "default":
+            out.append(None)
+            continue
+        try:
+            v = float(x)
+        except ValueError:
+            v = math.nan
+        if not (math.isfinite(v) and v > 0):
+            raise ShardplanError(f"{flag} takes numbers of GiB (or 'default'), e.g. {example}, got '{x}'")
+        out.append(v)
+    return out
+
+
+def names(text: str) -> list[str]:
+    return [x for x in text.replace(" ", "").split(",") if x]
+
+
+@app.command("sweep")
+@guard
+def sweep_cmd(
+    model: str = typer.Option(..., "--model", "-m", help="preset name, Hugging Face id or config.json path"),
+    gpus: str = typer.Option(..., "--gpus", help="cluster sizes: '256,512,1024' or '256..8192' (doubling)"),
+    accelerator: str = typer.Option("h100", "--accelerator", "-a", help="accelerators: 'h100,h200,b200'"),
+    global_batch: str = typer.Option("1024", "--global-batch", help="samples per step: '512,1024'"),
+    seq_len: str = typer.Option("4096", "--seq-len", help="tokens per sample: '4096,8192,32768'"),
+    memory_limit: str = typer.Option("default", "--memory-limit", help="GiB per GPU: '60,80' ('default': the "
+                                     "GPU's memory less the reserve)"),
+    target: str = typer.Option("shardplan", "--target", help="targets: 'shardplan,torchtitan' (docs/targets.md)"),
+    space: str = typer.Option("full", "--space", help="spaces: 'full,fsdp'"),
+    tokens: float = positive_option(None, "--tokens", help="tokens to train (e.g. 15e12): days and GPU-hours"),
+    gpu_hour_cost: float = positive_option(None, "--gpu-hour-cost", help="$ per GPU-hour: the cost to train "
+                                           "--tokens"),
+    output: Path = typer.Option(None, "--output", "-o", help="the table as .csv or .parquet"),
+    plots: Path = typer.Option(None, "--plots", help="directory for throughput.png, cost.png (with --tokens) "
+                               "and heatmap.png"),
+    heatmap: bool = typer.Option(True, "--heatmap/--no-heatmap", help="with --plots: the tp x pp heatmap at the "
+                                 "point of most tokens/s per GPU"),
+    workers: int = typer.Option(None, "--workers", min=1, max=64, help="processes (default: 2)"),
+) -> None:
+    """Plan over a grid (cluster size, accelerator, global batch, sequence length, memory limit,
+    target, space): one row per point, with time and cost to train a token budget."""
+    from planner.sweep import mesh_heatmap, sweep
+
+    sizes = int_list(gpus, "--gpus", "numbers of GPUs", "256,512,1024 or 256..8192")
+    batches = int_list(global_batch, "--global-batch", "numbers of samples", "512,1024")
+    seqs = int_list(seq_len, "--seq-len", "numbers of tokens", "4096,8192")
+    limits = float_list(memory_limit, "--memory-limit", "60,80")
+    if output is not None:
+        if output.suffix.lower() not in TABLE_FORMATS:
+            raise ShardplanError(f"-o must name a .csv or .parquet file, got '{output}'")
+        check_writable(output, "-o")
+    if plots is not None:
+        check_writable(plots / "throughput.png", "--plots")
+    t0 = time.perf_counter()
+    with _progress() as update:
+        df = sweep(model, sizes, names(accelerator), batches, seqs, limits, names(target), names(space),
+                   tokens=tokens, gpu_hour_cost=gpu_hour_cost, workers=workers, progress=update)
+    wall = time.perf_counter() - t0
+    console.print(sweep_table(df))
+    ok = int((df["status"] == "ok").sum())
+    console.print(f"{len(df)} points, {ok} with a plan, in {wall:.1f} s", highlight=False)
+    written = []
+    if output is not None:
+        write_table(df, output)
+        written.append(str(output))
+    if plots is not None and ok:
+        from planner.sweep_plots import cost_figure, heatmap_figure, throughput_figure
+
+        figs = {"throughput.png": throughput_figure(df)}
+        if tokens is not None:
+            figs["cost.png"] = cost_figure(df)
+        if heatmap:
+            best = df[df["status"] == "ok"].sort_values("tokens_per_s_per_gpu", ascending=False).iloc[0]
+            lim = best["memory_limit_gib"]
+            hm = mesh_heatmap(model, int(best["gpus"]), best["accelerator"], int(best["global_batch"]),
+                              int(best["seq_len"]), None if lim is None or lim != lim else float(lim),
+                              best["target"], best["space"])
+            figs["heatmap.png"] = heatmap_figure(hm)
+        for name, fig in figs.items():
+            save_figure(fig, plots / name)
+            written.append(str(plots / name))
+    for path in written:
+        console.print(f"wrote {path}", highlight=False)
+
+
+def _progress() -> Any:
+    """A context giving ``update(done, total)``: a bar on a terminal, nothing in logs and pipes."""
+    from contextlib import contextmanager
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    @contextmanager
+    def bar() -> Any:
+        with Progress(TextColumn("sweeping"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=err_console, transient=True, disable=not err_console.is_terminal) as p:
+            task = p.add_task("points", total=None)
+            yield lambda done, total: p.update(task, completed=done, total=total)
+
+    return bar()
+
+
+def sweep_table(df: Any) -> Table:
+    """The sweep's rows: the axes that vary, the plan, its throughput, MFU, memory, time and cost."""
+    from planner.sweep import AXES
+
+    varying = [a for a in AXES if df[a].astype(str).nunique() > 1] or ["gpus"]
+    t = Table(title=f"sweep of {df['model'].iloc[0]}", show_lines=False)
+    heads = {"accelerator": "GPU", "gpus": "GPUs", "global_batch": "batch", "seq_len": "seq",
+             "memory_limit_gib": "limit GiB", "target": "target", "space": "space"}
+    for a in varying:
+        t.add_column(heads[a], justify="right" if a in ("gpus", "global_batch", "seq_len") else "left")
+    has_days = not df["train_days"].isna().all()
+    has_cost = not df["cost"].isna().all()
+    cols = ["plan", "step s", "tok/s/GPU", "MFU", "mem GiB"] + (["days"] if has_days else []) + (
+        ["cost $M"] if has_cost else [])
+    words = max((len(w) for m in df["mesh"] for w in str(m).split()), default=4)
+    for c in cols:
+        t.add_column(c, justify="left" if c == "plan" else "right", min_width=words if c == "plan" else None)
+    for _, r in df.iterrows():
+        axes = [("default" if r[a] is None or r[a] != r[a] else f"{r[a]:,}" if isinstance(r[a], int) else str(r[a]))
+                for a in varying]
+        if r["status"] != "ok":
+            t.add_row(*axes, f"no plan: {r['status']}", *[""] * (len(cols) - 1))
+            continue
+        cells = [r["mesh"], f"{r['step_time_s']:.3g}", f"{r['tokens_per_s_per_gpu']:,.0f}", f"{r['mfu']:.1%}",
+                 f"{r['memory_peak_gib']:.1f}"]
+        if has_days:
+            cells.append(f"{r['train_days']:,.1f}")
+        if has_cost:
+            cells.append(f"{r['cost'] / 1e6:,.2f}")
+        t.add_row(*axes, *cells)
+    return t
+
+
+def write_table(df: Any, path: Path) -> None:
+    """The table as CSV or Parquet (by the suffix), written whole or not at all."""
+    from vocab.io import write_with
+
+    if path.suffix.lower() == ".csv":
+        write_with(path, lambda tmp: df.to_csv(tmp, index=False))
+    else:
+        out = df.assign(memory_limit_gib=df["memory_limit_gib"].astype(float))
+        write_with(path, lambda tmp: out.to_parquet(tmp, index=False))
+
+
+def save_figure(fig: Any, path: Path) -> None:
+    from vocab.io import write_with
+
+    write_with(path, lambda tmp: fig.savefig(tmp, format="png", dpi=150))
