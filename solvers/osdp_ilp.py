@@ -35,6 +35,10 @@ def solve_ilp(
     budget = red.budget
     if budget < 0:
         return ChainSolution(None, np.inf, np.inf, "infeasible", time.perf_counter() - t0)
+    if cutoff is not None and np.isfinite(cutoff):
+        lb = lagrange_bound(red)
+        if lb >= cutoff * (1 + 1e-12):  # nothing strictly better: no program to build
+            return ChainSolution(None, np.inf, lb, "cutoff", time.perf_counter() - t0, {"solver": "bound"})
     scale = 1.0 / budget if budget > 0 else 1.0  # memory rows in units of the budget
     md = Model("osdp", solver)
     by_unit = aggregate and red.transitions is None
@@ -121,6 +125,39 @@ def solve_ilp(
         )
     st = status if status in ("optimal", "time_limit") else "feasible"
     return ChainSolution(choice, obj, min(bound, obj), st, dt, info)
+
+
+def lagrange_bound(red: ChainProblem) -> float:
+    """A lower bound on the optimum of ``red`` (reduced, without transitions; -inf with them): the
+    Lagrangian dual of one memory row at a time. Each class uses some option, so the transients are
+    at least ``G0 = max_k min_c g``, ``R0`` alike; for ``λ >= 0`` every plan that fits costs at
+    least ``const + Σ_k N_k·min_c (a_c + λ·mem_c) − λ·(budget − G0 − R0)`` (the end-of-backward
+    row with ``end``, ``budget − tail − G0``), with ``a`` taking ``d`` where no ``d`` is negative
+    (else ``max(0, Σd) >= 0``). Its maximum over ``λ`` is at a ratio of two options' time and
+    memory differences; every such ratio is tried. The host row is left out (a relaxation)."""
+    if red.transitions is not None:
+        return -np.inf
+    counts = np.bincount(np.asarray(red.classes, dtype=int), minlength=len(red.options))
+    used = [k for k in range(len(red.options)) if counts[k]]
+    fold = all(o.d >= 0 for k in used for o in red.options[k])
+    a = [np.array([o.a + (o.d if fold else 0.0) for o in red.options[k]]) for k in used]
+    g0 = max(min(o.g for o in red.options[k]) for k in used)
+    r0 = max(min(o.r for o in red.options[k]) for k in used)
+    rows = [("mem", red.budget - g0 - r0)] + ([("end", red.budget - red.tail - g0)] if red.tail is not None else [])
+    best = -np.inf
+    for field, room in rows:
+        m = [np.array([getattr(o, field) for o in red.options[k]]) for k in used]
+        lam = [np.zeros(1)]
+        for ak, mk in zip(a, m, strict=True):
+            da, dm = ak[:, None] - ak[None, :], mk[None, :] - mk[:, None]
+            ok = (dm > 0) & (da > 0)
+            lam.append(da[ok] / dm[ok])
+        lams = np.unique(np.concatenate(lam))
+        total = red.const - lams * room
+        for k, ak, mk in zip(used, a, m, strict=True):
+            total = total + counts[k] * np.min(ak[None, :] + lams[:, None] * mk[None, :], axis=1)
+        best = max(best, float(total.max()))
+    return best
 
 
 def least_memory(prob: ChainProblem, solver: str = DEFAULT_SOLVER) -> tuple[float, list[int]]:

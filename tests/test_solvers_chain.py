@@ -16,7 +16,7 @@ from profiler.models import load_model
 from solvers.chain import ChainProblem, Option, chain_strategy, mesh_problem
 from solvers.exhaustive import solve_chain
 from solvers.osdp_dp import solve_dp
-from solvers.osdp_ilp import solve_ilp
+from solvers.osdp_ilp import lagrange_bound, solve_ilp
 from solvers.space import SPACES
 from vocab.strategy import MeshConfig, Workload
 
@@ -77,6 +77,31 @@ def _agree(p: ChainProblem) -> None:
         assert p.fits(dp.choice) and dp.objective >= brute.objective - 1e-9
         if dp.status == "optimal":  # proven: equal to the optimum
             assert dp.objective == pytest.approx(brute.objective, rel=1e-12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(chains(transitions=False))
+def test_lagrange_bound_holds(p: ChainProblem) -> None:
+    """The bound that spares the ILP never exceeds the optimum brute force finds, and a cutoff
+    below the optimum is refused, one above it is not."""
+    from solvers.chain import reduced
+
+    brute = solve_chain(p)
+    if brute.choice is None:
+        return
+    assert lagrange_bound(reduced(p)[0]) <= brute.objective * (1 + 1e-12)
+    assert solve_ilp(p, cutoff=brute.objective * (1 - 1e-6) - 1e-9).status == "cutoff"
+    assert solve_ilp(p, cutoff=brute.objective + 1.0).objective == pytest.approx(brute.objective, rel=1e-9)
+
+
+def test_lagrange_bound_is_tight_where_memory_is_slack() -> None:
+    """Memory to spare: the bound is the optimum (every unit at its fastest), so a cutoff there is
+    settled without a program."""
+    p = ChainProblem([[Option(a=1.0, mem=1.0), Option(a=2.0, mem=0.5)]], [0, 0, 0], 100.0, const=0.5)
+    assert lagrange_bound(p) == 3.5
+    sol = solve_ilp(p, cutoff=3.4)
+    assert sol.status == "cutoff" and sol.info == {"solver": "bound"}
+    assert solve_ilp(p, cutoff=3.6).objective == 3.5
 
 
 def test_end_of_backward_binds() -> None:
