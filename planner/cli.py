@@ -23,6 +23,8 @@ from vocab.errors import ShardplanError, first_line
 
 #: exit code of an unexpected exception (BSD sysexits' EX_SOFTWARE); bad input exits with 2
 BUG_EXIT = 70
+#: tokens per sample ``inspect`` shows a model at by default (its max where that is shorter)
+INSPECT_SEQ_LEN = 4096
 
 app = typer.Typer(
     name="shardplan",
@@ -34,6 +36,40 @@ app = typer.Typer(
 console = Console()
 err_console = Console(stderr=True)
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def version() -> str:
+    """The installed distribution's version, else (a source tree run without installing) the
+    ``version`` of the ``pyproject.toml`` beside the package, else ``unknown``."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("shardplan")
+    except PackageNotFoundError:
+        pass
+    import tomllib
+    from pathlib import Path
+
+    try:
+        with open(Path(__file__).resolve().parent.parent / "pyproject.toml", "rb") as f:
+            return str(tomllib.load(f)["project"]["version"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return "unknown"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        sys.stdout.write(f"shardplan {version()}\n")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    show_version: bool = typer.Option(False, "--version", "-V", is_eager=True, callback=_print_version,
+                                      help="Print the version and exit."),
+) -> None:
+    pass
 
 
 def literal(text: str) -> Text:
@@ -118,34 +154,69 @@ def models(as_json: bool = typer.Option(False, "--json", help="machine-readable 
 @guard
 def hardware(as_json: bool = typer.Option(False, "--json", help="machine-readable output")) -> None:
     """List the accelerators (one data file each)."""
+    from rich.measure import Measurement
+
     from profiler.hardware import accelerators
 
     accs = list(accelerators().values())
     if as_json:
         print_json([a.to_dict() for a in accs])
         return
-    t = Table(title="accelerators")
-    for col in ("name", "bf16 TFLOP/s", "fp8 TFLOP/s", "HBM GB", "HBM TB/s", "scale-up GB/s",
-                "domain", "scale-out GB/s", "GEMM eff"):
-        t.add_column(col, justify="left" if col == "name" else "right")
-    for a in accs:
-        t.add_row(a.name, f"{a.peak_tflops['bf16']:g}", f"{a.peak_tflops['fp8']:g}", f"{a.hbm_gb:g}",
-                  f"{a.hbm_tbps:g}", f"{a.scale_up.gbps:g}", str(a.scale_up.domain),
-                  f"{a.scale_out.gbps:g}", f"{a.gemm_efficiency:.2f}")
-    console.print(t)
+    cols = {"name": lambda a: a.name, "bf16 TFLOP/s": lambda a: f"{a.peak_tflops['bf16']:g}",
+            "fp8 TFLOP/s": lambda a: f"{a.peak_tflops['fp8']:g}", "HBM GB": lambda a: f"{a.hbm_gb:g}",
+            "HBM TB/s": lambda a: f"{a.hbm_tbps:g}", "scale-up GB/s": lambda a: f"{a.scale_up.gbps:g}",
+            "domain": lambda a: str(a.scale_up.domain), "scale-out GB/s": lambda a: f"{a.scale_out.gbps:g}",
+            "GEMM eff": lambda a: f"{a.gemm_efficiency:.2f}"}
+
+    def table(title: str, names: list[str]) -> Table:
+        t = Table(title=title)
+        for col in names:  # no cell wraps: a table too wide for the terminal gives way to a narrower layout
+            t.add_column(col, justify="left" if col == "name" else "right", no_wrap=True)
+        for a in accs:
+            t.add_row(*(cols[c](a) for c in names))
+        return t
+
+    def fits(t: Table) -> bool:
+        return Measurement.get(console, console.options.update_width(10_000), t).maximum <= console.width
+
+    wide = table("accelerators", list(cols))
+    if fits(wide):  # a wide terminal: one table
+        console.print(wide)
+        return
+    split = [table("accelerators: compute and memory", ["name", "bf16 TFLOP/s", "fp8 TFLOP/s", "HBM GB", "HBM TB/s",
+                                                        "GEMM eff"]),
+             table("accelerators: network", ["name", "scale-up GB/s", "domain", "scale-out GB/s"])]
+    if all(map(fits, split)):  # 80 columns, or a pipe: the columns in two tables
+        for t in split:
+            console.print(t)
+        return
+    kv = Table(title="accelerators", show_header=False)  # narrower still: a few lines per accelerator
+    kv.add_column("name", style="bold", no_wrap=True)
+    kv.add_column("value", overflow="fold")
+    for i, a in enumerate(accs):
+        if i:
+            kv.add_section()
+        kv.add_row(a.name, f"bf16 {cols['bf16 TFLOP/s'](a)} TFLOP/s\nfp8 {cols['fp8 TFLOP/s'](a)} TFLOP/s\n"
+                   f"HBM {a.hbm_gb:g} GB, {a.hbm_tbps:g} TB/s\nscale-up {a.scale_up.gbps:g} GB/s, domain "
+                   f"{a.scale_up.domain}\nscale-out {a.scale_out.gbps:g} GB/s\nGEMM eff {a.gemm_efficiency:.2f}")
+    console.print(kv)
 
 
 @app.command()
 @guard
 def inspect(
-    model: str = typer.Option(..., "--model", "-m", help="preset name, config.json path or pkg.module:factory"),
-    seq_len: int = typer.Option(None, "--seq-len", min=1, help="tokens per sample (default: the model's max)"),
+    model: str = typer.Option(
+        ..., "--model", "-m", help="preset name, Hugging Face id, config.json path or pkg.module:factory"
+    ),
+    seq_len: int = typer.Option(
+        None, "--seq-len", min=1, help=f"tokens per sample (default: {INSPECT_SEQ_LEN}, or the model's max where shorter)"
+    ),
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
     """Show a model's layer graph: parameters, FLOPs and activations per token."""
-    from profiler.models import load_model
+    from profiler.models import default_seq_len, load_model
 
-    g = load_model(model, seq_len)
+    g = load_model(model, seq_len if seq_len is not None else default_seq_len(model, INSPECT_SEQ_LEN))
     s = g.seq_len
     layers = [
         {"name": n.name, "kind": n.kind, "block": n.block, "params": n.params,
@@ -156,8 +227,8 @@ def inspect(
     if as_json:
         print_json({**g.summary(), "layers": layers})
         return
-    t = Table(title=f"{g.model_id} at seq_len {s}: {_fmt(g.total_params)} parameters, "
-                    f"{_fmt(g.train_flops / s, 'FLOP')}/token (fwd+bwd)")
+    t = Table(title=f"{g.model_id} at seq_len {s}{' (default; --seq-len sets it)' if seq_len is None else ''}: "
+                    f"{_fmt(g.total_params)} parameters, {_fmt(g.train_flops / s, 'FLOP')}/token (fwd+bwd)")
     for col in ("layer", "kind", "params", "fwd FLOP/token", "saved act B/token"):
         t.add_column(col, justify="left" if col in ("layer", "kind") else "right")
     shown = _collapse_blocks(layers)
@@ -195,7 +266,8 @@ def _collapse_blocks(layers: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line on ``argv`` (default: ``sys.argv[1:]``) and return its exit code:
-    0, 2 for bad input (a usage error too, in one line), 70 for a bug, 130 when interrupted."""
+    0, 2 for bad input (a usage error too, in one line naming the valid form), 70 for a bug, 130
+    when interrupted."""
     from planner import commands  # noqa: F401  (registers the commands of later stages)
 
     try:
@@ -211,10 +283,10 @@ def main(argv: list[str] | None = None) -> int:
         if type(e).__name__ == "NoArgsIsHelpError":  # bare ``shardplan``: the help
             e.show()  # type: ignore[attr-defined]
             return 0
-        ctx = getattr(e, "ctx", None)
-        path = ctx.command_path.split(" ", 1) if ctx is not None else []
-        where = f" (see shardplan {path[1]} --help)" if len(path) > 1 else " (see shardplan --help)"
-        err_console.print(Text("error: ", style="bold red") + literal(e.format_message()) + Text(where),  # type: ignore[attr-defined]
+        from planner.options import usage_line
+
+        path, params = _command_of(e, sys.argv[1:] if argv is None else argv)
+        err_console.print(Text("error: ", style="bold red") + literal(usage_line(e, path, params)),
                           highlight=False, soft_wrap=True)
         return 2
     return rc if isinstance(rc, int) else 0
@@ -223,6 +295,26 @@ def main(argv: list[str] | None = None) -> int:
 def _is_click_error(e: BaseException) -> bool:
     """Whether ``e`` is the command-line parser's (click's, vendored by recent typer) usage error."""
     return hasattr(e, "format_message") and hasattr(e, "exit_code") and hasattr(e, "show")
+
+
+def _command_of(e: BaseException, argv: list[str]) -> tuple[str, list[Any]]:
+    """The path (``shardplan plan``) and parameters of the command a usage error is about: its
+    context's, else (an option without its value is reported without one) the command ``argv``
+    names."""
+    ctx = getattr(e, "ctx", None)
+    if ctx is not None:
+        return ctx.command_path, list(ctx.command.params)
+    command: Any = typer.main.get_command(app)
+    path = ["shardplan"]
+    for arg in argv:
+        sub = getattr(command, "commands", None)
+        if sub is None:
+            break
+        if arg.startswith("-") or arg not in sub:
+            continue
+        command = sub[arg]
+        path.append(arg)
+    return " ".join(path), list(getattr(command, "params", []))
 
 
 def run() -> None:

@@ -6,8 +6,9 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.markup import escape
+from rich.measure import Measurement
 from rich.table import Table
 
 from planner.reprice import block_index, memory_limit_gib, predicted_dict, unit_split, units_of
@@ -187,6 +188,10 @@ def compare(plans: Sequence[Plan], names: Sequence[str]) -> dict[str, Any]:
             "summary": summary, "strategy_changes": strat}
 
 
+#: rows of :func:`plan_rows` that hold a fraction, shown as a percentage
+PERCENT_ROWS = frozenset({"MFU", "HFU"})
+
+
 def _fmt(v: Any) -> str:
     if isinstance(v, bool):
         return "yes" if v else "no"
@@ -199,18 +204,70 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def render_compare(data: dict[str, Any], console: Console) -> None:
+def fmt_row(field: str, v: Any) -> str:
+    """A value of :func:`plan_rows` as shown: ``MFU`` (a fraction) as ``51.3%``, the rest by :func:`_fmt`."""
+    if field in PERCENT_ROWS and isinstance(v, float) and math.isfinite(v):
+        return f"{v:.1%}"
+    return _fmt(v)
+
+
+# ---- terminal layout ----------------------------------------------------------------------------
+
+def natural_width(console: Console, renderable: RenderableType) -> int:
+    """The cells ``renderable`` takes with no wrapping at all (a table: every cell on its lines)."""
+    return Measurement.get(console, console.options.update_width(10_000), renderable).maximum
+
+
+def fits(console: Console, renderable: RenderableType) -> bool:
+    """Whether ``renderable`` prints at ``console``'s width without wrapping a cell: a wide
+    terminal keeps the wide table, an 80-column one (or a pipe, 80 unless COLUMNS says otherwise)
+    takes the narrow layout."""
+    return natural_width(console, renderable) <= console.width
+
+
+def kv_table(title: str | None = None) -> Table:
+    """The narrow layout: a name column (never wrapped) and a value column (wrapped at words, a word
+    longer than the column folded, never cut short) over the console's width."""
+    t = Table(title=title, show_header=False, expand=True)
+    t.add_column("what", style="bold", no_wrap=True)
+    t.add_column("value", overflow="fold", ratio=1)
+    return t
+
+
+def _compare_wide(data: dict[str, Any]) -> Table:
     t = Table(title=f"{len(data['plans'])} plans side by side (differences first)", show_lines=False)
     t.add_column("", style="bold")
     for n in data["plans"]:
-        t.add_column(n, overflow="fold", max_width=48)
+        t.add_column(escape(n), overflow="fold", max_width=48)
     for row in data["differences"]:
-        t.add_row(f"≠ {row['field']}", *(escape(_fmt(v)) for v in row["values"]), style="yellow")
+        t.add_row(f"≠ {row['field']}", *(escape(fmt_row(row["field"], v)) for v in row["values"]), style="yellow")
     if data["same"]:
         t.add_section()
         for row in data["same"]:
-            t.add_row(f"  {row['field']}", *(escape(_fmt(v)) for v in row["values"]), style="dim")
-    console.print(t)
+            t.add_row(f"  {row['field']}", *(escape(fmt_row(row["field"], v)) for v in row["values"]), style="dim")
+    return t
+
+
+def _compare_narrow(data: dict[str, Any]) -> Table:
+    """One row per plan and field that differs (the field named once), one row per field equal in all."""
+    t = Table(title=f"{len(data['plans'])} plans side by side (differences first)", expand=True)
+    t.add_column("field", style="bold", no_wrap=True)
+    t.add_column("plan", no_wrap=max(map(len, data["plans"])) <= 16, overflow="fold")
+    t.add_column("value", overflow="fold", ratio=1)
+    for row in data["differences"]:
+        for i, (name, v) in enumerate(zip(data["plans"], row["values"], strict=True)):
+            t.add_row(f"≠ {row['field']}" if i == 0 else "", escape(name), escape(fmt_row(row["field"], v)),
+                      style="yellow")
+    if data["same"]:
+        t.add_section()
+        for row in data["same"]:
+            t.add_row(f"  {row['field']}", "all", escape(fmt_row(row["field"], row["values"][0])), style="dim")
+    return t
+
+
+def render_compare(data: dict[str, Any], console: Console) -> None:
+    wide = _compare_wide(data)
+    console.print(wide if fits(console, wide) else _compare_narrow(data))
     for line in data["summary"]:
         console.print(f"  {escape(line)}", highlight=False)
     for sc in data["strategy_changes"]:

@@ -14,9 +14,10 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from costmodel.experts import overlap_runs
-from planner.compare import describe_diff, describe_run, diff_strategies, label_units, runs
+from planner.compare import describe_diff, describe_run, diff_strategies, fits, kv_table, label_units, runs
 from planner.reprice import (
     band_text,
     device_gib,
@@ -230,14 +231,108 @@ def target_line(tg: dict[str, Any]) -> str:
     return line
 
 
+def solver_time_text(seconds: float | None) -> str:
+    """`` in 0.85 s``; where the plan document records 0 (it does, to stay byte-identical from run to
+    run) or nothing: `` (time not recorded)``, never a made-up 0.00 s."""
+    return f" in {seconds:.2f} s" if seconds else " (time not recorded)"
+
+
+def _rule(console: Console, title: str) -> None:
+    """A titled rule; a title too long for the width goes on its own line(s) above a plain rule,
+    never cut short with an ellipsis."""
+    if Text.from_markup(title).cell_len + 4 <= console.width:
+        console.rule(title)
+    else:
+        console.print(title, justify="center", highlight=False)
+        console.rule()
+
+
+def _line(console: Console, parts: list[str]) -> None:
+    """Parts on one line (``a  |  b  |  c``) when it fits, else one part a line."""
+    one = "  |  ".join(parts)
+    if Text.from_markup(one).cell_len <= console.width:
+        console.print(one, highlight=False)
+    else:
+        for part in parts:
+            console.print(part, highlight=False)
+
+
+def _mesh_tables(mesh: dict[str, Any]) -> tuple[Table, Table]:
+    """The mesh's axes: a table of six columns, and the narrow one with the role, placement and first
+    group stacked in one cell."""
+    title = f"mesh: {mesh['world_size']} GPUs, scale-up domain {mesh['scale_up_domain']} GPUs"
+    axes = mesh["axes"] or [{"axis": "-", "size": 1, "role": "single GPU", "stride": "-", "placement": "-",
+                             "example_group": "0"}]
+    t = Table(title=title)
+    for col in ("axis", "size", "role", "rank stride", "placement", "first group"):
+        t.add_column(col, justify="right" if col in ("size", "rank stride") else "left")
+    n = Table(title=title, show_lines=True, expand=True)
+    n.add_column("axis", no_wrap=True)
+    n.add_column("size", justify="right", no_wrap=True)
+    n.add_column("role, placement, first group", overflow="fold", ratio=1)
+    for a in axes:
+        t.add_row(a["axis"], str(a["size"]), a["role"], str(a["stride"]), a["placement"], a["example_group"])
+        n.add_row(a["axis"], str(a["size"]), f"{a['role']}, rank stride {a['stride']}\n{a['placement']}\n"
+                  f"first group {a['example_group']}")
+    return t, n
+
+
+STAGE_PARTS = (("params", "params"), ("grads", "grads"), ("optim", "optimizer"), ("acts", "activations"),
+               ("buffers", "buffers"), ("overhead", "overhead"))
+
+
+def _stage_tables(stages: list[dict[str, Any]]) -> tuple[Table, Table]:
+    """Memory per stage: a table of eleven columns, and the narrow one with a few lines per stage."""
+    title = "per pipeline stage: memory per GPU (GiB)"
+    t = Table(title=title)
+    for col in ("stage", "layers", "strategies", *(c for c, _ in STAGE_PARTS), "total", "of limit"):
+        t.add_column(col, justify="left" if col in ("layers", "strategies", "of limit") else "right",
+                     overflow="fold")
+    n = kv_table(title)
+    for i, s in enumerate(stages):
+        frac = s["total_gib"] / s["limit_gib"] if s["limit_gib"] else 0.0
+        of_limit = f"[{'red' if frac > 1 else 'green'}]{_bar(frac, 12)} {frac:.0%}[/]"
+        t.add_row(str(s["stage"]), escape(s["layers"]), escape("\n".join(s["strategies"])),
+                  *(f"{s[k + '_gib']:.2f}" for _, k in STAGE_PARTS), f"{s['total_gib']:.2f}", of_limit)
+        if i:
+            n.add_section()
+        parts = [f"{c} {s[k + '_gib']:.2f}" for c, k in STAGE_PARTS]
+        n.add_row(f"stage {s['stage']}", escape(s["layers"]))
+        n.add_row("strategies", escape("\n".join(s["strategies"])))
+        n.add_row("memory", ", ".join(parts[:3]) + "\n" + ", ".join(parts[3:]))
+        n.add_row("total", f"{s['total_gib']:.2f} of {s['limit_gib']:.2f} GiB {of_limit}")
+    return t, n
+
+
+def _time_tables(time: dict[str, Any]) -> tuple[Table, Table]:
+    """The step time's parts, with a bar, and without one (narrow)."""
+    tables = []
+    for bar in (True, False):
+        tt = Table(title=f"step time {time['step_time_s']:.4g} s")
+        for col in ("part", "seconds", "share", *([""] if bar else [])):
+            tt.add_column(col, justify="right" if col in ("seconds", "share") else "left")
+        for comp in time["components"]:
+            tt.add_row(comp["name"], f"{comp['seconds']:.4g}", f"{comp['share']:.1%}",
+                       *([_bar(comp["share"])] if bar else []))
+        tables.append(tt)
+    return tables[0], tables[1]
+
+
+def _print_fitting(console: Console, wide: Table, narrow: Table) -> None:
+    """``wide`` where it fits the console's width, else ``narrow``."""
+    console.print(wide if fits(console, wide) else narrow)
+
+
 def render_explain(d: dict[str, Any], console: Console) -> None:
     p, w, c = d["predicted"], d["workload"], d["cluster"]
-    console.rule(f"[bold]{escape(d['model'])}[/] on {c['name']} ({c['nodes']} nodes x {c['gpus_per_node']} GPUs)")
+    _rule(console, f"[bold]{escape(d['model'])}[/] on {escape(c['name'])} ({c['nodes']} nodes x "
+                   f"{c['gpus_per_node']} GPUs)")
     fit = "[green]fits[/]" if p["fits"] else "[bold red]DOES NOT FIT[/]"
-    console.print(f"seq_len {w['seq_len']}, global batch {w['global_batch']}, {w['precision']}  |  step "
-                  f"[bold]{p['step_time_s']:.4g} s[/], {p['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU, MFU "
-                  f"{p['mfu']:.1%}  |  peak {p['memory_peak_gib']:.1f} / {p['memory_limit_gib']:.1f} GiB {fit} "
-                  f"({escape(p['headroom'])})")
+    _line(console, [f"seq_len {w['seq_len']}, global batch {w['global_batch']}, {w['precision']}",
+                    f"step [bold]{p['step_time_s']:.4g} s[/], {p['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU, MFU "
+                    f"{p['mfu']:.1%}",
+                    f"peak {p['memory_peak_gib']:.1f} / {p['memory_limit_gib']:.1f} GiB {fit} "
+                    f"({escape(p['headroom'])})"])
     console.print(f"[bold]target[/] {escape(target_line(d['target']))}", highlight=False)
     if p.get("host_per_node_gib"):
         cap = p["host_limit_per_node_gib"]
@@ -248,15 +343,7 @@ def render_explain(d: dict[str, Any], console: Console) -> None:
         console.print(f"[bold]step time[/] {escape(band_text(p['band']))}", highlight=False)
     for note in d["caveats"]:
         console.print(f"[yellow]caveat[/] {escape(note)}", highlight=False)
-    mesh = d["mesh"]
-    t = Table(title=f"mesh: {mesh['world_size']} GPUs, scale-up domain {mesh['scale_up_domain']} GPUs")
-    for col in ("axis", "size", "role", "rank stride", "placement", "first group"):
-        t.add_column(col, justify="right" if col in ("size", "rank stride") else "left")
-    for a in mesh["axes"]:
-        t.add_row(a["axis"], str(a["size"]), a["role"], str(a["stride"]), a["placement"], a["example_group"])
-    if not mesh["axes"]:
-        t.add_row("-", "1", "single GPU", "-", "-", "0")
-    console.print(t)
+    _print_fitting(console, *_mesh_tables(d["mesh"]))
     sc = d["schedule"]
     console.print(f"[bold]schedule[/] {sc['schedule']}, pp={sc['pp']}, vpp={sc['vpp']}: {sc['num_microbatches']} "
                   f"micro-batches of {sc['micro_batch']} sample(s) ({sc['tokens_per_microbatch']:,} tokens) per "
@@ -267,31 +354,16 @@ def render_explain(d: dict[str, Any], console: Console) -> None:
                   + (f"; selective recomputation '{sc['selective']['policy']}': {sc['selective']['keeps']}"
                      if "selective" in sc else ""),
                   highlight=False)
-    st = Table(title="per pipeline stage: memory per GPU (GiB)")
-    for col in ("stage", "layers", "strategies", "params", "grads", "optim", "acts", "buffers", "overhead",
-                "total", "of limit"):
-        st.add_column(col, justify="left" if col in ("layers", "strategies", "of limit") else "right",
-                      overflow="fold")
-    for s in d["stages"]:
-        frac = s["total_gib"] / s["limit_gib"] if s["limit_gib"] else 0.0
-        st.add_row(str(s["stage"]), escape(s["layers"]), escape("\n".join(s["strategies"])),
-                   *(f"{s[k + '_gib']:.2f}" for k in ("params", "grads", "optimizer", "activations", "buffers",
-                                                       "overhead", "total")),
-                   f"[{'red' if frac > 1 else 'green'}]{_bar(frac, 12)} {frac:.0%}[/]")
     if d["stages"]:
-        console.print(st)
+        _print_fitting(console, *_stage_tables(d["stages"]))
     else:
         console.print("per-stage memory: not recorded in this plan")
-    tt = Table(title=f"step time {d['time']['step_time_s']:.4g} s")
-    for col in ("part", "seconds", "share", ""):
-        tt.add_column(col, justify="right" if col in ("seconds", "share") else "left")
-    for comp in d["time"]["components"]:
-        tt.add_row(comp["name"], f"{comp['seconds']:.4g}", f"{comp['share']:.1%}", _bar(comp["share"]))
-    console.print(tt)
+    _print_fitting(console, *_time_tables(d["time"]))
     so = d["solver"]
     extra = "".join(f", {k} {so[k]:.4g}" for k in ("objective", "bound", "gap") if so.get(k) is not None)
-    console.print(f"[bold]solver[/] {so['name']} ({so['status']}, space {so['space']}{extra}), {so['candidates']} "
-                  f"candidates in {so['time_s']:.2f} s; {d['alternatives']} alternative(s) kept", highlight=False)
+    console.print(f"[bold]solver[/] {escape(so['name'])} ({so['status']}, space {escape(so['space'])}{extra}), "
+                  f"{so['candidates']:,} candidates{solver_time_text(so.get('time_s'))}; {d['alternatives']} "
+                  f"alternative(s) kept", highlight=False)
     ru = d["runner_up"]
     if ru is None:
         console.print("no runner-up recorded: nothing to compare against")

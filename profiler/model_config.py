@@ -46,6 +46,9 @@ Vocab = Annotated[int, Field(gt=0, le=MAX_VOCAB)]
 Positions = Annotated[int, Field(gt=0, le=MAX_POSITIONS)]
 Experts = Annotated[int, Field(ge=0, le=MAX_EXPERTS)]
 Probability = Annotated[float, Field(ge=0.0, lt=1.0)]
+#: a Hugging Face model id: ``org/name`` or (the oldest models) ``name``
+HF_ID = r"^(?:[A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*$"
+HfId = Annotated[StrictStr, Field(min_length=2, max_length=200, pattern=HF_ID)]
 
 
 class _Fields(BaseModel):
@@ -95,6 +98,7 @@ class _Fields(BaseModel):
     channels: Width
     params_published: Annotated[float, Field(ge=0.0)]
     source: StrictStr
+    hf_ids: list[HfId] | tuple[HfId, ...]
     extra: dict[str, Any]
 
 
@@ -184,6 +188,9 @@ class TransformerConfig:
         image_size / patch_size / channels: ViT input.
         params_published: the parameter count the authors publish, for checks.
         source: where the numbers come from.
+        hf_ids: the Hugging Face ids whose ``config.json`` is this model (``--model
+            meta-llama/Meta-Llama-3-8B`` names the preset; matched ignoring case). Not part of the
+            model: left out of :meth:`to_dict` (so of graphs and plans) and of comparisons.
     """
 
     name: str
@@ -226,6 +233,7 @@ class TransformerConfig:
     channels: int = 3
     params_published: float = 0.0
     source: str = ""
+    hf_ids: tuple[str, ...] = field(default=(), compare=False)
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -236,6 +244,7 @@ class TransformerConfig:
             _Fields.model_validate({f.name: getattr(self, f.name) for f in fields(self)})
         except ValidationError as e:
             bad(describe_fields(e))
+        object.__setattr__(self, "hf_ids", tuple(self.hf_ids))
         if self.arch not in ARCHS:
             bad(f"arch '{self.arch}' is not one of {ARCHS}")
         if self.activation not in ACTIVATIONS:
@@ -316,6 +325,7 @@ class TransformerConfig:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("extra")
+        d.pop("hf_ids")
         return d
 
     @classmethod

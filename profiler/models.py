@@ -1,17 +1,23 @@
 """Turn whatever names a model into a layer graph.
 
-Three ways in, chosen by the shape of the name:
+Four ways in, chosen by the shape of the name:
 
 * a preset (``llama3-8b``): a YAML file in ``profiler/data/models``;
-* a Hugging Face ``config.json`` path: read offline; the GPT-2, Llama/Mistral/Qwen2/Qwen3,
-  Mixtral, DeepSeek-V2/V3, Gemma-2/3 and gpt-oss key sets are understood without ``transformers``;
+* a Hugging Face id (``meta-llama/Meta-Llama-3-70B``): the preset that lists it in its ``hf_ids``
+  (ignoring case), else the ``config.json`` of the local Hugging Face cache (read offline; never
+  downloaded);
+* a Hugging Face ``config.json`` path (or a folder holding one): read offline; the GPT-2,
+  Llama/Mistral/Qwen2/Qwen3, Mixtral, DeepSeek-V2/V3, Gemma-2/3 and gpt-oss key sets are understood
+  without ``transformers``;
 * ``package.module:factory``: a callable returning an ``nn.Module``, built on the meta device and
   traced (see :mod:`profiler.trace`).
 """
 
 from __future__ import annotations
 
+import difflib
 import os
+import re
 from functools import cache
 from pathlib import Path
 from typing import Annotated, Any
@@ -20,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from profiler.graph import LayerGraph
 from profiler.model_config import (
+    HF_ID,
     MAX_FFN,
     MAX_LAYERS,
     Experts,
@@ -54,12 +61,86 @@ def presets() -> dict[str, TransformerConfig]:
     return out
 
 
+@cache
+def hf_ids() -> dict[str, str]:
+    """The Hugging Face ids the presets list (``hf_ids``), lowercased, each to its preset's name;
+    an id two presets claim is refused."""
+    out: dict[str, str] = {}
+    for name, cfg in presets().items():
+        for hf_id in cfg.hf_ids:
+            key = hf_id.lower()
+            if out.get(key, name) != name:
+                raise ShardplanError(f"model presets '{out[key]}' and '{name}' both list the Hugging Face id '{hf_id}'")
+            out[key] = name
+    return out
+
+
 def preset(name: str) -> TransformerConfig:
+    """The preset called ``name``, or listing the Hugging Face id ``name`` (case ignored)."""
     table = presets()
     key = name.strip().lower()
-    if key not in table:
-        raise UnknownNameError("model", name, table)
-    return table[key]
+    if key in table:
+        return table[key]
+    if key in hf_ids():
+        return table[hf_ids()[key]]
+    raise UnknownNameError("model", name, table)
+
+
+# ---- the local Hugging Face cache (read, never filled: shardplan does not touch the network) ----
+
+def hf_hub_cache() -> Path:
+    """Where Hugging Face keeps downloaded models: ``HF_HUB_CACHE``, else ``HF_HOME/hub``, else
+    ``~/.cache/huggingface/hub`` (``XDG_CACHE_HOME`` in place of ``~/.cache`` where set)."""
+    env = os.environ
+    if env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE"):
+        return Path(env.get("HF_HUB_CACHE") or env["HUGGINGFACE_HUB_CACHE"]).expanduser()
+    if env.get("HF_HOME"):
+        return Path(env["HF_HOME"]).expanduser() / "hub"
+    try:
+        base = Path(env["XDG_CACHE_HOME"]).expanduser() if env.get("XDG_CACHE_HOME") else Path.home() / ".cache"
+    except RuntimeError:  # no home directory to expand
+        base = Path(".cache")
+    return base / "huggingface" / "hub"
+
+
+def is_hf_id(spec: str) -> bool:
+    """Whether ``spec`` has the shape of a Hugging Face model id (``org/name`` or ``name``)."""
+    return len(spec) <= 200 and re.fullmatch(HF_ID, spec) is not None
+
+
+def _repo_folder(repo_id: str) -> str:
+    return "models--" + repo_id.replace("/", "--")
+
+
+def cached_hf_config(repo_id: str, cache_dir: Path | None = None) -> Path | None:
+    """The ``config.json`` of ``repo_id`` in the local Hugging Face cache
+    (``models--org--name/snapshots/<revision>/config.json``): the revision ``refs/main`` names, else
+    the newest snapshot holding one; None where the cache has none. The folder is matched ignoring
+    case where no folder has the exact name."""
+    root = hf_hub_cache() if cache_dir is None else cache_dir
+    want = _repo_folder(repo_id)
+    try:
+        folder = root / want
+        if not folder.is_dir():
+            folder = next((p for p in sorted(root.iterdir()) if p.name.lower() == want.lower() and p.is_dir()),
+                          None)
+            if folder is None:
+                return None
+        snapshots = folder / "snapshots"
+        ref = folder / "refs" / "main"
+        if ref.is_file():
+            with open(ref, encoding="utf-8", errors="replace") as f:
+                revision = f.read(256).strip()
+            if re.fullmatch(r"[\w.-]+", revision):
+                config = snapshots / revision / "config.json"
+                if config.is_file():
+                    return config
+        found = [d for d in snapshots.iterdir() if (d / "config.json").is_file()]
+        if not found:
+            return None
+        return max(found, key=lambda d: (d.stat().st_mtime, d.name)) / "config.json"
+    except (OSError, ValueError):  # no cache, an unreadable one, a name no file system takes
+        return None
 
 
 # ---- Hugging Face config.json --------------------------------------------------------------
@@ -364,7 +445,62 @@ def resolve_config(spec: str | dict[str, Any] | TransformerConfig) -> Transforme
     if spec.endswith(".json") or _is_path(spec, "is_file"):
         p = Path(spec)
         return config_from_hf(load_hf_config(spec), name=p.stem if p.stem != "config" else p.parent.name or "config")
-    return preset(spec)
+    return _named(spec)
+
+
+def _named(spec: str) -> TransformerConfig:
+    """A preset by its name or Hugging Face id, a folder holding a ``config.json``, or the config
+    of a Hugging Face id in the local cache."""
+    try:
+        return preset(spec)
+    except UnknownNameError as e:
+        unknown = e
+    folder = Path(spec) / "config.json"
+    if _is_path(spec) and _is_path(str(folder), "is_file"):
+        return config_from_hf(load_hf_config(folder), name=Path(spec).resolve().name or "config")
+    repo_id = spec.strip()
+    if not is_hf_id(repo_id):
+        raise unknown
+    found = cached_hf_config(repo_id)
+    if found is not None:
+        return config_from_hf(load_hf_config(found), name=repo_id)
+    if "/" not in repo_id:  # a bare name: a mistyped preset more likely than an old Hugging Face id
+        raise unknown
+    raise _not_found(repo_id)
+
+
+def _not_found(repo_id: str) -> ShardplanError:
+    """The one-line error of a Hugging Face id that is neither a preset's nor in the cache."""
+    cache_dir = hf_hub_cache()
+    close = difflib.get_close_matches(repo_id.lower(), list(hf_ids()), n=1, cutoff=0.8)
+    hint = f" (did you mean '{_listed_id(close[0])}'?)" if close else ""
+    return ShardplanError(
+        f"model '{repo_id}' is not a preset{hint} and not in the local Hugging Face cache {cache_dir}: put its "
+        f"config.json at {cache_dir / _repo_folder(repo_id)}/snapshots/<revision>/config.json (HF_HUB_CACHE "
+        "moves the cache), or pass --model path/to/config.json; shardplan never downloads"
+    )
+
+
+def _listed_id(key: str) -> str:
+    """The Hugging Face id a preset lists, as written there, of its lowercased ``key``."""
+    cfg = presets()[hf_ids()[key]]
+    return next(i for i in cfg.hf_ids if i.lower() == key)
+
+
+def default_seq_len(spec: str | dict[str, Any] | TransformerConfig, preferred: int = 4096) -> int | None:
+    """The tokens per sample to show a model at when none is given: ``preferred``, or the model's
+    ``max_seq`` where that is shorter; None (the builder's own default) for a traced factory, and
+    for a config traced through transformers that gives no maximum."""
+    if isinstance(spec, str) and ":" in spec and not _is_path(spec):
+        return None
+    try:
+        cfg = resolve_config(spec)
+    except KnownKeysError as e:
+        longest = _get(e.config, "max_position_embeddings", "n_positions", "n_ctx")
+        if isinstance(longest, int) and not isinstance(longest, bool) and longest > 0:
+            return min(preferred, longest)
+        return None
+    return min(preferred, cfg.max_seq)
 
 
 def load_model(spec: str | dict[str, Any] | TransformerConfig, seq_len: int | None = None) -> LayerGraph:

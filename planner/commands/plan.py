@@ -53,6 +53,48 @@ def _mesh(s: Any) -> str:
     return " ".join(parts or ["1 GPU"]) + (f" ({', '.join(extra)})" if extra else "")
 
 
+#: at most this many lines of per-unit exceptions in the summary; the rest are counted (explain lists them)
+MAX_EXCEPTION_LINES = 4
+
+
+def _layers_text(s: Any) -> str:
+    """The default per-layer choices, then the units (or operators) that differ from them, grouped by
+    what differs and named as ranges: ``zero2, recompute none`` / ``embedding + layers.0-4 + head: zero1``."""
+    from planner.compare import label_units
+    from planner.reprice import block_index
+
+    d = s.default
+    text = f"{d.sharding}, recompute {d.recompute}" + (f", offload {d.offload}" if d.offload != "none" else "")
+    groups: dict[str, list[str]] = {}
+    for ls in s.layers:
+        diff = [ls.sharding] if ls.sharding != d.sharding else []
+        diff += [f"recompute {ls.recompute}"] if ls.recompute != d.recompute else []
+        diff += [f"offload {ls.offload}"] if ls.offload != d.offload else []
+        diff += [f"split {ls.split}"] if ls.split != d.split else []
+        groups.setdefault(", ".join(diff) or "as the default", []).append(ls.unit)
+    lines = []
+    for what, names in groups.items():
+        units = [u for u in names if u in ("embedding", "head") or block_index(u) is not None]
+        ops: dict[str, list[int]] = {}  # operators inside blocks, by their path within the block
+        other = []
+        for u in names:
+            if u in units:
+                continue
+            head, _, rest = u.partition(".")
+            idx, _, op = rest.partition(".")
+            if head == "layers" and idx.isdigit() and op:
+                ops.setdefault(op, []).append(int(idx))
+            else:
+                other.append(u)
+        where = ([label_units(units)] if units else []) + [
+            label_units([f"layers.{i}" for i in idx]) + f".{op}" for op, idx in ops.items()] + other
+        lines.append(f"{' + '.join(where)}: {what}")
+    if len(lines) > MAX_EXCEPTION_LINES:
+        rest = len(lines) - MAX_EXCEPTION_LINES + 1
+        lines = lines[:MAX_EXCEPTION_LINES - 1] + [f"and {rest} more groups of units (shardplan explain lists them)"]
+    return "\n".join([text, *lines])
+
+
 def summary_table(planned: Any, wall_s: float) -> Table:
     """Mesh, schedule, micro-batching, predicted step time, tokens/s/GPU, MFU, memory, solver."""
     p = planned.plan
@@ -65,7 +107,7 @@ def summary_table(planned: Any, wall_s: float) -> Table:
         show_header=False,
     )
     t.add_column("what", style="bold")
-    t.add_column("value")
+    t.add_column("value", overflow="fold")
     tg = p.inputs.target
     t.add_row("target", f"{tg.name} {tg.version or ''}".strip())
     t.add_row("mesh", _mesh(s))
@@ -76,13 +118,7 @@ def summary_table(planned: Any, wall_s: float) -> Table:
         sched += f", stages of {s.stage_layers} blocks"
     t.add_row("schedule", sched)
     t.add_row("micro-batching", f"{n_mb} micro-batches of {s.micro_batch}")
-    d = s.default
-    layers = f"{d.sharding}, recompute {d.recompute}" + (
-        f", offload {d.offload}" if d.offload != "none" else ""
-    )
-    if s.layers:
-        layers += f" (+{len(s.layers)} per-unit/operator entries)"
-    t.add_row("layers", layers)
+    t.add_row("layers", _layers_text(s))
     from planner.reprice import band_text, plan_band
 
     band = band_text(plan_band(p))
@@ -195,16 +231,17 @@ def plan_cmd(
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("{task.fields[count]}"),
         TimeElapsedColumn(),
         console=err_console,
         transient=True,
         disable=not err_console.is_terminal,  # a bar is for a person: no stray line in logs and pipes
     ) as bar:
-        task = bar.add_task("enumerating meshes", total=None)
+        task = bar.add_task("enumerating meshes", total=None, count="")  # no count until the search has one
 
-        def progress(what: str, done: int, total: int) -> None:
-            bar.update(task, description=what, completed=done, total=total)
+        def progress(what: str, done: int, total: int | None) -> None:
+            count = f"{done:,}/{total:,}" if total else (f"{done:,}" if done else "")
+            bar.update(task, description=what, completed=done, total=total or None, count=count)
 
         planned = search_plan(
             model,
