@@ -136,6 +136,8 @@ def sweep(model: Any, gpus: Any, accelerator: Any = "h100", global_batch: Any = 
     (1 runs in this one)."""
     import pandas as pd
 
+    import planner.api  # noqa: F401  (loaded once here: forked workers start with it)
+
     if tokens is not None and not (math.isfinite(tokens) and tokens > 0):
         raise ShardplanError(f"sweep: tokens must be a positive number, got {tokens}")
     if gpu_hour_cost is not None and not (math.isfinite(gpu_hour_cost) and gpu_hour_cost >= 0):

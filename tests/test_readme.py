@@ -94,3 +94,21 @@ def test_every_command_and_option_in_the_cli_table_exists(words: tuple[str, ...]
     out = _help(words)
     missing = [o for o in options if not re.search(rf"(?<![\w-]){re.escape(o)}(?![\w-])", out)]
     assert not missing, f"shardplan {' '.join(words)} --help does not know {missing}"
+
+
+def test_first_plan_output_is_what_the_command_prints(tmp_path: Path) -> None:
+    """The output block after the first set-up command is the plan command's output, line for
+    line (the solver's wall time aside)."""
+    import subprocess
+    import sys
+
+    text = README.read_text(encoding="utf-8")
+    closing = text.index("```", text.index(SETUP_COMMANDS[0]))  # of the command's own block
+    start = text.index("```\n", closing + 3) + 4
+    shown = text[start:text.index("```", start)].strip("\n").splitlines()
+    args = SETUP_COMMANDS[0].split("shardplan ", 1)[1].split()
+    out = subprocess.run([sys.executable, "-m", "planner.cli", *args], cwd=tmp_path, capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin", "COLUMNS": "80"}, check=True).stdout
+    wall = re.compile(r"\d+\.\d+ s(\s*│)$")
+    got = [wall.sub(r"T s\1", line.rstrip()) for line in out.strip("\n").splitlines()]
+    assert got == [wall.sub(r"T s\1", line.rstrip()) for line in shown]
