@@ -62,7 +62,7 @@ from solvers.space import (
     for_device,
     grid_mask,
     grid_options,
-    mesh_configs,
+    mesh_list,
     operator_options,
     pipeline_combos,
     space_options,
@@ -126,7 +126,7 @@ def search(graph: LayerGraph, cluster: Cluster, w: Workload, space: str | SpaceO
     limit = memory_limit_gib if memory_limit_gib is not None else cluster.memory_bytes / GIB
     if limit <= 0:
         raise ShardplanError(f"memory limit must be positive, got {limit} GiB")
-    configs = list(mesh_configs(graph, cluster, w, opts))
+    configs = mesh_list(graph, cluster, w, opts)
     if not configs:
         raise ShardplanError(
             f"no mesh of the '{opts.name}' space is valid for {cluster.world_size} GPUs, global batch "

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from costmodel.report import Report
+from solvers.space import axes_above_one
 from vocab.strategy import Strategy
 
 
@@ -84,7 +85,7 @@ def parallel_axes(s: Strategy) -> int:
     """How many mesh axes ``s`` runs above 1 (pp, dp_replicate, dp_shard, cp, tp, ep): what a
     person has to set up and get right."""
     m = s.mesh
-    return sum(d > 1 for d in (m.pp, m.dp_replicate, m.dp_shard, m.cp, m.tp, m.ep))
+    return axes_above_one(m.pp, m.dp_replicate, m.dp_shard, m.cp, m.tp, m.ep)
 
 
 def break_tie(fastest: Found, pair: float, search_axes: Callable[[int, float], Found | None]) -> Found:

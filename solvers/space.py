@@ -259,7 +259,7 @@ def mesh_configs(
                 dp = world // (tp * pp * cp)
                 for dpr, dps in dp_splits(dp, opts.dp_replicate):
                     for ep in ep_degrees(graph, dps * cp) if opts.ep else [1]:
-                        if opts.max_axes is not None and sum(d > 1 for d in (pp, dpr, dps, cp, tp, ep)) > opts.max_axes:
+                        if opts.max_axes is not None and axes_above_one(pp, dpr, dps, cp, tp, ep) > opts.max_axes:
                             continue
                         if opts.degrees and not _has_degrees(opts.degrees, pp=pp, dp_replicate=dpr, dp_shard=dps,
                                                              cp=cp, tp=tp, ep=ep):
@@ -280,6 +280,32 @@ def mesh_configs(
                                             yield MeshConfig(
                                                 pp, dpr, dps, cp, tp, ep, b, sched, vpp, sp, tpm, cpm, rot
                                             )
+
+
+_MESHES: dict[tuple, list[MeshConfig]] = {}
+
+
+def mesh_list(graph: LayerGraph, cluster: Cluster, w: Workload, opts: SpaceOptions) -> list[MeshConfig]:
+    """:func:`mesh_configs` as a list, enumerated once per model shape, cluster shape, sequence,
+    global batch and space (a sweep's points and the tie-break's searches share it); a space
+    narrowed by ``max_axes`` filters the whole list, in its order."""
+    c = graph.config
+    shape = tuple(int(c.get(k, 0) or 0) for k in ("heads", "kv_heads", "ffn_hidden", "experts"))
+    key = (shape, graph.num_blocks, cluster.gpus_per_node, cluster.world_size, w.seq_len, w.global_batch,
+           opts.with_(max_axes=None))
+    if key not in _MESHES:
+        if len(_MESHES) >= 32:
+            _MESHES.clear()
+        _MESHES[key] = list(mesh_configs(graph, cluster, w, opts.with_(max_axes=None)))
+    found = _MESHES[key]
+    if opts.max_axes is None:
+        return list(found)
+    return [m for m in found if axes_above_one(m.pp, m.dp_replicate, m.dp_shard, m.cp, m.tp, m.ep) <= opts.max_axes]
+
+
+def axes_above_one(*degrees: int) -> int:
+    """How many of a mesh's degrees exceed 1: the parallel axes a person sets up."""
+    return sum(d > 1 for d in degrees)
 
 
 def _has_degrees(want: tuple[tuple[str, int], ...], **mesh: int) -> bool:
