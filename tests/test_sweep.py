@@ -134,3 +134,23 @@ def test_cli_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture
     err = capsys.readouterr().err.strip()
     assert rc == 2 and message in err and len(err.splitlines()) == 1
     assert not (tmp_path / "x.txt").exists()
+
+
+def test_cli_table_reads_at_80_columns_and_wide(table: pd.DataFrame) -> None:
+    """Piped or at 80 columns every point is one labelled row wrapped at words; a wide terminal
+    keeps the table. No line is longer than the width, nothing is cut short."""
+    import io
+
+    from rich.console import Console
+
+    from planner.commands.sweep import money, render_sweep
+
+    for width in (80, 200):
+        buf = io.StringIO()
+        render_sweep(table, Console(file=buf, width=width, force_terminal=False))
+        text = buf.getvalue()
+        assert all(len(line) <= width for line in text.splitlines())
+        assert "…" not in text
+        for _, r in table.iterrows():
+            assert r["mesh"] in text and money(r["cost"]) in text
+    assert (money(83_000.7), money(10_540_000.0), money(12.0)) == ("$83k", "$10.5M", "$12")

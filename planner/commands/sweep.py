@@ -109,7 +109,7 @@ def sweep_cmd(
         df = sweep(model, sizes, names(accelerator), batches, seqs, limits, names(target), names(space),
                    tokens=tokens, gpu_hour_cost=gpu_hour_cost, workers=workers, progress=update)
     wall = time.perf_counter() - t0
-    console.print(sweep_table(df))
+    render_sweep(df, console)
     ok = int((df["status"] == "ok").sum())
     console.print(f"{len(df)} points, {ok} with a plan, in {wall:.1f} s", highlight=False)
     written = []
@@ -165,7 +165,7 @@ def sweep_table(df: Any) -> Table:
     has_days = not df["train_days"].isna().all()
     has_cost = not df["cost"].isna().all()
     cols = ["plan", "step s", "tok/s/GPU", "MFU", "mem GiB"] + (["days"] if has_days else []) + (
-        ["cost $M"] if has_cost else [])
+        ["cost"] if has_cost else [])
     words = max((len(w) for m in df["mesh"] for w in str(m).split()), default=4)
     for c in cols:
         t.add_column(c, justify="left" if c == "plan" else "right", min_width=words if c == "plan" else None)
@@ -180,9 +180,55 @@ def sweep_table(df: Any) -> Table:
         if has_days:
             cells.append(f"{r['train_days']:,.1f}")
         if has_cost:
-            cells.append(f"{r['cost'] / 1e6:,.2f}")
+            cells.append(money(r["cost"]))
         t.add_row(*axes, *cells)
     return t
+
+
+def render_sweep(df: Any, out: Any) -> None:
+    """The sweep's table where it fits ``out``'s width; else one row per point, its axes as the
+    name and the plan and its numbers wrapped at words (80 columns, a pipe)."""
+    from planner.compare import fits, kv_table
+
+    wide = sweep_table(df)
+    if fits(out, wide):
+        out.print(wide)
+        return
+    t = kv_table(f"sweep of {df['model'].iloc[0]}")
+    for label, text in sweep_lines(df):
+        t.add_row(label, text)
+    out.print(t)
+
+
+def sweep_lines(df: Any) -> list[tuple[str, str]]:
+    """(the point's varying axes, its plan and numbers) per row, for the narrow layout."""
+    from planner.sweep import AXES
+
+    varying = [a for a in AXES if df[a].astype(str).nunique() > 1] or ["gpus"]
+    units = {"gpus": "{:,} GPUs", "accelerator": "{}", "global_batch": "batch {:,}", "seq_len": "seq {:,}",
+             "memory_limit_gib": "limit {} GiB", "target": "{}", "space": "{} space"}
+    out = []
+    for _, r in df.iterrows():
+        label = ", ".join(units[a].format("default" if r[a] is None or r[a] != r[a] else r[a]) for a in varying)
+        if r["status"] != "ok":
+            out.append((label, f"no plan: {r['status']}"))
+            continue
+        parts = [r["mesh"], f"{r['step_time_s']:.3g} s/step", f"{r['tokens_per_s_per_gpu']:,.0f} tok/s/GPU",
+                 f"MFU {r['mfu']:.1%}", f"{r['memory_peak_gib']:.1f} GiB"]
+        if r["train_days"] == r["train_days"]:
+            parts.append(f"{r['train_days']:,.1f} days")
+        if r["cost"] == r["cost"]:
+            parts.append(money(r["cost"]))
+        out.append((label, "; ".join(parts)))
+    return out
+
+
+def money(x: float) -> str:
+    """Dollars, to three figures: $83.0k, $10.5M."""
+    for scale, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if x >= scale:
+            return f"${x / scale:.3g}{suffix}"
+    return f"${x:.3g}"
 
 
 def write_table(df: Any, path: Path) -> None:
