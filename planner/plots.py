@@ -14,8 +14,6 @@ into ``ax`` when given, else into a new figure, and returns the figure. The figu
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,7 +23,7 @@ from planner.plots_memory import MEMORY_PARTS, plot_memory
 from planner.plots_pareto import frontier, plot_pareto
 from planner.plots_timeline import Op, plot_timeline, rank_rows, schedule_order, simulate, step_components
 from vocab.errors import ShardplanError, UnknownNameError
-from vocab.io import check_writable
+from vocab.io import check_writable, write_with
 from vocab.plan import Plan
 
 if TYPE_CHECKING:
@@ -69,14 +67,6 @@ def save_plot(plan: Plan, kind: str, path: str | Path, graph: LayerGraph | None 
     if kind not in PLOTTERS:
         raise UnknownNameError("plot kind", kind, KINDS)
     check_writable(out, "output")
-    out.parent.mkdir(parents=True, exist_ok=True)
     fig = plot(plan, kind, graph=graph)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=out.suffix)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, format=fmt, dpi=DPI)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_with(out, lambda tmp: fig.savefig(tmp, format=fmt, dpi=DPI))
     return out
