@@ -147,6 +147,7 @@ class PipelineProblem:
         self.p2p = float(boundary_time(dev, np.array([out]), one_config(cfg), self.p)[0])
         self.cache: dict[tuple, Any] = {}
         self.batch: dict[str, Any] | None = None
+        self._fixed: dict[tuple, Fixed] = {}
         # per rank, read in the stage DP's inner loops: (in flight, awaiting weight gradients) and
         # the receive buffers' bytes (every stage boundary carries a block's output)
         ranks = np.arange(self.p)
@@ -188,6 +189,14 @@ class PipelineProblem:
                 + (uh.held(fly, pend) + uh.activations * self.w.loss_buffer if uh else 0.0))
 
     def fixed(self, counts: dict[int, int], emb: bool, head: bool) -> Fixed:
+        """What a rank holding ``counts`` blocks per class (and the embedding, the head) holds
+        whatever recomputes (computed once per holding; callers only read it)."""
+        key = (tuple(sorted(counts.items())), emb, head)
+        if key not in self._fixed:
+            self._fixed[key] = self._fixed_of(counts, emb, head)
+        return self._fixed[key]
+
+    def _fixed_of(self, counts: dict[int, int], emb: bool, head: bool) -> Fixed:
         f = Fixed()
         held = [(k, n) for k, n in counts.items() if n]
         held += ([(self.emb, 1)] if emb and self.emb is not None else []) + (
@@ -342,18 +351,20 @@ def best_splits(table: np.ndarray, join: Callable[[Any, Any], Any]) -> np.ndarra
     each: no split reaches such an entry, and none is computed). Rank ``k`` then starts at a block
     in ``k .. L-(p-k)`` and holds at most ``L-p+1``."""
     p, L = table.shape[0], table.shape[1] - 1
-    out = np.full((p + 1, L + 1), INF)
+    fin = np.isfinite(table)
+    last = np.where(fin.any(axis=1), L - np.argmax(fin[:, ::-1], axis=1), 0)  # the last count that fits
+    caps = np.minimum(last, L - p + 1)  # more do not fit, or leave a rank none
+    width = max(int(caps.max()), 1)
+    out = np.full((p + 1, L + 1 + width), INF)  # inf past L: no split ends beyond the last block
     out[p, L] = 0.0 if join is np.add else -INF
+    nxt = np.arange(L + 1)[:, None] + np.arange(1, width + 1)[None, :]  # [j, n - 1]: where the next rank starts
     for k in range(p - 1, -1, -1):
-        finite = np.flatnonzero(np.isfinite(table[k]))
-        cap = min(int(finite[-1]) if len(finite) else 0, L - p + 1)  # more do not fit, or leave a rank none
+        cap = int(caps[k])
         if cap < 1:
             break
-        jj = np.arange(k, L - (p - k) + 1)[:, None]
-        tgt = jj + np.arange(1, cap + 1)[None, :]
-        nxt = np.where(tgt <= L, out[k + 1][np.minimum(tgt, L)], INF)
-        out[k, k:L - (p - k) + 1] = np.min(join(table[k][None, 1:cap + 1], nxt), axis=1)
-    return out
+        hi = L - (p - k) + 1
+        out[k, k:hi] = join(table[k, 1:cap + 1][None, :], out[k + 1][nxt[k:hi, :cap]]).min(axis=1)
+    return out[:, :L + 1]
 
 
 def class_front(opts: list[tuple[float, float, int]], n: int, room: float

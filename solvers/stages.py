@@ -296,11 +296,11 @@ def _totals(qs: list[PipelineProblem]) -> tuple[float, float, float, float, floa
     if pp.__dict__.get("_totals") is not None and len(qs) == 1:
         return pp.__dict__["_totals"]
     p = pp.p
-    units = pp.block_cls + [k for k in (pp.emb, pp.head) if k is not None]
-    total = sum(min(u.time for q in qs for u in q.costs[k]) for k in units) + (p - 1) * pp.p2p
-    weight = sum(max(q.costs[k][0].weight for q in qs) for k in units)
-    optim = sum(min(q.costs[k][0].optim for q in qs) for k in units)
-    offload = sum(min(q.costs[k][0].offload for q in qs) for k in units)
+    units = Counter(pp.block_cls + [k for k in (pp.emb, pp.head) if k is not None])  # class -> units
+    total = sum(n * min(u.time for q in qs for u in q.costs[k]) for k, n in units.items()) + (p - 1) * pp.p2p
+    weight = sum(n * max(q.costs[k][0].weight for q in qs) for k, n in units.items())
+    optim = sum(n * min(q.costs[k][0].optim for q in qs) for k, n in units.items())
+    offload = sum(n * min(q.costs[k][0].offload for q in qs) for k, n in units.items())
     out = (total, (total - 2 * weight) / p, 0.0, optim / p, offload / p)
     if len(qs) == 1:
         pp.__dict__["_totals"] = out
