@@ -160,7 +160,7 @@ def search_plan(
         def search_axes(axes: int, cutoff: float) -> Any:
             try:
                 return search(graph, cl, w, opts.with_(max_axes=axes), memory_limit_gib, dev, time_limit, 0,
-                              cutoff=cutoff, solver=solver).best
+                              cutoff=cutoff, solver=solver, frontier_plans=False).best
             except ShardplanError:
                 return None
 

@@ -115,11 +115,12 @@ class _Pool:
 def search(graph: LayerGraph, cluster: Cluster, w: Workload, space: str | SpaceOptions = "full",
            memory_limit_gib: float | None = None, device: DeviceModel | None = None,
            time_limit: float | None = None, top_k: int = 5, progress: Progress | None = None,
-           cutoff: float | None = None, solver: str = DEFAULT_SOLVER) -> SearchResult:
+           cutoff: float | None = None, solver: str = DEFAULT_SOLVER, frontier_plans: bool = True) -> SearchResult:
     """The fastest plan of ``space`` that fits ``memory_limit_gib`` per GPU (the GPU's memory by
     default). Raises :class:`ShardplanError` when no plan fits (see :mod:`solvers.infeasible`), or,
     given a ``cutoff`` (seconds), when no plan is faster than that (what is slower is not searched).
-    ``solver``: the back-end of the per-layer MIPs (:data:`solvers.mip.SOLVERS`)."""
+    ``solver``: the back-end of the per-layer MIPs (:data:`solvers.mip.SOLVERS`); ``frontier_plans``:
+    also return the throughput/memory frontier's plans among the alternatives (for the Pareto plot)."""
     t0 = time.perf_counter()
     opts = for_device(space if isinstance(space, SpaceOptions) else space_options(space), cluster.accelerator.kind)
     dev = device or DeviceModel(cluster)
@@ -235,7 +236,8 @@ def search(graph: LayerGraph, cluster: Cluster, w: Workload, space: str | SpaceO
         from solvers.infeasible import explain
 
         raise explain(graph, cluster, w, opts, limit, dev, configs)
-    (best, best_solver), alternatives = _materialise(graph, cluster, w, pool, frontier, parts, limit, dev,
+    (best, best_solver), alternatives = _materialise(graph, cluster, w, pool, frontier if frontier_plans else [],
+                                                     parts, limit, dev,
                                                      top_k, units)
     objective = best.step_time_s
     bound = min([objective] + bound_left)

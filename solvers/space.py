@@ -282,7 +282,7 @@ def mesh_configs(
                                             )
 
 
-_MESHES: dict[tuple, list[MeshConfig]] = {}
+_MESHES: dict[tuple, tuple[list[MeshConfig], np.ndarray | None]] = {}
 
 
 def mesh_list(graph: LayerGraph, cluster: Cluster, w: Workload, opts: SpaceOptions) -> list[MeshConfig]:
@@ -296,11 +296,14 @@ def mesh_list(graph: LayerGraph, cluster: Cluster, w: Workload, opts: SpaceOptio
     if key not in _MESHES:
         if len(_MESHES) >= 32:
             _MESHES.clear()
-        _MESHES[key] = list(mesh_configs(graph, cluster, w, opts.with_(max_axes=None)))
-    found = _MESHES[key]
+        _MESHES[key] = (list(mesh_configs(graph, cluster, w, opts.with_(max_axes=None))), None)
+    found, axes = _MESHES[key]
     if opts.max_axes is None:
         return list(found)
-    return [m for m in found if axes_above_one(m.pp, m.dp_replicate, m.dp_shard, m.cp, m.tp, m.ep) <= opts.max_axes]
+    if axes is None:  # counted once, on the first narrowed search
+        axes = np.array([axes_above_one(m.pp, m.dp_replicate, m.dp_shard, m.cp, m.tp, m.ep) for m in found], int)
+        _MESHES[key] = (found, axes)
+    return [found[i] for i in np.flatnonzero(axes <= opts.max_axes)]
 
 
 def axes_above_one(*degrees: int) -> int:
