@@ -130,14 +130,13 @@ def _fmt(x: float, unit: str = "") -> str:
 def models(as_json: bool = typer.Option(False, "--json", help="machine-readable output")) -> None:
     """List the preset models."""
     from profiler.models import presets
-    from profiler.transformer import build_graph
+    from profiler.transformer import parameter_count
 
     rows = []
     for name, cfg in presets().items():
-        g = build_graph(cfg, min(cfg.max_seq, 4096))
         rows.append({"name": name, "arch": cfg.arch, "layers": cfg.layers, "hidden": cfg.hidden,
                      "heads": cfg.heads, "kv_heads": cfg.kv_heads, "experts": cfg.experts,
-                     "total_params": g.total_params, "source": cfg.source})
+                     "total_params": parameter_count(cfg), "source": cfg.source})
     if as_json:
         print_json(rows)
         return

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, m
 from profiler.model_config import describe_fields, shown
 from vocab.errors import ShardplanError, UnknownNameError
 from vocab.io import decode_json, decode_yaml, read_text
-from vocab.strategy import MAX_GPUS
+from vocab.limits import MAX_GPUS
 
 ACCELERATOR_DIR = Path(__file__).parent / "data" / "accelerators"
 DTYPES = ("fp32", "tf32", "bf16", "fp8")

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
 
 from vocab.errors import ShardplanError
-from vocab.strategy import MAX_SEQ_LEN
+from vocab.limits import MAX_SEQ_LEN
 
 ARCHS = ("decoder", "encoder", "vit")
 ACTIVATIONS = ("gelu", "swiglu")

@@ -290,6 +290,24 @@ def _mtp_head(cfg: TransformerConfig, j: int, s: int) -> list[LayerNode]:
             replace(loss, name=f"{p}.loss")]
 
 
+def parameter_count(cfg: TransformerConfig) -> int:
+    """The parameters :func:`build_graph` gives ``cfg``, building one block of each kind: a block's
+    parameters depend on whether it is a mixture-of-experts layer, not on its index (which names it
+    and sets its attention window). ``shardplan models`` counts every preset this way."""
+    s = cfg.num_patches + 1 if cfg.arch == "vit" else 1
+    per_kind: dict[bool, int] = {}
+    blocks = 0
+    for i in range(cfg.layers):
+        moe = cfg.is_moe_layer(i)
+        if moe not in per_kind:
+            per_kind[moe] = sum(n.params for n in _block(cfg, i, s))
+        blocks += per_kind[moe]
+    rest = _embedding(cfg, s) + _head(cfg, s)
+    for j in range(cfg.mtp_layers):
+        rest += _mtp_block(cfg, j, s) + _mtp_head(cfg, j, s)
+    return blocks + sum(n.params for n in rest)
+
+
 def build_graph(cfg: TransformerConfig, seq_len: int | None = None) -> LayerGraph:
     """The layer graph of ``cfg`` for samples of ``seq_len`` tokens (``cfg.max_seq`` if None).
 

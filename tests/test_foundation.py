@@ -51,6 +51,16 @@ def test_every_preset_matches_its_published_count() -> None:
         assert abs(total / pub - 1) <= 0.005 or round(total, decimals) == pub, (name, total, pub)
 
 
+def test_parameter_count_is_the_graphs() -> None:
+    """``shardplan models`` counts from one block of each kind: every preset's count equals its
+    whole graph's, at any sequence length."""
+    from profiler.transformer import parameter_count
+
+    for name, cfg in presets().items():
+        for seq in (None, 128):
+            assert parameter_count(cfg) == build_graph(cfg, seq).total_params, name
+
+
 def test_preset_names_are_short_lowercase_and_cover_the_families() -> None:
     names = set(presets())
     for n in ("gpt2", "gpt2-xl", "gpt3-175b", "gpt3-1t", "llama2-70b", "llama3-8b", "llama3-70b",

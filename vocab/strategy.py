@@ -26,6 +26,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from vocab.errors import ShardplanError
+from vocab.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_SEQ_LEN
 
 SHARDINGS = ("replicate", "zero1", "zero2", "zero3", "zero3_keep")
 RECOMPUTES = ("none", "selective", "full")
@@ -102,12 +103,6 @@ def rank_blocks(blocks: int, p: int, v: int = 1, layout: Sequence[int] | None = 
     return out
 
 
-#: the largest supported degree of any axis, and of the whole mesh (GPUs)
-MAX_GPUS = 1 << 20
-#: the longest supported sequence (tokens per sample)
-MAX_SEQ_LEN = 10_000_000
-#: the largest supported global batch (samples per step) and micro-batch
-MAX_GLOBAL_BATCH = 1 << 24
 
 
 class _Strict(BaseModel):

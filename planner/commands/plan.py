@@ -30,7 +30,7 @@ def _batches(text: str) -> list[int]:
         ) from None
     if not out:
         raise ShardplanError("--global-batch is empty")
-    from vocab.strategy import MAX_GLOBAL_BATCH
+    from vocab.limits import MAX_GLOBAL_BATCH
 
     bad = [b for b in out if not 1 <= b <= MAX_GLOBAL_BATCH]
     if bad:
