@@ -15,7 +15,8 @@ medians and their ratio: the host's drift hits both alike.
 Targets (full space, default memory): search <= 2.0 s and command <= 2.5 s for every case: Llama-3
 70B on 1,024 H100 (and its shape with 16 layers: no slower than with 80), GPT-3 175B on 1,024
 A100-80GB, Mixtral 8x22B on 256 H100, Llama-3.1 405B on 16,384 H100 and on 131,072 GB200;
-uniform-plan pricing >= 1,000,000 candidates/s for an 80-layer model.
+uniform-plan pricing >= 1,000,000 candidates/s for an 80-layer model; ``shardplan --help`` and
+``shardplan models`` under 0.3 s (``--startup``: fresh processes, medians of ``--rounds``).
 """
 
 from __future__ import annotations
@@ -178,6 +179,26 @@ def compare(other: Path, names: list[str], space: str, rounds: int) -> None:
         print(f"{name:10s} {t_m:8.2f}s {t_o:8.2f}s {t_m / t_o:7.2f}  {c_m:8.2f}s {c_o:8.2f}s  {same}")
 
 
+STARTUP_TARGET = 0.3
+
+
+def startup(rounds: int) -> None:
+    """Wall seconds of ``shardplan --help`` and ``shardplan models`` in fresh processes."""
+    import shutil
+
+    exe = shutil.which("shardplan")
+    base = [exe] if exe else [sys.executable, "-m", "planner.cli"]
+    for args in (["--help"], ["models"]):
+        walls = []
+        for _ in range(max(rounds, 3)):
+            t0 = time.perf_counter()
+            subprocess.run(base + args, cwd=ROOT, check=True, capture_output=True)
+            walls.append(time.perf_counter() - t0)
+        wall = statistics.median(walls)
+        print(f"shardplan {' '.join(args):8s}: {wall:.2f} s (median of {len(walls)}; target {STARTUP_TARGET:g} s: "
+              f"{'met' if wall <= STARTUP_TARGET else 'MISSED'})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES))
@@ -185,7 +206,11 @@ def main() -> None:
     ap.add_argument("--space", default="full", choices=list(SPACES), help="search space (targets are for full)")
     ap.add_argument("--against", type=Path, help="another checkout to compare with, side by side")
     ap.add_argument("--rounds", type=int, default=1, help="rounds (medians); with --against, alternating order")
+    ap.add_argument("--startup", action="store_true", help="only the start-up of --help and models")
     a = ap.parse_args()
+    if a.startup:
+        startup(a.rounds)
+        return
     if a.against:
         compare(a.against.resolve(), a.cases, a.space, a.rounds)
         return
