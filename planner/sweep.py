@@ -142,7 +142,7 @@ def sweep(model: Any, gpus: Any, accelerator: Any = "h100", global_batch: Any = 
         raise ShardplanError(f"sweep: tokens must be a positive number, got {tokens}")
     if gpu_hour_cost is not None and not (math.isfinite(gpu_hour_cost) and gpu_hour_cost >= 0):
         raise ShardplanError(f"sweep: the GPU-hour cost must be a number >= 0, got {gpu_hour_cost}")
-    if isinstance(model, str):
+    if isinstance(model, str) and ":" not in model:  # a pkg.module:factory is traced by each point
         from profiler.models import resolve_config
 
         resolve_config(model)  # an unknown model fails once, before any point

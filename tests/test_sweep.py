@@ -154,3 +154,10 @@ def test_cli_table_reads_at_80_columns_and_wide(table: pd.DataFrame) -> None:
         for _, r in table.iterrows():
             assert r["mesh"] in text and money(r["cost"]) in text
     assert (money(83_000.7), money(10_540_000.0), money(12.0)) == ("$83k", "$10.5M", "$12")
+
+
+def test_a_factory_model_is_swept_too() -> None:
+    """A ``pkg.module:factory`` is traced by each point, not refused by the up-front name check."""
+    df = sweep("tests.fixtures_models:tiny_mlp", gpus=[2, 4], accelerator="cpu", global_batch=8, seq_len=16,
+               workers=1)
+    assert (df["status"] == "ok").all() and (df["step_time_s"] > 0).all()
