@@ -161,3 +161,12 @@ def test_a_factory_model_is_swept_too() -> None:
     df = sweep("tests.fixtures_models:tiny_mlp", gpus=[2, 4], accelerator="cpu", global_batch=8, seq_len=16,
                workers=1)
     assert (df["status"] == "ok").all() and (df["step_time_s"] > 0).all()
+
+
+def test_cli_sweep_where_nothing_fits_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "t.csv"
+    rc = main(["sweep", "-m", MODEL, "--gpus", "8", "--global-batch", "32", "--seq-len", "2048", "--memory-limit", "1",
+               "--workers", "1", "-o", str(out), "--plots", str(tmp_path / "p")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.startswith("error: no point of the sweep has a plan; the first:") and len(err.splitlines()) == 1
+    assert not out.exists() and not (tmp_path / "p").exists()

@@ -112,11 +112,13 @@ def sweep_cmd(
     render_sweep(df, console)
     ok = int((df["status"] == "ok").sum())
     console.print(f"{len(df)} points, {ok} with a plan, in {wall:.1f} s", highlight=False)
+    if not ok:  # nothing to write or draw: an impossible request, like a plan that does not fit
+        raise ShardplanError(f"no point of the sweep has a plan; the first: {df['status'].iloc[0]}")
     written = []
     if output is not None:
         write_table(df, output)
         written.append(str(output))
-    if plots is not None and ok:
+    if plots is not None:
         from planner.sweep_plots import cost_figure, heatmap_figure, throughput_figure
 
         figs = {"throughput.png": throughput_figure(df)}
