@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import difflib
 import os
-import re
 from functools import cache
 from pathlib import Path
 from typing import Annotated, Any
@@ -25,8 +24,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from profiler.graph import LayerGraph
+from profiler.hf_cache import cached_hf_config, hf_hub_cache, is_hf_id, repo_folder
 from profiler.model_config import (
-    HF_ID,
     MAX_FFN,
     MAX_LAYERS,
     Experts,
@@ -84,63 +83,6 @@ def preset(name: str) -> TransformerConfig:
     if key in hf_ids():
         return table[hf_ids()[key]]
     raise UnknownNameError("model", name, table)
-
-
-# ---- the local Hugging Face cache (read, never filled: shardplan does not touch the network) ----
-
-def hf_hub_cache() -> Path:
-    """Where Hugging Face keeps downloaded models: ``HF_HUB_CACHE``, else ``HF_HOME/hub``, else
-    ``~/.cache/huggingface/hub`` (``XDG_CACHE_HOME`` in place of ``~/.cache`` where set)."""
-    env = os.environ
-    if env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE"):
-        return Path(env.get("HF_HUB_CACHE") or env["HUGGINGFACE_HUB_CACHE"]).expanduser()
-    if env.get("HF_HOME"):
-        return Path(env["HF_HOME"]).expanduser() / "hub"
-    try:
-        base = Path(env["XDG_CACHE_HOME"]).expanduser() if env.get("XDG_CACHE_HOME") else Path.home() / ".cache"
-    except RuntimeError:  # no home directory to expand
-        base = Path(".cache")
-    return base / "huggingface" / "hub"
-
-
-def is_hf_id(spec: str) -> bool:
-    """Whether ``spec`` has the shape of a Hugging Face model id (``org/name`` or ``name``)."""
-    return len(spec) <= 200 and re.fullmatch(HF_ID, spec) is not None
-
-
-def _repo_folder(repo_id: str) -> str:
-    return "models--" + repo_id.replace("/", "--")
-
-
-def cached_hf_config(repo_id: str, cache_dir: Path | None = None) -> Path | None:
-    """The ``config.json`` of ``repo_id`` in the local Hugging Face cache
-    (``models--org--name/snapshots/<revision>/config.json``): the revision ``refs/main`` names, else
-    the newest snapshot holding one; None where the cache has none. The folder is matched ignoring
-    case where no folder has the exact name."""
-    root = hf_hub_cache() if cache_dir is None else cache_dir
-    want = _repo_folder(repo_id)
-    try:
-        folder = root / want
-        if not folder.is_dir():
-            folder = next((p for p in sorted(root.iterdir()) if p.name.lower() == want.lower() and p.is_dir()),
-                          None)
-            if folder is None:
-                return None
-        snapshots = folder / "snapshots"
-        ref = folder / "refs" / "main"
-        if ref.is_file():
-            with open(ref, encoding="utf-8", errors="replace") as f:
-                revision = f.read(256).strip()
-            if re.fullmatch(r"[\w.-]+", revision):
-                config = snapshots / revision / "config.json"
-                if config.is_file():
-                    return config
-        found = [d for d in snapshots.iterdir() if (d / "config.json").is_file()]
-        if not found:
-            return None
-        return max(found, key=lambda d: (d.stat().st_mtime, d.name)) / "config.json"
-    except (OSError, ValueError):  # no cache, an unreadable one, a name no file system takes
-        return None
 
 
 # ---- Hugging Face config.json --------------------------------------------------------------
@@ -476,7 +418,7 @@ def _not_found(repo_id: str) -> ShardplanError:
     hint = f" (did you mean '{_listed_id(close[0])}'?)" if close else ""
     return ShardplanError(
         f"model '{repo_id}' is not a preset{hint} and not in the local Hugging Face cache {cache_dir}: put its "
-        f"config.json at {cache_dir / _repo_folder(repo_id)}/snapshots/<revision>/config.json (HF_HUB_CACHE "
+        f"config.json at {cache_dir / repo_folder(repo_id)}/snapshots/<revision>/config.json (HF_HUB_CACHE "
         "moves the cache), or pass --model path/to/config.json; shardplan never downloads"
     )
 
