@@ -111,6 +111,14 @@ def solve_pipeline(problems: PipelineProblem | Sequence[PipelineProblem], incumb
                     for r in range(p)]
         for q in qs:
             q.prefetch(requests)
+        stages = [[sc for q in qs if (sc := q.stage(*req)) is not None] for req in requests]
+        if not all(stages):
+            return None
+        if np.isfinite(incumbent):  # every rank at its least of each term: no choice of the stages beats it
+            least = np.array([np.min([_vals(sc, consts) for sc in st], axis=0) for st in stages])
+            top = least.max(axis=0)
+            if _objective(pp, top[0], float(least[:, 1].sum()), *top[2:]) >= incumbent:
+                return None
         for r in range(p):
             counts = requests[r][1]
             cands = _undominated([(s, sc) for s, q in enumerate(qs)
