@@ -284,10 +284,9 @@ class PipelineProblem:
         ns = np.array(sorted({key[4] for key in todo}))
         got = single_class_tables(self, [key[:4] for key in todo], ns)
         for i, key in enumerate(todo):
-            at = np.searchsorted(ns, [key[4]])
-            row = {f: x[i][at] for f, x in got.items()}
-            self.cache[key] = self._table(key[1], key[2], key[4], {f: x[None, :] for f, x in row.items()}, 0,
-                                          np.array([key[4]]))
+            j = int(np.searchsorted(ns, key[4]))  # the column of its count
+            self.cache[key] = self._table(key[1], key[2], key[4], {f: x[:, j:j + 1] for f, x in got.items()}, i,
+                                          ns[j:j + 1])
 
     def stage(self, r: int, counts: dict[int, int], emb: bool, head: bool, bounds: int) -> StageCost | None:
         """Least time of pipeline rank ``r`` holding ``counts`` blocks per class (and emb/head)."""

@@ -106,25 +106,22 @@ def solve_pipeline(problems: PipelineProblem | Sequence[PipelineProblem], incumb
         dims = tuple(sorted({*dims, 1}))
     if v > 1 or not nonuniform:
         per_rank, sends = rank_blocks(L, p, v), rank_sends(p, v)
-        labels = [_Label((0.0, 0.0, -INF, 0.0, 0.0, 0.0), None, 0, None)]
         requests = [(r, dict(Counter(pp.block_cls[i] for i in per_rank[r])), r == 0, r == p - 1, sends[r])
                     for r in range(p)]
         for q in qs:
             q.prefetch(requests)
-        stages = [[sc for q in qs if (sc := q.stage(*req)) is not None] for req in requests]
+        # per rank: (problem, its stage) of every problem whose stage fits
+        stages = [[(s, sc) for s, q in enumerate(qs) if (sc := q.stage(*req)) is not None] for req in requests]
         if not all(stages):
             return None
         if np.isfinite(incumbent):  # every rank at its least of each term: no choice of the stages beats it
-            least = np.array([np.min([_vals(sc, consts) for sc in st], axis=0) for st in stages])
+            least = np.array([np.min([_vals(sc, consts) for _, sc in st], axis=0) for st in stages])
             top = least.max(axis=0)
             if _objective(pp, top[0], float(least[:, 1].sum()), *top[2:]) >= incumbent:
                 return None
+        labels = [_Label((0.0, 0.0, -INF, 0.0, 0.0, 0.0), None, 0, None)]
         for r in range(p):
-            counts = requests[r][1]
-            cands = _undominated([(s, sc) for s, q in enumerate(qs)
-                                  if (sc := q.stage(r, counts, r == 0, r == p - 1, sends[r])) is not None], consts, dims)
-            if not cands:
-                return None
+            cands = _undominated(stages[r], consts, dims)
             nxt: list[_Label] = []
             for lab in labels:
                 for cand, sv in cands:
