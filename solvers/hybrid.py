@@ -52,7 +52,7 @@ from solvers.bounds import (
     sub_grid,
 )
 from solvers.chain import chain_strategy, large_ops, mesh_problems
-from solvers.mip import DEFAULT_SOLVER
+from solvers.mip import DEFAULT_SOLVER, HINTED
 from solvers.osdp_ilp import solve_ilp
 from solvers.result import Found, SearchResult, family_of
 from solvers.space import (
@@ -197,7 +197,7 @@ def search(graph: LayerGraph, cluster: Cluster, w: Workload, space: str | SpaceO
                 prob = chains.pop(cfg)
                 priced += sum(len(o) for o in prob.options)
                 sol = solve_ilp(prob, time_limit=left, cutoff=pool.cut, solver=solver,
-                                hint=_grid_hint(parts[part][1], i, uopts))
+                                hint=_grid_hint(parts[part][1], i, uopts) if solver in HINTED else None)
                 if sol.status == "time_limit":
                     bound_left.append(sol.bound)
                 if sol.choice is not None:

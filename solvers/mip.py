@@ -37,6 +37,8 @@ import numpy as np
 #: the back-ends ``--solver`` selects, by their names in the CLI
 SOLVERS = ("highs", "scip")
 DEFAULT_SOLVER = "highs"
+#: the back-ends that start from a hint (:meth:`Model.hint`); HiGHS prunes with the cutoff instead
+HINTED = ("scip",)
 #: relative and absolute MIP gaps: proven optimal means to rounding
 GAPS = (1e-10, 1e-12)
 

@@ -42,14 +42,8 @@ def solve_ilp(
     scale = 1.0 / budget if budget > 0 else 1.0  # memory rows in units of the budget
     md = Model("osdp", solver)
     by_unit = aggregate and red.transitions is None
-    groups: list[tuple[list[int], int]] = []  # (units, class) of each decision group
-    if by_unit:
-        counts: dict[int, list[int]] = {}
-        for i, k in enumerate(red.classes):
-            counts.setdefault(k, []).append(i)
-        groups = [(units, k) for k, units in counts.items()]
-    else:
-        groups = [([i], k) for i, k in enumerate(red.classes)]
+    # (units, class) of each decision group
+    groups = _class_groups(red.classes) if by_unit else [([i], k) for i, k in enumerate(red.classes)]
     all_opts = [o for opts in red.options for o in opts]
     d_mixed = any(o.d > 0 for o in all_opts) and any(o.d < 0 for o in all_opts)
     d_fold = not d_mixed and any(o.d > 0 for o in all_opts)  # always >= 0: objective is linear in d
@@ -112,12 +106,7 @@ def solve_ilp(
             dt,
             info,
         )
-    choice = [0] * red.units
-    for (units, k), row_cols in zip(groups, cols, strict=True):
-        counts_k = [int(round(x[v])) for v in row_cols]
-        slots = [c for c, cnt in enumerate(counts_k) for _ in range(cnt)]
-        for i, c in zip(units, slots, strict=True):
-            choice[i] = maps[k][c]
+    choice = _choice(x, groups, cols, red.units, maps)
     obj = prob.objective(choice)
     if not prob.fits(choice):  # rounding of a near-integral solution: should not happen
         return ChainSolution(
@@ -170,11 +159,9 @@ def least_memory(prob: ChainProblem, solver: str = DEFAULT_SOLVER) -> tuple[floa
     M = md.var(cost=1.0)
     run_row: dict[int, float] = {M: -1.0}
     end_row: dict[int, float] = {M: -1.0}
-    counts: dict[int, list[int]] = {}
-    for i, k in enumerate(prob.classes):
-        counts.setdefault(k, []).append(i)
-    cols: list[tuple[list[int], list[int]]] = []
-    for k, units in counts.items():
+    groups = _class_groups(prob.classes)
+    cols: list[list[int]] = []
+    for units, k in groups:
         row_cols = []
         for o in prob.options[k]:
             v = md.var(hi=len(units), integer=True)
@@ -182,23 +169,41 @@ def least_memory(prob: ChainProblem, solver: str = DEFAULT_SOLVER) -> tuple[floa
             end_row[v] = o.end * scale
             row_cols.append(v)
         md.row(dict.fromkeys(row_cols, 1.0), lo=len(units), hi=len(units), family="assign")
-        cols.append((units, row_cols))
-    sizes = [len(units) for units, _ in cols]
-    opts_of = [prob.options[k] for k in counts]
-    _levels(md, sizes, [c for _, c in cols], opts_of, "g", [run_row, end_row], scale, "gathered")
-    _levels(md, sizes, [c for _, c in cols], opts_of, "r", [run_row], scale, "remat")
+        cols.append(row_cols)
+    sizes = [len(units) for units, _ in groups]
+    opts_of = [prob.options[k] for _, k in groups]
+    _levels(md, sizes, cols, opts_of, "g", [run_row, end_row], scale, "gathered")
+    _levels(md, sizes, cols, opts_of, "r", [run_row], scale, "remat")
     md.row(run_row, hi=0.0, family="memory")
     if prob.tail is not None:
         md.row(end_row, hi=-prob.tail * scale, family="memory_end")
     x = md.solve(0.0, None)[1]
     if x is None:
         return np.inf, []
-    choice = [0] * prob.units
-    for units, row_cols in cols:
+    choice = _choice(x, groups, cols, prob.units)
+    return prob.memory(choice), choice
+
+
+def _class_groups(classes: list[int]) -> list[tuple[list[int], int]]:
+    """(units, class) per class, in the order classes first appear: the units one count column
+    of each option stands for."""
+    units: dict[int, list[int]] = {}
+    for i, k in enumerate(classes):
+        units.setdefault(k, []).append(i)
+    return [(members, k) for k, members in units.items()]
+
+
+def _choice(x: np.ndarray, groups: list[tuple[list[int], int]], cols: list[list[int]], n_units: int,
+            maps: list[list[int]] | None = None) -> list[int]:
+    """Every unit's option from the count columns' values ``x``: a group's units take the options
+    in order of their index, as many of each as its column counts (``maps``: back to the options
+    before :func:`solvers.chain.reduced`)."""
+    choice = [0] * n_units
+    for (units, k), row_cols in zip(groups, cols, strict=True):
         slots = [c for c, v in enumerate(row_cols) for _ in range(int(round(x[v])))]
         for i, c in zip(units, slots, strict=True):
-            choice[i] = c
-    return prob.memory(choice), choice
+            choice[i] = c if maps is None else maps[k][c]
+    return choice
 
 
 def _levels(md: Model, sizes: list[int], cols: list[list[int]], options: list[list[Any]], attr: str,
@@ -208,9 +213,8 @@ def _levels(md: Model, sizes: list[int], cols: list[list[int]], options: list[li
     One binary ``u_j`` per distinct positive value ``v_1 < … < v_m`` ("the largest is at least
     ``v_j``"), the maximum ``Σ_j (v_j − v_(j−1))·u_j``; a group of ``N`` units (columns ``cols``,
     options ``options``) forces it by ``Σ_(c: attr_c >= v_j) n_c <= N·u_j`` (family ``family``),
-    and ``u_j >= u_(j+1)`` (``family_order``). Exact, and a handful of binaries where a binary per
-    option made HiGHS branch between options that differ in the fourth digit (0.4–0.6 s per
-    program of the 175B search, 20 ms so)."""
+    and ``u_j >= u_(j+1)`` (``family_order``). Exact, and a handful of binaries: with a binary per option HiGHS branches
+    between options that differ in the fourth digit."""
     levels = sorted({float(getattr(o, attr)) for opts in options for o in opts if getattr(o, attr) > 0})
     prev, last = 0.0, None
     for lv in levels:
