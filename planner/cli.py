@@ -153,8 +153,7 @@ def models(as_json: bool = typer.Option(False, "--json", help="machine-readable 
 @guard
 def hardware(as_json: bool = typer.Option(False, "--json", help="machine-readable output")) -> None:
     """List the accelerators (one data file each)."""
-    from rich.measure import Measurement
-
+    from planner.layout import fits
     from profiler.hardware import accelerators
 
     accs = list(accelerators().values())
@@ -175,17 +174,14 @@ def hardware(as_json: bool = typer.Option(False, "--json", help="machine-readabl
             t.add_row(*(cols[c](a) for c in names))
         return t
 
-    def fits(t: Table) -> bool:
-        return Measurement.get(console, console.options.update_width(10_000), t).maximum <= console.width
-
     wide = table("accelerators", list(cols))
-    if fits(wide):  # a wide terminal: one table
+    if fits(console, wide):  # a wide terminal: one table
         console.print(wide)
         return
     split = [table("accelerators: compute and memory", ["name", "bf16 TFLOP/s", "fp8 TFLOP/s", "HBM GB", "HBM TB/s",
                                                         "GEMM eff"]),
              table("accelerators: network", ["name", "scale-up GB/s", "domain", "scale-out GB/s"])]
-    if all(map(fits, split)):  # 80 columns, or a pipe: the columns in two tables
+    if all(fits(console, t) for t in split):  # 80 columns, or a pipe: the columns in two tables
         for t in split:
             console.print(t)
         return

@@ -6,11 +6,11 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from rich.console import Console, RenderableType
+from rich.console import Console
 from rich.markup import escape
-from rich.measure import Measurement
 from rich.table import Table
 
+from planner.layout import fits
 from planner.reprice import block_index, memory_limit_gib, predicted_dict, unit_split, units_of
 from vocab.plan import Plan
 from vocab.strategy import Strategy
@@ -96,6 +96,21 @@ def diff_strategies(a: Strategy, b: Strategy, units: Sequence[str]) -> list[dict
                 group.append(u)
             prev = cur
     return out
+
+
+def mesh_text(s: Strategy) -> str:
+    """The mesh as ``plan`` shows it: ``pp=2 dp_shard=8 tp=4 (SP)`` (degrees above 1, then sequence
+    parallelism and the TP and CP modes that are not the defaults)."""
+    m = s.mesh
+    parts = [f"{k}={v}" for k, v in m.axes().items() if v > 1] + ([f"ep={m.ep}"] if m.ep > 1 else [])
+    extra = []
+    if s.sequence_parallel:
+        extra.append("SP")
+    if m.tp > 1 and s.tp_mode != "megatron":
+        extra.append(s.tp_mode.upper())
+    if m.cp > 1 and s.cp_mode != "ring":
+        extra.append(s.cp_mode)
+    return " ".join(parts or ["1 GPU"]) + (f" ({', '.join(extra)})" if extra else "")
 
 
 def short_strategy(s: Strategy) -> str:
@@ -212,27 +227,6 @@ def fmt_row(field: str, v: Any) -> str:
 
 
 # ---- terminal layout ----------------------------------------------------------------------------
-
-def natural_width(console: Console, renderable: RenderableType) -> int:
-    """The cells ``renderable`` takes with no wrapping at all (a table: every cell on its lines)."""
-    return Measurement.get(console, console.options.update_width(10_000), renderable).maximum
-
-
-def fits(console: Console, renderable: RenderableType) -> bool:
-    """Whether ``renderable`` prints at ``console``'s width without wrapping a cell: a wide
-    terminal keeps the wide table, an 80-column one (or a pipe, 80 unless COLUMNS says otherwise)
-    takes the narrow layout."""
-    return natural_width(console, renderable) <= console.width
-
-
-def kv_table(title: str | None = None) -> Table:
-    """The narrow layout: a name column (never wrapped) and a value column (wrapped at words, a word
-    longer than the column folded, never cut short) over the console's width."""
-    t = Table(title=title, show_header=False, expand=True)
-    t.add_column("what", style="bold", no_wrap=True)
-    t.add_column("value", overflow="fold", ratio=1)
-    return t
-
 
 def _compare_wide(data: dict[str, Any]) -> Table:
     t = Table(title=f"{len(data['plans'])} plans side by side (differences first)", show_lines=False)

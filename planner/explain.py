@@ -17,7 +17,8 @@ from rich.table import Table
 from rich.text import Text
 
 from costmodel.experts import overlap_runs
-from planner.compare import describe_diff, describe_run, diff_strategies, fits, kv_table, label_units, runs
+from planner.compare import describe_diff, describe_run, diff_strategies, label_units, runs
+from planner.layout import fits, kv_table
 from planner.reprice import (
     band_text,
     device_gib,

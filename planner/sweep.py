@@ -78,7 +78,7 @@ def grid(accelerator: Any, gpus: Any, global_batch: Any, seq_len: Any, memory_li
 
 def _row(point: Point, planned: Any, tokens: float | None, gpu_hour_cost: float | None) -> dict[str, Any]:
     """A point's table row from its plan."""
-    from planner.commands.plan import _mesh as mesh_text
+    from planner.compare import mesh_text
 
     p = planned.plan
     s, pred = p.strategy, p.predicted
@@ -200,7 +200,7 @@ def mesh_heatmap(model: Any, gpus: int, accelerator: str = "h100", global_batch:
 
     from costmodel.device import DeviceModel
     from planner.api import search_plan
-    from planner.commands.plan import _mesh as mesh_text
+    from planner.compare import mesh_text
     from profiler.hardware import parse_cluster
 
     dev = DeviceModel(parse_cluster(f"{gpus}x{accelerator}"))

@@ -40,19 +40,6 @@ def _batches(text: str) -> list[int]:
     return out
 
 
-def _mesh(s: Any) -> str:
-    m = s.mesh
-    parts = [f"{k}={v}" for k, v in m.axes().items() if v > 1] + ([f"ep={m.ep}"] if m.ep > 1 else [])
-    extra = []
-    if s.sequence_parallel:
-        extra.append("SP")
-    if m.tp > 1 and s.tp_mode != "megatron":
-        extra.append(s.tp_mode.upper())
-    if m.cp > 1 and s.cp_mode != "ring":
-        extra.append(s.cp_mode)
-    return " ".join(parts or ["1 GPU"]) + (f" ({', '.join(extra)})" if extra else "")
-
-
 #: at most this many lines of per-unit exceptions in the summary; the rest are counted (explain lists them)
 MAX_EXCEPTION_LINES = 4
 
@@ -97,6 +84,8 @@ def _layers_text(s: Any) -> str:
 
 def summary_table(planned: Any, wall_s: float) -> Table:
     """Mesh, schedule, micro-batching, predicted step time, tokens/s/GPU, MFU, memory, solver."""
+    from planner.compare import mesh_text
+
     p = planned.plan
     s, pred = p.strategy, p.predicted
     w = p.inputs.workload
@@ -110,7 +99,7 @@ def summary_table(planned: Any, wall_s: float) -> Table:
     t.add_column("value", overflow="fold")
     tg = p.inputs.target
     t.add_row("target", f"{tg.name} {tg.version or ''}".strip())
-    t.add_row("mesh", _mesh(s))
+    t.add_row("mesh", mesh_text(s))
     sched = s.schedule if s.mesh.pp > 1 else "no pipeline"
     if s.vpp > 1:
         sched += f", {s.vpp} virtual stages per rank"
@@ -153,7 +142,7 @@ def summary_table(planned: Any, wall_s: float) -> Table:
         r = p.alternatives[0]
         family = sol.options.get("alternative_families", [None])[0]
         t.add_row(
-            "runner-up", f"{_mesh(r.strategy)}: {r.predicted.step_time_s:.4g} s, {r.predicted.memory_peak_gib:.1f} GiB"
+            "runner-up", f"{mesh_text(r.strategy)}: {r.predicted.step_time_s:.4g} s, {r.predicted.memory_peak_gib:.1f} GiB"
             + (f" ({family})" if family else "")
         )
     return t

@@ -190,7 +190,7 @@ def sweep_table(df: Any) -> Table:
 def render_sweep(df: Any, out: Any) -> None:
     """The sweep's table where it fits ``out``'s width; else one row per point, its axes as the
     name and the plan and its numbers wrapped at words (80 columns, a pipe)."""
-    from planner.compare import fits, kv_table
+    from planner.layout import fits, kv_table
 
     wide = sweep_table(df)
     if fits(out, wide):
