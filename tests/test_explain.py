@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -52,17 +51,6 @@ def make_plan(strategy: dict[str, Any], cluster: str = "16xh100", seq_len: int =
     inputs = PlanInputs(model=model, model_hash=graph.content_hash(), cluster=ClusterRef(**cl.to_dict()),
                         workload=w, memory_limit_gib=memory_limit_gib, target=target or TargetRef(name="any"))
     return Plan(inputs=inputs, strategy=s, predicted=pred, solver=SolverInfo(name="user"), alternatives=alts)
-
-
-@pytest.fixture
-def wide() -> Iterator[None]:
-    """A wide terminal for the rich tables, whatever COLUMNS the test process started with."""
-    from planner.cli import console
-
-    old = console._width
-    console._width = 200
-    yield
-    console._width = old
 
 
 @pytest.fixture(scope="module")

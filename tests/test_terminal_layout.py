@@ -14,7 +14,7 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 import planner.commands  # noqa: F401  (registers the subcommands)
-from planner.cli import app, console, err_console
+from planner.cli import app, err_console
 from planner.compare import compare, render_compare
 from planner.explain import explain_data, render_explain, solver_time_text
 from vocab.plan import Plan, load_plan
@@ -51,24 +51,6 @@ def plans(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     plan("llama3-8b", "8xh100", seq_len=4096, global_batch=64).save(d / "a.json")
     plan("llama3-8b", "8xh100", seq_len=4096, global_batch=64, space="megatron").save(d / "b.json")
     return d / "a.json", d / "b.json"
-
-
-@pytest.fixture
-def columns_from_env() -> Iterator[None]:
-    """The CLI's console sized by COLUMNS (as the CliRunner's ``env`` sets it), whatever the width the
-    test process started with."""
-    old = console._width
-    console._width = None
-    yield
-    console._width = old
-
-
-@pytest.fixture
-def width_200() -> Iterator[None]:
-    old = console._width
-    console._width = 200
-    yield
-    console._width = old
 
 
 def _cli(args: list[str], columns: int | None = None) -> str:
@@ -129,7 +111,7 @@ def test_hardware_piped() -> None:
     assert _stripped(r.stdout) == (SNAPSHOTS / "hardware_80.txt").read_text(encoding="utf-8")
 
 
-def test_hardware_on_a_wide_terminal_keeps_one_table(width_200: None) -> None:
+def test_hardware_on_a_wide_terminal_keeps_one_table(wide: None) -> None:
     out = _cli(["hardware"])
     _check(out, 200, _accelerators(), HARDWARE_WORDS)
     header = next(ln for ln in out.splitlines() if "bf16 TFLOP/s" in ln)
@@ -197,7 +179,7 @@ def test_compare_at_80_columns(plans: tuple[Path, Path], columns_from_env: None)
     _snapshot("compare_80", out)
 
 
-def test_compare_wide_keeps_the_plans_side_by_side(plans: tuple[Path, Path], width_200: None) -> None:
+def test_compare_wide_keeps_the_plans_side_by_side(plans: tuple[Path, Path], wide: None) -> None:
     a, b = (load_plan(p) for p in plans)
     out = _cli(["compare", *map(str, plans)])
     _check(out, 200, [a.inputs.cluster.accelerator], ("MFU", "layer strategies"))
