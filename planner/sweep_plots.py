@@ -21,11 +21,11 @@ LINE_AXES = (("accelerator", "{}"), ("global_batch", "batch {}"), ("seq_len", "s
 
 
 def _figure(size: tuple[float, float], panels: int = 1) -> tuple[Figure, list[Any]]:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    """A plan plot's headless figure (:func:`planner.plots_common.new_figure`) with ``panels`` axes
+    side by side."""
+    from planner.plots_common import new_figure
 
-    fig = Figure(figsize=size, layout="constrained")
-    FigureCanvasAgg(fig)
+    fig = new_figure(size)
     return fig, [fig.add_subplot(1, panels, i + 1) for i in range(panels)]
 
 

@@ -245,6 +245,8 @@ def write_table(df: Any, path: Path) -> None:
 
 
 def save_figure(fig: Any, path: Path) -> None:
+    """A PNG at the resolution the plan plots are laid out and written at, whole or not at all."""
+    from planner.plots_common import DPI
     from vocab.io import write_with
 
-    write_with(path, lambda tmp: fig.savefig(tmp, format="png", dpi=150))
+    write_with(path, lambda tmp: fig.savefig(tmp, format="png", dpi=DPI))
