@@ -11,6 +11,7 @@ activation), flash attention (no score matrix, only a log-sum-exp per head and r
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from profiler.graph import LayerGraph, LayerNode
@@ -290,22 +291,29 @@ def _mtp_head(cfg: TransformerConfig, j: int, s: int) -> list[LayerNode]:
             replace(loss, name=f"{p}.loss")]
 
 
+def _parts(cfg: TransformerConfig, s: int, block: Callable[[TransformerConfig, int, int], list[LayerNode]]
+           ) -> list[list[LayerNode]]:
+    """The graph's operators in order, one list per part: the embedding, every block (from
+    ``block``), the multi-token-prediction blocks, the head and its MTP heads."""
+    return ([_embedding(cfg, s)] + [block(cfg, i, s) for i in range(cfg.layers)]
+            + [_mtp_block(cfg, j, s) for j in range(cfg.mtp_layers)] + [_head(cfg, s)]
+            + [_mtp_head(cfg, j, s) for j in range(cfg.mtp_layers)])
+
+
 def parameter_count(cfg: TransformerConfig) -> int:
     """The parameters :func:`build_graph` gives ``cfg``, building one block of each kind: a block's
     parameters depend on whether it is a mixture-of-experts layer, not on its index (which names it
     and sets its attention window). ``shardplan models`` counts every preset this way."""
-    s = cfg.num_patches + 1 if cfg.arch == "vit" else 1
-    per_kind: dict[bool, int] = {}
-    blocks = 0
-    for i in range(cfg.layers):
+    per_kind: dict[bool, list[LayerNode]] = {}
+
+    def one_per_kind(cfg: TransformerConfig, i: int, s: int) -> list[LayerNode]:
         moe = cfg.is_moe_layer(i)
         if moe not in per_kind:
-            per_kind[moe] = sum(n.params for n in _block(cfg, i, s))
-        blocks += per_kind[moe]
-    rest = _embedding(cfg, s) + _head(cfg, s)
-    for j in range(cfg.mtp_layers):
-        rest += _mtp_block(cfg, j, s) + _mtp_head(cfg, j, s)
-    return blocks + sum(n.params for n in rest)
+            per_kind[moe] = _block(cfg, i, s)
+        return per_kind[moe]
+
+    s = cfg.num_patches + 1 if cfg.arch == "vit" else 1
+    return sum(n.params for part in _parts(cfg, s, one_per_kind) for n in part)
 
 
 def build_graph(cfg: TransformerConfig, seq_len: int | None = None) -> LayerGraph:
@@ -323,14 +331,7 @@ def build_graph(cfg: TransformerConfig, seq_len: int | None = None) -> LayerGrap
                              f"{MAX_SEQ_LEN:,} tokens per sample; give a seq_len")
     else:
         s = cfg.max_seq
-    nodes = _embedding(cfg, s)
-    for i in range(cfg.layers):
-        nodes += _block(cfg, i, s)
-    for j in range(cfg.mtp_layers):
-        nodes += _mtp_block(cfg, j, s)
-    nodes += _head(cfg, s)
-    for j in range(cfg.mtp_layers):
-        nodes += _mtp_head(cfg, j, s)
+    nodes = [n for part in _parts(cfg, s, _block) for n in part]
     params = sum(n.params for n in nodes)
     if params > MAX_PARAMETERS:
         raise ShardplanError(f"model '{cfg.name}' has {params:,} parameters; the supported range is up to "
