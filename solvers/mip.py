@@ -12,8 +12,8 @@ primal values, the objective and a proven lower bound.
 Back-ends (``--solver``):
 
 * ``highs``: HiGHS 1.16 through ``highspy``, from the same columns and rows. The HiGHS that
-  MathOpt (OR-Tools 9.15) bundles solves the 70B searches' OSDP programs 6x slower and their stage
-  MIPs 1.6x slower (``benchmarks/mip_backends.py``), so the default goes around it;
+  MathOpt (OR-Tools 9.15) bundles is slower on the 70B searches' programs (``benchmarks/
+  mip_backends.py``, docs/solvers.md), so the default goes around it;
 * ``scip``: SCIP through MathOpt (``SolverType.GSCIP``), with a warm start (:meth:`Model.hint`).
 
 CP-SAT (MathOpt's ``CP_SAT``) is measured but not offered: it reads the formulations' continuous
