@@ -16,8 +16,8 @@ Back-ends (``--solver``):
   mip_backends.py``, docs/solvers.md), so the default goes around it;
 * ``scip``: SCIP through MathOpt (``SolverType.GSCIP``), with a warm start (:meth:`Model.hint`).
 
-CP-SAT (MathOpt's ``CP_SAT``) is measured but not offered: it reads the formulations' continuous
-columns (the transient caps, the clipped sync, stage times) as integers and answers "optimal"
+CP-SAT (MathOpt's ``CP_SAT``) is measured but not offered: it reads the stage MIP's continuous
+columns (its transient caps, the clipped sync, stage times) as integers and answers "optimal"
 with wrong plans.
 
 A cutoff is what each back-end does best with it: HiGHS prunes with it (``objective_bound``);
