@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from planner.layout import literal
 from vocab.errors import ShardplanError, first_line
 
 #: exit code of an unexpected exception (BSD sysexits' EX_SOFTWARE); bad input exits with 2
@@ -70,13 +71,6 @@ def _root(
                                       help="Print the version and exit."),
 ) -> None:
     pass
-
-
-def literal(text: str) -> Text:
-    """User text as printed, never read as markup, on one line: control characters (newlines,
-    escape sequences, NULs) shown escaped."""
-    clean = "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
-    return Text(clean)
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
@@ -144,7 +138,7 @@ def models(as_json: bool = typer.Option(False, "--json", help="machine-readable 
     for col in ("name", "arch", "layers", "hidden", "heads", "kv", "experts", "params"):
         t.add_column(col, justify="right" if col not in ("name", "arch") else "left")
     for r in rows:
-        t.add_row(r["name"], r["arch"], str(r["layers"]), str(r["hidden"]), str(r["heads"]),
+        t.add_row(literal(r["name"]), r["arch"], str(r["layers"]), str(r["hidden"]), str(r["heads"]),
                   str(r["kv_heads"]), str(r["experts"] or "-"), _fmt(r["total_params"]))
     console.print(t)
 
@@ -160,7 +154,7 @@ def hardware(as_json: bool = typer.Option(False, "--json", help="machine-readabl
     if as_json:
         print_json([a.to_dict() for a in accs])
         return
-    cols = {"name": lambda a: a.name, "bf16 TFLOP/s": lambda a: f"{a.peak_tflops['bf16']:g}",
+    cols = {"name": lambda a: literal(a.name), "bf16 TFLOP/s": lambda a: f"{a.peak_tflops['bf16']:g}",
             "fp8 TFLOP/s": lambda a: f"{a.peak_tflops['fp8']:g}", "HBM GB": lambda a: f"{a.hbm_gb:g}",
             "HBM TB/s": lambda a: f"{a.hbm_tbps:g}", "scale-up GB/s": lambda a: f"{a.scale_up.gbps:g}",
             "domain": lambda a: str(a.scale_up.domain), "scale-out GB/s": lambda a: f"{a.scale_out.gbps:g}",
@@ -191,7 +185,7 @@ def hardware(as_json: bool = typer.Option(False, "--json", help="machine-readabl
     for i, a in enumerate(accs):
         if i:
             kv.add_section()
-        kv.add_row(a.name, f"bf16 {cols['bf16 TFLOP/s'](a)} TFLOP/s\nfp8 {cols['fp8 TFLOP/s'](a)} TFLOP/s\n"
+        kv.add_row(literal(a.name), f"bf16 {cols['bf16 TFLOP/s'](a)} TFLOP/s\nfp8 {cols['fp8 TFLOP/s'](a)} TFLOP/s\n"
                    f"HBM {a.hbm_gb:g} GB, {a.hbm_tbps:g} TB/s\nscale-up {a.scale_up.gbps:g} GB/s, domain "
                    f"{a.scale_up.domain}\nscale-out {a.scale_out.gbps:g} GB/s\nGEMM eff {a.gemm_efficiency:.2f}")
     console.print(kv)
@@ -222,13 +216,13 @@ def inspect(
     if as_json:
         print_json({**g.summary(), "layers": layers})
         return
-    t = Table(title=f"{g.model_id} at seq_len {s}{' (default; --seq-len sets it)' if seq_len is None else ''}: "
-                    f"{_fmt(g.total_params)} parameters, {_fmt(g.train_flops / s, 'FLOP')}/token (fwd+bwd)")
+    t = Table(title=literal(f"{g.model_id} at seq_len {s}{' (default; --seq-len sets it)' if seq_len is None else ''}: "
+                            f"{_fmt(g.total_params)} parameters, {_fmt(g.train_flops / s, 'FLOP')}/token (fwd+bwd)"))
     for col in ("layer", "kind", "params", "fwd FLOP/token", "saved act B/token"):
         t.add_column(col, justify="left" if col in ("layer", "kind") else "right")
     shown = _collapse_blocks(layers)
     for r in shown:
-        t.add_row(r["name"], r["kind"], _fmt(r["params"]), _fmt(r["fwd_flops_per_token"]),
+        t.add_row(literal(r["name"]), r["kind"], _fmt(r["params"]), _fmt(r["fwd_flops_per_token"]),
                   _fmt(r["act_bytes_per_token"]))
     console.print(t)
 

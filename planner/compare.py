@@ -7,10 +7,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
-from planner.layout import fits
+from planner.layout import fits, literal, printable, styled
 from planner.reprice import block_index, memory_limit_gib, predicted_dict, unit_split, units_of
 from vocab.plan import Plan
 from vocab.strategy import Strategy
@@ -232,13 +231,15 @@ def _compare_wide(data: dict[str, Any]) -> Table:
     t = Table(title=f"{len(data['plans'])} plans side by side (differences first)", show_lines=False)
     t.add_column("", style="bold")
     for n in data["plans"]:
-        t.add_column(escape(n), overflow="fold", max_width=48)
+        t.add_column(literal(n), overflow="fold", max_width=48)
     for row in data["differences"]:
-        t.add_row(f"≠ {row['field']}", *(escape(fmt_row(row["field"], v)) for v in row["values"]), style="yellow")
+        t.add_row(literal(f"≠ {row['field']}"), *(literal(fmt_row(row["field"], v)) for v in row["values"]),
+                  style="yellow")
     if data["same"]:
         t.add_section()
         for row in data["same"]:
-            t.add_row(f"  {row['field']}", *(escape(fmt_row(row["field"], v)) for v in row["values"]), style="dim")
+            t.add_row(literal(f"  {row['field']}"), *(literal(fmt_row(row["field"], v)) for v in row["values"]),
+                      style="dim")
     return t
 
 
@@ -246,26 +247,28 @@ def _compare_narrow(data: dict[str, Any]) -> Table:
     """One row per plan and field that differs (the field named once), one row per field equal in all."""
     t = Table(title=f"{len(data['plans'])} plans side by side (differences first)", expand=True)
     t.add_column("field", style="bold", no_wrap=True)
-    t.add_column("plan", no_wrap=max(map(len, data["plans"])) <= 16, overflow="fold")
+    t.add_column("plan", no_wrap=max(len(printable(n)) for n in data["plans"]) <= 16, overflow="fold")
     t.add_column("value", overflow="fold", ratio=1)
     for row in data["differences"]:
         for i, (name, v) in enumerate(zip(data["plans"], row["values"], strict=True)):
-            t.add_row(f"≠ {row['field']}" if i == 0 else "", escape(name), escape(fmt_row(row["field"], v)),
-                      style="yellow")
+            t.add_row(literal(f"≠ {row['field']}" if i == 0 else ""), literal(name),
+                      literal(fmt_row(row["field"], v)), style="yellow")
     if data["same"]:
         t.add_section()
         for row in data["same"]:
-            t.add_row(f"  {row['field']}", "all", escape(fmt_row(row["field"], row["values"][0])), style="dim")
+            t.add_row(literal(f"  {row['field']}"), "all", literal(fmt_row(row["field"], row["values"][0])),
+                      style="dim")
     return t
 
 
 def render_compare(data: dict[str, Any], console: Console) -> None:
+    """The comparison on ``console``; every string of the plans is shown literally (:func:`literal`)."""
     wide = _compare_wide(data)
     console.print(wide if fits(console, wide) else _compare_narrow(data))
     for line in data["summary"]:
-        console.print(f"  {escape(line)}", highlight=False)
+        console.print(styled("  ", literal(line)))
     for sc in data["strategy_changes"]:
         if sc["changes"]:
-            console.print(f"\n[bold]{escape(sc['a'])} → {escape(sc['b'])}[/]")
+            console.print(styled("\n", (printable(f"{sc['a']} → {sc['b']}"), "bold")))
             for d in sc["changes"]:
-                console.print(f"  • {escape(describe_diff(d))}", highlight=False)
+                console.print(styled("  • ", literal(describe_diff(d))))

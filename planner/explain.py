@@ -12,13 +12,12 @@ import math
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
 from costmodel.experts import overlap_runs
 from planner.compare import describe_diff, describe_run, diff_strategies, label_units, runs
-from planner.layout import fits, kv_table
+from planner.layout import fits, kv_table, literal, printable, styled
 from planner.reprice import (
     band_text,
     device_gib,
@@ -238,24 +237,24 @@ def solver_time_text(seconds: float | None) -> str:
     return f" in {seconds:.2f} s" if seconds else " (time not recorded)"
 
 
-def _rule(console: Console, title: str) -> None:
+def _rule(console: Console, title: Text) -> None:
     """A titled rule; a title too long for the width goes on its own line(s) above a plain rule,
     never cut short with an ellipsis."""
-    if Text.from_markup(title).cell_len + 4 <= console.width:
+    if title.cell_len + 4 <= console.width:
         console.rule(title)
     else:
-        console.print(title, justify="center", highlight=False)
+        console.print(title, justify="center")
         console.rule()
 
 
-def _line(console: Console, parts: list[str]) -> None:
+def _line(console: Console, parts: list[Text]) -> None:
     """Parts on one line (``a  |  b  |  c``) when it fits, else one part a line."""
-    one = "  |  ".join(parts)
-    if Text.from_markup(one).cell_len <= console.width:
-        console.print(one, highlight=False)
+    one = Text("  |  ").join(parts)
+    if one.cell_len <= console.width:
+        console.print(one)
     else:
         for part in parts:
-            console.print(part, highlight=False)
+            console.print(part)
 
 
 def _mesh_tables(mesh: dict[str, Any]) -> tuple[Table, Table]:
@@ -272,14 +271,20 @@ def _mesh_tables(mesh: dict[str, Any]) -> tuple[Table, Table]:
     n.add_column("size", justify="right", no_wrap=True)
     n.add_column("role, placement, first group", overflow="fold", ratio=1)
     for a in axes:
-        t.add_row(a["axis"], str(a["size"]), a["role"], str(a["stride"]), a["placement"], a["example_group"])
-        n.add_row(a["axis"], str(a["size"]), f"{a['role']}, rank stride {a['stride']}\n{a['placement']}\n"
-                  f"first group {a['example_group']}")
+        t.add_row(*(literal(a[k]) for k in ("axis", "size", "role", "stride", "placement", "example_group")))
+        n.add_row(literal(a["axis"]), literal(a["size"]), Text("\n").join(
+            [literal(f"{a['role']}, rank stride {a['stride']}"), literal(a["placement"]),
+             literal(f"first group {a['example_group']}")]))
     return t, n
 
 
 STAGE_PARTS = (("params", "params"), ("grads", "grads"), ("optim", "optimizer"), ("acts", "activations"),
                ("buffers", "buffers"), ("overhead", "overhead"))
+
+
+def _lines(texts: list[str]) -> Text:
+    """Strings from a document, one a line, each shown literally."""
+    return Text("\n").join(literal(x) for x in texts)
 
 
 def _stage_tables(stages: list[dict[str, Any]]) -> tuple[Table, Table]:
@@ -292,16 +297,16 @@ def _stage_tables(stages: list[dict[str, Any]]) -> tuple[Table, Table]:
     n = kv_table(title)
     for i, s in enumerate(stages):
         frac = s["total_gib"] / s["limit_gib"] if s["limit_gib"] else 0.0
-        of_limit = f"[{'red' if frac > 1 else 'green'}]{_bar(frac, 12)} {frac:.0%}[/]"
-        t.add_row(str(s["stage"]), escape(s["layers"]), escape("\n".join(s["strategies"])),
+        of_limit = Text(f"{_bar(frac, 12)} {frac:.0%}", style="red" if frac > 1 else "green")
+        t.add_row(literal(s["stage"]), literal(s["layers"]), _lines(s["strategies"]),
                   *(f"{s[k + '_gib']:.2f}" for _, k in STAGE_PARTS), f"{s['total_gib']:.2f}", of_limit)
         if i:
             n.add_section()
         parts = [f"{c} {s[k + '_gib']:.2f}" for c, k in STAGE_PARTS]
-        n.add_row(f"stage {s['stage']}", escape(s["layers"]))
-        n.add_row("strategies", escape("\n".join(s["strategies"])))
+        n.add_row(literal(f"stage {s['stage']}"), literal(s["layers"]))
+        n.add_row("strategies", _lines(s["strategies"]))
         n.add_row("memory", ", ".join(parts[:3]) + "\n" + ", ".join(parts[3:]))
-        n.add_row("total", f"{s['total_gib']:.2f} of {s['limit_gib']:.2f} GiB {of_limit}")
+        n.add_row("total", styled(f"{s['total_gib']:.2f} of {s['limit_gib']:.2f} GiB ", of_limit))
     return t, n
 
 
@@ -313,7 +318,7 @@ def _time_tables(time: dict[str, Any]) -> tuple[Table, Table]:
         for col in ("part", "seconds", "share", *([""] if bar else [])):
             tt.add_column(col, justify="right" if col in ("seconds", "share") else "left")
         for comp in time["components"]:
-            tt.add_row(comp["name"], f"{comp['seconds']:.4g}", f"{comp['share']:.1%}",
+            tt.add_row(literal(comp["name"]), f"{comp['seconds']:.4g}", f"{comp['share']:.1%}",
                        *([_bar(comp["share"])] if bar else []))
         tables.append(tt)
     return tables[0], tables[1]
@@ -324,37 +329,40 @@ def _print_fitting(console: Console, wide: Table, narrow: Table) -> None:
     console.print(wide if fits(console, wide) else narrow)
 
 
+def _schedule_text(sc: dict[str, Any]) -> str:
+    return (f"{sc['schedule']}, pp={sc['pp']}, vpp={sc['vpp']}: {sc['num_microbatches']} micro-batches of "
+            f"{sc['micro_batch']} sample(s) ({sc['tokens_per_microbatch']:,} tokens) per data-parallel rank "
+            f"(dp={sc['dp']}); tp_mode {sc['tp_mode']}{', sequence parallel' if sc['sequence_parallel'] else ''}, "
+            f"cp_mode {sc['cp_mode']}"
+            + (f"; MoE dispatch {sc['moe']['dispatch']}, all-to-all overlap {sc['moe']['overlap']}"
+               if "moe" in sc else "")
+            + (f"; selective recomputation '{sc['selective']['policy']}': {sc['selective']['keeps']}"
+               if "selective" in sc else ""))
+
+
 def render_explain(d: dict[str, Any], console: Console) -> None:
+    """The explanation on ``console``; every string of the plan is shown literally (:func:`literal`)."""
     p, w, c = d["predicted"], d["workload"], d["cluster"]
-    _rule(console, f"[bold]{escape(d['model'])}[/] on {escape(c['name'])} ({c['nodes']} nodes x "
-                   f"{c['gpus_per_node']} GPUs)")
-    fit = "[green]fits[/]" if p["fits"] else "[bold red]DOES NOT FIT[/]"
-    _line(console, [f"seq_len {w['seq_len']}, global batch {w['global_batch']}, {w['precision']}",
-                    f"step [bold]{p['step_time_s']:.4g} s[/], {p['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU, MFU "
-                    f"{p['mfu']:.1%}",
-                    f"peak {p['memory_peak_gib']:.1f} / {p['memory_limit_gib']:.1f} GiB {fit} "
-                    f"({escape(p['headroom'])})"])
-    console.print(f"[bold]target[/] {escape(target_line(d['target']))}", highlight=False)
+    _rule(console, styled((printable(d["model"]), "bold"),
+                          literal(f" on {c['name']} ({c['nodes']} nodes x {c['gpus_per_node']} GPUs)")))
+    fit = Text("fits", style="green") if p["fits"] else Text("DOES NOT FIT", style="bold red")
+    _line(console, [literal(f"seq_len {w['seq_len']}, global batch {w['global_batch']}, {w['precision']}"),
+                    styled("step ", (f"{p['step_time_s']:.4g} s", "bold"),
+                           f", {p['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU, MFU {p['mfu']:.1%}"),
+                    styled(f"peak {p['memory_peak_gib']:.1f} / {p['memory_limit_gib']:.1f} GiB ", fit,
+                           literal(f" ({p['headroom']})"))])
+    console.print(styled(("target", "bold"), " ", literal(target_line(d["target"]))))
     if p.get("host_per_node_gib"):
         cap = p["host_limit_per_node_gib"]
-        console.print(f"[bold]host memory[/] offloaded states {p['host_per_node_gib']:,.0f} GiB per node "
-                      + (f"of the {cap:,.0f} GiB they may use" if cap else "(the node's host memory is not recorded: "
-                         "not checked)"), highlight=False)
+        console.print(styled(("host memory", "bold"), f" offloaded states {p['host_per_node_gib']:,.0f} GiB per node "
+                             + (f"of the {cap:,.0f} GiB they may use" if cap else "(the node's host memory is not "
+                                "recorded: not checked)")))
     if p.get("band"):
-        console.print(f"[bold]step time[/] {escape(band_text(p['band']))}", highlight=False)
+        console.print(styled(("step time", "bold"), " ", literal(band_text(p["band"]))))
     for note in d["caveats"]:
-        console.print(f"[yellow]caveat[/] {escape(note)}", highlight=False)
+        console.print(styled(("caveat", "yellow"), " ", literal(note)))
     _print_fitting(console, *_mesh_tables(d["mesh"]))
-    sc = d["schedule"]
-    console.print(f"[bold]schedule[/] {sc['schedule']}, pp={sc['pp']}, vpp={sc['vpp']}: {sc['num_microbatches']} "
-                  f"micro-batches of {sc['micro_batch']} sample(s) ({sc['tokens_per_microbatch']:,} tokens) per "
-                  f"data-parallel rank (dp={sc['dp']}); tp_mode {sc['tp_mode']}"
-                  f"{', sequence parallel' if sc['sequence_parallel'] else ''}, cp_mode {sc['cp_mode']}"
-                  + (f"; MoE dispatch {sc['moe']['dispatch']}, all-to-all overlap {sc['moe']['overlap']}"
-                     if "moe" in sc else "")
-                  + (f"; selective recomputation '{sc['selective']['policy']}': {sc['selective']['keeps']}"
-                     if "selective" in sc else ""),
-                  highlight=False)
+    console.print(styled(("schedule", "bold"), " ", literal(_schedule_text(d["schedule"]))))
     if d["stages"]:
         _print_fitting(console, *_stage_tables(d["stages"]))
     else:
@@ -362,17 +370,17 @@ def render_explain(d: dict[str, Any], console: Console) -> None:
     _print_fitting(console, *_time_tables(d["time"]))
     so = d["solver"]
     extra = "".join(f", {k} {so[k]:.4g}" for k in ("objective", "bound", "gap") if so.get(k) is not None)
-    console.print(f"[bold]solver[/] {escape(so['name'])} ({so['status']}, space {escape(so['space'])}{extra}), "
-                  f"{so['candidates']:,} candidates{solver_time_text(so.get('time_s'))}; {d['alternatives']} "
-                  f"alternative(s) kept", highlight=False)
+    console.print(styled(("solver", "bold"), " ", literal(
+        f"{so['name']} ({so['status']}, space {so['space']}{extra}), {so['candidates']:,} candidates"
+        f"{solver_time_text(so.get('time_s'))}; {d['alternatives']} alternative(s) kept")))
     ru = d["runner_up"]
     if ru is None:
         console.print("no runner-up recorded: nothing to compare against")
         return
-    console.print(f"[bold]vs runner-up[/] ({ru['runner_up_step_time_s']:.4g} s/step): {escape(ru['verdict'])}",
-                  highlight=False)
+    console.print(styled(("vs runner-up", "bold"), f" ({ru['runner_up_step_time_s']:.4g} s/step): ",
+                         literal(ru["verdict"])))
     for ch in ru["changes"]:
-        console.print(f"  • {escape(describe_diff(ch))}", highlight=False)
+        console.print(styled("  • ", literal(describe_diff(ch))))
     for m in ru["time_deltas"]:
-        console.print(f"    {m['component']}: {m['plan_s']:.4g} s here, {m['runner_up_s']:.4g} s there "
-                      f"({m['delta_s']:+.4g} s)", highlight=False)
+        console.print(styled("    ", literal(m["component"]), f": {m['plan_s']:.4g} s here, {m['runner_up_s']:.4g} "
+                             f"s there ({m['delta_s']:+.4g} s)"))

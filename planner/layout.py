@@ -1,12 +1,33 @@
-"""Terminal layout shared by the commands: whether a table fits the console as it is, and the
-narrow layout it gives way to (80 columns, or a pipe). Only rich: the commands that list data
-files load it without the cost model."""
+"""Terminal layout shared by the commands: text from users and documents shown literally, whether a
+table fits the console as it is, and the narrow layout it gives way to (80 columns, or a pipe).
+Only rich: the commands that list data files load it without the cost model."""
 
 from __future__ import annotations
 
 from rich.console import Console, RenderableType
 from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
+
+
+def printable(text: object) -> str:
+    """``text`` on one line as a terminal should show it: every character that is not printable
+    (newline, carriage return, escape, BEL, NUL, a bidirectional override) written as its Python
+    escape (``\\x1b``), never sent to the terminal."""
+    s = str(text)
+    return s if s.isprintable() else "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in s)
+
+
+def literal(text: object) -> Text:
+    """User or document text as printed: on one line (:func:`printable`), never read as rich markup
+    (``[bold]``) or an emoji code (``:smile:``)."""
+    return Text(printable(text))
+
+
+def styled(*parts: str | tuple[str, str] | Text) -> Text:
+    """A line of shardplan's own words (a string, or ``(words, style)``) and :func:`literal` pieces;
+    no part is read as markup."""
+    return Text.assemble(*parts)
 
 
 def natural_width(console: Console, renderable: RenderableType) -> int:
