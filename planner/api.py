@@ -30,7 +30,7 @@ from profiler.hardware import Cluster, parse_cluster
 from profiler.models import load_model
 from solvers.hybrid import Progress, search
 from solvers.mip import DEFAULT_SOLVER, SOLVERS
-from solvers.result import SearchResult, break_tie, parallel_axes
+from solvers.result import SearchResult, break_tie, finite_or_none, parallel_axes
 from solvers.space import SPACES, SpaceOptions, restrict
 from vocab.errors import ShardplanError
 from vocab.plan import Alternative, ClusterRef, Plan, PlanInputs, Predicted, SolverInfo, TargetRef
@@ -293,11 +293,11 @@ def _dp_check(
         and dp.objective >= ilp.objective * (1 - 1e-9)
     )
     return {
-        "dp_objective": dp.objective,
-        "dp_bound": dp.bound,
+        "dp_objective": finite_or_none(dp.objective),
+        "dp_bound": finite_or_none(dp.bound),
         "dp_status": dp.status,
-        "dp_gap": dp.gap,
-        "ilp_objective": ilp.objective,
+        "dp_gap": finite_or_none(dp.gap),
+        "ilp_objective": finite_or_none(ilp.objective),
         "dp_ilp_agree": bool(agree),
         "dp_memory_grid_bytes": dp.info.get("mem_grid_bytes"),
         "dp_memory_error_bound_gib": dp.info.get("mem_error_bound", 0.0) / GIB,

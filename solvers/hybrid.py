@@ -54,7 +54,7 @@ from solvers.bounds import (
 from solvers.chain import chain_strategy, large_ops, mesh_problems
 from solvers.mip import DEFAULT_SOLVER, HINTED
 from solvers.osdp_ilp import solve_ilp
-from solvers.result import Found, SearchResult, family_of
+from solvers.result import Found, SearchResult, family_of, proven_bound
 from solvers.space import (
     MeshConfig,
     SpaceOptions,
@@ -200,6 +200,7 @@ def search(graph: LayerGraph, cluster: Cluster, w: Workload, space: str | SpaceO
                                 hint=_grid_hint(parts[part][1], i, uopts) if solver in HINTED else None)
                 if sol.status == "time_limit":
                     bound_left.append(sol.bound)
+                    timed_out = True
                 if sol.choice is not None:
                     pool.add(sol.objective, (1,) + key, _chain_builder(graph, cfg, prob, sol.choice), "ilp")
             else:
@@ -224,7 +225,9 @@ def search(graph: LayerGraph, cluster: Cluster, w: Workload, space: str | SpaceO
                                                       mixed=True))
                     splits = [PipelineProblem.lazy(graph, dev, cfg, w, sh, off, opts.recomputes, limit, k, mx)
                               for sh, off, k, mx in ops if k > 1 or gl is None]
+                    stopped = len(bound_left)
                     psol = memo[sig] = _solve_stages(qs, splits, pool.cut, opts, graph, left, bound_left, solver)
+                    timed_out = timed_out or len(bound_left) > stopped  # a MIP stopped by the time limit
                 if psol is not None:
                     pool.add(psol.objective, (1,) + key, _pipe_builder(graph, cfg, psol),
                              "stage_ilp" if opts.mix_stages else "stages")
@@ -240,8 +243,9 @@ def search(graph: LayerGraph, cluster: Cluster, w: Workload, space: str | SpaceO
                                                      parts, limit, dev,
                                                      top_k, units)
     objective = best.step_time_s
-    bound = min([objective] + bound_left)
-    status = "optimal" if bound >= objective * (1 - 1e-12) else ("time_limit" if timed_out else "feasible")
+    bound = proven_bound(objective, bound_left)
+    optimal = bound is not None and bound >= objective * (1 - 1e-12)
+    status = "optimal" if optimal else ("time_limit" if timed_out else "feasible")
     if status == "optimal":
         bound = objective
     return SearchResult(best=best, objective=objective, bound=bound, status=status, space=opts.name,

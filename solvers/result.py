@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,7 +35,7 @@ class SearchResult:
 
     best: Found
     objective: float  # step time of ``best`` (s), re-priced by estimate()
-    bound: float  # proven lower bound on the optimal step time
+    bound: float | None  # proven lower bound on the optimal step time; None where none was proven
     status: str  # optimal, feasible or time_limit
     space: str
     solver: str  # which solver settled the best plan
@@ -44,12 +45,30 @@ class SearchResult:
     options: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def gap(self) -> float:
+    def gap(self) -> float | None:
+        """(objective - bound) / objective, None without a proven bound."""
+        if self.bound is None:
+            return None
         return max(0.0, (self.objective - self.bound) / self.objective) if self.objective > 0 else 0.0
 
     @property
     def samples_per_s(self) -> float:
         return 0.0 if self.objective <= 0 else self.options.get("global_batch", 0) / self.objective
+
+
+def proven_bound(objective: float, left: list[float]) -> float | None:
+    """The lower bound a search proves on the optimum: the least of ``objective`` and the bounds of
+    what it left unsolved, or None where one of those proved none (-inf or NaN: a MIP stopped by its
+    time limit before its first bound)."""
+    if any(math.isnan(b) or b == -math.inf for b in left):
+        return None
+    return min([objective, *left])
+
+
+def finite_or_none(x: float | None) -> float | None:
+    """``x`` where it is a finite number, else None (what a plan document records of an infinite
+    objective, a missing bound or a NaN gap)."""
+    return x if x is not None and math.isfinite(x) else None
 
 
 def family_of(s: Strategy) -> str:

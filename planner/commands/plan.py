@@ -125,7 +125,7 @@ def summary_table(planned: Any, wall_s: float) -> Table:
         + (f"; stages: {per}" if len(stages) > 1 else ""),
     )
     sol = p.solver
-    gap = f", gap {sol.gap:.2%}" if sol.gap else ""
+    gap = f", gap {sol.gap:.2%}" if sol.gap else (", no bound proven" if sol.bound is None else "")
     t.add_row(
         "solver",
         f"{sol.name} ({sol.options.get('settled_by')}) on '{sol.space}': {sol.status}{gap}, "
