@@ -17,7 +17,7 @@ from rich.text import Text
 
 from costmodel.experts import overlap_runs
 from planner.compare import describe_diff, describe_run, diff_strategies, label_units, runs
-from planner.layout import fits, kv_table, literal, printable, styled
+from planner.layout import fits, kv_table, literal, literal_lines, printable, styled
 from planner.reprice import (
     band_text,
     device_gib,
@@ -272,19 +272,13 @@ def _mesh_tables(mesh: dict[str, Any]) -> tuple[Table, Table]:
     n.add_column("role, placement, first group", overflow="fold", ratio=1)
     for a in axes:
         t.add_row(*(literal(a[k]) for k in ("axis", "size", "role", "stride", "placement", "example_group")))
-        n.add_row(literal(a["axis"]), literal(a["size"]), Text("\n").join(
-            [literal(f"{a['role']}, rank stride {a['stride']}"), literal(a["placement"]),
-             literal(f"first group {a['example_group']}")]))
+        n.add_row(literal(a["axis"]), literal(a["size"]), literal_lines(
+            [f"{a['role']}, rank stride {a['stride']}", a["placement"], f"first group {a['example_group']}"]))
     return t, n
 
 
 STAGE_PARTS = (("params", "params"), ("grads", "grads"), ("optim", "optimizer"), ("acts", "activations"),
                ("buffers", "buffers"), ("overhead", "overhead"))
-
-
-def _lines(texts: list[str]) -> Text:
-    """Strings from a document, one a line, each shown literally."""
-    return Text("\n").join(literal(x) for x in texts)
 
 
 def _stage_tables(stages: list[dict[str, Any]]) -> tuple[Table, Table]:
@@ -298,13 +292,13 @@ def _stage_tables(stages: list[dict[str, Any]]) -> tuple[Table, Table]:
     for i, s in enumerate(stages):
         frac = s["total_gib"] / s["limit_gib"] if s["limit_gib"] else 0.0
         of_limit = Text(f"{_bar(frac, 12)} {frac:.0%}", style="red" if frac > 1 else "green")
-        t.add_row(literal(s["stage"]), literal(s["layers"]), _lines(s["strategies"]),
+        t.add_row(literal(s["stage"]), literal(s["layers"]), literal_lines(s["strategies"]),
                   *(f"{s[k + '_gib']:.2f}" for _, k in STAGE_PARTS), f"{s['total_gib']:.2f}", of_limit)
         if i:
             n.add_section()
         parts = [f"{c} {s[k + '_gib']:.2f}" for c, k in STAGE_PARTS]
         n.add_row(literal(f"stage {s['stage']}"), literal(s["layers"]))
-        n.add_row("strategies", _lines(s["strategies"]))
+        n.add_row("strategies", literal_lines(s["strategies"]))
         n.add_row("memory", ", ".join(parts[:3]) + "\n" + ", ".join(parts[3:]))
         n.add_row("total", styled(f"{s['total_gib']:.2f} of {s['limit_gib']:.2f} GiB ", of_limit))
     return t, n

@@ -4,6 +4,8 @@ Only rich: the commands that list data files load it without the cost model."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from rich.console import Console, RenderableType
 from rich.measure import Measurement
 from rich.table import Table
@@ -24,6 +26,11 @@ def literal(text: object) -> Text:
     return Text(printable(text))
 
 
+def literal_lines(lines: Iterable[object]) -> Text:
+    """Lines of user or document text, each shown literally (:func:`literal`), one under another."""
+    return Text("\n").join(literal(x) for x in lines)
+
+
 def styled(*parts: str | tuple[str, str] | Text) -> Text:
     """A line of shardplan's own words (a string, or ``(words, style)``) and :func:`literal` pieces;
     no part is read as markup."""
@@ -42,7 +49,7 @@ def fits(console: Console, renderable: RenderableType) -> bool:
     return natural_width(console, renderable) <= console.width
 
 
-def kv_table(title: str | None = None) -> Table:
+def kv_table(title: str | Text | None = None) -> Table:
     """The narrow layout: a name column (never wrapped) and a value column (wrapped at words, a word
     longer than the column folded, never cut short) over the console's width."""
     t = Table(title=title, show_header=False, expand=True)

@@ -13,6 +13,7 @@ from pathlib import Path
 import typer
 
 from planner.cli import app, console, err_console, guard
+from planner.layout import literal
 from planner.options import positive_option
 from vocab.errors import ShardplanError
 
@@ -48,10 +49,10 @@ def import_cmd(
                                                                                else "")
     fits = "fits" if pr.get("fits", True) else "does NOT fit"
     t = plan.inputs.target
-    console.print(f"{config.name} ({t.name} {t.version or ''}): {mesh or 'one GPU'}, micro-batch {s.micro_batch}, "
-                  f"{s.schedule}{f'/vpp{s.vpp}' if s.vpp > 1 else ''}; predicted {pr['step_time_s']:.4g} s/step, "
-                  f"{pr['memory_peak_gib']:.1f} GiB peak per GPU ({fits} {pr.get('memory_limit_gib', 0):.1f} GiB)",
-                  markup=False, highlight=False, soft_wrap=True)
+    console.print(literal(f"{config.name} ({t.name} {t.version or ''}): {mesh or 'one GPU'}, micro-batch "
+                          f"{s.micro_batch}, {s.schedule}{f'/vpp{s.vpp}' if s.vpp > 1 else ''}; predicted "
+                          f"{pr['step_time_s']:.4g} s/step, {pr['memory_peak_gib']:.1f} GiB peak per GPU ({fits} "
+                          f"{pr.get('memory_limit_gib', 0):.1f} GiB)"), soft_wrap=True)
     if output is not None:
         plan.save(output)
-        err_console.print(f"wrote {output}", highlight=False)
+        err_console.print(literal(f"wrote {output}"))

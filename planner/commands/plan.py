@@ -14,6 +14,7 @@ import typer
 from rich.table import Table
 
 from planner.cli import app, console, err_console, guard, print_json
+from planner.layout import literal, literal_lines
 from planner.options import count_option, finite, positive_option
 from vocab.errors import ShardplanError
 from vocab.io import check_writable
@@ -91,42 +92,46 @@ def summary_table(planned: Any, wall_s: float) -> Table:
     w = p.inputs.workload
     n_mb = w.global_batch // (s.mesh.dp * s.micro_batch)
     t = Table(
-        title=f"plan for {p.inputs.model} on {planned.cluster.name} (seq {w.seq_len}, global batch "
-        f"{w.global_batch}, {w.precision})",
+        title=literal(f"plan for {p.inputs.model} on {planned.cluster.name} (seq {w.seq_len}, global batch "
+                      f"{w.global_batch}, {w.precision})"),
         show_header=False,
     )
     t.add_column("what", style="bold")
     t.add_column("value", overflow="fold")
+
+    def row(what: str, value: str) -> None:  # the values shown literally, line by line
+        t.add_row(what, literal_lines(value.split("\n")))
+
     tg = p.inputs.target
-    t.add_row("target", f"{tg.name} {tg.version or ''}".strip())
-    t.add_row("mesh", mesh_text(s))
+    row("target", f"{tg.name} {tg.version or ''}".strip())
+    row("mesh", mesh_text(s))
     sched = s.schedule if s.mesh.pp > 1 else "no pipeline"
     if s.vpp > 1:
         sched += f", {s.vpp} virtual stages per rank"
     if s.stage_layers:
         sched += f", stages of {s.stage_layers} blocks"
-    t.add_row("schedule", sched)
-    t.add_row("micro-batching", f"{n_mb} micro-batches of {s.micro_batch}")
-    t.add_row("layers", _layers_text(s))
+    row("schedule", sched)
+    row("micro-batching", f"{n_mb} micro-batches of {s.micro_batch}")
+    row("layers", _layers_text(s))
     from planner.reprice import band_text, plan_band
 
     band = band_text(plan_band(p))
-    t.add_row("step time", f"{pred.step_time_s:.4g} s" + (f"; {band}" if band else ""))
-    t.add_row("tokens/s/GPU", f"{pred.tokens_per_s_per_gpu:,.0f}")
-    t.add_row("MFU / HFU", f"{pred.mfu:.1%} / {pred.hfu:.1%}")
+    row("step time", f"{pred.step_time_s:.4g} s" + (f"; {band}" if band else ""))
+    row("tokens/s/GPU", f"{pred.tokens_per_s_per_gpu:,.0f}")
+    row("MFU / HFU", f"{pred.mfu:.1%} / {pred.hfu:.1%}")
     from planner.reprice import headroom_text
 
     stages = pred.model_dump().get("stages", [])
     per = ", ".join(f"{st['total_gib']:.1f}" for st in stages)
     limit = pred.model_dump().get("memory_limit_gib")
-    t.add_row(
+    row(
         "peak memory",
         f"{pred.memory_peak_gib:.2f} GiB of {limit:.2f} GiB ({headroom_text(p)})"
         + (f"; stages: {per}" if len(stages) > 1 else ""),
     )
     sol = p.solver
     gap = f", gap {sol.gap:.2%}" if sol.gap else (", no bound proven" if sol.bound is None else "")
-    t.add_row(
+    row(
         "solver",
         f"{sol.name} ({sol.options.get('settled_by')}) on '{sol.space}': {sol.status}{gap}, "
         f"{sol.candidates:,} candidates, {wall_s:.2f} s",
@@ -135,13 +140,13 @@ def summary_table(planned: Any, wall_s: float) -> Table:
     if tie:
         from planner.explain import axes_text
 
-        t.add_row("tie-break", f"{axes_text(tie['axes'])} where the fastest plan has {tie['fastest_axes']}, "
+        row("tie-break", f"{axes_text(tie['axes'])} where the fastest plan has {tie['fastest_axes']}, "
                   f"within {tie['pair_band']:.1%} of its {tie['fastest_step_time_s']:.4g} s (the model cannot "
                   f"order two plans closer than that on {tie['slice']})")
     if p.alternatives:
         r = p.alternatives[0]
         family = sol.options.get("alternative_families", [None])[0]
-        t.add_row(
+        row(
             "runner-up", f"{mesh_text(r.strategy)}: {r.predicted.step_time_s:.4g} s, {r.predicted.memory_peak_gib:.1f} GiB"
             + (f" ({family})" if family else "")
         )

@@ -156,10 +156,11 @@ def _progress() -> Any:
 
 def sweep_table(df: Any) -> Table:
     """The sweep's rows: the axes that vary, the plan, its throughput, MFU, memory, time and cost."""
+    from planner.layout import literal
     from planner.sweep import AXES
 
     varying = [a for a in AXES if df[a].astype(str).nunique() > 1] or ["gpus"]
-    t = Table(title=f"sweep of {df['model'].iloc[0]}", show_lines=False)
+    t = Table(title=literal(f"sweep of {df['model'].iloc[0]}"), show_lines=False)
     heads = {"accelerator": "GPU", "gpus": "GPUs", "global_batch": "batch", "seq_len": "seq",
              "memory_limit_gib": "limit GiB", "target": "target", "space": "space"}
     for a in varying:
@@ -172,12 +173,12 @@ def sweep_table(df: Any) -> Table:
     for c in cols:
         t.add_column(c, justify="left" if c == "plan" else "right", min_width=words if c == "plan" else None)
     for _, r in df.iterrows():
-        axes = [("default" if r[a] is None or r[a] != r[a] else f"{r[a]:,}" if isinstance(r[a], int) else str(r[a]))
+        axes = [literal("default" if r[a] is None or r[a] != r[a] else f"{r[a]:,}" if isinstance(r[a], int) else r[a])
                 for a in varying]
         if r["status"] != "ok":
-            t.add_row(*axes, f"no plan: {r['status']}", *[""] * (len(cols) - 1))
+            t.add_row(*axes, literal(f"no plan: {r['status']}"), *[""] * (len(cols) - 1))
             continue
-        cells = [r["mesh"], f"{r['step_time_s']:.3g}", f"{r['tokens_per_s_per_gpu']:,.0f}", f"{r['mfu']:.1%}",
+        cells = [literal(r["mesh"]), f"{r['step_time_s']:.3g}", f"{r['tokens_per_s_per_gpu']:,.0f}", f"{r['mfu']:.1%}",
                  f"{r['memory_peak_gib']:.1f}"]
         if has_days:
             cells.append(f"{r['train_days']:,.1f}")
@@ -190,15 +191,15 @@ def sweep_table(df: Any) -> Table:
 def render_sweep(df: Any, out: Any) -> None:
     """The sweep's table where it fits ``out``'s width; else one row per point, its axes as the
     name and the plan and its numbers wrapped at words (80 columns, a pipe)."""
-    from planner.layout import fits, kv_table
+    from planner.layout import fits, kv_table, literal
 
     wide = sweep_table(df)
     if fits(out, wide):
         out.print(wide)
         return
-    t = kv_table(f"sweep of {df['model'].iloc[0]}")
+    t = kv_table(literal(f"sweep of {df['model'].iloc[0]}"))
     for label, text in sweep_lines(df):
-        t.add_row(label, text)
+        t.add_row(literal(label), literal(text))
     out.print(t)
 
 
