@@ -24,7 +24,7 @@ from typing import Any
 from costmodel.constants import error_band
 from costmodel.device import DeviceModel
 from costmodel.report import GIB
-from planner.reprice import graph_record
+from planner.reprice import graph_record, model_name
 from profiler.graph import LayerGraph
 from profiler.hardware import Cluster, parse_cluster
 from profiler.models import load_model
@@ -47,10 +47,6 @@ class Planned:
     graph: LayerGraph
     cluster: Cluster
     by_batch: dict[int, float]  # global batch -> samples/s of its best plan
-
-
-def _model_name(model: Any, graph: LayerGraph) -> str:
-    return model if isinstance(model, str) else graph.model_id
 
 
 def search_plan(
@@ -177,7 +173,7 @@ def search_plan(
         res.options["samples_per_s_by_global_batch"] = {str(k): v for k, v in sorted(by_batch.items())}
     doc = Plan(
         inputs=PlanInputs(
-            model=_model_name(model, graph),
+            model=model_name(model, graph),
             model_hash=graph.content_hash(),
             model_graph=graph_record(model, graph),
             cluster=ClusterRef(**cl.to_dict()),

@@ -242,9 +242,15 @@ def unit_split(strategy: Strategy, unit: str) -> int:
 
 # ---- pricing ------------------------------------------------------------------------------------
 
+def model_name(model: Any, graph: LayerGraph) -> str:
+    """What a plan calls its model: the name or path given, else (a config dict, a module, nothing)
+    the layer graph's id; the plan then records the graph (:func:`graph_record`)."""
+    return model if isinstance(model, str) and model else graph.model_id
+
+
 def price(
     graph: LayerGraph, cluster: Cluster, strategy: Strategy, workload: Workload,
-    memory_limit_gib: float | None = None, model: str | None = None, profile: str | None = None,
+    memory_limit_gib: float | None = None, model: str | dict[str, Any] | None = None, profile: str | None = None,
     alternatives: Iterable[Strategy] = (), report: dict[str, Any] | None = None,
 ) -> Plan:
     """Price ``strategy`` with the cost model and wrap it into a plan document (solver ``user``);
@@ -258,7 +264,7 @@ def price(
         return Predicted(**estimate(graph, cluster, s, workload, prof, memory_limit_gib).to_dict())
 
     inputs = PlanInputs(
-        model=model or graph.model_id, model_hash=graph.content_hash(), model_graph=graph_record(model, graph),
+        model=model_name(model, graph), model_hash=graph.content_hash(), model_graph=graph_record(model, graph),
         cluster=ClusterRef(**cluster.to_dict()), workload=workload, memory_limit_gib=memory_limit_gib,
         profile=profile,
     )

@@ -194,7 +194,7 @@ def test_batch_mode(tmp_path: Path) -> None:
     f = tmp_path / "in.jsonl"
     f.write_text("\n".join(x if isinstance(x, str) else json.dumps(x) for x in lines) + "\n\n")
     r = runner.invoke(app, ["estimate", "--batch", str(f)])
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == 2 and r.stderr == "error: 4 of 6 lines failed\n", r.output
     out = [json.loads(x) for x in r.stdout.splitlines()]
     assert len(out) == 6
     assert "step_time_s" in out[0] and "step_time_s" in out[3]

@@ -4,10 +4,18 @@ files (modes, temporary names, reproducible SVG)."""
 
 from __future__ import annotations
 
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from planner import api
+from planner.cli import main
 from solvers import hybrid
 from solvers.chain import ChainSolution
 from solvers.result import proven_bound
@@ -29,3 +37,52 @@ def test_proven_bound_is_the_least_finite_bound_or_none() -> None:
     assert proven_bound(2.0, []) == 2.0
     assert proven_bound(2.0, [1.5, -np.inf]) is None
     assert proven_bound(2.0, [np.nan]) is None
+
+
+# ---- 2. estimate --batch ---------------------------------------------------------------------
+
+TINY_GPT2 = {"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 2, "vocab_size": 1000, "n_positions": 256}
+LINE = {"cluster": "4xcpu", "seq_len": 128, "global_batch": 8}
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.mark.parametrize("target", ["torchtitan", "megatron", "any"])
+def test_a_batch_line_with_an_inline_model_and_a_target_is_priced(tmp_path: Path, target: str,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "in.jsonl"
+    f.write_text(json.dumps({**LINE, "model": TINY_GPT2, "target": target}) + "\n")
+    rc, out, err = run(["estimate", "--batch", str(f)], capsys)
+    rep = json.loads(out)
+    assert (rc, err, rep["target"], rep["fits"]) == (0, "", target, True)
+
+
+def test_a_batch_from_standard_input(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    lines = [json.dumps({**LINE, "model": "gpt2"}), json.dumps({**LINE, "model": TINY_GPT2})]
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(("\n".join(lines) + "\n").encode())))
+    rc, out, err = run(["estimate", "--batch", "-"], capsys)
+    assert (rc, err) == (0, "") and [("step_time_s" in json.loads(x)) for x in out.splitlines()] == [True, True]
+
+
+def test_a_batch_piped_to_dev_stdin() -> None:
+    data = json.dumps({**LINE, "model": "gpt2"}) + "\n"
+    code = "import sys; from planner.cli import main; sys.exit(main(sys.argv[1:]))"
+    r = subprocess.run([sys.executable, "-c", code, "estimate", "--batch", "/dev/stdin"], input=data,
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert (r.returncode, r.stderr) == (0, "") and "step_time_s" in json.loads(r.stdout)
+
+
+def test_a_batch_with_failed_lines_exits_2_naming_their_count(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    good = json.dumps({**LINE, "model": "gpt2"})
+    f = tmp_path / "in.jsonl"
+    f.write_text("\n".join([good, "{", good, json.dumps({**LINE, "model": "gpt2", "tp": 5}), "[]"]) + "\n")
+    rc, out, err = run(["estimate", "--batch", str(f)], capsys)
+    got = [json.loads(x) for x in out.splitlines()]
+    assert (rc, err) == (2, "error: 3 of 5 lines failed\n")
+    assert [sorted(g)[0] == "error" and len(g) == 1 for g in got] == [False, True, False, True, True]

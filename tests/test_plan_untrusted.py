@@ -132,7 +132,7 @@ def test_a_batch_line_naming_a_factory_is_an_error_line(
         {**GPT2_LINE, "model": spec}, {"plan": str(old)}, {"plan": str(new)}, GPT2_LINE)) + "\n")
     rc, out, err = run(["estimate", "--batch", str(batch)], capsys)
     lines = [json.loads(x) for x in out.splitlines()]
-    assert rc == 0 and err == "" and len(lines) == 4
+    assert rc == 2 and err == "error: 3 of 4 lines failed\n" and len(lines) == 4
     assert lines[0] == {"error": f"line 1: model '{spec}' is a package.module:factory: {FACTORY_REFUSED}"}
     assert lines[1] == {"error": f"line 2: the plan's model '{spec}' is a package.module:factory and the plan "
                                  f"records no layer graph: {FACTORY_REFUSED}"}
@@ -317,7 +317,7 @@ def test_batch_writes_one_line_per_input_line_whatever_it_holds(
         {"error": "line 22: not valid JSON: NaN is not a number JSON allows"},
         {"error": f"line 23: model 'os:abort' is a package.module:factory: {FACTORY_REFUSED}"},
     ]
-    assert rc == 0 and err == ""
+    assert rc == 2 and err == f"error: {len(lines) - 1} of {len(lines)} lines failed\n"
     assert out.splitlines()[18] == good
     got = [json.loads(x) for x in out.splitlines()]
     assert len(got) == len(lines)

@@ -13,7 +13,7 @@ import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
 from vocab.errors import ShardplanError, describe_validation_error
 
@@ -91,9 +91,10 @@ def canonical_json(data: Any) -> str:
 
 def read_text(path: str | Path, what: str, error: type[ShardplanError] = ShardplanError,
               limit: int = MAX_DOCUMENT_BYTES) -> str:
-    """The UTF-8 text of the ``what`` file at ``path``. Only a regular file of at most ``limit``
-    bytes is read (a FIFO, a device or a directory is refused at once); a missing, unreadable,
-    too large or non-UTF-8 file raises ``error``."""
+    """The UTF-8 text of the ``what`` file at ``path``: a regular file, a pipe (``/dev/stdin``, a
+    FIFO: one without a writer reads as empty, it does not wait for one) or a character device, of
+    at most ``limit`` bytes; a directory, a socket or a block device is refused at once. A missing,
+    unreadable, too large or non-UTF-8 file raises ``error``."""
     p = Path(path)
     try:
         st = os.stat(p)
@@ -103,21 +104,33 @@ def read_text(path: str | Path, what: str, error: type[ShardplanError] = Shardpl
         raise error(f"cannot read {what} '{p}': {e}") from None
     if stat.S_ISDIR(st.st_mode):
         raise error(f"cannot read {what} '{p}': it is a directory")
-    if not stat.S_ISREG(st.st_mode):
-        raise error(f"cannot read {what} '{p}': not a regular file")
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISFIFO(st.st_mode) or stat.S_ISCHR(st.st_mode)):
+        raise error(f"cannot read {what} '{p}': not a file, a pipe or a character device")
     if st.st_size > limit:
         raise error(f"{what} '{p}' is {st.st_size:,} bytes; the limit is {limit:,}")
     try:
-        with open(p, "rb") as f:
-            raw = f.read(limit + 1)
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO without a writer opens at once
+        os.set_blocking(fd, True)  # ... and then reads as empty; a pipe with one reads to its end
     except OSError as e:
         raise error(f"cannot read {what} '{p}': {e.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        return read_stream(f, what, str(p), error, limit)
+
+
+def read_stream(f: BinaryIO, what: str, name: str, error: type[ShardplanError] = ShardplanError,
+                limit: int = MAX_DOCUMENT_BYTES) -> str:
+    """The UTF-8 text of the open binary stream ``f`` (a file, standard input), at most ``limit``
+    bytes; ``name`` is what messages call it."""
+    try:
+        raw = f.read(limit + 1)
+    except OSError as e:
+        raise error(f"cannot read {what} '{name}': {e.strerror}") from None
     if len(raw) > limit:
-        raise error(f"{what} '{p}' is over the limit of {limit:,} bytes")
+        raise error(f"{what} '{name}' is over the limit of {limit:,} bytes")
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise error(f"{what} '{p}' is not UTF-8 text (byte {e.start})") from None
+        raise error(f"{what} '{name}' is not UTF-8 text (byte {e.start})") from None
 
 
 def check_depth(data: Any, origin: str, error: type[ShardplanError] = ShardplanError,

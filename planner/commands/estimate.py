@@ -11,7 +11,8 @@ an object of Hugging Face config keys; never a ``package.module:factory``: facto
 only from the command line ``--model``) and ``cluster`` (``64xh100`` or an object). Exactly one
 JSON line out per line in, in order, whatever the line holds: the report, ``{"error": "line N:
 ..."}`` for a line that cannot be priced, or ``{"error": "line N: internal error: ... -- this is a
-bug"}`` for an unexpected exception.
+bug"}`` for an unexpected exception; with any such line the command ends with ``error: N of M
+lines failed`` and exit code 2. ``--batch -`` reads standard input.
 
 A plan file (``--plan``, or ``plan`` in a batch line) is priced with the model it names or the layer
 graph it records, never by importing code (see :mod:`planner.reprice`).
@@ -313,7 +314,8 @@ def _target(name: str | None, precision: str, asked: dict[str, Any]) -> tuple[An
     return t, target_behaviour(t, precision, **asked)
 
 
-def _check_expressible(t: Any, graph: Any, cluster: Any, s: Any, w: Any, model: str, rep: dict[str, Any]) -> None:
+def _check_expressible(t: Any, graph: Any, cluster: Any, s: Any, w: Any, model: str | dict[str, Any],
+                       rep: dict[str, Any]) -> None:
     """One line naming what target ``t`` cannot express of strategy ``s``, priced ``rep`` (nothing for ``any``)."""
     from planner.exports import lacks
     from planner.reprice import price
@@ -365,13 +367,20 @@ def batch_line(line: str, number: int) -> str:
     return json.dumps(rep, sort_keys=True)
 
 
-def iter_batch(path: Path) -> Iterator[str]:
-    """One JSON line per input line (lines end at ``\\n``), in order. The file is read whole first
-    (a regular UTF-8 file under the size limit); a file that cannot be read, or holds no plans,
-    raises ShardplanError before any line comes out."""
-    from vocab.io import read_text
+def is_error_line(line: str) -> bool:
+    """Whether a line of :func:`batch_line` is an error (``{"error": ...}``, a report has no such key)."""
+    return line.startswith('{"error": ')
 
-    text = read_text(path, "batch file").removeprefix("\ufeff")
+
+def iter_batch(path: Path) -> Iterator[str]:
+    """One JSON line per input line (lines end at ``\\n``), in order. The file (``-``: standard
+    input) is read whole first (UTF-8 under the size limit); a file that cannot be read, or holds no
+    plans, raises ShardplanError before any line comes out."""
+    from vocab.io import read_stream, read_text
+
+    stdin = str(path) == "-"
+    text = (read_stream(sys.stdin.buffer, "batch file", "-") if stdin else read_text(path, "batch file"))
+    text = text.removeprefix("\ufeff")
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
@@ -469,13 +478,17 @@ def estimate_cmd(
     profile: Path = typer.Option(None, "--profile", help="measured profile to price with"),
     memory_limit: float = positive_option(None, "--memory-limit", help="per-GPU limit in GiB"),
     plan: Path = typer.Option(None, "--plan", help="price this plan file instead of the degree flags"),
-    batch: Path = typer.Option(None, "--batch", help="JSON-lines file of plans to price"),
+    batch: Path = typer.Option(None, "--batch", help="JSON-lines file of plans to price ('-': standard input)"),
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
     """Price one plan: step time, tokens/s/GPU, MFU and per-stage memory."""
     if batch is not None:
+        lines = failed = 0
         for line in iter_batch(batch):
             sys.stdout.write(line + "\n")
+            lines, failed = lines + 1, failed + is_error_line(line)
+        if failed:
+            raise ShardplanError(f"{failed} of {lines} lines failed")
         return
     args: dict[str, Any] = {
         "model": model,
