@@ -4,23 +4,32 @@
 does not record (per-unit costs for the timeline, the cost of the nearest plan an export target
 can express) comes from the cost model, with the model and cluster the plan names.
 
-A plan never runs code: its model is loaded from the preset or config file it names, or from the
-layer graph it records (checked against ``model_hash``), never by importing a
-``package.module:factory``. Commands import a factory only when the command line names it
-(``--model``), and pass the graph they built as ``graph``.
+A plan never runs code: its model is loaded from the preset it names, or from the layer graph it
+records (checked against ``model_hash``), never by importing a ``package.module:factory``. Commands
+import a factory only when the command line names it (``--model``), and pass the graph they built
+as ``graph``.
+
+A plan never chooses a file either: the profile and the model config path it names are for the
+record. Re-pricing opens a model config path only where the command line names the same path, and
+prices with a measured profile only where the command gives one (:class:`PlanFiles`, loaded by the
+command from ``--profile PATH`` or, with ``--profile-from-plan``, from the path the plan names).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from profiler.model_config import shown
 from vocab.errors import ShardplanError
 from vocab.plan import Alternative, ClusterRef, ModelGraph, Plan, PlanInputs, Predicted, SolverInfo
 from vocab.strategy import Strategy, Workload
@@ -29,6 +38,7 @@ if TYPE_CHECKING:
     from costmodel.report import Report
     from profiler.graph import LayerGraph
     from profiler.hardware import Cluster
+    from profiler.profile_schema import Profile
 
 GIB = 1024**3
 _LAYER = re.compile(r"^layers\.(\d+)$")
@@ -105,6 +115,69 @@ def plan_band(plan: Plan) -> dict[str, Any] | None:
                      measured=plan.inputs.profile is not None)
 
 
+# ---- the files a plan names ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PlanFiles:
+    """What the command line lets re-pricing use of the files a plan names: the measured profile the
+    command loaded (``--profile PATH``, or the plan's with ``--profile-from-plan``), and the model
+    config paths the command line names (``--model PATH``)."""
+
+    profile: Profile | None = None
+    models: frozenset[str] = frozenset()
+
+
+_FILES: ContextVar[PlanFiles] = ContextVar("plan_files", default=PlanFiles())  # noqa: B039 (frozen)
+
+
+@contextmanager
+def opening(files: PlanFiles) -> Iterator[None]:
+    """Inside the block, re-pricing uses ``files`` (outside it: no profile, no model config path)."""
+    token = _FILES.set(files)
+    try:
+        yield
+    finally:
+        _FILES.reset(token)
+
+
+def command_line_files(plan: Plan, profile: str | Path | None = None, profile_from_plan: bool = False,
+                       model: str | None = None) -> tuple[PlanFiles, list[str]]:
+    """The files a command may use for ``plan`` (the profile loaded here: a bad one raises
+    ShardplanError before any work), and the note to print when the plan names a profile that is
+    not loaded."""
+    from profiler.profile_schema import load_profile
+
+    if profile is not None and profile_from_plan:
+        raise ShardplanError("give --profile PATH or --profile-from-plan, not both")
+    path = profile if profile is not None else plan.inputs.profile if profile_from_plan else None
+    notes = []
+    if plan.inputs.profile is not None and path is None:
+        notes.append(f"the plan names profile {plan.inputs.profile} (not loaded: pass --profile-from-plan or "
+                     "--profile PATH)")
+    files = PlanFiles(load_profile(path) if path else None, frozenset([model] if model else []))
+    return files, notes
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.realpath(a) == os.path.realpath(b)
+    except (OSError, ValueError):
+        return False
+
+
+def loadable_by_name(spec: str) -> bool:
+    """Whether a document's model name loads without opening a file the document chose: a preset, or
+    a Hugging Face id a preset lists; a config path (or a Hugging Face cache entry) only where the
+    command line names it (:class:`PlanFiles`)."""
+    from profiler.models import preset
+
+    try:
+        preset(spec)
+        return True
+    except ShardplanError:
+        return any(_same_file(spec, m) for m in _FILES.get().models)
+
+
 # ---- model and cluster --------------------------------------------------------------------------
 
 FACTORY_REFUSED = "factories are imported only from the command line --model"
@@ -152,7 +225,8 @@ def recorded_graph(plan: Plan) -> LayerGraph | None:
 
 def plan_graph(plan: Plan, seq_len: int | None = None) -> LayerGraph:
     """The layer graph of the plan's model at its sequence length (or ``seq_len``): the graph the plan
-    records, else its preset or config file; never an import (raises ShardplanError)."""
+    records, else its preset (a config path only where the command line names it); never an import
+    (raises ShardplanError)."""
     seq = seq_len or plan.inputs.workload.seq_len
     graph = recorded_graph(plan)
     if graph is not None:
@@ -163,6 +237,9 @@ def plan_graph(plan: Plan, seq_len: int | None = None) -> LayerGraph:
     if is_factory(plan.inputs.model):
         raise ShardplanError(f"the plan's model '{plan.inputs.model}' is a package.module:factory and the plan "
                              f"records no layer graph: {FACTORY_REFUSED}")
+    if not loadable_by_name(plan.inputs.model):
+        raise ShardplanError(f"plan model {shown(plan.inputs.model)} is a file path, not a preset; pass --model PATH "
+                             "to load it")
     return load_named_model(plan.inputs.model, seq)
 
 
@@ -310,14 +387,14 @@ class Repriced:
 
 def reprice(plan: Plan, strategy: Strategy, workload: Workload | None = None,
             graph: LayerGraph | None = None) -> Repriced:
-    """Re-estimate the plan and ``strategy`` (on ``workload``) with the plan's model (or ``graph``) and cluster."""
+    """Re-estimate the plan and ``strategy`` (on ``workload``) with the plan's model (or ``graph``) and cluster,
+    and the profile of :class:`PlanFiles` (none outside :func:`opening`)."""
     from costmodel.estimate import estimate
-    from profiler.profile_schema import load_profile
 
     out = Repriced()
+    prof = _FILES.get().profile
     try:
         graph, cluster = graph if graph is not None else plan_graph(plan), plan_cluster(plan)
-        prof = load_profile(plan.inputs.profile) if plan.inputs.profile else None
     except ShardplanError as e:
         out.error = f"cannot load the plan's model or cluster: {e}"
         return out
@@ -385,12 +462,11 @@ def stage_times(plan: Plan, graph: LayerGraph | None = None) -> StageTimes:
 
 def priced_plan(plan: Plan, graph: LayerGraph | None = None) -> Any:
     """The plan priced by the cost model (:class:`costmodel.estimate.PricedPlan`), with the plan's
-    model or ``graph``."""
+    model or ``graph`` and the profile of :class:`PlanFiles` (none outside :func:`opening`)."""
     from costmodel.estimate import price_plan
-    from profiler.profile_schema import load_profile
 
-    prof = load_profile(plan.inputs.profile) if plan.inputs.profile else None
-    return price_plan(graph if graph is not None else plan_graph(plan), plan_cluster(plan), plan.strategy, plan.inputs.workload, prof)
+    return price_plan(graph if graph is not None else plan_graph(plan), plan_cluster(plan), plan.strategy,
+                      plan.inputs.workload, _FILES.get().profile)
 
 
 def priced_units(plan: Plan, graph: LayerGraph | None = None) -> list[list[Any]]:

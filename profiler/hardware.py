@@ -442,6 +442,11 @@ def _exists(spec: str) -> bool:
         return False
 
 
+def names_cluster_file(spec: str) -> bool:
+    """Whether :func:`parse_cluster` reads the string ``spec`` from a file (not ``64xh100``)."""
+    return _SHORTHAND.match(spec) is None and (Path(spec).suffix in (".yaml", ".yml", ".json") or _exists(spec))
+
+
 def parse_cluster(spec: str | dict[str, Any] | Cluster, gpus_per_node: int | None = None) -> Cluster:
     """``64xh100`` / ``4xcpu``, a YAML/JSON file path, or a dict with ``accelerator`` and sizes.
 
@@ -472,7 +477,7 @@ def parse_cluster(spec: str | dict[str, Any] | Cluster, gpus_per_node: int | Non
             raise ShardplanError(f"cluster '{spec}': {total} GPUs is not a multiple of {per} GPUs per node")
         return Cluster(acc, total // per, per)
     path = Path(spec)
-    if path.suffix in (".yaml", ".yml", ".json") or _exists(spec):
+    if names_cluster_file(spec):
         where = f"cluster file '{spec}'"
         text = read_text(path, "cluster file")
         data = decode_json(text, where) if path.suffix == ".json" else decode_yaml(text, where)

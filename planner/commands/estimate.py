@@ -14,8 +14,10 @@ JSON line out per line in, in order, whatever the line holds: the report, ``{"er
 bug"}`` for an unexpected exception; with any such line the command ends with ``error: N of M
 lines failed`` and exit code 2. ``--batch -`` reads standard input.
 
-A plan file (``--plan``, or ``plan`` in a batch line) is priced with the model it names or the layer
-graph it records, never by importing code (see :mod:`planner.reprice`).
+A plan file (``--plan``, or ``plan`` in a batch line) is priced with the preset it names or the layer
+graph it records, never by importing code, and never opens a file the plan names: a model config
+path needs ``--model``, and the profile the plan names is used only with ``--profile-from-plan``
+(else a note says it is not loaded; see :mod:`planner.reprice`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import typer
 from rich.table import Table
 
 from planner.cli import app, console, guard
+from planner.layout import literal
 from planner.options import count_option, positive_option
 from vocab.errors import ShardplanError, first_line
 from vocab.io import MAX_DEPTH, check_depth
@@ -191,9 +194,10 @@ def _degrees(world: int, a: dict[str, Any]) -> dict[str, int]:
     return {"pp": pp, "dp_replicate": int(dpr), "dp_shard": int(dps), "cp": cp, "tp": tp, "ep": ep}
 
 
-def price_args(a: dict[str, Any], *, model_from_cli: bool = False) -> dict[str, Any]:
+def price_args(a: dict[str, Any], *, model_from_cli: bool = False, profile_from_plan: bool = False) -> dict[str, Any]:
     """The report of one plan given as flags / a batch line (raises ShardplanError). A
-    ``package.module:factory`` model is imported only with ``model_from_cli`` (the command line)."""
+    ``package.module:factory`` model is imported only with ``model_from_cli`` (the command line); the
+    profile a plan names is loaded only with ``profile_from_plan`` (else a note in the report says so)."""
     from pydantic import ValidationError
 
     from costmodel.estimate import estimate
@@ -283,16 +287,12 @@ def price_args(a: dict[str, Any], *, model_from_cli: bool = False) -> dict[str, 
         if isinstance(e, ShardplanError):
             raise
         raise ShardplanError(f"invalid value: {e}") from None
-    prof = None
-    profile = a.get("profile") or (plan.inputs.profile if plan else None)
-    if profile:
-        from profiler.profile_schema import load_profile
-
-        prof = load_profile(profile)
+    prof, notes = _profile(a.get("profile"), plan, profile_from_plan)
     limit = a.get("memory_limit", a.get("memory_limit_gib"))
     if limit is None and plan is not None:
         limit = plan.inputs.memory_limit_gib
     rep = estimate(graph, cluster, s, w, prof, float(limit) if limit is not None else None).to_dict()
+    rep["notes"] = [*rep.get("notes", []), *notes]
     from planner.reprice import step_band
 
     rep["error_band"] = step_band(rep["step_time_s"], cluster.accelerator.name, w.precision, measured=prof is not None)
@@ -300,6 +300,21 @@ def price_args(a: dict[str, Any], *, model_from_cli: bool = False) -> dict[str, 
         _check_expressible(target[0], graph, cluster, s, w, a.get("model") or (plan.inputs.model if plan else ""), rep)
         rep["target"] = target[0].name
     return rep
+
+
+def _profile(path: str | None, plan: Any, from_plan: bool) -> tuple[Any, list[str]]:
+    """The measured profile to price with (``path``, or with ``from_plan`` the one ``plan`` names) and the
+    note of a plan's profile left unloaded."""
+    if plan is not None:
+        from planner.reprice import command_line_files
+
+        files, notes = command_line_files(plan, path, from_plan)
+        return files.profile, notes
+    if not path:
+        return None, []
+    from profiler.profile_schema import load_profile
+
+    return load_profile(path), []
 
 
 def _target(name: str | None, precision: str, asked: dict[str, Any]) -> tuple[Any, dict[str, str]] | None:
@@ -422,6 +437,8 @@ def _table(rep: dict[str, Any]) -> Table:
             f"{st['grads_gib']:.2f}, optimizer {st['optimizer_gib']:.2f}, activations "
             f"{st['activations_gib']:.2f}, buffers {st['buffers_gib']:.2f}",
         )
+    for note in rep.get("notes") or []:
+        t.add_row("note", literal(note))
     return t
 
 
@@ -476,6 +493,8 @@ def estimate_cmd(
         False, "--sequence-parallel", help="Megatron sequence parallelism"
     ),
     profile: Path = typer.Option(None, "--profile", help="measured profile to price with"),
+    profile_from_plan: bool = typer.Option(False, "--profile-from-plan", help="with --plan: price with the "
+                                           "profile the plan names (not loaded otherwise)"),
     memory_limit: float = positive_option(None, "--memory-limit", help="per-GPU limit in GiB"),
     plan: Path = typer.Option(None, "--plan", help="price this plan file instead of the degree flags"),
     batch: Path = typer.Option(None, "--batch", help="JSON-lines file of plans to price ('-': standard input)"),
@@ -507,6 +526,8 @@ def estimate_cmd(
         "profile": str(profile) if profile else None,
         "memory_limit": memory_limit,
     }
+    if profile_from_plan and plan is None:
+        raise ShardplanError("--profile-from-plan needs --plan")
     if plan is not None:
         args["plan"] = str(plan)
     else:
@@ -525,7 +546,7 @@ def estimate_cmd(
             vpp=vpp,
             sequence_parallel=sequence_parallel,
         )
-    rep = price_args(args, model_from_cli=True)
+    rep = price_args(args, model_from_cli=True, profile_from_plan=profile_from_plan)
     if as_json:
         sys.stdout.write(report_json(rep, indent=2) + "\n")
     else:

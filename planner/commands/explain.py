@@ -2,9 +2,12 @@
 
 Bad input (a missing or malformed plan, an unknown ``--kind`` or ``--to``, a wrong output suffix) is
 one line on stderr and exit code 2, checked before anything is written; so is an export of a plan the
-target cannot express (without ``--nearest``) or whose nearest plan does not fit. A plan never runs code:
-where a command re-prices a plan it uses the model the plan names or the layer graph it records;
-``--model`` on the command line (which may import a ``package.module:factory``) replaces it.
+target cannot express (without ``--nearest``) or whose nearest plan does not fit. A plan never runs code
+and never chooses a file: where a command re-prices a plan it uses the preset the plan names or the
+layer graph it records; ``--model`` on the command line (which may import a ``package.module:factory``)
+replaces it, and is needed for a plan whose model is a config path. The profile a plan names is used
+only with ``--profile-from-plan`` (``--profile PATH`` gives one); without either, a note says it is
+not loaded. Strings of a plan are printed literally.
 """
 
 from __future__ import annotations
@@ -17,12 +20,16 @@ from typing import TYPE_CHECKING
 import typer
 
 from planner.cli import app, console, err_console, guard
+from planner.layout import literal
 from vocab.errors import ShardplanError
 
 if TYPE_CHECKING:
+    from planner.reprice import PlanFiles
     from profiler.graph import LayerGraph
     from vocab.plan import Plan
 
+PROFILE_HELP = "re-price with this measured profile"
+FROM_PLAN_HELP = "re-price with the profile the plan names (a plan names its profile for the record only)"
 MODEL_HELP = ("re-price with this model instead of the plan's: preset, config.json path or pkg.module:factory "
               "(a factory: imports and runs that code)")
 
@@ -30,6 +37,16 @@ MODEL_HELP = ("re-price with this model instead of the plan's: preset, config.js
 def _print_json(data: object) -> None:
     """Indented JSON with sorted keys; NaN and infinities are refused (``ValueError``), never printed."""
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=True, default=str, allow_nan=False) + "\n")
+
+
+def _files(plan: Plan, profile: Path | None, profile_from_plan: bool, model: str | None) -> PlanFiles:
+    """What re-pricing ``plan`` may use (:func:`planner.reprice.command_line_files`); its note on stderr."""
+    from planner.reprice import command_line_files
+
+    files, notes = command_line_files(plan, profile, profile_from_plan, model)
+    for note in notes:
+        err_console.print(literal(f"note: {note}"), soft_wrap=True)
+    return files
 
 
 def _cli_graph(model: str | None, plan: Plan) -> LayerGraph | None:
@@ -90,9 +107,12 @@ def plot_cmd(
     kind: str = typer.Option("memory", "--kind", "-k", help="memory | timeline | layers | pareto"),
     output: Path = typer.Option(..., "--output", "-o", help="image to write: .png or .svg"),
     model: str | None = typer.Option(None, "--model", "-m", help=MODEL_HELP + " (timeline)"),
+    profile: Path | None = typer.Option(None, "--profile", help=PROFILE_HELP + " (timeline)"),
+    profile_from_plan: bool = typer.Option(False, "--profile-from-plan", help=FROM_PLAN_HELP + " (timeline)"),
 ) -> None:
     """Draw a plan: memory per stage, a step timeline, the per-layer strategy map or the Pareto frontier."""
     from planner.plots import KINDS, check_output, save_plot
+    from planner.reprice import PlanFiles, opening
     from vocab.errors import UnknownNameError
     from vocab.plan import load_plan
 
@@ -100,8 +120,11 @@ def plot_cmd(
         raise UnknownNameError("plot kind", kind, KINDS)
     check_output(output)
     doc = load_plan(plan)
-    save_plot(doc, kind, output, _cli_graph(model, doc) if kind == "timeline" else None)
-    err_console.print(f"wrote {output}", highlight=False)
+    timeline = kind == "timeline"
+    files = _files(doc, profile, profile_from_plan, model) if timeline else PlanFiles()
+    with opening(files):
+        save_plot(doc, kind, output, _cli_graph(model, doc) if timeline else None)
+    err_console.print(literal(f"wrote {output}"))
 
 
 @app.command("export")
@@ -113,9 +136,12 @@ def export_cmd(
     model: str | None = typer.Option(None, "--model", "-m", help=MODEL_HELP),
     nearest: bool = typer.Option(False, "--nearest", help="where the target cannot express the plan, export the "
                                  "nearest plan it can (re-priced; refused when it does not fit)"),
+    profile: Path | None = typer.Option(None, "--profile", help=PROFILE_HELP),
+    profile_from_plan: bool = typer.Option(False, "--profile-from-plan", help=FROM_PLAN_HELP),
 ) -> None:
     """Write a plan as a framework's configuration; refuse (exit 2) what the target cannot express."""
     from planner.exports import check_target, export, refusal
+    from planner.reprice import command_line_files, opening
     from vocab.io import check_writable, write_atomic
     from vocab.plan import load_plan
 
@@ -123,16 +149,18 @@ def export_cmd(
     if output is not None:
         check_writable(output, "output")
     doc = load_plan(plan)
-    result = export(doc, target, _cli_graph(model, doc))
+    files, notes = command_line_files(doc, profile, profile_from_plan, model)
+    with opening(files):
+        result = export(doc, target, _cli_graph(model, doc))
     problem = refusal(result, nearest)
     if problem is not None:
         raise ShardplanError(problem)
     for i, line in enumerate(result.warnings()):
-        err_console.print(("warning: " if i == 0 else "") + line, markup=False, highlight=False, soft_wrap=True)
-    for note in result.notes:
-        err_console.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
+        err_console.print(literal(("warning: " if i == 0 else "") + line), soft_wrap=True)
+    for note in [*notes, *result.notes] if result.repriced is not None else result.notes:
+        err_console.print(literal(f"note: {note}"), soft_wrap=True)
     if output is None:
         sys.stdout.write(result.text)
     else:
         write_atomic(output, result.text)
-        err_console.print(f"wrote {output}", highlight=False)
+        err_console.print(literal(f"wrote {output}"))

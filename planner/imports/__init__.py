@@ -7,7 +7,9 @@ key checked against the keys the target's pinned release accepts: :func:`vocab.t
 ``strategy(doc, ctx)`` (the plan's strategy fields, given the model's units and the cluster's size).
 
 The model and the cluster come from ``--model`` and ``--cluster``, or from the ``shardplan-inputs``
-line that every export except DeepSpeed's JSON carries in its header (:func:`inputs_line`). The result
+line that every export except DeepSpeed's JSON carries in its header (:func:`inputs_line`). The header
+names them for the record: it may give a preset and a cluster like ``8xh100`` (or a mapping), but a
+file it names is not opened; that takes ``--model`` / ``--cluster`` on the command line. The result
 is a plan for the trainer's target, priced with that target's behaviour: ``export`` then ``import``
 gives back the plan's strategy and its predicted step time.
 """
@@ -147,10 +149,10 @@ def import_plan(path: str | Path, trainer: str | None = None, model: str | None 
     mod, t = _module(key), by_exporter(key)
     text = read_text(path, f"{t.trainer} configuration", ConfigError)
     head = read_inputs(text, origin)
-    model = model or head.get("model")
+    model = model or _header_model(head.get("model"), origin)
     if not model:
         raise ConfigError(f"{origin} does not name its model: give --model")
-    spec = cluster or head.get("cluster")
+    spec = cluster or _header_cluster(head.get("cluster"), origin)
     if not spec:
         raise ConfigError(f"{origin} does not name its cluster: give --cluster")
     cl = parse_cluster(spec)
@@ -190,6 +192,28 @@ def import_plan(path: str | Path, trainer: str | None = None, model: str | None 
     plan = price(graph, cl, strategy, w, limit, model=model)
     return plan.model_copy(update={"inputs": plan.inputs.model_copy(
         update={"target": TargetRef(name=t.name, version=t.version or None)})})
+
+
+def _header_model(model: str | None, origin: str) -> str | None:
+    """The header's model where it loads without a file (a preset, or a Hugging Face id a preset lists)."""
+    from planner.reprice import loadable_by_name
+    from profiler.model_config import shown
+
+    if model and not loadable_by_name(model):
+        raise ConfigError(f"{origin}: its {INPUTS_TAG} line names model {shown(model)}, a file path, not a preset; "
+                          "pass --model PATH to load it")
+    return model
+
+
+def _header_cluster(spec: Any, origin: str) -> Any:
+    """The header's cluster where it needs no file (``8xh100``, or a mapping of fields)."""
+    from profiler.hardware import names_cluster_file
+    from profiler.model_config import shown
+
+    if isinstance(spec, str) and names_cluster_file(spec):
+        raise ConfigError(f"{origin}: its {INPUTS_TAG} line names cluster file {shown(spec)}; pass --cluster PATH "
+                          "to load it")
+    return spec
 
 
 def _validated(cls: Any, data: dict[str, Any], origin: str) -> Any:
