@@ -29,8 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from profiler.model_config import shown
-from vocab.errors import ShardplanError
+from vocab.errors import ShardplanError, shown
 from vocab.plan import Alternative, ClusterRef, ModelGraph, Plan, PlanInputs, Predicted, SolverInfo
 from vocab.strategy import Strategy, Workload
 

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
 
-from vocab.errors import ShardplanError
+from vocab.errors import ShardplanError, shown
 from vocab.limits import MAX_SEQ_LEN
 
 ARCHS = ("decoder", "encoder", "vit")
@@ -100,15 +100,6 @@ class _Fields(BaseModel):
     source: StrictStr
     hf_ids: list[HfId] | tuple[HfId, ...]
     extra: dict[str, Any]
-
-
-def shown(value: Any, limit: int = 40) -> str:
-    """``value`` for an error message: an integer with thousands separators (its size in bits when
-    huge), anything else as its ``repr`` cut to ``limit`` characters."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return f"{value:,}" if abs(value) < 10**24 else f"an integer of {value.bit_length()} bits"
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def describe_fields(err: ValidationError, limit: int = 3) -> str:

@@ -27,7 +27,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from vocab.errors import ShardplanError
+from vocab.errors import ShardplanError, shown
 from vocab.io import canonical_json, decode_json, document_schema, read_text, validate_document, write_atomic
 
 SCHEMA_VERSION = "1.0"
@@ -406,11 +406,11 @@ def parse_profile(data: dict[str, Any] | str, origin: str = "profile") -> Profil
     if not isinstance(data, dict):
         raise ProfileError(f"{origin} must hold a JSON object, not {type(data).__name__}")
     if data.get("kind") != "shardplan-profile":
-        raise ProfileError(f"{origin} is not a shardplan profile (its 'kind' is {data.get('kind')!r}, "
+        raise ProfileError(f"{origin} is not a shardplan profile (its 'kind' is {shown(data.get('kind'))}, "
                            "expected 'shardplan-profile'; is it a plan?)")
     version = data.get("schema_version")
     if version != SCHEMA_VERSION:
-        raise ProfileError(f"{origin}: schema_version {version!r} is not supported (this shardplan reads "
+        raise ProfileError(f"{origin}: schema_version {shown(version)} is not supported (this shardplan reads "
                            f"{SCHEMA_VERSION}); measure again with 'shardplan profile'")
     return validate_document(Profile, data, origin, "profile", ProfileError)
 

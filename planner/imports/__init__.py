@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vocab.errors import ShardplanError, UnknownNameError
+from vocab.errors import ShardplanError, UnknownNameError, shown
 from vocab.io import read_text, validate_document
 from vocab.plan import Plan, TargetRef
 from vocab.strategy import RECOMPUTES, Strategy, Workload, even_split
@@ -197,7 +197,6 @@ def import_plan(path: str | Path, trainer: str | None = None, model: str | None 
 def _header_model(model: str | None, origin: str) -> str | None:
     """The header's model where it loads without a file (a preset, or a Hugging Face id a preset lists)."""
     from planner.reprice import loadable_by_name
-    from profiler.model_config import shown
 
     if model and not loadable_by_name(model):
         raise ConfigError(f"{origin}: its {INPUTS_TAG} line names model {shown(model)}, a file path, not a preset; "
@@ -208,7 +207,6 @@ def _header_model(model: str | None, origin: str) -> str | None:
 def _header_cluster(spec: Any, origin: str) -> Any:
     """The header's cluster where it needs no file (``8xh100``, or a mapping of fields)."""
     from profiler.hardware import names_cluster_file
-    from profiler.model_config import shown
 
     if isinstance(spec, str) and names_cluster_file(spec):
         raise ConfigError(f"{origin}: its {INPUTS_TAG} line names cluster file {shown(spec)}; pass --cluster PATH "
