@@ -14,6 +14,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
+from vocab.errors import ShardplanError
+
 if TYPE_CHECKING:
     import networkx as nx
 
@@ -254,6 +256,32 @@ def graph_to_dict(graph: LayerGraph) -> dict[str, Any]:
             "config": dict(graph.config), "nodes": nodes}
 
 
+#: the config a traced graph records: the module's class and the layers that ran no counted FLOPs
+TRACED_CONFIG = {"class", "no_flop_layers"}
+
+
+def checked_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A recorded graph's ``config`` as its writer made it: a transformer's fields (each type, range
+    and choice checked by :class:`profiler.model_config.TransformerConfig`), a traced module's class
+    name (an identifier) and idle layers (names), or nothing; else ``ValueError``."""
+    from profiler.model_config import TransformerConfig
+
+    config = dict(config)
+    if not config:
+        return config
+    if set(config) <= TRACED_CONFIG:
+        cls, idle = config.get("class", ""), config.get("no_flop_layers", [])
+        if not (isinstance(cls, str) and cls.isidentifier() and isinstance(idle, list)
+                and all(isinstance(x, str) for x in idle)):
+            raise ValueError("layer graph: a traced config holds a class name and a list of layer names")
+        return config
+    try:
+        TransformerConfig.from_dict(config)
+    except ShardplanError as e:
+        raise ValueError(f"layer graph: config: {e}") from None
+    return config
+
+
 def graph_from_dict(data: Mapping[str, Any]) -> LayerGraph:
     """The graph :func:`graph_to_dict` wrote; a missing or malformed field raises ``ValueError``."""
     try:
@@ -267,7 +295,7 @@ def graph_from_dict(data: Mapping[str, Any]) -> LayerGraph:
                 d = {**nodes[like].to_dict(), "block": None, **d}
             nodes.append(LayerNode(**d))
         return LayerGraph(model_id=str(data["model_id"]), seq_len=data["seq_len"], nodes=nodes,
-                          config=dict(data.get("config") or {}), source=str(data.get("source", "analytic")))
+                          config=checked_config(data.get("config") or {}), source=str(data.get("source", "analytic")))
     except KeyError as e:
         raise ValueError(f"layer graph: missing field {e.args[0]!r}") from None
     except TypeError as e:

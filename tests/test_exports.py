@@ -171,8 +171,8 @@ def test_python_script_embeds_the_plan_exactly() -> None:
     e = export(plan, "python")
     tree = ast.parse(e.text)
     assert e.exact and not e.warnings()
-    src = next(n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "parse_plan")
-    embedded = parse_plan(src.args[0].value)  # type: ignore[attr-defined]
+    src = next(n for n in tree.body if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "PLAN_DOCUMENT")
+    embedded = parse_plan(ast.literal_eval(src.value))
     assert embedded.strategy == plan.strategy and embedded.alternatives == []
     assert "from runtime.apply import apply_plan" in e.text
 

@@ -30,6 +30,7 @@ from pydantic_core import PydanticCustomError
 
 from vocab.errors import ShardplanError, describe_validation_error
 from vocab.io import canonical_json, decode_json, document_schema, read_text, validate_document, write_atomic
+from vocab.names import ACCELERATOR, HASH, MODEL_REF, RELEASE, SOLVER, unprintable_string
 from vocab.strategy import Strategy, Workload
 from vocab.viewers import register_viewer, registered  # noqa: F401  (register_viewer: re-exported)
 
@@ -87,7 +88,7 @@ class _Doc(BaseModel):
 
 
 class ClusterRef(_Doc):
-    accelerator: str
+    accelerator: str = Field(..., pattern=ACCELERATOR, description="the accelerator's name")
     nodes: int = Field(..., ge=1)
     gpus_per_node: int = Field(..., ge=1)
     world_size: int = Field(..., ge=1, description="nodes x gpus_per_node")
@@ -124,14 +125,15 @@ class TargetRef(_Doc):
     """The trainer the plan was searched for (``vocab/targets/<name>.yaml``) and its pinned release."""
 
     name: str = Field(..., pattern=r"^[a-z][a-z0-9_-]*$", description="target name; 'any': no trainer")
-    version: str | None = Field(None, description="the trainer's pinned release (null for 'any')")
+    version: str | None = Field(None, pattern=RELEASE, description="the trainer's pinned release (null for 'any')")
 
 
 class PlanInputs(_Doc):
     """What the plan was made for."""
 
-    model: str = Field(..., description="preset name, config path or package.module:factory")
-    model_hash: str = Field(..., description="content hash of the layer graph")
+    model: str = Field(..., pattern=MODEL_REF, description="preset name, Hugging Face id, config path or "
+                       "package.module:factory")
+    model_hash: str = Field(..., pattern=HASH, description="content hash of the layer graph")
     model_graph: ModelGraph | None = Field(
         None, description="the layer graph, for a model that is not a preset or a config file (a factory): "
         "re-pricing uses it, checked against model_hash, and never imports the factory"
@@ -139,7 +141,8 @@ class PlanInputs(_Doc):
     cluster: ClusterRef
     workload: Workload
     memory_limit_gib: float | None = Field(None, gt=0, description="per-GPU limit the plan must fit")
-    profile: str | None = Field(None, description="profile document used to calibrate, if any")
+    profile: str | None = Field(None, pattern=MODEL_REF, description="profile document used to calibrate, if any "
+                                "(for the record: opened only when the command line asks for it)")
     target: TargetRef = Field(
         default_factory=lambda: TargetRef(name=ANY_TARGET),
         description="the trainer whose capabilities bounded the search and whose behaviour priced the plan; "
@@ -225,7 +228,7 @@ _PREDICTED_EXTRA: dict[str, TypeAdapter[Any]] = {
 
 
 class SolverInfo(_Doc):
-    name: str = Field(..., description="dp, ilp, hybrid, exhaustive or 'user' for a given plan")
+    name: str = Field(..., pattern=SOLVER, description="dp, ilp, hybrid, exhaustive or 'user' for a given plan")
     status: Literal["optimal", "feasible", "time_limit", "given"] = "given"
     space: str = Field("given", description="search space the optimum holds in")
     objective: float | None = Field(None, description="the objective's value (step time, s)")
@@ -259,6 +262,14 @@ class Plan(_Doc):
     predicted: Predicted
     solver: SolverInfo = SolverInfo(name="user")
     alternatives: list[Alternative] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _printable(cls, data: Any) -> Any:
+        why = unprintable_string(data)
+        if why is not None:
+            raise _rule(why)
+        return data
 
     @field_validator("inputs")
     @classmethod

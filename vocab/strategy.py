@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from vocab.errors import ShardplanError
 from vocab.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_SEQ_LEN
+from vocab.names import UNIT
 
 SHARDINGS = ("replicate", "zero1", "zero2", "zero3", "zero3_keep")
 RECOMPUTES = ("none", "selective", "full")
@@ -157,7 +158,7 @@ class LayerStrategy(_Strict):
             so that only one slice's gathered weights live at a time.
     """
 
-    unit: str = "*"
+    unit: str = Field("*", pattern=UNIT)
     sharding: Sharding = "replicate"
     recompute: Recompute = "none"
     offload: Offload = "none"

@@ -16,7 +16,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 from planner.exports.base import Exported, Loss, change_lines, normalize
-from planner.reprice import reprice, units_of
+from planner.reprice import recorded_graph, reprice, units_of
 from vocab.errors import UnknownNameError
 from vocab.plan import Plan
 from vocab.targets import Target, by_exporter, targets
@@ -60,6 +60,7 @@ def export(plan: Plan, target: str, graph: LayerGraph | None = None) -> Exported
     key = check_target(target)
     t = by_exporter(key)
     mod = importlib.import_module(f"{__name__}.{key}")
+    recorded_graph(plan)  # a plan whose recorded graph is broken is refused, not exported without it
     units = units_of(plan)
     n = normalize(plan, units, t)
     mod.adjust(n)

@@ -23,6 +23,7 @@ from planner.compare import describe_diff, diff_strategies, label_units, unit_ch
 from planner.imports import inputs_line
 from planner.reprice import Repriced, block_index
 from vocab.errors import ShardplanError
+from vocab.names import escape_unprintable
 from vocab.plan import Plan
 from vocab.strategy import OFFLOADS, RECOMPUTES, WORKLOAD_CHOICES, Strategy, Workload, split_blocks
 from vocab.targets import WORKLOAD_BEHAVIOUR, Target
@@ -404,7 +405,9 @@ def change_lines(plan: Plan, s: Strategy, units: list[str]) -> list[str]:
 
 
 def header(plan: Plan, version: str, losses: list[Loss], cost: str = "", comment: str = "#") -> str:
-    """Comment lines naming the tool version, the plan, and what the export does not keep."""
+    """Comment lines naming the tool version, the plan, and what the export does not keep. Each line
+    is one comment line: what is not printable on one line is written escaped
+    (:func:`vocab.names.escape_unprintable`), so no document string can end a comment."""
     c, w, pr = plan.inputs.cluster, plan.inputs.workload, plan.predicted
     lines = [f"shardplan export for {version}",
              f"{plan.inputs.model} on {c.world_size}x {c.accelerator} ({c.nodes} nodes x {c.gpus_per_node}), "
@@ -416,4 +419,4 @@ def header(plan: Plan, version: str, losses: list[Loss], cost: str = "", comment
         lines += [f"  - {x.what}: {x.detail}" for x in losses]
         if cost:
             lines.append(f"  {cost}")
-    return "\n".join(f"{comment} {x}" for x in lines) + "\n"
+    return "".join(f"{comment} {escape_unprintable(x)}\n" for x in lines)

@@ -1,8 +1,12 @@
 """Megatron-LM: the model-shape, parallelism, batch, precision and overlap flags of ``pretrain_gpt.py``,
 one per line.
 
-The output parses with ``shlex.split(text, comments=True)``; pass it as
-``torchrun ... pretrain_gpt.py $(sed 's/#.*//' plan.args) <tokenizer, data and optimizer flags>``.
+The output is shell words: flag names are Megatron-LM's, values are numbers or words of a closed
+character set, and anything else is quoted by ``shlex.quote``; header lines are whole-line comments. It
+parses with ``shlex.split(text, comments=True)``; in bash::
+
+    eval "PLAN_ARGS=($(cat plan.args))"
+    torchrun ... pretrain_gpt.py "${PLAN_ARGS[@]}" <tokenizer, data and optimizer flags>
 
 The model's shape comes from the plan's model (its recorded layer graph, preset or config file). The
 overlap flags are those the price assumes: the cost model hides the data-parallel gradient reduction
@@ -14,6 +18,9 @@ set; ``--tp-comm-overlap`` only where the accelerator's cost constants hide TP c
 
 from __future__ import annotations
 
+import math
+import re
+import shlex
 from typing import Any
 
 from costmodel.constants import constants_for
@@ -226,5 +233,31 @@ def render(n: Nearest, s: Strategy, cost: str) -> str:
               (K["bf16"], True if w.precision != "fp32" else None)]
     if w.precision == "fp8":
         flags.append((K["fp8"], MEGATRON_FP8_FORMAT))
-    lines = [f"{f}" if v is True else f"{f} {v}" for f, v in flags if f is not None and v is not None]
+    lines = [flag_line(f, v) for f, v in flags if f is not None and v is not None]
     return header(n.plan, n.label, n.losses, cost) + "\n".join(lines) + "\n"
+
+
+#: a flag value written as it is: letters, digits and ``_ . , : + = / @ % -`` (no quote, space, glob
+#: or shell character); any other string is quoted
+_WORD = re.compile(r"^[A-Za-z0-9_.,:+=/@%-]+$")
+_FLAG = re.compile(r"^--[a-z0-9][a-z0-9-]*$")
+
+
+def flag_line(flag: str, value: object) -> str:
+    """``--flag value`` as shell words: ``True`` is the bare flag, a number its decimal form, a string
+    a closed-set word or ``shlex.quote``d."""
+    if not _FLAG.match(flag):
+        raise ShardplanError(f"'{flag}' is not a Megatron-LM flag name")
+    if value is True:
+        return flag
+    if isinstance(value, bool):
+        raise ShardplanError(f"{flag}: a flag is written or left out, not set to false")
+    if isinstance(value, int):
+        return f"{flag} {value}"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ShardplanError(f"{flag}: {value} is not a finite number")
+        return f"{flag} {value!r}"
+    if isinstance(value, str):
+        return f"{flag} {value if _WORD.match(value) else shlex.quote(value)}"
+    raise ShardplanError(f"{flag}: a {type(value).__name__} is not a flag value")

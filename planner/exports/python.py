@@ -1,19 +1,27 @@
 """python: a short script that applies the plan with the project's runtime inside torch.distributed.
 
 It writes for the ``shardplan`` target (``vocab/targets/shardplan.yaml``): what the runtime runs. The
-plan is embedded (without its alternatives) so that the script runs on its own:
+plan is embedded (without its alternatives) as data, a Python literal of the plan document that
+``vocab.plan.parse_plan`` validates when the script starts; no document string becomes code (every
+string is written by ``repr``). The script runs on its own:
 ``torchrun --nnodes N --nproc-per-node G plan.py [steps]``.
 """
 
 from __future__ import annotations
 
+import ast
+import json
+import pprint
+from typing import Any
+
 from planner.exports.base import Nearest, header
 from planner.exports.keys import PYTHON
+from vocab.errors import ShardplanError
 from vocab.strategy import Strategy
 
 SUFFIX = ".py"
 
-TEMPLATE = '''"""Train {model} for a few steps on random tokens with the plan below (run under torchrun)."""
+TEMPLATE = '''"""Train the plan's model for a few steps on random tokens with the plan below (run under torchrun)."""
 
 import sys
 
@@ -25,8 +33,8 @@ from {apply_module} import {apply}, {optimizer}
 from {model_module} import {model_cls}, {config}
 from {train_module} import {batch}, {step}
 
-PLAN = parse_plan(r"""
-{plan_json}""")
+PLAN_DOCUMENT = {plan_literal}
+PLAN = parse_plan(PLAN_DOCUMENT)
 
 
 def main(steps: int = 3) -> None:
@@ -62,11 +70,19 @@ def adjust(n: Nearest) -> None:
     n.notes.append(f"run: torchrun --nnodes {c.nodes} --nproc-per-node {c.gpus_per_node} <script> [steps]")
 
 
+def python_literal(data: Any) -> str:
+    """JSON data as a Python literal (strings by ``repr``), checked to read back as the same data."""
+    text = pprint.pformat(data, width=110, sort_dicts=False)
+    if ast.literal_eval(text) != data:
+        raise ShardplanError("the plan does not write as a Python literal of itself; nothing written")
+    return text
+
+
 def render(n: Nearest, s: Strategy, cost: str) -> str:
     plan = n.plan.model_copy(update={"strategy": s, "alternatives": []})
-    text = TEMPLATE.format(model=plan.inputs.model, apply_module=PYTHON["apply_module"], apply=PYTHON["apply"],
+    text = TEMPLATE.format(apply_module=PYTHON["apply_module"], apply=PYTHON["apply"],
                            optimizer=PYTHON["optimizer"], model_module=PYTHON["model_module"],
                            model_cls=PYTHON["model"], config=PYTHON["config"], train_module=PYTHON["train_module"],
                            step=PYTHON["step"], batch=PYTHON["batch"],
-                           plan_json=plan.to_json())
+                           plan_literal=python_literal(json.loads(plan.to_json())))
     return header(n.plan, n.label, n.losses, cost) + text

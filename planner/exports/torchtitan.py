@@ -1,9 +1,11 @@
-"""torchtitan: the job config TOML (``[parallelism]``, ``[activation_checkpoint]``, ``[training]``)."""
+"""torchtitan: the job config TOML (``[parallelism]``, ``[activation_checkpoint]``, ``[training]``), written by
+the TOML emitter ``tomli_w`` (every string quoted by TOML's rules)."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
+
+import tomli_w
 
 from planner.exports.base import Nearest, collapse, header
 from planner.exports.keys import (
@@ -50,19 +52,9 @@ def adjust(n: Nearest) -> None:
              n.blocks, "per-layer recompute other than full on every N-th block of a pipeline rank")
 
 
-def _toml(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int | float):
-        return str(v)
-    if isinstance(v, str):
-        return json.dumps(v)
-    return "[" + ", ".join(_toml(x) for x in v) + "]"
-
-
-def _table(name: str, items: list[tuple[str | None, Any]]) -> str:
-    lines = [f"[{name}]"] + [f"{k} = {_toml(v)}" for k, v in items if k is not None and v is not None]
-    return "\n".join(lines) + "\n"
+def _table(items: list[tuple[str | None, Any]]) -> dict[str, Any]:
+    """A TOML table's keys in order, without the keys this release has not (``None``) or unset values."""
+    return {k: v for k, v in items if k is not None and v is not None}
 
 
 def fqns_per_part(s: Strategy, n_blocks: int) -> list[list[str]]:
@@ -107,8 +99,7 @@ def render(n: Nearest, s: Strategy, cost: str) -> str:
         (K["local_batch"], s.micro_batch * (n_mb if m.pp > 1 else 1)), (K["global_batch"], w.global_batch),
         (K["seq_len"], w.seq_len), (K["mp_param"], "bfloat16"), (K["cpu_offload"], offload),
     ]
-    out = [header(n.plan, n.label, n.losses, cost), _table(str(K["parallelism"]), par),
-           _table(str(K["ac"]), ac), _table(str(K["training"]), train)]
+    doc = {str(K["parallelism"]): _table(par), str(K["ac"]): _table(ac), str(K["training"]): _table(train)}
     if w.precision == "fp8":
-        out.append(_table(str(K["model"]), [(K["converters"], [TORCHTITAN_FLOAT8])]))
-    return "\n".join(out)
+        doc[str(K["model"])] = _table([(K["converters"], [TORCHTITAN_FLOAT8])])
+    return header(n.plan, n.label, n.losses, cost) + "\n" + tomli_w.dumps(doc)

@@ -1,7 +1,10 @@
-"""shardplan: the script ``export --to python`` writes, read back through the plan it embeds."""
+"""shardplan: the script ``export --to python`` writes, read back through the plan it embeds: the literal
+assigned to ``PLAN_DOCUMENT`` (read by ``ast.literal_eval``, never run), or the JSON text that older
+scripts pass to ``parse_plan(r\"\"\"...\"\"\")``."""
 
 from __future__ import annotations
 
+import ast
 import re
 from typing import Any
 
@@ -13,12 +16,35 @@ SUFFIXES = (".py",)
 _EMBEDDED = re.compile(r'parse_plan\(r"""\n(.*?)"""\)', re.DOTALL)
 
 
+#: the name the script gives the plan document
+DOCUMENT = "PLAN_DOCUMENT"
+
+
+def _literal(text: str) -> Any:
+    """The value of the script's ``PLAN_DOCUMENT = <literal>``, or None when it has none."""
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return None
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                and node.targets[0].id == DOCUMENT):
+            try:
+                return ast.literal_eval(node.value)
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                return None
+    return None
+
+
 def parse(text: str, origin: str) -> Plan:
-    m = _EMBEDDED.search(text)
-    if m is None:
+    doc: Any = _literal(text)
+    if doc is None:
+        m = _EMBEDDED.search(text)
+        doc = m.group(1) if m else None
+    if doc is None:
         raise ConfigError(f"{origin} is not a script written by 'shardplan export --to python' (no embedded plan)")
     try:
-        return parse_plan(m.group(1))
+        return parse_plan(doc)
     except ShardplanError as e:
         raise ConfigError(f"{origin}: the embedded plan: {e}") from None
 
