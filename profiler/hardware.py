@@ -197,7 +197,7 @@ class Accelerator:
 
     def __post_init__(self) -> None:
         if self.kind not in ("gpu", "cpu"):
-            raise ShardplanError(f"accelerator '{self.name}': kind must be gpu or cpu, got '{self.kind}'")
+            raise ShardplanError(f"accelerator '{self.name}': kind must be gpu or cpu, got {shown(self.kind)}")
         missing = [d for d in DTYPES if d not in self.peak_tflops]
         if missing:
             raise ShardplanError(f"accelerator '{self.name}': peak_tflops lacks {missing}")

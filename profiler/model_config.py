@@ -237,15 +237,15 @@ class TransformerConfig:
             bad(describe_fields(e))
         object.__setattr__(self, "hf_ids", tuple(self.hf_ids))
         if self.arch not in ARCHS:
-            bad(f"arch '{self.arch}' is not one of {ARCHS}")
+            bad(f"arch {shown(self.arch)} is not one of {ARCHS}")
         if self.activation not in ACTIVATIONS:
-            bad(f"activation '{self.activation}' is not one of {ACTIVATIONS}")
+            bad(f"activation {shown(self.activation)} is not one of {ACTIVATIONS}")
         if self.norm not in NORMS:
-            bad(f"norm '{self.norm}' is not one of {NORMS}")
+            bad(f"norm {shown(self.norm)} is not one of {NORMS}")
         if self.position not in POSITIONS:
-            bad(f"position '{self.position}' is not one of {POSITIONS}")
+            bad(f"position {shown(self.position)} is not one of {POSITIONS}")
         if self.attention_impl not in ("flash", "eager"):
-            bad(f"attention_impl '{self.attention_impl}' is not 'flash' or 'eager'")
+            bad(f"attention_impl {shown(self.attention_impl)} is not 'flash' or 'eager'")
         # Fill derived defaults (frozen dataclass: go through object.__setattr__).
         if self.kv_heads == 0:
             object.__setattr__(self, "kv_heads", self.heads)

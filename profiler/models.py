@@ -40,7 +40,7 @@ from profiler.model_config import (
     describe_fields,
 )
 from profiler.transformer import build_graph
-from vocab.errors import ShardplanError, UnknownNameError
+from vocab.errors import ShardplanError, UnknownNameError, shown
 from vocab.io import decode_json, decode_yaml, read_text
 
 PRESET_DIR = Path(__file__).parent / "data" / "models"
@@ -93,7 +93,7 @@ class KnownKeysError(ShardplanError):
     def __init__(self, name: str, config: dict[str, Any]):
         mtype = config.get("model_type") or "?"
         super().__init__(
-            f"config '{name}': model_type '{mtype}' is not a known key set "
+            f"config '{name}': model_type {shown(mtype)} is not a known key set "
             f"(gpt2, {', '.join(_LLAMA_TYPES + _DEEPSEEK_TYPES + tuple(_WINDOWED_TYPES))}); "
             "with transformers installed any architecture it knows is traced"
         )
