@@ -7,6 +7,8 @@ literally. Commands import heavy packages (torch, solvers) only when they run.
 
 from __future__ import annotations
 
+from planner import sigint  # isort: skip  (first of all: Ctrl-C while the command line loads)
+
 import functools
 import json
 import os
@@ -82,7 +84,7 @@ def fail(message: str, code: int = 2) -> typer.Exit:
 def guard(fn: F) -> F:
     """Run a command: a :class:`ShardplanError` becomes one line ``error: ...`` and exit code 2;
     any other exception one line naming it as a bug, exit code 70 (``SHARDPLAN_DEBUG=1`` re-raises
-    it, with its traceback)."""
+    it, with its traceback); Ctrl-C goes on to the parser, whose exit code 130 :func:`main` reports."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -90,10 +92,7 @@ def guard(fn: F) -> F:
             return fn(*args, **kwargs)
         except ShardplanError as e:
             raise fail(str(e)) from None
-        except KeyboardInterrupt:
-            err_console.print("interrupted")
-            raise typer.Exit(130) from None
-        except (typer.Exit, typer.Abort):
+        except (typer.Exit, typer.Abort, KeyboardInterrupt):  # Ctrl-C: the parser's exit code 130 (see main)
             raise
         except RecursionError:
             raise fail("the input nests too deeply to read") from None
@@ -261,11 +260,10 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         rc = app(args=argv, standalone_mode=False, prog_name="shardplan")
-    except typer.Abort:
-        err_console.print("interrupted")
-        return 130
+    except (typer.Abort, KeyboardInterrupt):
+        rc = sigint.INTERRUPTED_EXIT
     except typer.Exit as e:
-        return int(e.exit_code or 0)
+        rc = int(e.exit_code or 0)
     except Exception as e:
         if not _is_click_error(e):
             raise
@@ -278,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
         err_console.print(Text("error: ", style="bold red") + literal(usage_line(e, path, params)),
                           highlight=False, soft_wrap=True)
         return 2
+    if rc == sigint.INTERRUPTED_EXIT:  # Ctrl-C, which the parser turns into this code without a word
+        err_console.print(sigint.INTERRUPTED)
     return rc if isinstance(rc, int) else 0
 
 
@@ -307,9 +307,20 @@ def _command_of(e: BaseException, argv: list[str]) -> tuple[str, list[Any]]:
 
 
 def run() -> None:
-    """The ``shardplan`` console script."""
-    sys.exit(main())
+    """The ``shardplan`` console script: :func:`main`'s exit code; Ctrl-C at any moment, one line
+    and exit code 130 (see :mod:`planner.sigint`)."""
+    try:
+        sigint.running()
+        code = main()
+    except KeyboardInterrupt:  # outside a command (loading the commands, parsing)
+        sigint.finished()
+        err_console.print(sigint.INTERRUPTED)
+        code = sigint.INTERRUPTED_EXIT
+    sigint.finished()
+    sys.exit(code)
 
+
+sigint.loaded()
 
 if __name__ == "__main__":  # python -m planner.cli: run the imported module, where commands register
     from planner.cli import run as _run

@@ -7,9 +7,13 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -86,3 +90,51 @@ def test_a_batch_with_failed_lines_exits_2_naming_their_count(tmp_path: Path,
     got = [json.loads(x) for x in out.splitlines()]
     assert (rc, err) == (2, "error: 3 of 5 lines failed\n")
     assert [sorted(g)[0] == "error" and len(g) == 1 for g in got] == [False, True, False, True, True]
+
+
+# ---- 3. Ctrl-C --------------------------------------------------------------------------------
+
+def _interrupted(delay: float) -> tuple[int | None, str]:
+    """``shardplan estimate --batch -`` (which waits for its input) in a fresh process, sent SIGINT
+    ``delay`` seconds after its first line of the package ran (``-X importtime`` names each module
+    as it finishes loading: ``planner.sigint`` is the first the package loads); its exit code and stderr."""
+    p = subprocess.Popen([sys.executable, "-X", "importtime", "-c", "from planner.cli import run; run()", "estimate",
+                          "--batch", "-"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    watchdog = threading.Timer(120, p.kill)
+    watchdog.start()
+    try:
+        assert p.stderr is not None and p.stdin is not None
+        seen = []
+        for line in p.stderr:
+            seen.append(line)
+            if line.rstrip().endswith(" planner.sigint"):
+                break
+        time.sleep(delay)
+        p.send_signal(signal.SIGINT)
+        seen.append(p.stderr.read())  # to its end: the process ends (its input stays open)
+        return p.wait(), "".join(seen)
+    finally:
+        watchdog.cancel()
+        p.kill()
+        p.stdin.close()  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.05, 0.3, 1.0])
+def test_ctrl_c_at_any_moment_exits_130_with_one_line(delay: float) -> None:
+    """While the modules load (0, 0.05 s), the commands register, or the command waits for input."""
+    rc, err = _interrupted(delay)
+    lines = [x for x in err.splitlines() if x.strip() and not x.startswith("import time:")]
+    assert (rc, lines) == (130, ["interrupted"]), err[-2000:]
+
+
+def test_ctrl_c_inside_a_command_is_one_line(monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from planner.commands import estimate
+
+    def interrupt(*args: Any, **kwargs: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(estimate, "price_args", interrupt)
+    rc, out, err = run(["estimate", "-m", "gpt2", "-c", "4xcpu", "--seq-len", "128", "--global-batch", "8"], capsys)
+    assert (rc, out, err) == (130, "", "interrupted\n")

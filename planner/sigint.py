@@ -1,0 +1,59 @@
+"""Ctrl-C (SIGINT) at any moment of ``shardplan``: one line, ``interrupted``, and exit code 130.
+
+Three stretches of a run, three ways:
+
+- while the command line's modules load (``planner.cli`` imports this module before any other):
+  SIGINT exits at once with the line and the code (nothing is open yet). At the end of its import
+  ``planner.cli`` calls :func:`loaded`, which puts back the handler it found, so that a program
+  that imports the command line keeps its own Ctrl-C;
+- while the command runs: Python's ``KeyboardInterrupt``, which the commands turn into the line and
+  the code after removing what they were writing (:func:`planner.cli.guard`), and which
+  :func:`planner.cli.run` catches around the rest;
+- once the command has its exit code: SIGINT is ignored, the process is ending.
+
+A SIGINT before Python runs the first line of the package (interpreter start-up, ``site``) gets
+Python's own handling.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+#: the exit code of an interrupted command (128 + SIGINT, as shells report it)
+INTERRUPTED_EXIT = 130
+#: the line an interrupted command prints on stderr
+INTERRUPTED = "interrupted"
+
+
+def _exit_now(signum: int, frame: Any) -> None:
+    os.write(2, f"{INTERRUPTED}\n".encode())  # not through sys.stderr: its buffer may be mid-write
+    os._exit(INTERRUPTED_EXIT)
+
+
+def _install(handler: Any) -> Any:
+    """Set the SIGINT handler; the one before it, or None off the main thread (where Python sets none)."""
+    try:
+        return signal.signal(signal.SIGINT, handler)
+    except ValueError:  # not the main thread
+        return None
+
+
+_found = _install(_exit_now) if signal.getsignal(signal.SIGINT) is signal.default_int_handler else None
+
+
+def loaded() -> None:
+    """The command line has loaded: the SIGINT handler found before it is back."""
+    if _found is not None:
+        _install(_found)
+
+
+def running() -> None:
+    """A command starts: SIGINT raises ``KeyboardInterrupt``."""
+    _install(signal.default_int_handler)
+
+
+def finished() -> None:
+    """The command has its exit code: SIGINT is ignored."""
+    _install(signal.SIG_IGN)
