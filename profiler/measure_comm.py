@@ -31,6 +31,8 @@ from vocab.errors import ShardplanError
 KIB, MIB = 1024, 1024**2
 FULL_SIZES = [KIB * 4**i for i in range(10)]  # 1 KiB .. 256 MiB
 QUICK_SIZES = [KIB * 4**i for i in range(8)]  # 1 KiB .. 16 MiB
+#: the statistics of a point's repeats that the alpha-beta fit can take
+STATS = ("median", "min")
 _UNITS = {"": 1, "b": 1, "k": KIB, "kb": KIB, "kib": KIB, "m": MIB, "mb": MIB, "mib": MIB,
           "g": 1024**3, "gb": 1024**3, "gib": 1024**3}
 
@@ -321,12 +323,21 @@ def _worker(rank: int, world: int, port: int, cfg: dict[str, Any], q: Any) -> No
 
 # ---- the parent ----------------------------------------------------------------------------------
 
+def check_stat(stat: str) -> None:
+    """``stat`` names a statistic of the repeats the fit takes (:data:`STATS`)."""
+    if stat not in STATS:
+        raise ShardplanError(f"--stat must be {' or '.join(STATS)}, got '{stat}'")
+
+
 def check_backend(backend: str, nproc: int) -> None:
+    """``backend`` is one this host can start ``nproc`` processes of (names checked before torch loads)."""
+    if backend not in ("gloo", "nccl"):
+        raise ShardplanError(f"backend '{backend}' is not gloo or nccl")
+    if nproc < 2:
+        raise ShardplanError(f"--nproc must be at least 2 to time collectives, got {nproc}")
     import torch
     import torch.distributed as dist
 
-    if nproc < 2:
-        raise ShardplanError(f"--nproc must be at least 2 to time collectives, got {nproc}")
     if backend == "gloo":
         if not dist.is_available() or not dist.is_gloo_available():
             raise ShardplanError("backend 'gloo' cannot start: this torch build has no gloo support")
@@ -339,8 +350,6 @@ def check_backend(backend: str, nproc: int) -> None:
         if torch.cuda.device_count() < nproc:
             raise ShardplanError(f"backend 'nccl' needs one GPU per process: {nproc} processes but "
                                  f"{torch.cuda.device_count()} GPU(s) visible")
-    else:
-        raise ShardplanError(f"backend '{backend}' is not gloo or nccl")
 
 
 def end_processes(procs: list[Any], grace_s: float = 5.0) -> None:
@@ -379,9 +388,8 @@ def profile_comm(
 
     from profiler.measure_compute import device_info, host_load, sweep_progress
 
+    check_stat(stat)
     check_backend(backend, nproc)
-    if stat not in ("median", "min"):
-        raise ShardplanError(f"stat must be median or min, got '{stat}'")
     colls = list(collectives or COLLECTIVES)
     bad = [c for c in colls if c not in COLLECTIVES]
     if bad:

@@ -138,3 +138,39 @@ def test_ctrl_c_inside_a_command_is_one_line(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(estimate, "price_args", interrupt)
     rc, out, err = run(["estimate", "-m", "gpt2", "-c", "4xcpu", "--seq-len", "128", "--global-batch", "8"], capsys)
     assert (rc, out, err) == (130, "", "interrupted\n")
+
+
+# ---- 4. arguments checked before any work -----------------------------------------------------
+
+def _never(what: str) -> Any:
+    def called(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError(f"{what} ran")
+
+    return called
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["profile", "comm", "--quick", "--stat", "mean"], "error: --stat must be median or min, got 'mean'\n"),
+    (["profile", "comm", "--quick", "--backend", "mpi"], "error: backend 'mpi' is not gloo or nccl\n"),
+])
+def test_profile_comm_refuses_its_options_before_measuring(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str], argv: list[str],
+                                                           message: str) -> None:
+    from profiler import measure_comm, measure_compute
+
+    monkeypatch.setattr(measure_comm, "profile_comm", _never("the measurement"))
+    monkeypatch.setattr(measure_compute, "host_load", lambda: 99.0)  # a busy host: its warning is for a measurement
+    rc, out, err = run([*argv, "-o", str(tmp_path / "p.json")], capsys)
+    assert (rc, out, err) == (2, "", message)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_profile_model_refuses_an_unknown_accelerator_before_measuring(monkeypatch: pytest.MonkeyPatch,
+                                                                       tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    from profiler import measure_model
+
+    monkeypatch.setattr(measure_model, "measure_layers", _never("the measurement"))
+    rc, out, err = run(["profile", "model", "-m", "gpt2", "--accelerator", "h1000", "-o", str(tmp_path / "p.json")],
+                       capsys)
+    assert (rc, out) == (2, "") and err.startswith("error: ") and "h1000" in err and err.count("\n") == 1

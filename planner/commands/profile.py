@@ -138,7 +138,7 @@ def comm(
     nproc: int = count_option(2, "--nproc", help="processes to start on this host", maximum=256),
     backend: str = typer.Option("gloo", "--backend", help="gloo or nccl"),
     sizes: str = typer.Option("", "--sizes", help="message sizes, e.g. 1K,64K,1M,256M (default 1 KiB..256 MiB)"),
-    stat: str = typer.Option("median", "--stat", help="fit the median or the min of the repeats"),
+    stat: str = typer.Option("median", "--stat", help="median | min: the statistic of the repeats fitted"),
     timeout: float = positive_option(120.0, "--timeout", help="seconds without progress before a rank counts as hung"),
     quick: bool = QUICK,
     output: Path = OUTPUT,
@@ -147,9 +147,10 @@ def comm(
     as_json: bool = AS_JSON,
 ) -> None:
     """Time collectives between N local processes and fit alpha (latency) and beta (s/byte)."""
-    from profiler.measure_comm import check_backend, parse_sizes, profile_comm
+    from profiler.measure_comm import check_backend, check_stat, parse_sizes, profile_comm
     from profiler.profile_schema import Profile
 
+    check_stat(stat)
     size_list = parse_sizes(sizes) if sizes.strip() else None
     check_backend(backend, nproc)
     base = _base(output, merge, "gpu" if backend == "nccl" else "cpu")
@@ -215,10 +216,11 @@ def model(
     if calib is not None:
         calib.check_kind("gpu" if dev.type == "cuda" else "cpu", f"--device {device}")
     base = _base(output, merge, "gpu" if dev.type == "cuda" else "cpu")
+    graph, acc = layers_graph(cfg, layers, seq_len), accelerator_for(dev, accelerator)  # before measuring
     load = _warn_if_busy(dev.type == "cpu")
     rows = measure_layers(cfg, dev, layers=layers, micro_batch=micro_batch, seq_len=seq_len, dtype=dtype,
                           repeats=repeats, model_name=model_name)
-    rows = with_predicted_times(rows, layers_graph(cfg, layers, seq_len), accelerator_for(dev, accelerator), calib)
+    rows = with_predicted_times(rows, graph, acc, calib)
     _write(Profile(device=device_info(dev, load), model=rows), base, output)
     if as_json:
         print_json({"output": str(output), "layers": [r.model_dump() for r in rows]})
