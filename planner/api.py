@@ -32,6 +32,7 @@ from solvers.hybrid import Progress, search
 from solvers.mip import DEFAULT_SOLVER, SOLVERS
 from solvers.result import SearchResult, break_tie, finite_or_none, parallel_axes
 from solvers.space import SPACES, SpaceOptions, restrict
+from vocab.arguments import typed
 from vocab.errors import ShardplanError
 from vocab.plan import Alternative, ClusterRef, Plan, PlanInputs, Predicted, SolverInfo, TargetRef
 from vocab.strategy import WORKLOAD_CHOICES, Workload, check_workload_choices
@@ -49,6 +50,7 @@ class Planned:
     by_batch: dict[int, float]  # global batch -> samples/s of its best plan
 
 
+@typed
 def search_plan(
     model: Any,
     cluster: str | dict[str, Any] | Cluster,
@@ -212,6 +214,7 @@ def search_plan(
     return Planned(doc, res, graph, cl, by_batch)
 
 
+@typed
 def plan(
     model: Any,
     cluster: str | dict[str, Any] | Cluster,
@@ -241,6 +244,7 @@ def plan(
     ).plan
 
 
+@typed
 def target_behaviour(t: Target, precision: str, **asked: str | None) -> dict[str, str]:
     """The workload fields a search for ``t`` prices with (:data:`vocab.targets.WORKLOAD_BEHAVIOUR`):
     the values asked for (``cross_entropy``, ``grad_dtype``, ``moe_dispatch``...), which ``t`` must
@@ -256,6 +260,7 @@ def target_behaviour(t: Target, precision: str, **asked: str | None) -> dict[str
     return t.behaviour.workload(**asked)
 
 
+@typed
 def check_capacity(t: Target, capacity: float | None) -> None:
     """A capacity factor needs a target that drops tokens, and a positive finite value."""
     if capacity is None:

@@ -23,6 +23,8 @@ from planner.cli import main
 from solvers import hybrid
 from solvers.chain import ChainSolution
 from solvers.result import proven_bound
+from vocab.errors import ShardplanError
+from vocab.plan import PlanError, parse_plan
 
 
 @pytest.mark.parametrize("stopped", [-np.inf, np.nan])
@@ -174,3 +176,81 @@ def test_profile_model_refuses_an_unknown_accelerator_before_measuring(monkeypat
     rc, out, err = run(["profile", "model", "-m", "gpt2", "--accelerator", "h1000", "-o", str(tmp_path / "p.json")],
                        capsys)
     assert (rc, out) == (2, "") and err.startswith("error: ") and "h1000" in err and err.count("\n") == 1
+
+
+# ---- 5. the public API's types; plans given as data -------------------------------------------
+
+@pytest.mark.parametrize("args, kwargs, message", [
+    (("gpt2", "4xcpu", "128", 8), {}, "plan: seq_len must be an integer, got str '128'"),
+    (("gpt2", "4xcpu", 128, 8.0), {}, "plan: global_batch must be an integer or a list of integers, got float 8.0"),
+    (("gpt2", "4xcpu", 128, 8), {"target": None}, "plan: target must be a string, got NoneType None"),
+    (("gpt2", "4xcpu", True, 8), {}, "plan: seq_len must be an integer, got bool True"),
+    (("gpt2", "4xcpu", 128, [8, "16"]), {}, "plan: global_batch must be an integer or a list of integers, got "
+                                           "list [8, '16']"),
+    (("gpt2", 4, 128, 8), {}, "plan: cluster must be a string or a dict or a Cluster, got int 4"),
+    (("gpt2", "4xcpu", 128, 8), {"top_k": 2.0}, "plan: top_k must be an integer, got float 2.0"),
+    (("gpt2", "4xcpu", 128, 8), {"time_limit": "5"}, "plan: time_limit must be a number or None, got str '5'"),
+    (("gpt2", "4xcpu", 128, 8), {"tie_break": 1}, "plan: tie_break must be true or false, got int 1"),
+    (("gpt2", "4xcpu", 128, 8), {"bogus": 1}, "plan: got an unexpected keyword argument 'bogus'"),
+])
+def test_the_public_api_names_a_parameter_of_the_wrong_type(args: tuple[Any, ...], kwargs: dict[str, Any],
+                                                             message: str) -> None:
+    with pytest.raises(ShardplanError) as e:
+        api.plan(*args, **kwargs)
+    assert str(e.value) == message
+
+
+def test_every_public_function_of_the_api_checks_its_arguments() -> None:
+    from vocab.targets import load_target
+
+    with pytest.raises(ShardplanError, match="^search_plan: seq_len must be an integer, got float 128.0$"):
+        api.search_plan("gpt2", "4xcpu", 128.0, 8)
+    with pytest.raises(ShardplanError, match="^target_behaviour: precision must be a string, got NoneType None$"):
+        api.target_behaviour(load_target("shardplan"), None)
+    with pytest.raises(ShardplanError, match="^target_behaviour: cross_entropy must be a string or None, got int 1$"):
+        api.target_behaviour(load_target("shardplan"), "bf16", cross_entropy=1)
+    with pytest.raises(ShardplanError, match="^check_capacity: capacity must be a number or None, got str '1.5'$"):
+        api.check_capacity(load_target("megatron"), "1.5")
+    public = [n for n, f in vars(api).items() if callable(f) and getattr(f, "__module__", "") == api.__name__
+              and not n.startswith("_") and not isinstance(f, type)]
+    assert sorted(public) == ["check_capacity", "plan", "search_plan", "target_behaviour"]
+    assert all(hasattr(getattr(api, n), "__wrapped__") for n in public)
+
+
+@pytest.fixture(scope="module")
+def plan_doc() -> dict[str, Any]:
+    return json.loads(api.plan({**TINY_GPT2, "n_layer": 2}, "4xcpu", 128, 8, top_k=0).to_json())
+
+
+def _nested(levels: int) -> Any:
+    node: Any = 1
+    for _ in range(levels):
+        node = [node]
+    return node
+
+
+@pytest.mark.parametrize("where", [("solver", "options"), ("inputs", "model_graph", "config")])
+@pytest.mark.parametrize("value, reason", [
+    ({1, 2}, "holds a value JSON cannot: Object of type set is not JSON serializable"),
+    (b"x", "holds a value JSON cannot: Object of type bytes is not JSON serializable"),
+    (float("nan"), "holds a value JSON cannot: Out of range float values are not JSON compliant"),
+    (float("inf"), "holds a value JSON cannot: Out of range float values are not JSON compliant"),
+    (_nested(40), "nests deeper than 32 levels"),
+])
+def test_a_plan_given_as_a_dict_is_checked_as_text_is(plan_doc: dict[str, Any], where: tuple[str, ...],
+                                                      value: Any, reason: str) -> None:
+    doc = json.loads(json.dumps(plan_doc))
+    node = doc
+    for key in where:
+        node = node[key]
+    node["fuzz"] = value
+    with pytest.raises(PlanError) as e:
+        parse_plan(doc)
+    assert str(e.value) == f"plan {reason}"
+
+
+def test_a_plan_dict_that_parses_is_written(plan_doc: dict[str, Any]) -> None:
+    doc = json.loads(json.dumps(plan_doc))
+    doc["solver"]["options"]["pair"] = (1, 2)
+    assert json.loads(parse_plan(doc).to_json())["solver"]["options"]["pair"] == [1, 2]
+    assert parse_plan(plan_doc).to_json() == parse_plan(json.dumps(plan_doc)).to_json()

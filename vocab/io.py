@@ -133,6 +133,18 @@ def read_stream(f: BinaryIO, what: str, name: str, error: type[ShardplanError] =
         raise error(f"{what} '{name}' is not UTF-8 text (byte {e.start})") from None
 
 
+def as_json_data(data: Any, origin: str, error: type[ShardplanError] = ShardplanError) -> Any:
+    """``data`` as reading its JSON text gives it back (tuples as lists), checked as a document read
+    as text is: values JSON holds only (no sets, bytes, objects, NaN or infinities), at most
+    :data:`MAX_DEPTH` levels and :data:`MAX_NODES` values; else ``error`` naming ``origin``."""
+    check_depth(data, origin, error)
+    try:
+        text = json.dumps(data, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise error(f"{origin} holds a value JSON cannot: {e}") from None
+    return json.loads(text)
+
+
 def check_depth(data: Any, origin: str, error: type[ShardplanError] = ShardplanError,
                 limit: int = MAX_DEPTH) -> Any:
     """``data`` unchanged if its lists and mappings nest at most ``limit`` deep and it holds at
