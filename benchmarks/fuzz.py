@@ -1,17 +1,29 @@
 """Input fuzzing at scale: malformed inputs of every kind must end in success or a one-line rejection.
 
-    python benchmarks/fuzz.py                      # 10,000 in-process inputs, 2,000 commands, 200 processes
+    python benchmarks/fuzz.py                      # 13,500 in-process inputs, 5,410 commands, 200 processes
     python benchmarks/fuzz.py --scale 0.05         # a quick run (5% of every count)
     python benchmarks/fuzz.py --families cli-batch,hf-config --seed 3
 
 Valid documents (plans, profiles, model configs, clusters, accelerator files, batch lines, command
-lines) are mutated by ``tests/fuzz_inputs.py`` from a fixed seed. In-process inputs call the parsing
-and validation functions directly (anything but a ``ShardplanError`` is a failure); command-line
-inputs run ``planner.cli.main`` in-process (exit 0, or exit 2 with one line ``error: ...`` on
-stderr; a traceback, exit 70, another exit code, a half-written ``-o`` file, a batch output without
-one line per input line, an out-of-range flag value accepted, or raw control characters on stderr
-are failures); a sample of them also runs as ``python -m planner.cli`` processes. A call over 30 s
-is a hang; after three hangs in a family its later calls get 5 s.
+lines, trainer configurations, published-runs CSVs) are mutated by ``tests/fuzz_inputs.py`` from a
+fixed seed. In-process inputs call the parsing and validation functions and the public API directly
+(anything but a ``ShardplanError`` is a failure); command-line inputs run ``planner.cli.main``
+in-process (exit 0, or exit 2 with one line ``error: ...`` on stderr; a traceback, exit 70, another
+exit code, a half-written ``-o`` file, a batch output without one line per input line, an
+out-of-range flag value accepted, or raw control characters on stderr are failures); a sample of
+them also runs as ``python -m planner.cli`` processes. A call over 30 s is a hang; after three hangs
+in a family its later calls get 5 s.
+
+What users and attackers touch has its own families (``tests/fuzz_families_exports.py``,
+``tests/fuzz_families_commands.py``, ``tests/fuzz_families_unicode.py``): ``export`` of plans with
+injection payloads in one string each (the file, read as its trainer reads it and a Python script
+run at top level with its imports stubbed, must have the shape of the export of the same plan with a
+harmless string and make no marker file), ``import`` of mutated trainer files (no file opened that
+only the file's header names), ``sweep``, ``train``, ``profile``, ``validate`` and ``fit`` with bad
+values (``train``, ``profile`` and ``fit`` stop where ranks would start, measuring or fitting would
+begin: such cases run in-process only), the public API with values of the wrong type, odd Unicode and
+control characters in every document string (none may reach stdout raw), and Ctrl-C while ``plan``
+starts (exit 130, one line).
 
 Prints a table per family (inputs, accepted, rejected, exceptions, exit 70, hangs, multi-line
 rejections, other rule breaks) and each family's distinct failures with the first input of each.
@@ -32,12 +44,19 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests import fuzz_families as ff  # noqa: E402
+from tests import fuzz_families_commands as fc  # noqa: E402
+from tests import fuzz_families_exports as fe  # noqa: E402
+from tests import fuzz_families_unicode as fu  # noqa: E402
 from tests import fuzz_runner as fr  # noqa: E402
 
+IN_PROCESS = {**ff.IN_PROCESS, **fu.IN_PROCESS}
+COMMAND_LINE = {**ff.COMMAND_LINE, **fe.COMMAND_LINE, **fc.COMMAND_LINE, **fu.COMMAND_LINE}
 IN_PROCESS_COUNTS = {"plan-doc": 2500, "profile-doc": 2000, "hf-config": 2000, "cluster": 2000, "accelerator": 500,
-                     "batch-line": 1000}
+                     "batch-line": 1000, "doc-unicode": 2500, "api-types": 1000}
 CLI_COUNTS = {"cli-plan-file": 500, "cli-profile": 250, "cli-config": 300, "cli-cluster": 300, "cli-batch": 200,
-              "cli-values": 300, "cli-output": 80, "cli-paths": 70}
+              "cli-values": 300, "cli-output": 80, "cli-paths": 70, "export-injection": 1200, "import-injection": 800,
+              "cli-unicode": 300, "cli-sweep": 200, "cli-train": 200, "cli-profile-command": 300, "cli-validate": 200,
+              "cli-fit": 200, "cli-signals": 10}
 SUBPROCESSES = 200
 COLUMNS = ("inputs", "accepted", "rejected", "exception", "exit70", "hang", "multiline", "other")
 HEAD = ("family", "inputs", "accepted", "rejected", "exception", "exit 70", "hang", "multi-line", "other",
@@ -91,7 +110,7 @@ def run_subprocesses(count: int, fz: fr.FuzzEnv, seed: int, families: list[str])
     done = 0
     while done < count and families:
         name = families[done % len(families)]
-        case = ff.COMMAND_LINE[name](rnd, fz)
+        case = COMMAND_LINE[name](rnd, fz)
         if not case.subprocess_ok:
             case.discard()
             continue
@@ -137,10 +156,10 @@ def main() -> int:
         fz.plans  # noqa: B018 (made once, before the clock of the first family)
         tallies: dict[str, Tally] = {}
         for name in wanted:
-            gen = ff.IN_PROCESS.get(name) or ff.COMMAND_LINE[name]
+            gen = IN_PROCESS.get(name) or COMMAND_LINE[name]
             count = max(1, round({**IN_PROCESS_COUNTS, **CLI_COUNTS}[name] * args.scale))
             tallies[name] = run_family(name, gen, count, fz, args.seed, not args.quiet)
-        cli_wanted = [f for f in wanted if f in CLI_COUNTS]
+        cli_wanted = [f for f in wanted if f in CLI_COUNTS and f not in fc.NOT_AS_PROCESS]
         if n_sub and cli_wanted:
             tallies.update(run_subprocesses(n_sub, fz, args.seed, cli_wanted))
         wall = time.perf_counter() - t_start

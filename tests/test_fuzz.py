@@ -28,7 +28,11 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
 from tests import fuzz_families as ff
+from tests import fuzz_families_commands as fc
+from tests import fuzz_families_exports as fe
+from tests import fuzz_families_unicode as fu
 from tests import fuzz_inputs as fi
+from tests import fuzz_judges as fj
 from tests import fuzz_runner as fr
 
 LONG_FACTOR = 20
@@ -334,12 +338,102 @@ def test_inputs_the_fuzzer_found(fz: fr.FuzzEnv, name: str) -> None:
     assert out.ok, f"{name}: {out.summary()}\n  stderr: {out.stderr[-600:]}"
 
 
+# ---- what users and attackers touch: exports, imports, commands that start work, the API --------
+
+#: the families of tests/fuzz_families_{exports,commands,unicode}.py and their examples here
+TOUCHED_EXAMPLES = {"export-injection": 150, "import-injection": 120, "cli-unicode": 60, "doc-unicode": 300,
+                    "api-types": 120, "cli-sweep": 40, "cli-train": 40, "cli-profile-command": 50, "cli-validate": 30,
+                    "cli-fit": 40}
+TOUCHED = {**fe.COMMAND_LINE, **fc.COMMAND_LINE, **fu.IN_PROCESS, **fu.COMMAND_LINE}
+#: families with known defects (un-mark each when its fix lands)
+KNOWN_DEFECTS = {
+    "api-types": "public functions given a value of the wrong type raise TypeError/AttributeError/ValidationError "
+                 "(API type errors)",
+    "cli-sweep": "sweep takes Unicode digits in its lists (--seq-len '٤'), exits 70 (ValidationError) on a global "
+                 "batch over the supported range and on -m ' gpt2 ', and runs past 30 s on --seq-len 1..10**30",
+    "cli-profile-command": "profile comm takes --sizes of 10**30 bytes and exits 70 (OverflowError) on --timeout 1e30",
+    "cli-validate": "validate exits 70 (OverflowError/ValueError in costmodel.published._int) on a CSV count of "
+                    "5000 digits or NaN",
+}
+
+
+@pytest.mark.parametrize("family", [pytest.param(f, marks=pytest.mark.xfail(reason=KNOWN_DEFECTS[f], strict=False))
+                                    if f in KNOWN_DEFECTS else f for f in sorted(TOUCHED_EXAMPLES)])
+def test_touched_inputs(fz: fr.FuzzEnv, family: str) -> None:
+    """Exports of plans with injection payloads in their strings, imports of mutated trainer files,
+    sweep / train / profile / validate / fit with bad values, the API with wrong types, odd
+    Unicode in documents: success or a one-line rejection, and each family's own rules."""
+    failures = fuzz(TOUCHED[family], fz, TOUCHED_EXAMPLES[family], family)
+    assert not failures, fr.report(failures)
+
+
+def test_export_and_import_seeds(fz: fr.FuzzEnv) -> None:
+    """Every seed plan exports to some target it can express, the export of each reads back as its
+    trainer reads it, and imports again (the injection families start from files that work)."""
+    sources = fe.import_sources(fz)
+    assert {t for _, t, _ in sources} == set(ff.EXPORT_TARGETS)
+    for name, target, text in sources:
+        assert fj.judge_export(target, text, text, fz.root / "no-marker", fz.root) is None, (name, target)
+        path = fz.file(text.encode(), fe.IMPORT_SUFFIX[target], stem="import-seed")
+        out = fr.run_cli(["import", str(path), *fe.inputs_flags(name, target)])
+        assert out.rc == 0, (name, target, out.summary())
+
+
+def test_judges_catch_what_broke_out(tmp_path: Path) -> None:
+    """The export judges flag a string that broke out of its place in each trainer's language."""
+    marker = tmp_path / "pwned"
+    ref_py = '# a\n"""Train it."""\nimport sys\nPLAN = {"model": "x"}\n'
+    cases = {
+        "python": f'# a\n__import__("os").system("touch {marker}") #\n"""Train it."""\nimport sys\nPLAN = {{"model": "x"}}\n',
+        "megatron": "# a\n--save /tmp/x\n# b\n--k 1\n",
+        "torchtitan": '# a\n# b\n[job]\ndump_folder = "/tmp/x"\n[x]\nk = 1\n',
+        "nanotron": "# a\x85checkpoints_path: /tmp/x\n# b\nx:\n  k: 1\n",
+        "deepspeed": '{"a": 1, "b": {"c": 2, "save": "/tmp/x"}}',
+    }
+    refs = {"python": ref_py, "megatron": "# a\n# b\n--k 1\n", "torchtitan": "# a\n# b\n[x]\nk = 1\n",
+            "nanotron": "# a\n# b\nx:\n  k: 1\n", "deepspeed": '{"a": 1, "b": {"c": 2}}'}
+    for target, text in cases.items():
+        assert fj.judge_export(target, refs[target], refs[target], marker, tmp_path) is None, target
+        assert fj.judge_export(target, text, refs[target], marker, tmp_path) is not None, target
+        marker.unlink(missing_ok=True)
+    with fj.watch_opens(["pwned"]) as seen:
+        marker.write_text("x")
+        marker.read_text()
+    assert seen == [str(marker), str(marker)]
+
+
+def test_stubs_stop_valid_commands(fz: fr.FuzzEnv, tmp_path: Path) -> None:
+    """A valid train, profile or fit command gets to the stub that stands for starting ranks,
+    measuring or fitting (so a fuzz input never starts them, and a bad one that gets there is seen)."""
+    csv_path = tmp_path / "runs.csv"
+    csv_path.write_bytes(fc.published_sample(4))
+    runs = [(["train", "--model", "gpt2", "--plan", str(fz.plans[0][2])], fc.LAUNCH, "runtime.launch.launch"),
+            (["profile", "compute", "--quick", "-o", str(tmp_path / "p.json")], fc.MEASURE, "Clock"),
+            (["profile", "model", "--model", "gpt2", "-o", str(tmp_path / "p.json")], fc.MEASURE, "build_stack"),
+            (["fit", str(csv_path), "-o", str(tmp_path / "c.yaml")], fc.FIT, "costmodel.fit.fit")]
+    for argv, stubs, where in runs:
+        out = fc.guarded_run(argv, stubs, [], cwd=tmp_path)(fr.HANG_S)
+        assert out.kind == "accepted" and out.detail.startswith(fc.STOPPED) and where in out.detail, (argv, out.summary())
+        bad = fc.guarded_run(argv, stubs, ["a value"], cwd=tmp_path)(fr.HANG_S)
+        assert bad.kind == "other", argv
+    assert not (tmp_path / "c.yaml").exists()
+
+
+@pytest.mark.xfail(reason="SIGINT at start-up: a traceback or another exit code than 130 (fix in progress)",
+                   strict=False)
+@pytest.mark.parametrize("after_s", fc.SIGNAL_DELAYS)
+def test_sigint_at_start_up(after_s: float) -> None:
+    """Ctrl-C while ``plan`` starts or searches: exit 130, at most one line, no traceback."""
+    out = fc.run_interrupted(fc.SIGNAL_ARGV, after_s)
+    assert out.ok, f"SIGINT at {after_s} s: {out.summary()}\n  stderr: {out.stderr[-600:]}"
+
+
 # ---- the long profile ---------------------------------------------------------------------------
 
 @pytest.mark.fuzz_long
-@pytest.mark.parametrize("family", sorted({**IN_PROCESS_EXAMPLES, **CLI_EXAMPLES}))
+@pytest.mark.parametrize("family", sorted({**IN_PROCESS_EXAMPLES, **CLI_EXAMPLES, **TOUCHED_EXAMPLES}))
 def test_long_profile(fz: fr.FuzzEnv, family: str) -> None:
-    gen = {**ff.IN_PROCESS, **ff.COMMAND_LINE}[family]
-    n = {**IN_PROCESS_EXAMPLES, **CLI_EXAMPLES}[family] * LONG_FACTOR
+    gen = {**ff.IN_PROCESS, **ff.COMMAND_LINE, **TOUCHED}[family]
+    n = {**IN_PROCESS_EXAMPLES, **CLI_EXAMPLES, **TOUCHED_EXAMPLES}[family] * LONG_FACTOR
     failures = fuzz(gen, fz, n, f"long-{family}")
     assert not failures, fr.report(failures, groups=25)
