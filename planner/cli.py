@@ -22,6 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from planner.layout import literal
+from planner.options import int_option
 from vocab.errors import ShardplanError, first_line
 
 #: exit code of an unexpected exception (BSD sysexits' EX_SOFTWARE); bad input exits with 2
@@ -196,8 +197,9 @@ def inspect(
     model: str = typer.Option(
         ..., "--model", "-m", help="preset name, Hugging Face id, config.json path or pkg.module:factory"
     ),
-    seq_len: int = typer.Option(
-        None, "--seq-len", min=1, help=f"tokens per sample (default: {INSPECT_SEQ_LEN}, or the model's max where shorter)"
+    seq_len: int = int_option(
+        None, "--seq-len", minimum=1, help=f"tokens per sample (default: {INSPECT_SEQ_LEN}, or the model's max where "
+        "shorter)"
     ),
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:

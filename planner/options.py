@@ -11,6 +11,8 @@ from typing import Any
 
 import typer
 
+from vocab.digits import read_float, read_int
+
 #: what a numeric option takes and a valid value, for the messages of a bad or missing one
 FORMS: dict[str, tuple[str, str]] = {
     "--seq-len": ("an integer number of tokens", "8192"),
@@ -98,8 +100,8 @@ class OptionValueError(typer.BadParameter):
                              self.out_of_range)
 
 
-def _integer(lo: int, hi: int | None) -> Any:
-    """The parser of an integer option in ``lo..hi``."""
+def _integer(lo: int | None, hi: int | None) -> Any:
+    """The parser of an integer option (ASCII digits) in ``lo..hi``."""
 
     def parse(value: Any) -> int:
         if isinstance(value, bool):
@@ -108,41 +110,46 @@ def _integer(lo: int, hi: int | None) -> Any:
             n = value
         else:
             try:
-                n = int(str(value).strip())
+                n = read_int(str(value))
             except ValueError:  # not an integer, or over the digits int() reads
                 raise OptionValueError("integer", value) from None
-        if n < lo or (hi is not None and n > hi):
+        if (lo is not None and n < lo) or (hi is not None and n > hi):
             raise OptionValueError("integer", value, lo, hi, out_of_range=True)
         return n
 
     return parse
 
 
-def _positive(value: Any) -> float:
-    """The parser of a finite number above 0."""
+def _real(value: Any) -> float:
+    """A number option's value (ASCII digits), or the option's usage error."""
     if isinstance(value, bool):
         raise OptionValueError("number", value)
     try:
-        x = float(value if isinstance(value, int | float) else str(value).strip())
+        return float(value) if isinstance(value, int | float) else read_float(str(value))
     except (ValueError, OverflowError):
         raise OptionValueError("number", value) from None
+
+
+def _positive(value: Any) -> float:
+    """The parser of a finite number above 0."""
+    x = _real(value)
     if not (math.isfinite(x) and x > 0):
         raise OptionValueError("number", value, 0, None, above=True, out_of_range=True)
     return x
 
 
-def finite(param: typer.CallbackParam, value: Any) -> Any:
-    """Callback of a float option: refuses NaN and infinities (a range check lets NaN through)."""
-    if value is not None and not math.isfinite(value):
-        raise OptionValueError("number", value)
-    return value
+def _finite(lo: float | None, hi: float | None) -> Any:
+    """The parser of a finite number option in ``lo..hi``."""
 
+    def parse(value: Any) -> float:
+        x = _real(value)
+        if not math.isfinite(x):
+            raise OptionValueError("number", value)
+        if (lo is not None and x < lo) or (hi is not None and x > hi):
+            raise OptionValueError("number", value, lo, hi, out_of_range=True)
+        return x
 
-def finite_positive(param: typer.CallbackParam, value: Any) -> Any:
-    """Callback of a float option that must be finite and above 0."""
-    if value is not None and not (math.isfinite(value) and value > 0):
-        raise OptionValueError("number", value, 0, None, above=True, out_of_range=True)
-    return value
+    return parse
 
 
 def count_option(default: Any, *names: str, help: str = "", maximum: int | None = None) -> Any:
@@ -154,6 +161,19 @@ def count_option(default: Any, *names: str, help: str = "", maximum: int | None 
 def positive_option(default: Any, *names: str, help: str = "") -> Any:
     """A finite positive float option (a memory or time limit)."""
     return typer.Option(default, *names, help=help, parser=_positive)
+
+
+def int_option(default: Any, *names: str, help: str = "", minimum: int | None = None,
+               maximum: int | None = None) -> Any:
+    """An integer option (ASCII digits) in ``minimum..maximum``: fractions, words and other digits
+    are refused with the option's form and an example."""
+    return typer.Option(default, *names, help=help, min=minimum, max=maximum, parser=_integer(minimum, maximum))
+
+
+def number_option(default: Any, *names: str, help: str = "", minimum: float | None = None,
+                  maximum: float | None = None) -> Any:
+    """A finite float option (ASCII digits) in ``minimum..maximum``."""
+    return typer.Option(default, *names, help=help, min=minimum, max=maximum, parser=_finite(minimum, maximum))
 
 
 # ---- the parser's usage errors, one line each -------------------------------------------------

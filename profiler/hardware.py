@@ -419,7 +419,8 @@ class Cluster:
                 "memory_gb": self.device_bytes / 1e9}
 
 
-_SHORTHAND = re.compile(r"^\s*(\d+)\s*[x×*]\s*([A-Za-z0-9._-]+)\s*$")
+#: ``64xh100``: a count of GPUs in ASCII digits, ``x`` (or ``×``, ``*``), an accelerator; no blank inside
+_SHORTHAND = re.compile(r"^[ \t]*([0-9]+)[x×*]([A-Za-z0-9._-]+)[ \t]*$")
 
 
 class _ClusterDoc(_Strict):
@@ -484,7 +485,8 @@ def parse_cluster(spec: str | dict[str, Any] | Cluster, gpus_per_node: int | Non
         if not isinstance(data, dict):
             raise ShardplanError(f"{where} must hold a mapping, got {type(data).__name__}")
         return _cluster_from_dict(data, where)
-    raise ShardplanError(f"cluster '{spec}': expected 'N x accelerator' like 64xh100, or a YAML/JSON file")
+    raise ShardplanError(f"cluster '{spec}': expected 'N x accelerator' like 64xh100 (N in ASCII digits, no blank "
+                         "inside), or a YAML/JSON file")
 
 
 def _cluster_from_dict(d: dict[str, Any], where: str) -> Cluster:

@@ -41,7 +41,7 @@ def parse_sizes(text: str) -> list[int]:
     """``1K,64K,1M`` → bytes (binary units); sorted, unique."""
     out = []
     for part in text.split(","):
-        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", part)
+        m = re.fullmatch(r"[ \t]*([0-9]+(?:\.[0-9]+)?)[ \t]*([a-zA-Z]*)[ \t]*", part)
         if not m or m.group(2).lower() not in _UNITS:
             raise ShardplanError(f"--sizes: cannot read '{part.strip()}' (use sizes like 1K, 64K, 1M, 256M)")
         n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -254,3 +255,101 @@ def test_a_plan_dict_that_parses_is_written(plan_doc: dict[str, Any]) -> None:
     doc["solver"]["options"]["pair"] = (1, 2)
     assert json.loads(parse_plan(doc).to_json())["solver"]["options"]["pair"] == [1, 2]
     assert parse_plan(plan_doc).to_json() == parse_plan(json.dumps(plan_doc)).to_json()
+
+
+# ---- 6. numbers in ASCII digits; an output that looks like an option --------------------------
+
+PLAN = ["plan", "-m", "gpt2", "--seq-len", "128", "--global-batch", "8"]
+EST = ["estimate", "-m", "gpt2", "-c", "4xcpu", "--seq-len", "128", "--global-batch", "8"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([*PLAN, "-c", "\u0664xcpu"], "cluster '\u0664xcpu': expected 'N x accelerator'"),
+    ([*PLAN, "-c", "\uff18xh100"], "cluster '\uff18xh100': expected 'N x accelerator'"),
+    ([*PLAN, "-c", "4 xcpu"], "cluster '4 xcpu': expected 'N x accelerator'"),
+    ([*EST, "--micro-batch", "\uff18"], "--micro-batch takes an integer number of samples, e.g. 1, got '\uff18'"),
+    ([*EST, "--tp", "\u0662"], "--tp takes an integer degree, e.g. 8, got '\u0662'"),
+    ([*EST, "--zero", "\u0661"], "--zero takes a ZeRO stage, e.g. 1, got '\u0661'"),
+    ([*EST, "--tp", "1_0"], "--tp takes an integer degree, e.g. 8, got '1_0'"),
+    ([*EST, "--memory-limit", "\uff18\uff10"], "--memory-limit takes a number of GiB, e.g. 80, got '\uff18\uff10'"),
+    ([*PLAN, "-c", "4xcpu", "--top-k", "\u0663"], "--top-k takes an integer number of runners-up, e.g. 5, got '\u0663'"),
+    ([*PLAN, "-c", "4xcpu", "--reserve", "\u0665"], "--reserve takes a percentage, e.g. 5, got '\u0665'"),
+    (["plan", "-m", "gpt2", "-c", "4xcpu", "--seq-len", "\u0661\u0662\u0668", "--global-batch", "8"],
+     "--seq-len takes an integer number of tokens, e.g. 8192, got '\u0661\u0662\u0668'"),
+    ([*PLAN[:-1], "\u0668", "-c", "4xcpu"], "--global-batch must be an integer or a comma-separated list, got "
+                                             "'\u0668'"),
+    (["inspect", "-m", "gpt2", "--seq-len", "\uff11\uff12\uff18"],
+     "--seq-len takes an integer number of tokens, e.g. 8192, got '\uff11\uff12\uff18'"),
+    (["sweep", "-m", "gpt2", "--gpus", "\u0664", "-a", "cpu"], "--gpus takes numbers of GPUs as a comma list"),
+    (["sweep", "-m", "gpt2", "--gpus", "4", "-a", "cpu", "--memory-limit", "\uff18"],
+     "--memory-limit takes numbers of GiB (or 'default'), e.g. 60,80, got '\uff18'"),
+    (["sweep", "-m", "gpt2", "--gpus", "4", "-a", "cpu", "--workers", "\u0662"],
+     "--workers takes an integer number of processes, e.g. 4, got '\u0662'"),
+    (["train", "-m", "gpt2", "-p", "x.json", "--seed", "\u0661"], "--seed takes an integer, e.g. 0, got '\u0661'"),
+    (["profile", "comm", "--sizes", "\u0664K", "-o", "p.json"], "--sizes: cannot read '\u0664K'"),
+])
+def test_numbers_are_ascii_digits(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
+    rc, out, err = run(argv, capsys)
+    assert (rc, out, err.count("\n")) == (2, "", 1) and err.startswith(f"error: {message}"), err
+
+
+def test_every_number_option_reads_ascii_digits() -> None:
+    """Every integer and float option of every command is parsed by planner.options (not by int(),
+    which reads any Unicode digit)."""
+    import typer
+
+    import planner.commands  # noqa: F401  (registers the commands)
+    from planner.cli import app
+
+    def params(command: Any, path: str) -> Any:
+        for name, sub in (getattr(command, "commands", None) or {}).items():
+            yield from params(sub, f"{path} {name}")
+        for param in getattr(command, "params", []):
+            yield path, param
+
+    numeric = [(path, param) for path, param in params(typer.main.get_command(app), "shardplan")
+               if {int, float} & set(typing.get_args(param.type_descriptor.annotation) or
+                                     [param.type_descriptor.annotation])]
+    assert len(numeric) > 30
+    loose = [f"{path} {param.name}" for path, param in numeric
+             if getattr(param.type_descriptor.parameter_info.parser, "__module__", None) != "planner.options"]
+    assert loose == []
+
+
+def test_numbers_of_a_megatron_config_are_ascii_digits(tmp_path: Path) -> None:
+    from planner.imports import ConfigError
+    from planner.imports.megatron import _int
+
+    with pytest.raises(ConfigError, match="must be an integer >= 1, got '\u0668'"):
+        _int({"--global-batch-size": ["\u0668"]}, "global_batch", "args")
+
+
+def test_ascii_numbers_read_as_before() -> None:
+    from vocab.digits import is_digits, read_float, read_int
+
+    assert [read_int(x) for x in ("8", " 8", "8\n", "+3", "-0", "007")] == [8, 8, 8, 3, 0, 7]
+    assert [read_float(x) for x in ("1.5", ".5", "1e3", "2.", "-4")] == [1.5, 0.5, 1000.0, 2.0, -4.0]
+    assert [str(read_float(x)) for x in ("inf", "-Infinity", "nan")] == ["inf", "-inf", "nan"]
+    for bad in ("\u0664", "\uff18", "1_000", "4 4", "", "0x10", "\u00b2", "1e", "\u3000" + "8"):
+        with pytest.raises(ValueError):
+            read_int(bad)
+        with pytest.raises(ValueError):
+            read_float(bad)
+    assert (is_digits("12"), is_digits("\u0661\u0662"), is_digits("\u00b2"), is_digits("")) == (True, False, False, False)
+
+
+@pytest.mark.parametrize("argv", [
+    ["fit", "-o", "--bogus"],
+    [*PLAN, "-c", "4xcpu", "-o", "-plan.json"],
+    ["export", "x.json", "--to", "megatron", "-o", "-x"],
+    ["import", "x.toml", "-o", "-p.json"],
+    ["profile", "compute", "-o", "-p.json"],
+    ["sweep", "-m", "gpt2", "--gpus", "4", "-a", "cpu", "-o", "-t.csv"],
+])
+def test_an_output_that_starts_with_a_dash_is_refused(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = run(argv, capsys)
+    name = argv[argv.index("-o") + 1]
+    assert (rc, out) == (2, "") and err.count("\n") == 1 and f"'{name}' starts with '-'" in err, err
+    assert list(tmp_path.iterdir()) == []

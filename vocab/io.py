@@ -33,9 +33,12 @@ MAX_NODES = 1_000_000
 
 
 def check_writable(path: str | Path, what: str = "output", error: type[ShardplanError] = ShardplanError) -> Path:
-    """``path`` as a file this process can create or replace, checked before any work: not a
-    directory, and its nearest existing folder writable (folders below it are made on write)."""
+    """``path`` as a file this process can create or replace, checked before any work: not an
+    option's name (``-o --json`` writes no file ``--json``), not a directory, and its nearest
+    existing folder writable (folders below it are made on write)."""
     p = Path(path)
+    if str(path).startswith("-"):
+        raise error(f"{what} '{path}' starts with '-', like an option; to write a file of that name, give ./{path}")
     try:
         if p.is_dir():
             raise error(f"{what} '{p}' is a directory; give a file name")

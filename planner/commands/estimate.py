@@ -35,7 +35,7 @@ from rich.table import Table
 
 from planner.cli import app, console, guard
 from planner.layout import literal
-from planner.options import count_option, positive_option
+from planner.options import count_option, int_option, positive_option
 from vocab.errors import ShardplanError, first_line
 from vocab.io import MAX_DEPTH, check_depth
 
@@ -460,7 +460,7 @@ def estimate_cmd(
     dp: int = count_option(None, "--dp", help="data-parallel degree (default: GPUs / (pp*cp*tp))"),
     dp_shard: int = count_option(None, "--dp-shard", help="ranks ZeRO/FSDP shards over"),
     dp_replicate: int = count_option(None, "--dp-replicate", help="plain data-parallel replicas"),
-    zero: int = typer.Option(0, "--zero", help="0 (DDP, dp_shard 1), 1, 2 or 3"),
+    zero: int = int_option(0, "--zero", help="0 (DDP, dp_shard 1), 1, 2 or 3"),
     recompute: str = typer.Option("none", "--recompute", help="none | selective | full"),
     schedule: str = typer.Option("1f1b", "--schedule", help="gpipe | 1f1b | interleaved | zb"),
     vpp: int = count_option(1, "--vpp", help="virtual stages per rank (interleaved)"),

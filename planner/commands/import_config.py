@@ -14,7 +14,7 @@ import typer
 
 from planner.cli import app, console, err_console, guard
 from planner.layout import literal
-from planner.options import positive_option
+from planner.options import int_option, positive_option
 from vocab.errors import ShardplanError
 
 
@@ -27,10 +27,10 @@ def import_cmd(
     model: str | None = typer.Option(None, "--model", "-m", help="preset or config path (default: the model "
                                      "the export's header names)"),
     cluster: str | None = typer.Option(None, "--cluster", "-c", help="e.g. 1024xh100 (default: the header's)"),
-    seq_len: int | None = typer.Option(None, "--seq-len", min=1, help="tokens per sample, where the file has none"),
+    seq_len: int | None = int_option(None, "--seq-len", minimum=1, help="tokens per sample, where the file has none"),
     memory_limit: float | None = positive_option(None, "--memory-limit", help="GiB per GPU the plan must fit"),
-    ep: int | None = typer.Option(None, "--ep", min=1, help="expert parallelism, for a DeepSpeed JSON (DeepSpeed "
-                                  "sets it in the model code)"),
+    ep: int | None = int_option(None, "--ep", minimum=1, help="expert parallelism, for a DeepSpeed JSON (DeepSpeed "
+                                "sets it in the model code)"),
     output: Path | None = typer.Option(None, "--output", "-o", help="write the plan JSON here"),
 ) -> None:
     """Read a trainer's configuration into a plan and price it (then explain, compare, or search a better one)."""

@@ -15,7 +15,8 @@ from rich.table import Table
 
 from planner.cli import app, console, err_console, guard, print_json
 from planner.layout import literal, literal_lines
-from planner.options import count_option, finite, positive_option
+from planner.options import count_option, int_option, number_option, positive_option
+from vocab.digits import read_int
 from vocab.errors import ShardplanError
 from vocab.io import check_writable
 
@@ -24,7 +25,7 @@ GIB = 1024**3
 
 def _batches(text: str) -> list[int]:
     try:
-        out = [int(x) for x in text.replace(" ", "").split(",") if x]
+        out = [read_int(x) for x in text.replace(" ", "").split(",") if x]
     except ValueError:
         raise ShardplanError(
             f"--global-batch must be an integer or a comma-separated list, got '{text}'"
@@ -167,8 +168,8 @@ def plan_cmd(
     memory_limit: float = positive_option(
         None, "--memory-limit", help="per-GPU memory limit in GiB (default: the GPU's memory less --reserve)"
     ),
-    reserve: float = typer.Option(
-        None, "--reserve", min=0.0, max=90.0, callback=finite,
+    reserve: float = number_option(
+        None, "--reserve", minimum=0.0, maximum=90.0,
         help="percent of each GPU's memory no plan may use (default 5: workspaces and allocator slack the "
         "cost model does not price)",
     ),
@@ -199,7 +200,7 @@ def plan_cmd(
     time_limit: float = positive_option(
         None, "--time-limit", help="seconds; the best plan so far, with its gap"
     ),
-    top_k: int = typer.Option(5, "--top-k", min=0, max=1000, help="runners-up to keep"),
+    top_k: int = int_option(5, "--top-k", minimum=0, maximum=1000, help="runners-up to keep"),
     solver: str = typer.Option(
         "highs", "--solver", help="the back-end of the integer programs: highs (HiGHS, default) | scip (SCIP "
         "through OR-Tools MathOpt); docs/solvers.md"

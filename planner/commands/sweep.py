@@ -18,7 +18,8 @@ import typer
 from rich.table import Table
 
 from planner.cli import app, console, err_console, guard
-from planner.options import positive_option
+from planner.options import int_option, positive_option
+from vocab.digits import read_float, read_int
 from vocab.errors import ShardplanError
 from vocab.io import check_writable
 
@@ -30,7 +31,7 @@ def int_list(text: str, flag: str, unit: str, example: str) -> list[int]:
     text = text.replace(" ", "")
     try:
         if ".." in text:
-            lo, hi = (int(x) for x in text.split(".."))
+            lo, hi = (read_int(x) for x in text.split(".."))
             if lo < 1 or hi < lo:
                 raise ValueError
             out = []
@@ -38,7 +39,7 @@ def int_list(text: str, flag: str, unit: str, example: str) -> list[int]:
                 out.append(lo)
                 lo *= 2
             return out
-        out = [int(x) for x in text.split(",") if x]
+        out = [read_int(x) for x in text.split(",") if x]
     except ValueError:
         raise ShardplanError(f"{flag} takes {unit} as a comma list or a doubling range, e.g. {example}, "
                              f"got '{text}'") from None
@@ -55,7 +56,7 @@ def float_list(text: str, flag: str, example: str) -> list[float | None]:
             out.append(None)
             continue
         try:
-            v = float(x)
+            v = read_float(x)
         except ValueError:
             v = math.nan
         if not (math.isfinite(v) and v > 0):
@@ -88,7 +89,7 @@ def sweep_cmd(
                                "and heatmap.png"),
     heatmap: bool = typer.Option(True, "--heatmap/--no-heatmap", help="with --plots: the tp x pp heatmap at the "
                                  "point of most tokens/s per GPU"),
-    workers: int = typer.Option(None, "--workers", min=1, max=64, help="processes (default: 2)"),
+    workers: int = int_option(None, "--workers", minimum=1, maximum=64, help="processes (default: 2)"),
 ) -> None:
     """Plan over a grid (cluster size, accelerator, global batch, sequence length, memory limit,
     target, space): one row per point, with time and cost to train a token budget."""

@@ -8,7 +8,7 @@ from typing import Any
 import typer
 
 from planner.cli import app, console, guard, print_json
-from planner.options import count_option, finite
+from planner.options import count_option, int_option, number_option
 from vocab.errors import ShardplanError
 
 WATCHDOG_S = 300.0  # runtime.launch.WATCHDOG_S (not imported here: that would import torch at start-up)
@@ -75,14 +75,14 @@ def train(
                               maximum=1024),
     steps: int = count_option(3, "--steps", help="optimizer steps", maximum=1_000_000),
     check_parity: bool = typer.Option(False, "--check-parity", help="also train in one process and compare losses"),
-    seed: int = typer.Option(0, "--seed", min=0, max=2**63 - 1, help="seed of the weights and the synthetic tokens"),
+    seed: int = int_option(0, "--seed", minimum=0, maximum=2**63 - 1, help="seed of the weights and the synthetic tokens"),
     seq_len: int = count_option(None, "--seq-len", help="tokens per sample (default: the plan's)"),
     global_batch: int = count_option(None, "--global-batch", help="samples per step (default: the plan's)"),
     precision: str = typer.Option("fp32", "--precision", help="fp32, bf16 (FSDP2 mixed precision; zero3 plans only), "
                                   "or fp8 (bf16 with the blocks' Linear GEMMs in fp8 through torchao; CUDA only)"),
     output: Path | None = typer.Option(None, "--output", "-o", help="also write the JSON report here (atomically)"),
-    watchdog_s: float = typer.Option(WATCHDOG_S, "--watchdog-s", callback=finite, help="end the run when a rank is silent this long "
-                                     "(its process stops responding, or no rank makes progress); 0: never"),
+    watchdog_s: float = number_option(WATCHDOG_S, "--watchdog-s", help="end the run when a rank is silent this long "
+                                      "(its process stops responding, or no rank makes progress); 0: never"),
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
     """Train a model with a plan on N local processes (gloo on CPU, NCCL on GPUs); report loss, time, memory."""

@@ -26,6 +26,7 @@ from typing import Any
 from planner.exports.keys import MEGATRON as K
 from planner.exports.keys import MEGATRON_CP_COMM
 from planner.imports import ConfigError, Context, refuse_unknown, unit_choices
+from vocab.digits import read_float, read_int
 from vocab.targets import by_exporter, key_snapshot
 
 SUFFIXES = (".args",)
@@ -94,7 +95,7 @@ def _int(doc: Doc, name: str, origin: str, default: int | None = None, minimum: 
     if raw is None:
         return default
     try:
-        value = int(raw)
+        value = read_int(raw)
     except ValueError:
         value = None
     if value is None or value < minimum:
@@ -115,7 +116,7 @@ def workload(doc: Doc, origin: str) -> dict[str, Any]:
     capacity = _str(doc, "moe_capacity", origin)
     if capacity is not None:
         try:
-            out["moe_capacity_factor"] = float(capacity)
+            out["moe_capacity_factor"] = read_float(capacity)
         except ValueError:
             raise ConfigError(f"{origin}: {_key('moe_capacity')} must be a number, got {capacity!r}") from None
     return out | _moe(doc, origin)
@@ -180,7 +181,7 @@ def strategy(doc: Doc, ctx: Context) -> dict[str, Any]:
         raise ConfigError(f"{o}: {_key('optimizer_offload')} needs {_key('dist_opt')}")
     fraction = _str(doc, "optimizer_offload_fraction", o) or "1"
     try:
-        whole = float(fraction) == 1.0
+        whole = read_float(fraction) == 1.0
     except ValueError:
         whole = False
     if offload and not whole:

@@ -22,6 +22,7 @@ from typing import Any
 from planner.exports.keys import TORCHTITAN as K
 from planner.exports.keys import TORCHTITAN_CP_ROTATE, TORCHTITAN_FLOAT8, TORCHTITAN_FQN, TORCHTITAN_SCHEDULES
 from planner.imports import ConfigError, Context, count, refuse_unknown, unit_choices, unknown_keys
+from vocab.digits import is_digits
 from vocab.strategy import rank_blocks
 from vocab.targets import by_exporter, key_snapshot
 
@@ -180,7 +181,7 @@ def _part_sizes(parts: Any, ctx: Context) -> list[int]:
     for part in parts:
         blocks = []
         for fqn in part:
-            if fqn.startswith(prefix) and fqn[len(prefix):].isdigit():
+            if fqn.startswith(prefix) and is_digits(fqn[len(prefix):]):
                 blocks.append(int(fqn[len(prefix):]))
             elif fqn not in (*TORCHTITAN_FQN["embedding"], *TORCHTITAN_FQN["head"]):
                 raise ConfigError(f"{o}: module_fqns_per_model_part names {fqn!r}, not a module of the model")
@@ -200,7 +201,7 @@ def _units(doc: dict[str, Any], fields: dict[str, Any], ctx: Context, sharding: 
         raise ConfigError(f"{o}: activation_checkpoint.mode {mode!r} is not none, full or selective")
     blocks = [u for u in ctx.units if u.startswith("layers.")]
     if mode == "selective" and option != "op":
-        if not (isinstance(option, str) and option.isdigit() and int(option) >= 1):
+        if not (isinstance(option, str) and is_digits(option) and int(option) >= 1):
             raise ConfigError(f"{o}: selective_ac_option must be 'op' or a positive integer string, got {option!r}")
         every = int(option)
         per_block = ["full" if _position(fields, ctx.blocks, b) % every == 0 else "none" for b in range(ctx.blocks)]
