@@ -17,13 +17,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from planner.plots_common import DPI, plan_title
+from planner.plots_common import plan_title, save_figure
 from planner.plots_layers import PALETTES, plot_layers
 from planner.plots_memory import MEMORY_PARTS, plot_memory
 from planner.plots_pareto import frontier, plot_pareto
 from planner.plots_timeline import Op, plot_timeline, rank_rows, schedule_order, simulate, step_components
 from vocab.errors import ShardplanError, UnknownNameError
-from vocab.io import check_writable, write_with
+from vocab.io import check_writable
 from vocab.plan import Plan
 
 if TYPE_CHECKING:
@@ -68,5 +68,5 @@ def save_plot(plan: Plan, kind: str, path: str | Path, graph: LayerGraph | None 
         raise UnknownNameError("plot kind", kind, KINDS)
     check_writable(out, "output")
     fig = plot(plan, kind, graph=graph)
-    write_with(out, lambda tmp: fig.savefig(tmp, format=fmt, dpi=DPI))
+    save_figure(fig, out, fmt)
     return out

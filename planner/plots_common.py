@@ -1,9 +1,11 @@
 """What the figures of :mod:`planner.plots` share: a new figure or the caller's axes, the title line
-naming the plan's inputs, and the pass that keeps texts from overlapping once the layout is known."""
+naming the plan's inputs, the pass that keeps texts from overlapping once the layout is known, and
+the writing of a figure (:func:`save_figure`: same figure, same bytes)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vocab.plan import Plan
@@ -30,6 +32,19 @@ def new_figure(size: tuple[float, float]) -> Figure:
     fig = Figure(figsize=size, dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
     return fig
+
+
+def save_figure(fig: Figure, path: Path, fmt: str) -> None:
+    """Write ``fig`` as ``fmt`` (``png``, ``svg``) at :data:`DPI`, whole or not at all, and the same
+    bytes for the same figure: no date in the metadata, the SVG's element ids hashed with a fixed salt
+    (not a random one)."""
+    from matplotlib import rc_context
+
+    from vocab.io import write_with
+
+    metadata = {"Date": None} if fmt in ("svg", "pdf") else None
+    with rc_context({"svg.hashsalt": "shardplan"}):
+        write_with(path, lambda tmp: fig.savefig(tmp, format=fmt, dpi=DPI, metadata=metadata))
 
 
 def new_axes(ax: Axes | None, size: tuple[float, float]) -> tuple[Figure, Axes, bool]:

@@ -353,3 +353,97 @@ def test_an_output_that_starts_with_a_dash_is_refused(capsys: pytest.CaptureFixt
     name = argv[argv.index("-o") + 1]
     assert (rc, out) == (2, "") and err.count("\n") == 1 and f"'{name}' starts with '-'" in err, err
     assert list(tmp_path.iterdir()) == []
+
+
+# ---- 7. output files: modes, temporary names, the same bytes ----------------------------------
+
+@pytest.fixture()
+def umask() -> Any:
+    """Set the process's umask for a test; the one before it comes back afterwards."""
+    before = os.umask(0o022)
+    os.umask(before)
+    yield lambda mask: os.umask(mask)
+    os.umask(before)
+
+
+@pytest.mark.parametrize("mask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_a_new_output_gets_the_mode_of_the_umask(tmp_path: Path, umask: Any, mask: int, mode: int) -> None:
+    from vocab.io import write_atomic
+
+    umask(mask)
+    write_atomic(tmp_path / "a.json", "{}\n")
+    assert (tmp_path / "a.json").stat().st_mode & 0o7777 == mode
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o600, 0o640, 0o664])
+def test_a_replaced_output_keeps_its_mode(tmp_path: Path, umask: Any, mode: int) -> None:
+    from vocab.io import write_atomic
+
+    umask(0o077)
+    out = tmp_path / "a.json"
+    out.write_text("old")
+    out.chmod(mode)
+    write_atomic(out, "new")
+    assert (out.read_text(), out.stat().st_mode & 0o7777) == ("new", mode)
+
+
+def test_a_plan_written_by_the_command_line_gets_the_umask_mode(tmp_path: Path, umask: Any,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    umask(0o022)
+    out = tmp_path / "p.json"
+    rc, _, _ = run([*PLAN, "-c", "4xcpu", "--space", "fsdp", "-o", str(out)], capsys)
+    assert rc == 0 and out.stat().st_mode & 0o7777 == 0o644
+
+
+def test_temporary_files_are_named_for_people_and_stale_ones_removed(tmp_path: Path) -> None:
+    from vocab.io import STALE_TMP_S, write_with
+
+    out = tmp_path / "plan.json"
+    seen: list[str] = []
+
+    def write(tmp: str) -> None:
+        seen.append(Path(tmp).name)
+        Path(tmp).write_text("{}")
+
+    stale, fresh = tmp_path / ".plan.json.shardplan-tmp-dead1234", tmp_path / ".plan.json.shardplan-tmp-live5678"
+    other = tmp_path / ".other.json.shardplan-tmp-dead1234"
+    for f in (stale, fresh, other):
+        f.write_text("half a pl")
+    old = time.time() - STALE_TMP_S - 60
+    os.utime(stale, (old, old))
+    os.utime(other, (old, old))
+    write_with(out, write)
+    assert seen[0].startswith(".plan.json.shardplan-tmp-")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([out.name, fresh.name, other.name])
+
+
+def test_a_write_killed_midway_leaves_a_temporary_file_the_next_write_removes(tmp_path: Path) -> None:
+    """SIGKILL inside the write: the target is not there, the named temporary is; the next write of
+    that target once it is stale removes it."""
+    from vocab.io import STALE_TMP_S, write_atomic
+
+    out = tmp_path / "plan.json"
+    code = ("import os, signal, sys\nfrom pathlib import Path\nfrom vocab.io import write_with\n"
+            "def die(tmp):\n    Path(tmp).write_text('{\"half')\n    os.kill(os.getpid(), signal.SIGKILL)\n"
+            "write_with(Path(sys.argv[1]), die)\n")
+    r = subprocess.run([sys.executable, "-c", code, str(out)], timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    left = list(tmp_path.iterdir())
+    assert r.returncode == -signal.SIGKILL and not out.exists()
+    assert [p.name.startswith(".plan.json.shardplan-tmp-") for p in left] == [True]
+    old = time.time() - STALE_TMP_S - 1
+    os.utime(left[0], (old, old))
+    write_atomic(out, "{}\n")
+    assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]
+
+
+@pytest.mark.parametrize("kind", ["memory", "timeline", "layers", "pareto"])
+@pytest.mark.parametrize("suffix", [".svg", ".png"])
+def test_a_plot_saved_twice_is_the_same_bytes(plan_doc: dict[str, Any], tmp_path: Path, kind: str,
+                                               suffix: str) -> None:
+    from planner.plots import save_plot
+
+    plan = parse_plan(plan_doc)
+    a, b = save_plot(plan, kind, tmp_path / f"a{suffix}"), save_plot(plan, kind, tmp_path / f"b{suffix}")
+    assert a.read_bytes() == b.read_bytes()
+    if suffix == ".svg":
+        assert b"<dc:date>" not in a.read_bytes()

@@ -7,10 +7,12 @@ names the file (``origin``) and the reason, never a traceback.
 from __future__ import annotations
 
 import functools
+import glob
 import json
 import os
 import stat
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
@@ -30,6 +32,10 @@ MAX_DEPTH = 32
 MAX_YAML_ALIASES = 64
 #: the most values (lists, mappings and scalars, shared ones once per use) a document may hold
 MAX_NODES = 1_000_000
+#: what names a temporary file of an output (``.plan.json.shardplan-tmp-XXXXXXXX``) for a person to recognise
+TMP_MARK = "shardplan-tmp-"
+#: a temporary file of an output untouched this long (s) is one a killed write left behind
+STALE_TMP_S = 600.0
 
 
 def check_writable(path: str | Path, what: str = "output", error: type[ShardplanError] = ShardplanError) -> Path:
@@ -66,17 +72,22 @@ def write_atomic(path: Path, text: str, error: type[ShardplanError] = ShardplanE
 
 def write_with(path: Path, write: Callable[[str], Any], error: type[ShardplanError] = ShardplanError) -> None:
     """``write(tmp)`` (a figure's ``savefig``, a table's ``to_csv``) to a temporary file beside
-    ``path``, renamed over it: never half a file; a path that cannot be written raises ``error``."""
+    ``path`` (``.NAME.shardplan-tmp-XXXXXXXX``), renamed over it: never half a file; a path that
+    cannot be written raises ``error``. The file gets the mode a new file gets under the umask
+    (``0666 & ~umask``), or the mode of the file it replaces. Temporary files of ``path`` older than
+    :data:`STALE_TMP_S` (a process killed while writing) are removed first."""
     path = Path(path)
     check_writable(path, "output", error)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
+        remove_stale_tmp(path)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=tmp_prefix(path))
         os.close(fd)
     except OSError as e:
         raise error(f"cannot write '{path}': {e.strerror}") from None
     try:
         write(tmp)
+        os.chmod(tmp, _mode_for(path))
         os.replace(tmp, path)
     except OSError as e:
         Path(tmp).unlink(missing_ok=True)
@@ -84,6 +95,50 @@ def write_with(path: Path, write: Callable[[str], Any], error: type[ShardplanErr
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def tmp_prefix(path: Path) -> str:
+    """The start of the names of ``path``'s temporary files: ``.plan.json.shardplan-tmp-``."""
+    return f".{path.name}.{TMP_MARK}"
+
+
+def remove_stale_tmp(path: Path, older_than_s: float = STALE_TMP_S) -> list[Path]:
+    """Remove the temporary files of ``path`` (:func:`tmp_prefix`) last written more than
+    ``older_than_s`` ago: what a write killed midway left (one still being written is younger)."""
+    removed = []
+    now = time.time()
+    for tmp in path.parent.glob(glob.escape(tmp_prefix(path)) + "*"):
+        try:
+            st = tmp.lstat()
+            if stat.S_ISREG(st.st_mode) and now - st.st_mtime > older_than_s:
+                tmp.unlink()
+                removed.append(tmp)
+        except OSError:  # gone meanwhile, or not ours to remove
+            continue
+    return removed
+
+
+def _mode_for(path: Path) -> int:
+    """The permission bits ``path`` is written with: an existing file's, else a new file's under
+    the process's umask."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux shows it (else set and restored)."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def canonical_json(data: Any) -> str:

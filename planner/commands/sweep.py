@@ -120,6 +120,7 @@ def sweep_cmd(
         write_table(df, output)
         written.append(str(output))
     if plots is not None:
+        from planner.plots_common import save_figure
         from planner.sweep_plots import cost_figure, heatmap_figure, throughput_figure
 
         figs = {"throughput.png": throughput_figure(df)}
@@ -133,7 +134,7 @@ def sweep_cmd(
                               best["target"], best["space"])
             figs["heatmap.png"] = heatmap_figure(hm)
         for name, fig in figs.items():
-            save_figure(fig, plots / name)
+            save_figure(fig, plots / name, "png")
             written.append(str(plots / name))
     for path in written:
         console.print(f"wrote {path}", highlight=False)
@@ -244,11 +245,3 @@ def write_table(df: Any, path: Path) -> None:
     else:
         out = df.assign(memory_limit_gib=df["memory_limit_gib"].astype(float))
         write_with(path, lambda tmp: out.to_parquet(tmp, index=False))
-
-
-def save_figure(fig: Any, path: Path) -> None:
-    """A PNG at the resolution the plan plots are laid out and written at, whole or not at all."""
-    from planner.plots_common import DPI
-    from vocab.io import write_with
-
-    write_with(path, lambda tmp: fig.savefig(tmp, format="png", dpi=DPI))
