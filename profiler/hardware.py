@@ -419,8 +419,9 @@ class Cluster:
                 "memory_gb": self.device_bytes / 1e9}
 
 
-#: ``64xh100``: a count of GPUs in ASCII digits, ``x`` (or ``×``, ``*``), an accelerator; no blank inside
-_SHORTHAND = re.compile(r"^[ \t]*([0-9]+)[x×*]([A-Za-z0-9._-]+)[ \t]*$")
+#: ``64xh100`` or ``64 x h100``: a count of GPUs in ASCII digits, ``x`` (or ``×``, ``*``) with as many
+#: blanks before as after it, an accelerator (``4 xcpu`` is no cluster)
+_SHORTHAND = re.compile(r"^[ \t]*([0-9]+)( *)[x×*]\2([A-Za-z0-9._-]+)[ \t]*$")
 
 
 class _ClusterDoc(_Strict):
@@ -472,7 +473,7 @@ def parse_cluster(spec: str | dict[str, Any] | Cluster, gpus_per_node: int | Non
         if total > MAX_WORLD_SIZE:
             count = f"{total:,}" if len(digits) <= 18 else f"{digits[:12]}... ({len(digits)} digits)"
             raise ShardplanError(f"cluster '{spec}': {count} GPUs is over the supported {MAX_WORLD_SIZE:,}")
-        acc = accelerator(m.group(2))
+        acc = accelerator(m.group(3))
         per = gpus_per_node or min(acc.gpus_per_node, total)
         if total % per:
             raise ShardplanError(f"cluster '{spec}': {total} GPUs is not a multiple of {per} GPUs per node")
@@ -485,8 +486,8 @@ def parse_cluster(spec: str | dict[str, Any] | Cluster, gpus_per_node: int | Non
         if not isinstance(data, dict):
             raise ShardplanError(f"{where} must hold a mapping, got {type(data).__name__}")
         return _cluster_from_dict(data, where)
-    raise ShardplanError(f"cluster '{spec}': expected 'N x accelerator' like 64xh100 (N in ASCII digits, no blank "
-                         "inside), or a YAML/JSON file")
+    raise ShardplanError(f"cluster '{spec}': expected 'N x accelerator' like 64xh100 or 64 x h100 (N in ASCII "
+                         "digits), or a YAML/JSON file")
 
 
 def _cluster_from_dict(d: dict[str, Any], where: str) -> Cluster:

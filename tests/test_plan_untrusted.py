@@ -162,7 +162,7 @@ def test_the_process_survives_every_command_on_evil_plans(base: dict[str, Any], 
     for _spec in SPECS:
         expected += [2, 0, 0, 0]  # 1.0: estimate needs the model; explain, timeline, export do without
         expected += [2, 2, 2, 2] * (len(READABLE_VERSIONS) - 1)  # 1.1 and later: the document is invalid
-    assert rcs == [*expected, 0] and tail.endswith("False False")
+    assert rcs == [*expected, 2] and tail.endswith("False False")  # the batch: every line refused, exit 2
     assert not list((tmp_path / "tmp").iterdir())
 
 
