@@ -232,11 +232,12 @@ def _nested(levels: int) -> Any:
 
 @pytest.mark.parametrize("where", [("solver", "options"), ("inputs", "model_graph", "config")])
 @pytest.mark.parametrize("value, reason", [
-    ({1, 2}, "holds a value JSON cannot: Object of type set is not JSON serializable"),
-    (b"x", "holds a value JSON cannot: Object of type bytes is not JSON serializable"),
-    (float("nan"), "holds a value JSON cannot: Out of range float values are not JSON compliant"),
-    (float("inf"), "holds a value JSON cannot: Out of range float values are not JSON compliant"),
-    (_nested(40), "nests deeper than 32 levels"),
+    ({1, 2}, "plan: {at} holds a set, which JSON cannot hold"),
+    (b"x", "plan: {at} holds a bytes, which JSON cannot hold"),
+    (1j, "plan: {at} holds a complex, which JSON cannot hold"),
+    (float("nan"), "plan is not a valid plan: {field} is not a finite number"),
+    (float("inf"), "plan is not a valid plan: {field} is not a finite number"),
+    (_nested(40), "plan nests deeper than 32 levels"),
 ])
 def test_a_plan_given_as_a_dict_is_checked_as_text_is(plan_doc: dict[str, Any], where: tuple[str, ...],
                                                       value: Any, reason: str) -> None:
@@ -247,7 +248,16 @@ def test_a_plan_given_as_a_dict_is_checked_as_text_is(plan_doc: dict[str, Any], 
     node["fuzz"] = value
     with pytest.raises(PlanError) as e:
         parse_plan(doc)
-    assert str(e.value) == f"plan {reason}"
+    field = f"{'.'.join(where[:-1])}: {where[-1]}.fuzz"  # the schema's words: the model, then the field
+    assert str(e.value) == reason.format(at=".".join([*where, "fuzz"]), field=field)
+
+
+def test_a_plan_dict_with_a_key_that_is_no_string_is_refused(plan_doc: dict[str, Any]) -> None:
+    doc = json.loads(json.dumps(plan_doc))
+    doc["solver"]["options"] = {(1, 2): 3}
+    with pytest.raises(PlanError) as e:
+        parse_plan(doc)
+    assert str(e.value) == "plan: solver.options has a key (1, 2) that is not a string"
 
 
 def test_a_plan_dict_that_parses_is_written(plan_doc: dict[str, Any]) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import glob
 import json
+import math
 import os
 import stat
 import tempfile
@@ -191,16 +192,30 @@ def read_stream(f: BinaryIO, what: str, name: str, error: type[ShardplanError] =
         raise error(f"{what} '{name}' is not UTF-8 text (byte {e.start})") from None
 
 
-def as_json_data(data: Any, origin: str, error: type[ShardplanError] = ShardplanError) -> Any:
+def as_json_data(data: Any, origin: str, error: type[ShardplanError] = ShardplanError,
+                 allow_nan: bool = False) -> Any:
     """``data`` as reading its JSON text gives it back (tuples as lists), checked as a document read
-    as text is: values JSON holds only (no sets, bytes, objects, NaN or infinities), at most
-    :data:`MAX_DEPTH` levels and :data:`MAX_NODES` values; else ``error`` naming ``origin``."""
+    as text is: values JSON holds only (no sets, bytes or objects; no NaN or infinities unless
+    ``allow_nan``, for a schema that names the field it refuses them in), string keys, at most
+    :data:`MAX_DEPTH` levels and :data:`MAX_NODES` values; else ``error`` naming ``origin`` and
+    where the value is."""
     check_depth(data, origin, error)
-    try:
-        text = json.dumps(data, allow_nan=False)
-    except (TypeError, ValueError) as e:
-        raise error(f"{origin} holds a value JSON cannot: {e}") from None
-    return json.loads(text)
+    stack: list[tuple[Any, str]] = [(data, "")]
+    while stack:
+        node, where = stack.pop()
+        at = f"{origin}: {where[1:]}" if where else origin
+        if isinstance(node, dict):
+            bad = next((k for k in node if not isinstance(k, str)), None)
+            if bad is not None:
+                raise error(f"{at} has a key {bad!r} that is not a string")
+            stack.extend((v, f"{where}.{k}") for k, v in node.items())
+        elif isinstance(node, list | tuple):
+            stack.extend((v, f"{where}.{i}") for i, v in enumerate(node))
+        elif isinstance(node, float) and not allow_nan and not math.isfinite(node):
+            raise error(f"{at} is not a finite number")
+        elif not (node is None or isinstance(node, str | int | float)):  # bool is an int
+            raise error(f"{at} holds a {type(node).__name__}, which JSON cannot hold")
+    return json.loads(json.dumps(data, allow_nan=allow_nan))
 
 
 def check_depth(data: Any, origin: str, error: type[ShardplanError] = ShardplanError,

@@ -370,13 +370,14 @@ def _check_fits(s: Strategy, inp: PlanInputs, where: str) -> None:
 
 def parse_plan(data: dict[str, Any] | str, origin: str = "plan") -> Plan:
     """Validate a plan from a dict or JSON text; errors name the field and the reason. A dict is
-    checked as text is (values JSON holds, nesting): what parses, ``to_json`` writes."""
+    checked as text is (values JSON holds, nesting; NaN where the schema names the field): what
+    parses, ``to_json`` writes."""
     if isinstance(data, str):
         data = decode_json(data, origin, PlanError)
     elif isinstance(data, dict):
         from vocab.io import as_json_data
 
-        data = as_json_data(data, origin, PlanError)
+        data = as_json_data(data, origin, PlanError, allow_nan=True)
     if not isinstance(data, dict):
         raise PlanError(f"{origin} must be a JSON object")
     version = data.get("schema_version")
