@@ -26,6 +26,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from vocab.arguments import typed
 from vocab.errors import ShardplanError
 
 #: the axes a sweep may vary, in the order of its table's columns
@@ -124,6 +125,7 @@ def _solve(args: tuple[Any, Point, float | None, float | None]) -> dict[str, Any
     return _row(point, planned, tokens, cost)
 
 
+@typed
 def sweep(model: Any, gpus: Any, accelerator: Any = "h100", global_batch: Any = 1024, seq_len: Any = 4096,
           memory_limit_gib: Any = None, target: Any = "shardplan", space: Any = "full",
           tokens: float | None = None, gpu_hour_cost: float | None = None, workers: int | None = None,

@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from vocab.arguments import typed
 from vocab.errors import ShardplanError, UnknownNameError
 from vocab.io import decode_json, decode_yaml, read_text, validate_document
 from vocab.strategy import (
@@ -283,6 +284,7 @@ def target_names() -> list[str]:
     return [n for n in targets() if n != ANY] + [ANY]
 
 
+@typed
 def load_target(name: str) -> Target:
     """The target called ``name`` (case and surrounding spaces ignored); an unknown name raises
     :class:`~vocab.errors.UnknownNameError` listing the known ones."""

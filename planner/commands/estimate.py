@@ -36,6 +36,7 @@ from rich.table import Table
 from planner.cli import app, console, guard
 from planner.layout import literal
 from planner.options import count_option, int_option, positive_option
+from vocab.arguments import typed
 from vocab.errors import ShardplanError, first_line
 from vocab.io import MAX_DEPTH, check_depth
 
@@ -194,6 +195,7 @@ def _degrees(world: int, a: dict[str, Any]) -> dict[str, int]:
     return {"pp": pp, "dp_replicate": int(dpr), "dp_shard": int(dps), "cp": cp, "tp": tp, "ep": ep}
 
 
+@typed
 def price_args(a: dict[str, Any], *, model_from_cli: bool = False, profile_from_plan: bool = False) -> dict[str, Any]:
     """The report of one plan given as flags / a batch line (raises ShardplanError). A
     ``package.module:factory`` model is imported only with ``model_from_cli`` (the command line); the

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vocab.arguments import typed
 from vocab.errors import ShardplanError, UnknownNameError, shown
 from vocab.io import read_text, validate_document
 from vocab.plan import Plan, TargetRef
@@ -135,6 +136,7 @@ def unit_choices(units: list[str], recompute: dict[str, str], sharding: str, off
             "layers": [{"unit": u, **unit, "recompute": r} for u, r in zip(units, per_unit, strict=True) if r != common]}
 
 
+@typed
 def import_plan(path: str | Path, trainer: str | None = None, model: str | None = None,
                 cluster: str | dict[str, Any] | None = None, seq_len: int | None = None,
                 memory_limit_gib: float | None = None, ep: int | None = None) -> Plan:
