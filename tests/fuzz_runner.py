@@ -305,14 +305,16 @@ def jsonl_lines(data: bytes) -> int | None:
 
 def check_batch(data: bytes, outcome: Outcome) -> str | None:
     """``estimate --batch``: one JSON object out per line in, in order, ``{"error": ...}`` for a bad
-    line (an internal error reported for a line counts as a bug); refusing the whole file (exit 2)
+    line (an internal error reported for a line counts as a bug); exit 2 after one output line per
+    input line when some line failed (``N of M lines failed``); refusing the whole file (exit 2)
     is for a file that is empty, blank or not UTF-8 only."""
     n = jsonl_lines(data)
-    if outcome.rc == 2:
+    some_failed = outcome.rc == 2 and " lines failed" in outcome.detail
+    if outcome.rc == 2 and not some_failed:
         if n is None or not data.decode("utf-8").strip():
             return None
         return f"a readable batch file of {n} line(s) refused as a whole: {outcome.detail}"
-    if outcome.rc != 0:
+    if outcome.rc not in (0, 2):
         return None
     got = outcome.stdout.split("\n")
     if got and got[-1] == "":
