@@ -34,15 +34,16 @@ from vocab.names import ACCELERATOR, HASH, MODEL_REF, RELEASE, SOLVER, unprintab
 from vocab.strategy import Strategy, Workload
 from vocab.viewers import register_viewer, registered  # noqa: F401  (register_viewer: re-exported)
 
-SCHEMA_VERSION = "1.6"
+SCHEMA_VERSION = "1.7"
 #: versions this shardplan reads: 1.1 added ``inputs.model_graph`` (a 1.0 document is a 1.1 one without
 #: it); 1.2 added ``inputs.target`` (a 1.0 or 1.1 document is one searched for the target ``any``); 1.3
 #: added ``workload.recv_buffers`` (older documents keep torch's per-micro-batch buffers); 1.4 added
 #: ``workload.kernels`` and ``workload.zero3_master`` (older documents were priced with eager kernels
 #: and the master weights in the optimizer); 1.5 added ``workload.moe_dispatch``, ``workload.moe_overlap`` and
 #: ``workload.moe_capacity_factor`` (older documents were priced with an all-to-all, not overlapped, dropless);
-#: 1.6 added ``workload.selective`` (older documents were priced with the attention core recomputed)
-READABLE_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "1.6")
+#: 1.6 added ``workload.selective`` (older documents were priced with the attention core recomputed); 1.7 added
+#: ``inputs.calibration`` (older documents were priced without a calibration of the user's cluster)
+READABLE_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "1.6", "1.7")
 #: the target a document records when it names none: the whole plan vocabulary (``vocab.targets``)
 ANY_TARGET = "any"
 SCHEMA_PATH = Path(__file__).parent / "plan.schema.json"
@@ -128,6 +129,29 @@ class TargetRef(_Doc):
     version: str | None = Field(None, pattern=RELEASE, description="the trainer's pinned release (null for 'any')")
 
 
+class CalibrationBand(_Doc):
+    """The measured over the calibrated step time, less 1, over the calibration's runs (each run's
+    10th-90th percentile): where a calibrated plan's real step time likely lies."""
+
+    low: float = Field(..., ge=-1, le=100)
+    high: float = Field(..., ge=-1, le=100)
+    runs: int = Field(..., ge=1, description="the runs the calibration was fitted on")
+
+
+class CalibrationRef(_Doc):
+    """The calibration the plan was priced with (``shardplan calibrate``): the file it was read from
+    (for the record: re-pricing uses the values here and opens no file), its content hash, and the
+    values pricing used."""
+
+    path: str = Field(..., pattern=MODEL_REF, description="the calibration file, as the command line named it")
+    sha256: str = Field(..., pattern=HASH, description="SHA-256 of the file's text")
+    accelerator: str = Field(..., pattern=ACCELERATOR, description="the accelerator whose runs it was fitted on")
+    constants: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,63}$")], NonNegative] = Field(
+        ..., description="cost constants it sets (costmodel.constants.CostConstants)")
+    network_scale: float = Field(..., gt=0, le=1000, description="both network tiers' bandwidth over the spec sheet's")
+    band: CalibrationBand
+
+
 class PlanInputs(_Doc):
     """What the plan was made for."""
 
@@ -148,6 +172,8 @@ class PlanInputs(_Doc):
         description="the trainer whose capabilities bounded the search and whose behaviour priced the plan; "
         "'any' (the whole plan vocabulary) in documents of schema 1.0 and 1.1",
     )
+    calibration: CalibrationRef | None = Field(
+        None, description="the calibration of the user's cluster the plan was priced with, if any (schema 1.7)")
 
     @model_validator(mode="after")
     def _graph_seq(self) -> PlanInputs:
@@ -256,7 +282,7 @@ class Alternative(_Doc):
 # What the plan was made for, the strategy, the cost model's prediction, the solver, runners-up. (No
 # docstring: it would become the schema's description.)
 class Plan(_Doc):
-    schema_version: Literal["1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "1.6"] = SCHEMA_VERSION
+    schema_version: Literal["1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "1.6", "1.7"] = SCHEMA_VERSION
     inputs: PlanInputs
     strategy: Strategy
     predicted: Predicted
@@ -299,6 +325,8 @@ class Plan(_Doc):
         if version in (*older, "1.5") and inp.workload.selective != "attention":
             raise _rule(f"workload.selective '{inp.workload.selective}' needs schema_version 1.6 (older plans were "
                         "priced with the attention core recomputed)")
+        if version in (*older, "1.5", "1.6") and inp.calibration is not None:
+            raise _rule("inputs.calibration needs schema_version 1.7 (older plans were priced without a calibration)")
         if version != "1.0" and inp.model_graph is None and names_factory(inp.model):
             raise _rule(f"model '{inp.model}' names a factory, which a plan never imports: the plan must record "
                         "its layer graph (inputs.model_graph), as 'shardplan plan' does")
