@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from costmodel.calibration.document import Calibration
 from costmodel.constants import error_band
 from costmodel.device import DeviceModel
 from costmodel.report import GIB
@@ -34,7 +35,16 @@ from solvers.result import SearchResult, break_tie, finite_or_none, parallel_axe
 from solvers.space import SPACES, SpaceOptions, restrict
 from vocab.arguments import typed
 from vocab.errors import ShardplanError
-from vocab.plan import Alternative, ClusterRef, Plan, PlanInputs, Predicted, SolverInfo, TargetRef
+from vocab.plan import (
+    Alternative,
+    CalibrationRef,
+    ClusterRef,
+    Plan,
+    PlanInputs,
+    Predicted,
+    SolverInfo,
+    TargetRef,
+)
 from vocab.strategy import WORKLOAD_CHOICES, Workload, check_workload_choices
 from vocab.targets import DEFAULT_TARGET, Target, load_target
 
@@ -74,6 +84,7 @@ def search_plan(
     solver: str = DEFAULT_SOLVER,
     device: DeviceModel | None = None,
     degrees: dict[str, int] | None = None,
+    calibration: Calibration | None = None,
 ) -> Planned:
     """Search and build the plan document; with several global batches the one with the most
     samples per second wins (throughput, not time per step, is compared). ``model`` is a preset
@@ -88,7 +99,9 @@ def search_plan(
     ``solver.options.tie_break`` records it, and the fastest stays the first alternative).
     ``solver`` names the back-end of the integer programs (:data:`solvers.mip.SOLVERS`). ``device``:
     a device model of this cluster to price with (a sweep shares one between its points);
-    ``degrees``: mesh axes held at a degree (``{"tp": 4, "pp": 8}``), the rest of the space free."""
+    ``degrees``: mesh axes held at a degree (``{"tp": 4, "pp": 8}``), the rest of the space free;
+    ``calibration``: the user's cluster calibrated (``shardplan calibrate``) to price with, which the
+    plan records (not with a measured profile)."""
     if solver not in SOLVERS:
         raise ShardplanError(f"unknown MIP solver '{solver}'; known: {', '.join(SOLVERS)}")
     if space not in SPACES:
@@ -131,7 +144,14 @@ def search_plan(
         from profiler.profile_schema import load_profile
 
         prof = load_profile(profile)
-    dev = device if device is not None and prof is None and device.cluster == cl else DeviceModel(cl, prof)
+    if calibration is not None:
+        if prof is not None:
+            raise ShardplanError("give a calibration or a profile, not both: a calibration moves the spec sheet's "
+                                 "constants, a profile replaces them")
+        dev = calibration.device(cl)
+        cl = dev.cluster
+    else:
+        dev = device if device is not None and prof is None and device.cluster == cl else DeviceModel(cl, prof)
     best: tuple[float, SearchResult, Workload] | None = None
     by_batch: dict[int, float] = {}
     errors = []
@@ -183,6 +203,7 @@ def search_plan(
             memory_limit_gib=memory_limit_gib,
             profile=str(profile) if profile is not None else None,
             target=TargetRef(name=t.name, version=t.version or None),
+            calibration=CalibrationRef(**calibration.ref()) if calibration is not None else None,
         ),
         strategy=chosen.strategy,
         predicted=Predicted(**chosen.report.to_dict()),

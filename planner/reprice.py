@@ -86,32 +86,55 @@ def headroom_text(plan: Plan) -> str:
     return f"device {device:.2f} GiB, {1 - limit / device:.0%} reserved"
 
 
-def step_band(step_s: float, accelerator: str, precision: str, measured: bool = False) -> dict[str, Any] | None:
-    """Where the real step time likely lies: ``step_s`` scaled by the error band of the published
-    runs on the accelerator at the precision (:func:`costmodel.constants.error_band`), with the
-    slice and its rows; None for a plan priced from a measured profile (its own numbers) or without
-    bands."""
+def step_band(step_s: float, accelerator: str, precision: str, measured: bool = False,
+              calibration: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """Where the real step time likely lies: ``step_s`` scaled by the band of the calibration it was
+    priced with (``calibration``: a plan's ``inputs.calibration``), else by the error band of the
+    published runs on the accelerator at the precision (:func:`costmodel.constants.error_band`), with
+    the slice and its rows; None for a plan priced from a measured profile (its own numbers), without
+    bands, or on a CPU (the published runs are GPU runs)."""
     from costmodel.constants import error_band
+    from profiler.hardware import accelerator as find_accelerator
 
     b = None if measured else error_band(accelerator, precision)
+    if b is not None and b["slice"] == "all" and _is_cpu(accelerator, find_accelerator):
+        b = None
+    if calibration is not None:
+        band = calibration["band"]
+        # two plans' difference is still told apart by the published sweeps' pair band, where there is one
+        pair = {"slice": b["slice"], "pair": b["pair"]} if b is not None and "pair" in b else {
+            "slice": f"calibration {calibration['path']}"}
+        return {**pair, "calibration": calibration["path"], "rows": band["runs"], "low": band["low"],
+                "high": band["high"], "range_s": [step_s * (1 + band["low"]), step_s * (1 + band["high"])]}
     if b is None:
         return None
     return {**b, "range_s": [step_s * (1 + b["low"]), step_s * (1 + b["high"])]}
 
 
+def _is_cpu(name: str, find: Any) -> bool:
+    try:
+        return find(name).kind == "cpu"
+    except ShardplanError:
+        return False
+
+
 def band_text(band: dict[str, Any] | None) -> str:
-    """``likely 7.4-8.2 s (published runs on h100-sxm/bf16: 10th-90th percentile, 120 rows)``."""
+    """``likely 7.4-8.2 s (published runs on h100-sxm/bf16: 10th-90th percentile, 120 rows)``, or for a
+    calibrated plan ``likely 7.4-8.2 s (calibration cluster.yaml: its 5 runs, after the fit)``."""
     if band is None:
         return ""
     lo, hi = band["range_s"]
+    if "calibration" in band:
+        return f"likely {lo:.4g}-{hi:.4g} s (calibration {band['calibration']}: its {band['rows']} runs, after the fit)"
     return (f"likely {lo:.4g}-{hi:.4g} s (published runs on {band['slice']}: 10th-90th percentile, "
             f"{band['rows']} rows)")
 
 
 def plan_band(plan: Plan) -> dict[str, Any] | None:
-    """:func:`step_band` of a plan's predicted step time."""
+    """:func:`step_band` of a plan's predicted step time (with the calibration it records)."""
+    cal = plan.inputs.calibration
     return step_band(plan.predicted.step_time_s, plan.inputs.cluster.accelerator, plan.inputs.workload.precision,
-                     measured=plan.inputs.profile is not None)
+                     measured=plan.inputs.profile is not None, calibration=cal.model_dump() if cal else None)
 
 
 # ---- the files a plan names ---------------------------------------------------------------------
@@ -401,12 +424,13 @@ def reprice(plan: Plan, strategy: Strategy, workload: Workload | None = None,
         out.notes.append(f"model '{plan.inputs.model}' changed since the plan was made (hash differs)")
     limit = plan.inputs.memory_limit_gib
     try:
-        out.original = _report(estimate(graph, cluster, plan.strategy, plan.inputs.workload, prof, limit))
+        dev = plan_device(plan, cluster, prof)
+        out.original = _report(estimate(graph, cluster, plan.strategy, plan.inputs.workload, prof, limit, dev))
     except ShardplanError as e:
         out.error = f"the plan itself no longer prices: {e}"
         return out
     try:
-        out.variant = _report(estimate(graph, cluster, strategy, workload or plan.inputs.workload, prof, limit))
+        out.variant = _report(estimate(graph, cluster, strategy, workload or plan.inputs.workload, prof, limit, dev))
     except ShardplanError as e:
         out.error = f"the nearest plan does not price: {e}"
     return out
@@ -464,8 +488,20 @@ def priced_plan(plan: Plan, graph: LayerGraph | None = None) -> Any:
     model or ``graph`` and the profile of :class:`PlanFiles` (none outside :func:`opening`)."""
     from costmodel.estimate import price_plan
 
-    return price_plan(graph if graph is not None else plan_graph(plan), plan_cluster(plan), plan.strategy,
-                      plan.inputs.workload, _FILES.get().profile)
+    cluster, prof = plan_cluster(plan), _FILES.get().profile
+    return price_plan(graph if graph is not None else plan_graph(plan), cluster, plan.strategy,
+                      plan.inputs.workload, prof, plan_device(plan, cluster, prof))
+
+
+def plan_device(plan: Plan, cluster: Cluster, profile: Profile | None = None) -> Any:
+    """The device model that re-prices ``plan``: with the calibration it records (the values in the
+    plan; no file opened), else None (the cost model's default); a measured profile replaces both."""
+    cal = plan.inputs.calibration
+    if cal is None or profile is not None:
+        return None
+    from costmodel.calibration.document import Calibration
+
+    return Calibration.from_ref(cal.model_dump()).device(cluster)
 
 
 def priced_units(plan: Plan, graph: LayerGraph | None = None) -> list[list[Any]]:

@@ -105,12 +105,12 @@ def _empty_row(point: Point, reason: str) -> dict[str, Any]:
 _DEVICES: dict[tuple, Any] = {}  # per worker: a device model per cluster, shared by its points
 
 
-def _solve(args: tuple[Any, Point, float | None, float | None]) -> dict[str, Any]:
+def _solve(args: tuple[Any, Point, float | None, float | None, Any]) -> dict[str, Any]:
     """One point (in a worker): its plan's row, or its reason when nothing fits."""
     from planner.api import search_plan
     from profiler.hardware import parse_cluster
 
-    model, point, tokens, cost = args
+    model, point, tokens, cost, calibration = args
     try:
         key = (point.gpus, point.accelerator)
         if key not in _DEVICES:
@@ -119,7 +119,7 @@ def _solve(args: tuple[Any, Point, float | None, float | None]) -> dict[str, Any
             _DEVICES[key] = DeviceModel(parse_cluster(f"{point.gpus}x{point.accelerator}"))
         dev = _DEVICES[key]
         planned = search_plan(model, dev.cluster, point.seq_len, point.global_batch, point.memory_limit_gib,
-                              point.space, target=point.target, top_k=0, device=dev)
+                              point.space, target=point.target, top_k=0, device=dev, calibration=calibration)
     except ShardplanError as e:
         return _empty_row(point, str(e))
     return _row(point, planned, tokens, cost)
@@ -129,13 +129,14 @@ def _solve(args: tuple[Any, Point, float | None, float | None]) -> dict[str, Any
 def sweep(model: Any, gpus: Any, accelerator: Any = "h100", global_batch: Any = 1024, seq_len: Any = 4096,
           memory_limit_gib: Any = None, target: Any = "shardplan", space: Any = "full",
           tokens: float | None = None, gpu_hour_cost: float | None = None, workers: int | None = None,
-          progress: Callable[[int, int], None] | None = None) -> Any:
+          progress: Callable[[int, int], None] | None = None, calibration: Any = None) -> Any:
     """Plan every point of the grid (each argument one value or a list); a DataFrame with a row per
     point: the axes, ``status`` ("ok" or why nothing fits), the plan's mesh, degrees, schedule,
     step time, tokens/s (per GPU and in all), MFU, HFU, peak memory and the limit it was held to,
     and with ``tokens`` the days and GPU-hours to train that many tokens (and the ``cost`` at
     ``gpu_hour_cost`` a GPU-hour), and the plan document (``plan``, JSON). ``workers``: processes
-    (1 runs in this one)."""
+    (1 runs in this one). ``calibration`` (:class:`costmodel.calibration.document.Calibration`) prices
+    every point with a calibration of the user's cluster: every accelerator of the grid must be its."""
     import pandas as pd
 
     import planner.api  # noqa: F401  (loaded once here: forked workers start with it)
@@ -150,8 +151,9 @@ def sweep(model: Any, gpus: Any, accelerator: Any = "h100", global_batch: Any = 
         resolve_config(model)  # an unknown model fails once, before any point
     points = grid(accelerator, gpus, global_batch, seq_len, memory_limit_gib, target, space)
     _check_names(points)
+    _check_calibrated(points, calibration)
     order = sorted(range(len(points)), key=lambda i: -points[i].gpus)  # the slowest first
-    jobs = [(model, points[i], tokens, gpu_hour_cost) for i in order]
+    jobs = [(model, points[i], tokens, gpu_hour_cost, calibration) for i in order]
     n_workers = min(workers if workers is not None else min(2, os.cpu_count() or 1), len(jobs))
     rows: dict[int, dict[str, Any]] = {}
     if n_workers <= 1 or not isinstance(model, str | dict):
@@ -191,13 +193,26 @@ def _check_names(points: Sequence[Point]) -> None:
             raise ShardplanError(f"unknown search space '{s}'; known: {', '.join(SPACES)}")
 
 
+def _check_calibrated(points: Sequence[Point], calibration: Any) -> None:
+    """A calibration prices the accelerator it was fitted on: every point's must be it."""
+    if calibration is None:
+        return
+    from profiler.hardware import accelerator as find
+
+    other = sorted({find(p.accelerator).name for p in points} - {calibration.accelerator})
+    if other:
+        raise ShardplanError(f"the calibration {calibration.path} was fitted on {calibration.accelerator} runs; the "
+                             f"sweep also plans on {', '.join(other)}")
+
+
 def mesh_heatmap(model: Any, gpus: int, accelerator: str = "h100", global_batch: int = 1024, seq_len: int = 4096,
                  memory_limit_gib: float | None = None, target: str = "shardplan", space: str = "full",
-                 tp: Sequence[int] = (1, 2, 4, 8), pp: Sequence[int] = (1, 2, 4, 8, 16)) -> Any:
+                 tp: Sequence[int] = (1, 2, 4, 8), pp: Sequence[int] = (1, 2, 4, 8, 16), calibration: Any = None) -> Any:
     """One point's fastest plan per (tp, pp) cell: a DataFrame with a row per cell (``status``
     "ok", or why the cell has no plan: no such mesh, nothing fits), its step time, tokens/s/GPU,
     MFU, memory and mesh. The other axes (data, context, expert parallelism, micro-batching,
-    schedule, per-layer choices) stay free; no tie-break (each cell is its own fastest)."""
+    schedule, per-layer choices) stay free; no tie-break (each cell is its own fastest); ``calibration``
+    as in :func:`sweep`."""
     import pandas as pd
 
     from costmodel.device import DeviceModel
@@ -211,7 +226,8 @@ def mesh_heatmap(model: Any, gpus: int, accelerator: str = "h100", global_batch:
         row: dict[str, Any] = {"tp": t, "pp": p}
         try:
             planned = search_plan(model, dev.cluster, seq_len, global_batch, memory_limit_gib, space, target=target,
-                                  top_k=0, device=dev, tie_break=False, degrees={"tp": t, "pp": p})
+                                  top_k=0, device=dev, tie_break=False, degrees={"tp": t, "pp": p},
+                                  calibration=calibration)
         except ShardplanError as e:
             rows.append({**row, "status": str(e), "step_time_s": math.nan, "tokens_per_s_per_gpu": math.nan,
                          "mfu": math.nan, "memory_peak_gib": math.nan, "mesh": ""})

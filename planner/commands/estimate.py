@@ -74,10 +74,11 @@ KEYS = (
     "tp_mode",
     "cp_mode",
     "target",
+    "calibration",
 )
 COUNTS = ("seq_len", "global_batch", "micro_batch", "tp", "pp", "cp", "ep", "dp", "dp_shard", "dp_replicate", "vpp")
 NAMES = ("recompute", "schedule", "precision", "attention_kernel", "cross_entropy", "grad_dtype", "moe_dispatch",
-         "moe_overlap", "selective", "profile", "plan", "tp_mode", "cp_mode", "target")
+         "moe_overlap", "selective", "profile", "plan", "tp_mode", "cp_mode", "target", "calibration")
 LIMITS = ("memory_limit", "memory_limit_gib")
 POSITIVE = ("moe_capacity_factor",)
 #: the workload options a user may set; the others of WORKLOAD_BEHAVIOUR follow the target
@@ -293,15 +294,37 @@ def price_args(a: dict[str, Any], *, model_from_cli: bool = False, profile_from_
     limit = a.get("memory_limit", a.get("memory_limit_gib"))
     if limit is None and plan is not None:
         limit = plan.inputs.memory_limit_gib
-    rep = estimate(graph, cluster, s, w, prof, float(limit) if limit is not None else None).to_dict()
+    cal = _calibration(a.get("calibration"), plan, prof)
+    dev = cal.device(cluster) if cal is not None else None
+    rep = estimate(graph, cluster, s, w, prof, float(limit) if limit is not None else None, dev).to_dict()
     rep["notes"] = [*rep.get("notes", []), *notes]
     from planner.reprice import step_band
 
-    rep["error_band"] = step_band(rep["step_time_s"], cluster.accelerator.name, w.precision, measured=prof is not None)
+    rep["error_band"] = step_band(rep["step_time_s"], cluster.accelerator.name, w.precision, measured=prof is not None,
+                                  calibration=cal.ref() if cal is not None else None)
+    if cal is not None:
+        rep["calibration"] = cal.ref()
     if target is not None:
         _check_expressible(target[0], graph, cluster, s, w, a.get("model") or (plan.inputs.model if plan else ""), rep)
         rep["target"] = target[0].name
     return rep
+
+
+def _calibration(path: str | None, plan: Any, prof: Any) -> Any:
+    """The calibration to price with: the file ``path`` names, else the one ``plan`` records (its
+    values: no file opened); none with a measured profile, which replaces what a calibration moves."""
+    if path and prof is not None:
+        raise ShardplanError("give --calibration or a profile, not both: a calibration moves the spec sheet's "
+                             "constants, a profile replaces them")
+    if path:
+        from costmodel.calibration.document import load_calibration
+
+        return load_calibration(path)
+    if plan is not None and prof is None:
+        from planner.calibration import recorded
+
+        return recorded(plan)
+    return None
 
 
 def _profile(path: str | None, plan: Any, from_plan: bool) -> tuple[Any, list[str]]:
@@ -419,7 +442,8 @@ def _table(rep: dict[str, Any]) -> Table:
     from planner.reprice import band_text
 
     band = band_text(rep.get("error_band"))
-    t.add_row("step time", f"{rep['step_time_s']:.4g} s ({rep['num_microbatches']} micro-batches)"
+    n_mb = rep["num_microbatches"]
+    t.add_row("step time", f"{rep['step_time_s']:.4g} s ({n_mb} micro-batch{'es' if n_mb != 1 else ''})"
               + (f"; {band}" if band else ""))
     t.add_row("tokens/s/GPU", f"{rep['tokens_per_s_per_gpu']:,.0f}")
     t.add_row("MFU / HFU", f"{rep['mfu']:.1%} / {rep['hfu']:.1%}")
@@ -497,6 +521,8 @@ def estimate_cmd(
     profile: Path = typer.Option(None, "--profile", help="measured profile to price with"),
     profile_from_plan: bool = typer.Option(False, "--profile-from-plan", help="with --plan: price with the "
                                            "profile the plan names (not loaded otherwise)"),
+    calibration: Path = typer.Option(None, "--calibration", help="price with this calibration of your cluster "
+                                     "(shardplan calibrate); a plan priced with one is re-priced with it by default"),
     memory_limit: float = positive_option(None, "--memory-limit", help="per-GPU limit in GiB"),
     plan: Path = typer.Option(None, "--plan", help="price this plan file instead of the degree flags"),
     batch: Path = typer.Option(None, "--batch", help="JSON-lines file of plans to price ('-': standard input)"),
@@ -527,6 +553,7 @@ def estimate_cmd(
         "target": target,
         "profile": str(profile) if profile else None,
         "memory_limit": memory_limit,
+        "calibration": str(calibration) if calibration else None,
     }
     if profile_from_plan and plan is None:
         raise ShardplanError("--profile-from-plan needs --plan")

@@ -63,13 +63,21 @@ def _cli_graph(model: str | None, plan: Plan) -> LayerGraph | None:
 @guard
 def explain_cmd(
     plan: Path = typer.Argument(..., help="plan JSON written by 'shardplan plan'"),
+    calibration: Path | None = typer.Option(None, "--calibration", help="price the plan and its runners-up with "
+                                            "this calibration of your cluster (shardplan calibrate) first"),
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
     """Explain a plan: mesh on the nodes, schedule, per-stage memory, step time, solver, vs runner-up."""
     from planner.explain import explain_data, render_explain
     from vocab.plan import load_plan
 
-    data = explain_data(load_plan(plan))
+    doc = load_plan(plan)
+    if calibration is not None:
+        from costmodel.calibration.document import load_calibration
+        from planner.calibration import calibrated_plan
+
+        doc = calibrated_plan(doc, load_calibration(calibration))
+    data = explain_data(doc)
     if as_json:
         _print_json(data)
     else:

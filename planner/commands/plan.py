@@ -112,12 +112,15 @@ def summary_table(planned: Any, wall_s: float) -> Table:
     if s.stage_layers:
         sched += f", stages of {s.stage_layers} blocks"
     row("schedule", sched)
-    row("micro-batching", f"{n_mb} micro-batches of {s.micro_batch}")
+    row("micro-batching", f"{n_mb} micro-batch{'es' if n_mb != 1 else ''} of {s.micro_batch}")
     row("layers", _layers_text(s))
     from planner.reprice import band_text, plan_band
 
     band = band_text(plan_band(p))
     row("step time", f"{pred.step_time_s:.4g} s" + (f"; {band}" if band else ""))
+    if p.inputs.calibration is not None:
+        c = p.inputs.calibration
+        row("calibration", f"{c.path}: fitted on {c.band.runs} runs of {c.accelerator}")
     row("tokens/s/GPU", f"{pred.tokens_per_s_per_gpu:,.0f}")
     row("MFU / HFU", f"{pred.mfu:.1%} / {pred.hfu:.1%}")
     from planner.reprice import headroom_text
@@ -197,6 +200,10 @@ def plan_cmd(
     profile: Path = typer.Option(
         None, "--profile", help="measured profile (shardplan profile) to price with"
     ),
+    calibration: Path = typer.Option(
+        None, "--calibration", help="price with this calibration of your cluster (shardplan calibrate); the plan "
+        "records it"
+    ),
     time_limit: float = positive_option(
         None, "--time-limit", help="seconds; the best plan so far, with its gap"
     ),
@@ -222,6 +229,11 @@ def plan_cmd(
         raise ShardplanError(f"-o must name a .json file, got '{output}'")
     if output is not None:
         check_writable(output, "-o")
+    cal = None
+    if calibration is not None:
+        from costmodel.calibration.document import load_calibration
+
+        cal = load_calibration(calibration)
     t0 = time.perf_counter()
     with Progress(
         TextColumn("{task.description}"),
@@ -258,6 +270,7 @@ def plan_cmd(
             tie_break=tie_break,
             moe_capacity_factor=moe_capacity_factor,
             solver=solver,
+            calibration=cal,
         )
     wall = time.perf_counter() - t0
     if output is not None:

@@ -90,6 +90,8 @@ def sweep_cmd(
     heatmap: bool = typer.Option(True, "--heatmap/--no-heatmap", help="with --plots: the tp x pp heatmap at the "
                                  "point of most tokens/s per GPU"),
     workers: int = int_option(None, "--workers", minimum=1, maximum=64, help="processes (default: 2)"),
+    calibration: Path = typer.Option(None, "--calibration", help="price every point with this calibration of "
+                                     "your cluster (shardplan calibrate; its accelerator only)"),
 ) -> None:
     """Plan over a grid (cluster size, accelerator, global batch, sequence length, memory limit,
     target, space): one row per point, with time and cost to train a token budget."""
@@ -105,10 +107,15 @@ def sweep_cmd(
         check_writable(output, "-o")
     if plots is not None:
         check_writable(plots / "throughput.png", "--plots")
+    cal = None
+    if calibration is not None:
+        from costmodel.calibration.document import load_calibration
+
+        cal = load_calibration(calibration)
     t0 = time.perf_counter()
     with _progress() as update:
         df = sweep(model, sizes, names(accelerator), batches, seqs, limits, names(target), names(space),
-                   tokens=tokens, gpu_hour_cost=gpu_hour_cost, workers=workers, progress=update)
+                   tokens=tokens, gpu_hour_cost=gpu_hour_cost, workers=workers, progress=update, calibration=cal)
     wall = time.perf_counter() - t0
     render_sweep(df, console)
     ok = int((df["status"] == "ok").sum())
@@ -131,7 +138,7 @@ def sweep_cmd(
             lim = best["memory_limit_gib"]
             hm = mesh_heatmap(model, int(best["gpus"]), best["accelerator"], int(best["global_batch"]),
                               int(best["seq_len"]), None if lim is None or lim != lim else float(lim),
-                              best["target"], best["space"])
+                              best["target"], best["space"], calibration=cal)
             figs["heatmap.png"] = heatmap_figure(hm)
         for name, fig in figs.items():
             save_figure(fig, plots / name, "png")
