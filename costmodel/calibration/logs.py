@@ -140,12 +140,23 @@ def steady(log: RunLog, global_batch: int, seq_len: int, world: int) -> Steady:
     med = _weighted_median(kept, weights)
     first_kept = timed[n][0].step - timed[n][0].steps
     later = [r for r in log.records if r.step > first_kept]
-    mem = [r.memory for r in later if r.memory] or [r.memory for r in log.records if r.memory][-1:]
     terms = [r.terms for r in later if r.terms] or [r.terms for r in log.records if r.terms][1:]
     states = [r.states for r in log.records if r.states]
     return Steady(step_time_s=med, low_s=float(np.percentile(kept, 10)), high_s=float(np.percentile(kept, 90)),
-                  records=len(times), warmup=n, memory=_median_of(mem), terms=_median_of(terms),
+                  records=len(times), warmup=n, memory=_memory(log.records, later), terms=_median_of(terms),
                   states=_median_of(states))
+
+
+def _memory(records: list[StepRecord], later: list[StepRecord]) -> dict[str, float]:
+    """Each memory figure's median over the steady records that print it, else its last value (a
+    trainer that prints memory once, after its first steps: Megatron-LM, nanotron; a peak counted on
+    one step: shardplan's runtime on a CPU)."""
+    out = {}
+    for kind in sorted({k for r in records for k in r.memory}):
+        steady_values = [r.memory[kind] for r in later if kind in r.memory]
+        out[kind] = float(np.median(steady_values)) if steady_values else [
+            r.memory[kind] for r in records if kind in r.memory][-1]
+    return out
 
 
 def _weighted_median(values: list[float], weights: list[int]) -> float:
