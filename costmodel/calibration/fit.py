@@ -179,7 +179,7 @@ def _overhead(times: np.ndarray, measured: np.ndarray, at: float, bounds: tuple[
 
 
 GOLD = (math.sqrt(5) - 1) / 2
-GRID = {1: 17, 2: 9, 3: 5}  # points per factor knob of the starting grid, by the number of factor knobs
+GRID = {1: 13, 2: 7, 3: 5}  # points per factor knob of the starting grid, by the number of factor knobs
 GRID_SPAN = 8.0  # the grid spans the prior / GRID_SPAN to the prior x GRID_SPAN
 
 
@@ -237,9 +237,16 @@ def projected_lm(runs: Sequence[Run], names: list[str], base: CostConstants, x0:
             d[j] = u[j] + h if u[j] + h <= hi[j] else u[j] - h
             jac[:, j] = (resid(d) - r) / (d[j] - u[j])
         g, a = jac.T @ r, jac.T @ jac
+        # a knob on a bound that the gradient pushes outward stays there this step (the active set)
+        free = ~(((u <= lo) & (g > 0)) | ((u >= hi) & (g < 0)))
+        if not free.any():
+            break
+        af, gf = a[np.ix_(free, free)], g[free]
         moved = False
         while lam < 1e10:
-            un = np.clip(u + np.linalg.solve(a + lam * np.diag(np.diag(a) + 1e-12), -g), lo, hi)
+            step = np.zeros_like(u)
+            step[free] = np.linalg.solve(af + lam * np.diag(np.diag(af) + 1e-12), -gf)
+            un = np.clip(u + step, lo, hi)
             rn = resid(un)
             if float(rn @ rn) < cost:
                 moved = float(np.max(np.abs(un - u))) > 1e-10 and cost - float(rn @ rn) > 1e-14 * cost
