@@ -70,7 +70,7 @@ def compare(predicted: dict[str, Any], measured: Steady, fragmentation: float, c
     out.rows.append(_row("step time", measured.step_time_s, step, "s"))
     parts = priced_parts(predicted)
     for part in TERM_PARTS:
-        if part in measured.terms:
+        if part in measured.terms and (measured.terms[part] > 0 or parts[part] > 0):
             out.rows.append(_row(part, measured.terms[part], parts[part], "s"))
     out.cause = likeliest_cause(measured, step, parts, priced_terms(predicted))
     tensors = max(((st.get("total_gib", 0.0) - st.get("overhead_gib", 0.0)) * GIB

@@ -54,7 +54,7 @@ def _runs_table(fitted: Any) -> Table:
                    f"{_pct(r['after_memory'] / r['memory'] - 1)}")
         spread = (r["high_s"] - r["low_s"]) / r["step_time_s"]
         t.add_row(literal_lines([Path(str(r["config"])).name, f"{r['format']}, {r['records'] - r['warmup']} of "
-                                 f"{r['records']} steps"]),
+                                 f"{r['records']} records"]),
                   f"{r['step_time_s']:.4g}\n±{spread / 2:.1%}",
                   f"{r['before_s']:.4g}\n{_pct(r['before_s'] / r['step_time_s'] - 1)}",
                   f"{r['after_s']:.4g}\n{_pct(r['after_s'] / r['step_time_s'] - 1)}", mem)
