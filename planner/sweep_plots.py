@@ -29,6 +29,13 @@ def _figure(size: tuple[float, float], panels: int = 1) -> tuple[Figure, list[An
     return fig, [fig.add_subplot(1, panels, i + 1) for i in range(panels)]
 
 
+def _fitted(fig: Figure, text: str, fontsize: float = 12.0) -> str:
+    """``text`` in lines no wider than the figure (about 0.6 of the font size a character): a title
+    that names a long model and its held axes wraps instead of running off the figure's edges."""
+    per_line = max(int(fig.get_figwidth() * 72 / (0.6 * fontsize)) - 2, 20)
+    return _wrap(text, per_line)
+
+
 def _lines(df: Any) -> list[tuple[str, Any]]:
     """(legend label, rows sorted by GPUs) per combination of the varying axes other than GPUs;
     rows without a plan are left out."""
@@ -89,7 +96,7 @@ def throughput_figure(df: Any, size: tuple[float, float] = (8.0, 4.8)) -> Figure
     _gpu_axis(ax, df)
     ax.set_ylabel("tokens/s per GPU")
     ax.set_ylim(bottom=0)
-    ax.set_title(f"{_model(df)}: throughput per GPU by cluster size (target {_targets(df)})")
+    ax.set_title(_fitted(fig, f"{_model(df)}: throughput per GPU by cluster size (target {_targets(df)})"))
     if len(lines) > 1:
         ax.legend(fontsize="small", loc="best")
     return fig
@@ -122,7 +129,7 @@ def cost_figure(df: Any, size: tuple[float, float] = (11.0, 4.6)) -> Figure:
     ax_c.set_title(f"cost at ${rate:g} per GPU-hour" if has_cost and rate is not None else "GPU-hours")
     if len(lines) > 1:
         ax_t.legend(fontsize="small", loc="best")
-    fig.suptitle(f"{_model(df)}: time and cost by cluster size (target {_targets(df)})")
+    fig.suptitle(_fitted(fig, f"{_model(df)}: time and cost by cluster size (target {_targets(df)})"))
     return fig
 
 
@@ -156,9 +163,9 @@ def heatmap_figure(hm: Any, size: tuple[float, float] = (9.0, 5.6)) -> Figure:
     ax.set_ylabel("tensor-parallel degree (tp)")
     fig.colorbar(im, ax=ax, label="tokens/s per GPU")
     a = hm.attrs
-    ax.set_title(f"{a.get('model', 'model')} on {a.get('gpus', '?')}x {a.get('accelerator', '?')}, seq "
-                 f"{a.get('seq_len', '?')}, batch {a.get('global_batch', '?')}: fastest plan per tp × pp "
-                 f"(target {a.get('target', '?')})", fontsize=10)
+    ax.set_title(_fitted(fig, f"{a.get('model', 'model')} on {a.get('gpus', '?')}x {a.get('accelerator', '?')}, seq "
+                              f"{a.get('seq_len', '?')}, batch {a.get('global_batch', '?')}: fastest plan per tp × pp "
+                              f"(target {a.get('target', '?')})", 10), fontsize=10)
     return fig
 
 

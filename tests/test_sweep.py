@@ -102,6 +102,20 @@ def test_plots_draw_the_tables_values(table: pd.DataFrame) -> None:
     assert "days" in days.get_ylabel() and "$" in cost.get_ylabel()
 
 
+def test_titles_stay_inside_the_figure(table: pd.DataFrame) -> None:
+    """A long model name and the held axes wrap the title; drawn, it lies within the figure."""
+    long = table.assign(model="a-model-with-a-rather-long-name-from-a-config-file/config.json")
+    for fig in (throughput_figure(long), cost_figure(long)):
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        box = fig.bbox
+        titles = [fig._suptitle] if fig._suptitle is not None else []
+        titles += [ax.title for ax in fig.axes]
+        for t in titles:
+            ext = t.get_window_extent(renderer)
+            assert box.x0 - 1 <= ext.x0 and ext.x1 <= box.x1 + 1, (t.get_text(), ext, box)
+
+
 def test_heatmap_figure_draws_every_cell() -> None:
     hm = mesh_heatmap(MODEL, 16, global_batch=64, seq_len=2048, tp=(1, 2), pp=(1, 2))
     fig = heatmap_figure(hm)
