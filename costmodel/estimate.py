@@ -67,7 +67,8 @@ def check(graph: LayerGraph, cluster: Cluster, s: Strategy, w: Workload) -> int:
         )
     n_mb = w.global_batch // per_step
     if s.schedule == "interleaved" and n_mb % m.pp:
-        raise ShardplanError(f"interleaved schedule: {n_mb} micro-batches must be a multiple of pp={m.pp}")
+        raise ShardplanError(f"interleaved schedule: {n_mb} micro-batch{'es' if n_mb != 1 else ''} must be a multiple "
+                             f"of pp={m.pp}")
     names = {n.name for n in graph.nodes} | {u for u, _ in graph.blocks()}
     unknown = [ls.unit for ls in s.layers if ls.unit not in names]
     if unknown:

@@ -223,3 +223,13 @@ def test_no_torch_and_fast() -> None:
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["step_time_s"] > 0
     assert wall < 2.0 * 2  # < 2 s budget; doubled for a loaded CI machine
+
+
+def test_one_micro_batch_is_said_in_the_singular() -> None:
+    r = runner.invoke(app, [*BASE[:-1], "64", "--dp", "64"], env={"COLUMNS": "120"})
+    assert r.exit_code == 0 and "(1 micro-batch)" in r.output and "1 micro-batches" not in r.output, r.output
+    r = runner.invoke(app, [*BASE[:-1], "32", "--pp", "2", "--dp", "32", "--schedule", "interleaved", "--vpp", "2"])
+    assert r.exit_code == 2 and "interleaved schedule: 1 micro-batch must be a multiple of pp=2" in r.output, r.output
+    r = runner.invoke(app, ["plan", "--model", "gpt2", "--cluster", "4xcpu", "--seq-len", "128", "--global-batch", "4"],
+                      env={"COLUMNS": "120"})
+    assert r.exit_code == 0 and "1 micro-batch of" in r.output and "1 micro-batches" not in r.output, r.output
