@@ -12,7 +12,8 @@
   RMSNorm's in-place ``add_`` mutate cached tensors.)
 
 The module keeps its name and parameters: its ``forward`` is wrapped on the instance, so this
-composes with FSDP2 (apply checkpointing first, then ``fully_shard``) and with DTensor TP.
+composes with FSDP2 (apply checkpointing first, then ``fully_shard``; FSDP2 units nested inside a
+selectively checkpointed unit too, :class:`_RecomputeUnsaved`) and with DTensor TP.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 aten = torch.ops.aten
@@ -69,6 +71,35 @@ def selective_policy(device: str) -> Callable[..., CheckpointPolicy]:
     return policy
 
 
+class _RecomputeUnsaved(TorchDispatchMode):
+    """The recomputation side of selective checkpointing: an op whose output the policy never
+    saves runs again without asking the cache; the saved ops go to ``cached`` (torch's mode, which
+    hands back their outputs by their order of call).
+
+    torch's own mode counts every op, saved or not, and fails on an op called more often than in
+    forward. FSDP2 units nested inside the checkpointed unit run their hooks inside the region, and
+    in backward they do different bookkeeping (``record_function`` markers, copies; the parameters
+    are already gathered): counting those fails (``... not found in storage``). Saved ops (weight
+    GEMMs, functional collectives) are the module's own and come in the same order both times.
+    """
+
+    def __init__(self, cached: TorchDispatchMode, saved: set[Any], attention: set[Any]) -> None:
+        super().__init__()
+        self.cached, self.saved, self.attention = cached, saved, attention
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        packet = getattr(func, "overloadpacket", func)
+        if packet not in self.saved or packet in self.attention:
+            return func(*args, **(kwargs or {}))
+        return self.cached.__torch_dispatch__(func, types, args, kwargs)
+
+
+def selective_contexts(device: str) -> tuple[Any, Any]:
+    """The forward and recomputation contexts of selective checkpointing on ``device``."""
+    caching, cached = create_selective_checkpoint_contexts(selective_policy(device))
+    return caching, _RecomputeUnsaved(cached, save_ops(), recompute_ops(device))
+
+
 def wrap(module: nn.Module, mode: str, device: str) -> None:
     """Make ``module``'s forward recompute in backward (``mode``: ``full`` or ``selective``)."""
     if mode == "none":
@@ -80,7 +111,7 @@ def wrap(module: nn.Module, mode: str, device: str) -> None:
         def forward(*args: Any, **kwargs: Any) -> Any:
             return checkpoint(inner, *args, use_reentrant=False, **kwargs)
     else:
-        context_fn = functools.partial(create_selective_checkpoint_contexts, selective_policy(device))
+        context_fn = functools.partial(selective_contexts, device)
 
         def forward(*args: Any, **kwargs: Any) -> Any:
             return checkpoint(inner, *args, use_reentrant=False, context_fn=context_fn, **kwargs)

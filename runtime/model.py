@@ -207,7 +207,7 @@ class Activation(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.kind == "gelu":
             return F.gelu(x, approximate="tanh")
-        pairs = x.view(*x.shape[:-1], -1, 2)
+        pairs = x.view(*x.shape[:-1], x.shape[-1] // 2, 2)  # no -1: an expert may get no tokens
         return F.silu(pairs[..., 0]) * pairs[..., 1]
 
 

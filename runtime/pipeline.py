@@ -5,7 +5,9 @@ the even split with the extra blocks on the middle stages: the layout the cost m
 which gives the blocks of each of the ``pp * vpp`` (virtual) stages; stage 0 also holds ``embed``,
 the last stage ``final_norm`` and ``head``. Virtual stage ``s`` lives on pipeline rank ``s % pp``
 (:meth:`Strategy.rank_stages`, the looping layout the interleaved schedules expect). Each stage is
-a hand-built ``PipelineStage``.
+a hand-built ``PipelineStage`` told the shapes it receives and sends (:func:`stage_examples`, from
+the first batch's shape): torch's own inference would run each stage's forward on uninitialised
+inputs, where a MoE router routes garbage.
 
 Plan schedule → PyTorch schedule:
 
@@ -28,11 +30,13 @@ the first and last pipeline ranks) before each optimizer step, so they stay equa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import (
     PipelineStage,
     Schedule1F1B,
@@ -40,6 +44,7 @@ from torch.distributed.pipelining import (
     ScheduleInterleaved1F1B,
     ScheduleInterleavedZeroBubble,
 )
+from torch.distributed.tensor import DTensor, Shard
 
 from runtime.mesh import RuntimeMesh
 from runtime.model import Transformer, lm_loss
@@ -107,18 +112,38 @@ def tied_pair_group(rt: RuntimeMesh) -> dist.ProcessGroup | None:
 
 @dataclass
 class PipelineRunner:
-    """This rank's stages and the schedule that runs them."""
+    """This rank's stage modules and, once the batch's shape is known, their ``PipelineStage``s and
+    the schedule that runs them (rebuilt when the shape changes)."""
 
-    stages: list[PipelineStage]
     modules: list[Transformer]
-    schedule: object
-    has_first: bool
-    has_last: bool
+    ids: list[int]
+    strategy: Strategy
+    rt: RuntimeMesh
     n_microbatches: int
-    tp: int = 1
+    device: torch.device
+    dtype: torch.dtype = torch.float32  # what the stages pass on: the compute dtype
+    stages: list[PipelineStage] = field(default_factory=list)
+    schedule: object = None
+    shape: tuple[int, int] | None = None  # (rows, tokens) of the micro-batches the stages were built for
+
+    @property
+    def has_first(self) -> bool:
+        return 0 in self.ids
+
+    @property
+    def has_last(self) -> bool:
+        return (self.strategy.num_stages - 1) in self.ids
+
+    @property
+    def tp(self) -> int:
+        """Megatron TP degree (the loss is vocabulary-parallel); 1 under TSP."""
+        return 1 if self.rt.tsp else self.strategy.mesh.tp
 
     def step(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
         """Forward and backward of one batch; the mean loss on the last stage, else None."""
+        shape = (tokens.shape[0] // self.n_microbatches, tokens.shape[1])
+        if shape != self.shape:
+            self._build(shape)
         losses: list[torch.Tensor] = []
         args = (tokens,) if self.has_first else ()
         kwargs = {"target": targets, "losses": losses} if self.has_last else {}
@@ -127,6 +152,64 @@ class PipelineRunner:
         if self.has_last:
             return torch.stack([plain(x.detach()).float() for x in losses]).mean()
         return None
+
+    def _build(self, shape: tuple[int, int]) -> None:
+        """``PipelineStage``s told the shapes they receive and send (torch's shape inference would
+        run each stage on uninitialised tensors: a MoE router routes garbage, and the pass counts
+        in the experts' loads), and the plan's schedule over them."""
+        group = self.rt.group("pp")
+        n = self.strategy.num_stages
+        self.stages = []
+        for m, sid in zip(self.modules, self.ids, strict=True):
+            ins, outs, in_grads, out_grads = stage_examples(m.cfg, sid, n, shape, self._layout())
+            self.stages.append(PipelineStage(m, sid, n, self.device, input_args=ins, output_args=outs,
+                                             input_grads=in_grads, output_grads=out_grads, group=group))
+        cls = SCHEDULES[self.strategy.schedule]
+        held = self.stages if self.strategy.schedule in MULTI_STAGE else self.stages[0]
+        self.schedule = cls(held, n_microbatches=self.n_microbatches, loss_fn=lm_loss)
+        self.shape = shape
+
+    def _layout(self) -> StageLayout:
+        tp = self.strategy.mesh.tp
+        megatron = tp > 1 and not self.rt.tsp
+        return StageLayout(self.dtype, tp if megatron and self.strategy.sequence_parallel else 1,
+                           self.rt.tp_mesh() if megatron else None)
+
+
+@dataclass(frozen=True)
+class StageLayout:
+    """How activations cross stage boundaries: their dtype, the sequence-parallel ways the hidden
+    states are cut (Megatron SP), and the TP mesh of vocabulary-sharded logits (Megatron TP)."""
+
+    dtype: torch.dtype
+    seq_ways: int = 1
+    vocab_mesh: DeviceMesh | None = None
+
+
+def stage_examples(cfg: Any, stage: int, n_stages: int, shape: tuple[int, int], lay: StageLayout) -> tuple[Any, ...]:
+    """(inputs, outputs, input gradients, output gradients) of virtual stage ``stage``, as meta
+    tensors, for micro-batches of ``shape`` (rows, this rank's tokens): stage 0 takes token ids,
+    the others hidden states; the last stage returns logits (a vocabulary-sharded DTensor under
+    Megatron TP), the others hidden states."""
+    rows, seq = shape
+    meta = torch.device("meta")
+
+    def hidden() -> torch.Tensor:
+        return torch.empty(rows, seq // lay.seq_ways, cfg.hidden, dtype=lay.dtype, device=meta, requires_grad=True)
+
+    first, last = stage == 0, stage == n_stages - 1
+    ins = torch.empty(rows, seq, dtype=torch.long, device=meta) if first else hidden()
+    if not last:
+        out = hidden()
+    elif lay.vocab_mesh is not None:
+        tp = lay.vocab_mesh.size()
+        local = torch.empty(rows, seq, cfg.vocab // tp, dtype=lay.dtype, device=meta)
+        out = DTensor.from_local(local, lay.vocab_mesh, [Shard(-1)], run_check=False).requires_grad_(True)
+    else:
+        out = torch.empty(rows, seq, cfg.vocab, dtype=lay.dtype, device=meta, requires_grad=True)
+    in_grad = None if first else torch.empty_like(ins)
+    out_grad = None if last else torch.empty_like(out)
+    return (ins,), (out,), (in_grad,), (out_grad,)
 
 
 def build_pipeline(model: Transformer, strategy: Strategy, rt: RuntimeMesh) -> tuple[list[Transformer], list[int], bool, bool]:
@@ -158,16 +241,8 @@ def release_unheld(model: nn.Module, held: list[nn.Module]) -> None:
 
 
 def make_runner(mods: list[Transformer], ids: list[int], strategy: Strategy, rt: RuntimeMesh,
-                n_microbatches: int, device: torch.device) -> PipelineRunner:
-    """This rank's ``PipelineStage``s over ``mods`` (virtual stages ``ids``) and the plan's schedule."""
-    n_stages = strategy.num_stages
-    group = rt.group("pp")
-    stages = [PipelineStage(m, s, n_stages, device, group=group) for m, s in zip(mods, ids, strict=True)]
-    cls = SCHEDULES[strategy.schedule]
-    if strategy.schedule in MULTI_STAGE:
-        schedule = cls(stages, n_microbatches=n_microbatches, loss_fn=lm_loss)
-    else:
-        schedule = cls(stages[0], n_microbatches=n_microbatches, loss_fn=lm_loss)
-    return PipelineRunner(stages=stages, modules=mods, schedule=schedule, has_first=0 in ids,
-                          has_last=(n_stages - 1) in ids, n_microbatches=n_microbatches,
-                          tp=1 if rt.tsp else strategy.mesh.tp)
+                n_microbatches: int, device: torch.device, dtype: torch.dtype = torch.float32) -> PipelineRunner:
+    """This rank's runner over ``mods`` (virtual stages ``ids``) and the plan's schedule, its
+    ``PipelineStage``s built at the first step from the batch's shape; ``dtype``: the activations'."""
+    return PipelineRunner(modules=mods, ids=ids, strategy=strategy, rt=rt, n_microbatches=n_microbatches,
+                          device=device, dtype=dtype)
