@@ -43,6 +43,8 @@ from runtime.pipeline import (
     tied_pair_group,
     tied_params,
 )
+from runtime.precision import Precision, of_policy
+from runtime.precision import problems as precision_problems
 from runtime.sharding import shard
 from runtime.tsp import TspGroup, apply_tsp
 from runtime.units import resolve, slice_interleave, split_targets, unit_of
@@ -138,10 +140,13 @@ def model_problem(ad: ModelAdapter, facts: dict[str, Any] | None) -> str | None:
 
 
 def check_plan(spec: dict[str, Any], plan: Any, world_size: int, dev: str, seq_len: int | None = None,
-               global_batch: int | None = None) -> None:
-    """Validate ``plan`` against the model of ``spec`` without a process group (model on meta)."""
+               global_batch: int | None = None, precision: Precision | None = None) -> None:
+    """Validate ``plan`` against the model of ``spec`` without a process group (model on meta), at
+    ``precision`` (fp32 when None: every plan runs at every precision :mod:`runtime.precision` knows)."""
     from runtime.model import build
 
+    if precision is not None and (why := precision_problems(precision.name, precision.grad_dtype)):
+        raise ShardplanError("; ".join(why))
     strategy, facts = _strategy_of(plan)
     with torch.device("meta"):
         model, _ = build(spec)
@@ -264,7 +269,8 @@ def apply_plan(model: nn.Module, plan: Any, mesh: DeviceMesh | RuntimeMesh | Non
     Args:
         mesh: the plan's mesh, already built: a ``DeviceMesh`` named ``pp, dp_replicate, dp_shard,
             cp, tp`` (size-1 axes included) or a :class:`RuntimeMesh`; built when None.
-        mixed_precision: FSDP2 policy for the ``zero3`` units (fp32 when None).
+        mixed_precision: FSDP2 policy for the ``zero3`` units (fp32 when None); a bf16 one makes
+            the other units' parameters bf16 beside fp32 masters (:mod:`runtime.precision`).
         n_microbatches: pipeline micro-batches per step (default: the plan's global batch over
             ``dp * micro_batch`` when ``plan`` is a Plan, else ``2 * pp``).
         fp8_linears: the blocks' Linear layers train in fp8 (torchao; CUDA with compute capability
@@ -315,15 +321,12 @@ def apply_plan(model: nn.Module, plan: Any, mesh: DeviceMesh | RuntimeMesh | Non
         replicated += res.replicated
         units += res.fsdp_units
         notes += res.notes
-    if mixed_precision is not None and mixed_precision.param_dtype not in (None, torch.float32) and any(
-            r.params for r in replicated):
-        raise ShardplanError("a low-precision MixedPrecisionPolicy needs every unit sharded with zero3/zero3_keep "
-                             "(FSDP2); the plan's replicate/zero1/zero2 units run in fp32")
     info = AppliedPlan(strategy=strategy, mesh=rt, adapter=ad, stages=stages, replicated=replicated,
                        fsdp_units=units, notes=list(dict.fromkeys(notes)))
     out: nn.Module = model
     if pp > 1:
-        info.pipeline = make_runner(stages, ids, strategy, rt, n_microbatches, device)
+        info.pipeline = make_runner(stages, ids, strategy, rt, n_microbatches, device,
+                                    of_policy(mixed_precision).compute)
         if ad.tied:
             info.tied = TiedPair(group=tied_pair_group(rt), params=tied_params(stages[0] if has_first else None,
                                                                                 stages[-1] if has_last else None))
@@ -359,7 +362,7 @@ def _tied_optim_params(info: AppliedPlan) -> list[nn.Parameter]:
     t = info.tied
     if t is None:
         return []
-    stepped = {id(s.param): (s.shard if s.shard is not None else s.param) for r in info.replicated for s in r.slots}
+    stepped = {id(s.param): s.stepped() for r in info.replicated for s in r.slots}
     return [stepped.get(id(p), p) for p in t.params]
 
 

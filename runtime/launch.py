@@ -177,13 +177,8 @@ def _run_job(job: Job, progress: Callable[[], None], on_step: Callable[[int], No
     key = (*strategy.mesh.axes().items(), ("ep", strategy.mesh.ep))
     if key not in _MESHES:  # jobs of one launch share meshes (process groups are costly)
         _MESHES[key] = build_mesh(strategy.mesh)
-    mp = None
-    if s.precision in ("bf16", "fp8"):  # fp8: the Linear GEMMs in fp8, everything else in bf16
-        from torch.distributed.fsdp import MixedPrecisionPolicy
-
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    elif s.precision != "fp32":
-        raise ShardplanError(f"precision '{s.precision}' is not fp32, bf16 or fp8")
+    # bf16 (fp8: the Linear GEMMs in fp8, everything else in bf16): every unit, runtime.precision
+    mp = s.mixed().fsdp_policy() if s.mixed().low else None
     model = apply_plan(model, plan, mesh=_MESHES[key], mixed_precision=mp, n_microbatches=n_mb,
                        fp8_linears=s.precision == "fp8")
     progress()
@@ -191,7 +186,9 @@ def _run_job(job: Job, progress: Callable[[], None], on_step: Callable[[int], No
     out = {"name": job.name, "steps": steps, "fsdp_units": model._shardplan.fsdp_units,
            "notes": model._shardplan.notes}
     if job.reference and torch.distributed.get_rank() == 0:
-        from runtime.train import reference_losses
+        from runtime.train import parity_tolerance, reference_losses
+
+        out["parity_rtol"] = parity_tolerance(s.precision)
 
         key = json.dumps([job.model, job.settings], sort_keys=True)
         if key not in _REFS:

@@ -66,16 +66,22 @@ def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None = None
 
     * ``param_bytes``: local shards of the model's parameters (FSDP/TP shards, ZeRO-1/2 and
       replicated parameters whole);
-    * ``grad_bytes``: gradients currently held, of the model's parameters and of the slices the
-      optimizer steps (ZeRO-1/2); measure after backward and before ``optimizer.zero_grad``;
+    * ``grad_bytes``: gradients currently held, of the model's parameters, of the slices and
+      masters the optimizer steps (ZeRO-1/2, mixed precision) and the fp32 gradient buffers of
+      mixed precision; measure after backward and before ``optimizer.zero_grad``;
     * ``optim_bytes``: optimizer state tensors with at least one dimension (Adam's two moments;
-      the 0-dim ``step`` counters are not counted), present after the first step.
+      the 0-dim ``step`` counters are not counted), present after the first step, and the fp32
+      master weights the optimizer steps in place of bf16 parameters (mixed precision).
     """
     params = list(model.parameters())
     param_bytes = tensor_bytes(params)
-    grads = [p.grad for p in params] + [p.grad for p in _optimizer_params(optimizer)]
+    stepped = _optimizer_params(optimizer)
+    info = getattr(model, "_shardplan", None)
+    held = [g for r in getattr(info, "replicated", []) for g in r.held_grads()]
+    grads = [p.grad for p in params] + [p.grad for p in stepped] + held
     grad_bytes = tensor_bytes(grads)
-    optim: list[torch.Tensor] = []
+    mine = {_local(p).untyped_storage().data_ptr() for p in params if _local(p).device.type != "meta"}
+    optim: list[torch.Tensor] = [p for p in stepped if _local(p).untyped_storage().data_ptr() not in mine]
     if optimizer is not None:
         for st in optimizer.state.values():
             optim += [v for v in st.values() if isinstance(v, torch.Tensor) and v.dim() > 0]

@@ -27,7 +27,8 @@ says why that is the mean loss's gradient).
 FSDP2 has no ZeRO-1/2 of its own (``reshard_after_forward=False`` is ZeRO-3 whose gathered
 parameters outlive forward, not ZeRO-2: parameters stay sharded at rest); that is why those
 values use the runtime's own collectives. With ``N == 1`` every value is plain replication over R.
-Each ``fully_shard`` call gets ``mp_policy`` (a ``MixedPrecisionPolicy``, fp32 by default) and, on
+Each ``fully_shard`` call gets ``mp_policy`` (a ``MixedPrecisionPolicy``, fp32 by default; under
+bf16 the other values' parameters become bf16 beside fp32 masters, :mod:`runtime.precision`) and, on
 CUDA, ``CPUOffloadPolicy`` when the unit's ``offload`` is not ``none`` (FSDP2 offloads parameters,
 gradients and optimizer state together; on CPU offloading is a no-op). The root module is
 ``fully_shard``-ed last (``reshard_after_forward=False``) with the parameters no unit took, e.g. a
@@ -43,6 +44,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, Offlo
 
 from runtime.adapters import ModelAdapter
 from runtime.mesh import RuntimeMesh
+from runtime.precision import of_policy
 from runtime.units import graph_name, resolve, unit_of
 from runtime.zero import STAGES, ReplicatedParams
 from vocab.strategy import LayerStrategy, Strategy
@@ -133,10 +135,13 @@ def shard(ad: ModelAdapter, stage: nn.Module, strategy: Strategy, rt: RuntimeMes
         _fsdp([stage], rt, root_ls, mp, custom, root=True)
         units.append("<root>")
     shard_g, rep_g = rt.reduce_groups()
-    replicated = [ReplicatedParams(STAGES[v], ps, shard_g, rep_g, rt.reduce_size) for v, ps in sorted(by_value.items())]
+    prec = of_policy(mp)  # bf16: these parameters become bf16 beside fp32 masters (runtime.precision)
+    dtypes = {"compute_dtype": prec.compute, "reduce_dtype": prec.reduce}
+    replicated = [ReplicatedParams(STAGES[v], ps, shard_g, rep_g, rt.reduce_size, **dtypes)
+                  for v, ps in sorted(by_value.items())]
     if expert_by_value:  # replicas of an expert: the same EP rank in every EP group
         eg = rt.expert_mesh().get_group("efsdp") if rt.shard_size // rt.ep > 1 else None
-        replicated += [ReplicatedParams(STAGES[v], ps, eg, rep_g, rt.reduce_size // rt.ep)
+        replicated += [ReplicatedParams(STAGES[v], ps, eg, rep_g, rt.reduce_size // rt.ep, **dtypes)
                        for v, ps in sorted(expert_by_value.items())]
     if rt.device_type != "cuda" and any(resolve(strategy, u).offload != "none" for u in ad.units()):
         notes.append("offload requested: a no-op on CPU")

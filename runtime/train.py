@@ -25,6 +25,7 @@ from runtime.context_parallel import shard_sequence
 from runtime.experts import rebalance
 from runtime.memory import TensorPeak, peak_bytes, state_bytes
 from runtime.model import MoE, build, lm_loss
+from runtime.precision import Precision
 from runtime.tensor_parallel import loss_context, plain
 
 LR = 1e-3
@@ -39,11 +40,33 @@ class TrainSettings:
     seq_len: int = 32
     seed: int = 0
     lr: float = LR
-    precision: str = "fp32"  # "bf16": FSDP2 MixedPrecisionPolicy(bf16 params, fp32 reduce), zero3 units only;
+    precision: str = "fp32"  # "bf16": every unit computes in bf16 beside fp32 masters (runtime.precision);
     # "fp8": bf16 with the blocks' Linear GEMMs in fp8 (runtime.fp8; CUDA only, else a note)
+    grad_dtype: str = "fp32"  # under bf16/fp8: gradients accumulated and reduced in fp32 or bf16
+
+    def mixed(self) -> Precision:
+        return Precision(self.precision, self.grad_dtype)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def parity_tolerance(precision: str) -> float:
+    """The relative loss gap per step allowed between a plan's run and one process's training of the
+    same model at the same precision (``--check-parity``): as tight as the arithmetic allows, and
+    the same for every family of plans (measured over three steps of the 56 parity families).
+
+    * fp32: ``1e-6``. Sums run in another order (gradients reduced over ranks, TP's and TSP's
+      partial products, attention merged over CP ranks) round differently in float32's last bits:
+      measured gaps are at most 2.2e-7 (two ulp of a loss near 5.5), MoE routing included, so an
+      expert load counted twice (a 1e-4 drift) fails.
+    * bf16 and fp8 (bf16 where fp8 GEMMs do not run): ``1e-4``. Each rank rounds its own weight
+      gradients — and under TP, TSP and CP its partial sums of activations — to bf16 before they
+      are reduced or merged, where one process rounds the whole sum once; the loss itself is an
+      fp32 mean: measured gaps are at most 6.1e-5 (Megatron TP+SP on Hugging Face Llama), 1.3e-5
+      for ZeRO and FSDP alone.
+    """
+    return 1e-6 if precision == "fp32" else 1e-4
 
 
 def synthetic_batch(step: int, s: TrainSettings, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,19 +84,28 @@ def make_optimizer_kwargs(s: TrainSettings) -> dict[str, Any]:
 
 def reference_losses(spec: dict[str, Any], s: TrainSettings,
                      on_step: Callable[[int], None] | None = None) -> list[float]:
-    """Losses of plain single-process training of model ``spec`` (fp32, whole batch per step);
+    """Losses of plain single-process training of model ``spec`` (whole batch per step) at the
+    settings' precision: fp32, or bf16 parameters beside fp32 masters stepped by the optimizer, the
+    gradients accumulated in ``grad_dtype`` (what every unit of a plan does, :mod:`runtime.precision`);
     ``on_step(k)`` is called after each step."""
+    from runtime.zero import ReplicatedParams
+
     torch.manual_seed(s.seed)
     model, vocab = build(spec)
     fwd = adapt(model).forward_logits
-    opt = torch.optim.AdamW(model.parameters(), **make_optimizer_kwargs(s))
+    p = s.mixed()
+    masters = ReplicatedParams(0, list(model.parameters()), None, None, 1, compute_dtype=p.compute,
+                               reduce_dtype=p.reduce)
+    opt = torch.optim.AdamW(masters.optimizer_params(), **make_optimizer_kwargs(s))
     moe = [m for m in model.modules() if isinstance(m, MoE)]
     out = []
     for k in range(s.steps):
         x, y = synthetic_batch(k, s, vocab)
         loss = lm_loss(fwd(model, x), y)
         loss.backward()
+        masters.reduce_grads()
         opt.step()
+        masters.gather_params()
         rebalance(moe, [])
         opt.zero_grad(set_to_none=True)
         out.append(float(loss.detach()))

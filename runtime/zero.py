@@ -22,6 +22,13 @@ over ``dp_replicate`` (HSDP-style). Tensor-parallel parameters (DTensors) are ha
 their local shards. Slices are views into the parameter, so no second copy of the weights exists
 in fp32 training. Collectives are blocking, after backward; gradients under ``COALESCE_BYTES`` are
 reduced together in small flat buffers, larger ones in place.
+
+Mixed precision (``compute_dtype`` bf16, :mod:`runtime.precision`): the parameters become bf16 and
+each slot keeps an fp32 master — the whole parameter (stage 0) or this rank's slice (stages 1, 2) —
+which the optimizer steps. Each bf16 gradient moves, as soon as it is accumulated, into an fp32
+buffer (``reduce_dtype`` fp32; stage 2 reduce-scatters it there), which is what is reduced; after
+the step the masters are copied back (all-gathered in bf16 under stages 1 and 2). With
+``reduce_dtype`` bf16 the gradients stay and are reduced in bf16, and the masters step their fp32 cast.
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
+
+from runtime.precision import to_dtype
 
 STAGES = {"replicate": 0, "zero1": 1, "zero2": 2}
 COALESCE_BYTES = 1024**2  # gradients below this size are all-reduced together, in flat buffers up to it
@@ -51,10 +60,16 @@ def _span(numel: int, n: int, r: int) -> tuple[int, int, int]:
 @dataclass
 class _Slot:
     param: nn.Parameter
-    shard: nn.Parameter | None  # stage >= 1: flat view of this rank's slice
+    shard: nn.Parameter | None  # stage >= 1: this rank's slice (a flat view of it; its fp32 master in bf16)
     lo: int = 0
     hi: int = 0
     chunk: int = 0
+    master: nn.Parameter | None = None  # stage 0 in bf16: the fp32 master
+    main_grad: torch.Tensor | None = None  # bf16, stages 0 and 1: the fp32 gradient accumulated
+
+    def stepped(self) -> nn.Parameter:
+        """What the optimizer steps for this parameter."""
+        return self.shard if self.shard is not None else (self.master if self.master is not None else self.param)
 
 
 @dataclass
@@ -67,6 +82,8 @@ class ReplicatedParams:
             are 1/its size); None when of size 1.
         replicate_group: the ``dp_replicate`` group; None when of size 1.
         dp_size: every rank the gradients average over (``dp_replicate × dp_shard × cp``).
+        compute_dtype: bf16 for mixed precision (fp32 masters kept here), None or fp32 for none.
+        reduce_dtype: the dtype gradients are accumulated and reduced in under mixed precision.
     """
 
     stage: int
@@ -74,8 +91,15 @@ class ReplicatedParams:
     shard_group: dist.ProcessGroup | None
     replicate_group: dist.ProcessGroup | None
     dp_size: int
+    compute_dtype: torch.dtype | None = None
+    reduce_dtype: torch.dtype = torch.float32
     slots: list[_Slot] = field(default_factory=list)
     _hooks: list = field(default_factory=list, repr=False)
+
+    @property
+    def low(self) -> bool:
+        """Mixed precision: bf16 parameters, fp32 masters."""
+        return self.compute_dtype not in (None, torch.float32)
 
     def __post_init__(self) -> None:
         if self.shard_group is None and self.stage > 0:
@@ -84,22 +108,46 @@ class ReplicatedParams:
         r = dist.get_rank(self.shard_group) if self.shard_group is not None else 0
         for p in self.params:
             if self.stage == 0:
-                self.slots.append(_Slot(p, None))
-                continue
-            data = local(p)
-            if not data.is_contiguous():
-                raise RuntimeError(f"zero{self.stage}: parameter of shape {tuple(data.shape)} is not contiguous")
-            lo, hi, chunk = _span(data.numel(), n, r)
-            shard = nn.Parameter(data.view(-1)[lo:hi])
-            self.slots.append(_Slot(p, shard, lo, hi, chunk))
-            if self.stage == 2:
-                self._hooks.append(p.register_post_accumulate_grad_hook(self._make_hook(self.slots[-1])))
+                self.slots.append(_Slot(p, None, master=nn.Parameter(local(p).clone()) if self.low else None))
+            else:
+                data = local(p)
+                if not data.is_contiguous():
+                    raise RuntimeError(f"zero{self.stage}: parameter of shape {tuple(data.shape)} is not contiguous")
+                lo, hi, chunk = _span(data.numel(), n, r)
+                piece = data.view(-1)[lo:hi]
+                self.slots.append(_Slot(p, nn.Parameter(piece.clone() if self.low else piece), lo, hi, chunk))
+        if self.low:  # before the hooks: swapping a tensor does not carry its hooks over
+            to_dtype(self.params, self.compute_dtype)  # type: ignore[arg-type]
+        hook = self._scatter_hook if self.stage == 2 else (self._main_grad_hook if self._main_grads else None)
+        if hook is not None:
+            self._hooks += [s.param.register_post_accumulate_grad_hook(hook(s)) for s in self.slots]
+
+    @property
+    def _main_grads(self) -> bool:
+        """Stages 0 and 1 under mixed precision with fp32 reduction: bf16 gradients move to fp32 buffers."""
+        return self.low and self.reduce_dtype != self.compute_dtype
+
+    def held_grads(self) -> list[torch.Tensor]:
+        """The fp32 gradient buffers of mixed precision (beside the parameters' and masters' ``grad``)."""
+        return [s.main_grad for s in self.slots if s.main_grad is not None]
 
     # ---- gradients -------------------------------------------------------------------------
-    def _make_hook(self, slot: _Slot):
+    def _main_grad_hook(self, slot: _Slot):
+        def hook(p: torch.Tensor) -> None:
+            g = local(p.grad)
+            if slot.main_grad is None:
+                slot.main_grad = g.to(self.reduce_dtype, copy=True)
+            else:
+                slot.main_grad.add_(g)
+            p.grad = None
+
+        return hook
+
+    def _scatter_hook(self, slot: _Slot):
         def hook(p: torch.Tensor) -> None:
             g = local(p.grad).reshape(-1)
-            piece = self._reduce_scatter(g, slot)
+            piece = self._reduce_scatter(g.to(self.reduce_dtype) if self.low else g, slot)
+            piece = piece.to(slot.shard.dtype)
             if slot.shard.grad is None:
                 slot.shard.grad = piece
             else:
@@ -107,6 +155,16 @@ class ReplicatedParams:
             p.grad = None
 
         return hook
+
+    def _fold_assigned(self) -> None:
+        """Gradients a schedule assigned to ``.grad`` without accumulating them (the zero-bubble
+        schedule's weight pass), which no post-accumulate hook saw: moved where the hooks move them."""
+        hook = self._scatter_hook if self.stage == 2 else (self._main_grad_hook if self._main_grads else None)
+        if hook is None:
+            return
+        for s in self.slots:
+            if s.param.grad is not None:
+                hook(s)(s.param)
 
     def _reduce_scatter(self, flat: torch.Tensor, slot: _Slot) -> torch.Tensor:
         n = dist.get_world_size(self.shard_group)
@@ -127,6 +185,7 @@ class ReplicatedParams:
         Gradients of at least :data:`COALESCE_BYTES` are all-reduced in place, one collective each;
         smaller ones (biases, norms) are coalesced into flat buffers of at most that size, so a
         model's many small tensors cost a few collectives' latency, not one each."""
+        self._fold_assigned()
         if self.stage == 2:
             for s in self.slots:
                 if s.shard.grad is None:  # unused parameter: no hook fired
@@ -135,13 +194,20 @@ class ReplicatedParams:
             return
         grads = []
         for s in self.slots:
+            if self._main_grads:
+                if s.main_grad is None:
+                    s.main_grad = torch.zeros_like(local(s.param), dtype=self.reduce_dtype)
+                grads.append(s.main_grad)
+                continue
             if s.param.grad is None:
                 s.param.grad = torch.zeros_like(s.param)
             grads.append(local(s.param.grad))
         self._average(grads, [self.shard_group, self.replicate_group])
-        if self.stage == 1:
-            for s, g in zip(self.slots, grads, strict=True):
-                s.shard.grad = g.view(-1)[s.lo : s.hi]
+        for s, g in zip(self.slots, grads, strict=True):
+            target = s.stepped()
+            if target is not s.param:  # a master or a slice: its gradient, fp32 where it is
+                piece = g.view(-1)[s.lo : s.hi] if self.stage == 1 else g
+                target.grad = piece.to(target.dtype)
 
     def _average(self, grads: list[torch.Tensor], groups: list[dist.ProcessGroup | None]) -> None:
         """All-reduce ``grads`` in place over ``groups`` and divide by the data-parallel size."""
@@ -176,18 +242,24 @@ class ReplicatedParams:
 
     # ---- parameters --------------------------------------------------------------------------
     def optimizer_params(self) -> list[nn.Parameter]:
-        """What the optimizer steps: the parameters (stage 0) or this rank's slices."""
-        return [s.param if s.shard is None else s.shard for s in self.slots]
+        """What the optimizer steps: the parameters or their masters (stage 0), or this rank's slices."""
+        return [s.stepped() for s in self.slots]
 
     def gather_params(self) -> None:
-        """After the step: all-gather the updated slices into the whole parameters."""
+        """After the step: all-gather the updated slices into the whole parameters (copy the masters
+        back under mixed precision)."""
+        for s in self.slots:
+            s.main_grad = None
+            if s.master is not None:
+                with torch.no_grad():
+                    local(s.param).copy_(s.master)
         if self.stage == 0:
             return
         n = dist.get_world_size(self.shard_group)
         for s in self.slots:
             flat = local(s.param).view(-1)
             inp = torch.zeros(s.chunk, dtype=flat.dtype, device=flat.device)
-            inp[: s.hi - s.lo] = flat[s.lo : s.hi]
+            inp[: s.hi - s.lo] = s.shard.detach() if self.low else flat[s.lo : s.hi]
             out = torch.empty(n * s.chunk, dtype=flat.dtype, device=flat.device)
             dist.all_gather_single(out, inp, group=self.shard_group)
             flat.copy_(out[: flat.numel()])

@@ -4,7 +4,9 @@ The runtime's check refuses nothing the space contains (every mesh configuration
 of the tiny models at worlds 2, 4 and 8), and plans drawn from the space (hypothesis: mesh, schedule,
 micro-batch, modes, and per unit sharding, recomputation, OSDP's operator splits and per-operator
 sharding) train
-like one process and hold the state bytes the cost model predicts.
+like one process and hold the state bytes the cost model predicts; so do drawn combinations of the
+features the headline plans combine (nested ZeRO-3 under selective recomputation, interleaved
+pipelines of experts, TSP with split operators, bf16).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from runtime.validate import check
 from solvers.chain import option_allowed, option_strategy
 from solvers.space import SPACES, mesh_configs, mesh_shardings, restrict, unit_options
 from tests.runtime_checks import assert_parity, predicted_state_bytes, state_bytes
-from vocab.strategy import MeshConfig, Strategy, Workload
+from vocab.strategy import LayerStrategy, Mesh, MeshConfig, Strategy, Workload
 from vocab.targets import load_target
 
 SETTINGS = TrainSettings(steps=3, global_batch=8, seq_len=32, seed=0)
@@ -134,3 +136,54 @@ DRAWS = settings(max_examples=3, deadline=None, derandomize=True, database=None,
 @given(data=st.data())
 def test_drawn_plans_train_like_one_process(world: int, data: Any) -> None:
     _train(_draw(data, world), world)
+
+
+# ---- drawn combinations of the features the headline plans combine ------------------------------
+OPS = ("attn.qkv", "attn.out", "mlp.up", "mlp.down")
+
+
+@st.composite
+def combination(draw: Any) -> tuple[str, Strategy, str]:
+    """(model, plan on 4 ranks, precision) of one of: ZeRO-3 operators nested in units that recompute
+    selectively (ZeRO-0/1/2, under FSDP, TSP or Megatron TP); an interleaved (or 1F1B / zero-bubble)
+    pipeline of MoE blocks with expert parallelism; TSP with split operators and selective
+    recomputation; in fp32 or bf16."""
+    kind = draw(st.sampled_from(["nested", "pp_ep", "tsp_split"]), label="kind")
+    precision = draw(st.sampled_from(["fp32", "bf16"]), label="precision")
+    if kind == "pp_ep":
+        model = draw(st.sampled_from(["tiny-mixtral", "tiny-deepseek"]), label="model")
+        sched = draw(st.sampled_from(["interleaved", "1f1b", "zb"]), label="schedule")
+        sharding = draw(st.sampled_from(["replicate", "zero1", "zero2", "zero3"]), label="sharding")
+        recompute = draw(st.sampled_from(["none", "selective", "full"]), label="recompute")
+        return model, Strategy(mesh=Mesh(pp=2, dp_shard=2, ep=2), schedule=sched, vpp=2 if sched != "1f1b" else 1,
+                               micro_batch=1, default=LayerStrategy(sharding=sharding, recompute=recompute)), precision
+    model = draw(st.sampled_from(["tiny-gpt", "tiny-llama"]), label="model")
+    tsp = kind == "tsp_split" or draw(st.booleans(), label="tsp")
+    mesh = Mesh(dp_shard=2, tp=2) if tsp or draw(st.booleans(), label="tp") else Mesh(dp_shard=4)
+    base = draw(st.sampled_from(["replicate", "zero1", "zero2", "zero3"]), label="unit sharding")
+    layers = []
+    for i in range(TINY_MODELS[model].layers):
+        for op in OPS:
+            if draw(st.booleans(), label=f"layers.{i}.{op} apart"):
+                split = draw(st.sampled_from([1, 2]), label="split") if tsp else 1
+                layers.append(LayerStrategy(unit=f"layers.{i}.{op}", sharding="zero3", split=split))
+    return model, Strategy(mesh=mesh, tp_mode="tsp" if tsp else "megatron", micro_batch=2,
+                           sequence_parallel=mesh.tp > 1 and not tsp,
+                           default=LayerStrategy(sharding=base, recompute="selective"), layers=layers), precision
+
+
+@pytest.mark.slow
+@DRAWS
+@given(data=st.data())
+def test_drawn_feature_combinations_train_like_one_process(data: Any) -> None:
+    plans = {}
+    for j in range(3):
+        model, s, precision = data.draw(combination(), label=f"plan {j}")
+        plans[f"{j}"] = (model, s, precision)
+    jobs = [Job(model=spec_for(m), plan_json=s.model_dump_json(), reference=True, name=name,
+                settings={**SETTINGS.to_dict(), "precision": p}) for name, (m, s, p) in plans.items()]
+    for res in launch(jobs, 4):
+        model, s, p = plans[res["name"]]
+        settings = TrainSettings(**{**SETTINGS.to_dict(), "precision": p})
+        assert_parity(res, s)
+        assert state_bytes(res) == predicted_state_bytes(model, s, 4, settings), (res["name"], s, p)

@@ -13,9 +13,6 @@ from vocab.errors import ShardplanError
 
 WATCHDOG_S = 300.0  # runtime.launch.WATCHDOG_S (not imported here: that would import torch at start-up)
 
-PARITY_RTOL = 1e-4
-
-
 def _settings(plan: Any, steps: int, seed: int, seq_len: int, global_batch: int) -> Any:
     from runtime.train import TrainSettings
 
@@ -30,9 +27,9 @@ def _settings(plan: Any, steps: int, seed: int, seq_len: int, global_batch: int)
     return s
 
 
-def _parity(losses: list[float], ref: list[float]) -> tuple[bool, float]:
+def _parity(losses: list[float], ref: list[float], rtol: float) -> tuple[bool, float]:
     diffs = [abs(a - b) for a, b in zip(losses, ref, strict=True)]
-    ok = all(d <= PARITY_RTOL * abs(b) + 1e-6 for d, b in zip(diffs, ref, strict=True))
+    ok = all(d <= rtol * abs(b) for d, b in zip(diffs, ref, strict=True))
     return ok, max(diffs, default=0.0)
 
 
@@ -63,7 +60,7 @@ def _table(report: dict[str, Any]) -> None:
     console.print(t)
     if "parity" in report:
         verdict = "[green]parity[/]" if report["parity"] else "[red]NO parity[/]"
-        console.print(f"{verdict}: largest loss difference {report['max_loss_diff']:.3g} (rtol {PARITY_RTOL:g})")
+        console.print(f"{verdict}: largest loss difference {report['max_loss_diff']:.3g} (rtol {report['parity_rtol']:g})")
 
 
 @app.command()
@@ -78,8 +75,9 @@ def train(
     seed: int = int_option(0, "--seed", minimum=0, maximum=2**63 - 1, help="seed of the weights and the synthetic tokens"),
     seq_len: int = count_option(None, "--seq-len", help="tokens per sample (default: the plan's)"),
     global_batch: int = count_option(None, "--global-batch", help="samples per step (default: the plan's)"),
-    precision: str = typer.Option("fp32", "--precision", help="fp32, bf16 (FSDP2 mixed precision; zero3 plans only), "
-                                  "or fp8 (bf16 with the blocks' Linear GEMMs in fp8 through torchao; CUDA only)"),
+    precision: str = typer.Option("fp32", "--precision", help="fp32, bf16 (every unit: bf16 compute, fp32 master "
+                                  "weights, gradients reduced in the plan's grad_dtype), or fp8 (bf16 with the blocks' "
+                                  "Linear GEMMs in fp8 through torchao; CUDA only)"),
     output: Path | None = typer.Option(None, "--output", "-o", help="also write the JSON report here (atomically)"),
     watchdog_s: float = number_option(WATCHDOG_S, "--watchdog-s", help="end the run when a rank is silent this long "
                                       "(its process stops responding, or no rank makes progress); 0: never"),
@@ -106,12 +104,10 @@ def train(
     if nproc != world:
         raise ShardplanError(f"the plan's mesh {plan.strategy.mesh.axes()} needs {world} processes; --nproc is {nproc}")
     spec = spec_for(model)
-    if precision not in ("fp32", "bf16", "fp8"):
-        raise ShardplanError(f"--precision must be fp32, bf16 or fp8, got '{precision}'")
     s = _settings(plan, steps, seed, seq_len, global_batch)
-    s.precision = precision
+    s.precision, s.grad_dtype = precision, plan.inputs.workload.grad_dtype
     dev = device_type()
-    check_plan(spec, plan, nproc, dev, seq_len=s.seq_len, global_batch=s.global_batch)
+    check_plan(spec, plan, nproc, dev, seq_len=s.seq_len, global_batch=s.global_batch, precision=s.mixed())
     results = launch([Job(model=spec, plan_json=plan.to_json(), settings=s.to_dict(), name=model,
                           reference=check_parity)], nproc, watchdog_s=watchdog_s)
     res = results[0]
@@ -119,9 +115,9 @@ def train(
                               "precision": precision, "settings": s.to_dict(), "steps": res["steps"],
                               "fsdp_units": res["fsdp_units"], "notes": res["notes"]}
     if check_parity:  # rank 0 trained the same model in one process after the distributed run
-        ref = res["reference_losses"]
-        ok, diff = _parity([st["loss"] for st in res["steps"]], ref)
-        report.update(reference_losses=ref, parity=ok, max_loss_diff=diff)
+        ref, rtol = res["reference_losses"], res["parity_rtol"]  # runtime.train.parity_tolerance
+        ok, diff = _parity([st["loss"] for st in res["steps"]], ref, rtol)
+        report.update(reference_losses=ref, parity=ok, max_loss_diff=diff, parity_rtol=rtol)
     if output is not None:
         write_atomic(output, canonical_json(report))
     if as_json:
