@@ -295,17 +295,25 @@ def _kept_outputs(nodes: list[LayerNode], policy: list[Kept], cfg: ConfigArrays,
     return out + np.where(megatron, traffic.tp_msgs * sp, 0.0)
 
 
+def tsp_weight_passes(recompute: str, policy: str) -> int:
+    """Passes of a unit's weights round TSP's rings per micro-batch, as :mod:`runtime.tsp` runs them:
+    forward and backward, and forward again inside backward under full recomputation and under a
+    selective policy that recomputes more than the attention core (the rings sit in every weighted
+    operator: saved GEMM outputs do not spare the norms' and tables' shards)."""
+    return 3 if recompute == "full" or (recompute == "selective" and policy != "attention") else 2
+
+
 def _passes(cfg: ConfigArrays, recompute: str, policy: str) -> dict[str, Any]:
     """Forward and backward passes of a unit's TP, CP and EP communication (forward again under full
     recomputation): the ``op`` policy re-runs its sequence-parallel all-gathers (its all-reduces
     without sequence parallelism), and a policy that recomputes attention re-runs the context-parallel
-    exchange inside it."""
+    exchange inside it; TSP's weight rings as :func:`tsp_weight_passes` says."""
     full, part = recompute == "full", recompute == "selective"
     tp: Any = 3 if full else 2
     if part and policy == "op":
         tp = 2 + np.where(cfg.sequence_parallel, 0.5, 1.0)
     cp = 3 if full or (part and policy != "op") else 2
-    return {"tp": tp, "cp": cp, "ep": 3 if full else 2, "full": full}
+    return {"tp": tp, "cp": cp, "ep": 3 if full else 2, "full": full, "tsp": tsp_weight_passes(recompute, policy)}
 
 
 class _Traffic:
@@ -371,10 +379,11 @@ class _Traffic:
 
     def tsp_volumes(self, params: F) -> tuple[F, F, F]:
         """TSP, per micro-batch, the bytes of: a pass's all-gather of the unit's weights (every rank's
-        shard of ``params``, bf16), the reduce-scatter of their gradients (fp32, once) and a pass's
-        all-gather of the whole sequence's K/V."""
-        wbytes = GATHER_BYTES * params * self.cfg.tp
-        return wbytes, wbytes * GRAD_REDUCE_BYTES / GATHER_BYTES, self.kv_bytes
+        shard of ``params``, in the dtype the runtime computes and sends them: fp32 under fp32, else
+        bf16), the reduce-scatter of their gradients (fp32, once) and a pass's all-gather of the
+        whole sequence's K/V."""
+        sent = params * self.cfg.tp
+        return (4 if self.w.precision == "fp32" else GATHER_BYTES) * sent, GRAD_REDUCE_BYTES * sent, self.kv_bytes
 
     def comm(self, dev: DeviceModel, passes: dict[str, Any], params: F, compute: F, attn_time: F, attn_fwd: F
              ) -> dict[str, F]:
@@ -400,7 +409,7 @@ class _Traffic:
             comm_tp = np.where(megatron, c.exposed(meg, meg * c.tp_overlap), comm_tp)
         if tsp.any():  # TSP: weight shards streamed around the tp ring, K/V gathered for attention
             wbytes, gbytes, kv = self.tsp_volumes(params)
-            t = passes["tp"] * dev.collective_time("all_gather", wbytes, tpg)
+            t = passes["tsp"] * dev.collective_time("all_gather", wbytes, tpg)
             t = t + dev.collective_time("reduce_scatter", gbytes, tpg)
             t = t + passes["tp"] * dev.collective_time("all_gather", kv, tpg)
             comm_tp = np.where(tsp, c.exposed(t, c.fsdp_overlap * compute), comm_tp)

@@ -9,8 +9,9 @@ transformer training & inference").
 * **Weight rings.** Every operator with weights loops over the ``D`` weight shards: the shard it
   computes with is sent on to the next rank while the next one arrives from the previous rank, so a
   rank holds two shards of the operator in flight (its own parameter aside). Each step's exchange
-  is one batch of point-to-point sends and receives posted after the step's compute: the traffic
-  and the buffers are the overlapped schedule's, the overlap itself is not there yet.
+  is one batch of asynchronous point-to-point sends and receives, posted *before* the step's
+  compute and waited on just before the next step uses the shard it brings (the paper's overlap).
+  The shards travel in the parameters' dtype: bf16 under mixed precision (:mod:`runtime.precision`).
   Projections whose output feeds attention or the MLP activation (Q/K/V, MLP up, the LM head, the
   embeddings) hold *rows*: each step computes one block of output features. The output and
   MLP-down projections hold *columns* (input features): each step multiplies its block of the
@@ -19,14 +20,21 @@ transformer training & inference").
 * **Backward** streams the shards round the ring once more, the other way, and with each shard
   its gradient accumulator, which every rank adds its tokens' contribution to (in fp32) until it
   arrives home: ``D-1`` hops for each, the traffic of an all-gather and a reduce-scatter. A rank
-  holds two weight shards and two gradient accumulators in flight.
+  holds two weight shards and two gradient accumulators in flight. The next shard's exchange is
+  posted before a step's compute, the accumulator's once the step has added to it (it overlaps the
+  input gradient's compute); the first shard arrives while the input gradient of the rank's own
+  shard is computed.
+* **Recomputation.** A unit that recomputes (``full``, and ``selective``, whose saved GEMM outputs
+  do not spare the norms' and tables' shards) runs its forward rings again inside backward: three
+  passes of the weights per micro-batch, as the cost model prices them.
 * **Attention** all-gathers K and V along the sequence over the sequence group
   (:class:`runtime.context_parallel.ContextShard`, ``allgather`` rotation): each rank attends
   every head of its tokens.
 
 Each rank's loss is the mean over its tokens, and backward computes the gradient of their sum over
 the ``D`` ranks, so a shard's gradient is divided by ``D`` when it arrives home (data and context
-parallelism then average it as usual). :class:`RingStats` counts what the rings send and hold;
+parallelism then average it as usual). :class:`RingStats` counts what the rings send (per pass)
+and hold, and can trace the order of posts, computes and waits;
 ``tests/test_runtime_tsp.py`` checks it against the cost model's formulas.
 """
 
@@ -50,8 +58,12 @@ _W_TAG, _G_TAG = 1, 2
 @dataclass
 class RingStats:
     """What the weight rings of one rank sent (bytes: ``sent_w`` weight shards, ``sent_g`` gradient
-    accumulators) and held in flight: the most bytes at once (``peak``), and of them the weight
-    shards' and the accumulators' (``peak_w``, ``peak_g``)."""
+    accumulators; ``by_pass``: the weight shards' bytes of each pass, ``forward``, ``recompute`` — a
+    forward run again inside backward — and ``backward``) and held in flight: the most bytes at once
+    (``peak``), and of them the weight shards' and the accumulators' (``peak_w``, ``peak_g``). With
+    ``trace`` on, ``events`` lists ``(what, step)`` in order: ``post_w`` / ``post_g`` (an exchange of
+    weight shards / of gradient accumulators posted), ``compute`` (a step's compute launched),
+    ``wait`` (the step's exchanges waited on)."""
 
     sent_w: int = 0
     sent_g: int = 0
@@ -60,6 +72,9 @@ class RingStats:
     peak: int = 0
     peak_w: int = 0
     peak_g: int = 0
+    by_pass: dict[str, int] = field(default_factory=dict)
+    trace: bool = False
+    events: list[tuple[str, int]] = field(default_factory=list)
 
     def hold(self, t: torch.Tensor, grad: bool = False) -> torch.Tensor:
         n = t.numel() * t.element_size()
@@ -78,8 +93,14 @@ class RingStats:
         else:
             self.live_w -= n
 
+    def note(self, what: str, step: int) -> None:
+        if self.trace:
+            self.events.append((what, step))
+
     def reset(self) -> None:
         self.sent_w = self.sent_g = self.peak = self.peak_w = self.peak_g = 0
+        self.by_pass = {}
+        self.events = []
 
 
 @dataclass
@@ -276,31 +297,56 @@ def _numel(shapes: list[tuple[int, ...]]) -> int:
     return sum(math.prod(s) for s in shapes)
 
 
-def _exchange(tg: TspGroup, sends: list[tuple[torch.Tensor, int, int]], recvs: list[tuple[torch.Tensor, int, int]]) -> None:
-    """Post ``(tensor, peer step, tag)`` sends and receives in one batch and wait for them."""
+def _post(tg: TspGroup, sends: list[tuple[torch.Tensor, int, int]], recvs: list[tuple[torch.Tensor, int, int]],
+          step: int, what: str) -> list[Any]:
+    """Post ``(tensor, peer step, tag)`` sends and receives in one batch, without waiting; their
+    requests (:func:`_wait` them just before the received tensors are used). ``what``: the pass
+    the weight shards' bytes count in."""
     ops = [dist.P2POp(dist.isend, t, tg.peer(s), tg.group, tag=tag) for t, s, tag in sends]
     ops += [dist.P2POp(dist.irecv, t, tg.peer(s), tg.group, tag=tag) for t, s, tag in recvs]
-    if ops:
-        for req in dist.batch_isend_irecv(ops):
-            req.wait()
+    if not ops:
+        return []
+    st = tg.stats
     for t, _, tag in sends:
+        n = t.numel() * t.element_size()
         if tag == _W_TAG:
-            tg.stats.sent_w += t.numel() * t.element_size()
+            st.sent_w += n
+            st.by_pass[what] = st.by_pass.get(what, 0) + n
         else:
-            tg.stats.sent_g += t.numel() * t.element_size()
+            st.sent_g += n
+    st.note("post_w" if any(tag == _W_TAG for _, _, tag in sends) else "post_g", step)
+    return list(dist.batch_isend_irecv(ops))
+
+
+def _wait(tg: TspGroup, reqs: list[Any], step: int) -> None:
+    if reqs:
+        for req in reqs:
+            req.wait()
+        tg.stats.note("wait", step)
+
+
+def _forward_pass() -> str:
+    """``recompute`` when a forward runs inside backward (activation checkpointing), else ``forward``."""
+    return "forward" if torch._C._current_graph_task_id() == -1 else "recompute"
 
 
 def _forward_ring(tg: TspGroup, k: _Kernel, x: torch.Tensor, params: list[torch.Tensor]) -> torch.Tensor:
-    """Step ``t`` computes with rank ``r - t``'s shard, received from rank ``r - 1``, and sends it on."""
+    """Step ``t`` computes with rank ``r - t``'s shard while the next one (rank ``r - t - 1``'s)
+    arrives from rank ``r - 1`` and the current one goes on to rank ``r + 1``: the exchange is posted
+    before the compute and waited on just before the next step uses what it brought."""
     d, r, st = tg.size, tg.rank, tg.stats
+    what = _forward_pass()
     y = k.out(x, params[0].dtype)
     cur = st.hold(_pack(params))
     for t in range(d):
         src = (r - t) % d
-        nxt = st.hold(cur.new_empty(_numel(k.shapes((src - 1) % d)))) if t + 1 < d else None
+        reqs, nxt = [], None
+        if t + 1 < d:
+            nxt = st.hold(cur.new_empty(_numel(k.shapes((src - 1) % d))))
+            reqs = _post(tg, [(cur, 1, _W_TAG)], [(nxt, -1, _W_TAG)], t, what)
+        st.note("compute", t)
         k.forward(x, _unpack(cur, k.shapes(src)), src, y)
-        if nxt is not None:
-            _exchange(tg, [(cur, 1, _W_TAG)], [(nxt, -1, _W_TAG)])
+        _wait(tg, reqs, t)
         st.drop(cur)
         cur = nxt  # type: ignore[assignment]
     return y
@@ -309,33 +355,41 @@ def _forward_ring(tg: TspGroup, k: _Kernel, x: torch.Tensor, params: list[torch.
 def _backward_ring(tg: TspGroup, k: _Kernel, x: torch.Tensor, params: list[torch.Tensor], dy: torch.Tensor,
                    dx: torch.Tensor | None) -> list[torch.Tensor]:
     """Step ``t`` computes with rank ``r + 1 + t``'s shard (the rank's own at the last step), received
-    from rank ``r + 1`` with that shard's gradient accumulator; both go on to rank ``r - 1``. Returns
-    this rank's gradients, averaged over the ``D`` ranks."""
+    from rank ``r + 1`` with that shard's gradient accumulator; both go on to rank ``r - 1``. The next
+    shard's exchange is posted before the step's compute, the accumulator's as soon as the step has
+    added to it (before the input gradient's compute), and both are waited on just before the next
+    step uses them; the first shard arrives while the input gradient of the rank's own shard is
+    computed. Returns this rank's gradients, averaged over the ``D`` ranks."""
     d, r, st = tg.size, tg.rank, tg.stats
     cur: torch.Tensor | None = None
+    reqs: list[Any] = []
     if d > 1:  # the first shard to use is rank r+1's
         own = st.hold(_pack(params))
         cur = st.hold(own.new_empty(_numel(k.shapes((r + 1) % d))))
-        _exchange(tg, [(own, -1, _W_TAG)], [(cur, 1, _W_TAG)])
+        reqs = _post(tg, [(own, -1, _W_TAG)], [(cur, 1, _W_TAG)], -1, "backward")
+    if dx is not None:
+        st.note("compute", -1)
+        k.grad_x(dy, params, r, dx)
+    _wait(tg, reqs, -1)
+    if d > 1:
         st.drop(own)
     acc = st.hold(torch.zeros(_numel(k.shapes((r + 1) % d)), dtype=torch.float32, device=dy.device), grad=True)
     for t in range(d):
         j = (r + 1 + t) % d
         ws = params if t == d - 1 else _unpack(cur, k.shapes(j))  # type: ignore[arg-type]
-        k.grad_w(dy, x, j, _unpack(acc, k.shapes(j)))
-        sends, recvs = [], []
         nxt = nacc = None
+        wreqs = greqs = []
         if t <= d - 3:  # rank r-1 uses this shard next step (at its last step it uses its own)
             nxt = st.hold(cur.new_empty(_numel(k.shapes((j + 1) % d))))  # type: ignore[union-attr]
-            sends.append((cur, -1, _W_TAG))
-            recvs.append((nxt, 1, _W_TAG))
+            wreqs = _post(tg, [(cur, -1, _W_TAG)], [(nxt, 1, _W_TAG)], t, "backward")
+        st.note("compute", t)
+        k.grad_w(dy, x, j, _unpack(acc, k.shapes(j)))
         if t <= d - 2:
             nacc = st.hold(acc.new_empty(_numel(k.shapes((j + 1) % d))), grad=True)
-            sends.append((acc, -1, _G_TAG))
-            recvs.append((nacc, 1, _G_TAG))
-        if dx is not None:
+            greqs = _post(tg, [(acc, -1, _G_TAG)], [(nacc, 1, _G_TAG)], t, "backward")
+        if dx is not None and t < d - 1:
             k.grad_x(dy, ws, j, dx)
-        _exchange(tg, sends, recvs)
+        _wait(tg, wreqs + greqs, t)
         if t < d - 1:
             st.drop(cur)  # type: ignore[arg-type]
             cur = nxt
