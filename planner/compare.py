@@ -162,10 +162,14 @@ def plan_rows(plan: Plan) -> dict[str, Any]:
     return rows
 
 
+def _number(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
+
+
 def _same(vals: Sequence[Any]) -> bool:
     first = vals[0]
     for v in vals[1:]:
-        if isinstance(first, float) and isinstance(v, float):
+        if _number(first) and _number(v):  # 2 and 2.0 are one number
             if not math.isclose(first, v, rel_tol=1e-9, abs_tol=1e-12):
                 return False
         elif v != first:

@@ -85,7 +85,8 @@ def schedule_info(plan: Plan) -> dict[str, Any]:
     out = {"schedule": s.schedule if s.mesh.pp > 1 else "none (pp=1)", "pp": s.mesh.pp, "vpp": s.vpp,
            "micro_batch": s.micro_batch, "num_microbatches": n_mb, "dp": s.mesh.dp,
            "tokens_per_microbatch": s.micro_batch * w.seq_len, "stage_layers": s.stage_layers,
-           "sequence_parallel": s.sequence_parallel, "tp_mode": s.tp_mode, "cp_mode": s.cp_mode}
+           "sequence_parallel": s.sequence_parallel, "tp": s.mesh.tp, "tp_mode": s.tp_mode, "cp": s.mesh.cp,
+           "cp_mode": s.cp_mode}
     if s.mesh.ep > 1:  # how the experts' all-to-alls run, as priced
         full = s.default.recompute == "full" or any(x.recompute == "full" for x in s.layers)
         hidden = w.moe_overlap == "1f1b" and bool(overlap_runs(s.mesh.pp, s.vpp, full))
@@ -326,8 +327,10 @@ def _print_fitting(console: Console, wide: Table, narrow: Table) -> None:
 def _schedule_text(sc: dict[str, Any]) -> str:
     return (f"{sc['schedule']}, pp={sc['pp']}, vpp={sc['vpp']}: {sc['num_microbatches']} micro-batches of "
             f"{sc['micro_batch']} sample(s) ({sc['tokens_per_microbatch']:,} tokens) per data-parallel rank "
-            f"(dp={sc['dp']}); tp_mode {sc['tp_mode']}{', sequence parallel' if sc['sequence_parallel'] else ''}, "
-            f"cp_mode {sc['cp_mode']}"
+            f"(dp={sc['dp']})"
+            + (f"; tp_mode {sc['tp_mode']}{', sequence parallel' if sc['sequence_parallel'] else ''}"
+               if sc.get("tp", 1) > 1 else "")
+            + (f"; cp_mode {sc['cp_mode']}" if sc.get("cp", 1) > 1 else "")
             + (f"; MoE dispatch {sc['moe']['dispatch']}, all-to-all overlap {sc['moe']['overlap']}"
                if "moe" in sc else "")
             + (f"; selective recomputation '{sc['selective']['policy']}': {sc['selective']['keeps']}"

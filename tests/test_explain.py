@@ -219,3 +219,21 @@ def test_explain_says_what_selective_recomputation_keeps(tmp_path: Path) -> None
     assert r.exit_code == 0 and "selective recomputation 'op': every other GEMM's output and attention's" in " ".join(
         r.output.split())
     assert explain_data(make_plan({"mesh": {"dp_shard": 16}}, selective="op"))["schedule"].get("selective") is None
+
+
+def test_compare_counts_2_and_2_0_as_one_number() -> None:
+    from planner.compare import _same
+
+    assert _same([2, 2.0]) and _same([1.0, 1.0 + 1e-12]) and not _same([2, 2.5])
+
+
+def test_schedule_line_names_a_mode_only_where_its_axis_runs() -> None:
+    from planner.explain import _schedule_text
+
+    base = {"schedule": "1f1b", "pp": 2, "vpp": 1, "num_microbatches": 4, "micro_batch": 1,
+            "tokens_per_microbatch": 128, "dp": 2, "sequence_parallel": False, "tp_mode": "megatron",
+            "cp_mode": "ring"}
+    assert "tp_mode" not in _schedule_text({**base, "tp": 1, "cp": 1})
+    assert "cp_mode" not in _schedule_text({**base, "tp": 1, "cp": 1})
+    both = _schedule_text({**base, "tp": 2, "cp": 2})
+    assert "tp_mode megatron" in both and "cp_mode ring" in both
