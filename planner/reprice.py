@@ -343,8 +343,15 @@ def unit_split(strategy: Strategy, unit: str) -> int:
 
 def model_name(model: Any, graph: LayerGraph) -> str:
     """What a plan calls its model: the name or path given, else (a config dict, a module, nothing)
-    the layer graph's id; the plan then records the graph (:func:`graph_record`)."""
-    return model if isinstance(model, str) and model else graph.model_id
+    the layer graph's id; the plan then records the graph (:func:`graph_record`). A name a plan cannot
+    hold (:data:`vocab.names.MODEL_REF`) is refused before any work."""
+    from vocab.names import MODEL_REF, matches
+
+    name = model if isinstance(model, str) and model else graph.model_id
+    if not matches(MODEL_REF, name):
+        raise ShardplanError(f"model name {shown(name)} cannot be recorded in a plan: use letters, "
+                             "digits and _ . / ~ @ + : = , - (inner spaces allowed), at most 256 characters")
+    return name
 
 
 def price(

@@ -457,3 +457,12 @@ def test_a_plot_saved_twice_is_the_same_bytes(plan_doc: dict[str, Any], tmp_path
     assert a.read_bytes() == b.read_bytes()
     if suffix == ".svg":
         assert b"<dc:date>" not in a.read_bytes()
+
+
+@pytest.mark.parametrize("name", [" gpt2 ", "gpt2\t", "gpt2;rm", "-gpt2"])
+def test_a_model_name_no_plan_can_hold_is_one_line(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from planner.cli import main
+
+    rc = main(["plan", "--model", name, "--cluster", "4xcpu", "--seq-len", "128", "--global-batch", "8"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and err.startswith("error: ") and "Traceback" not in err
