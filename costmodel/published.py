@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import re
 from dataclasses import dataclass, field
 from functools import cache
@@ -162,10 +163,12 @@ def load_published(path: str | Path | None = None) -> tuple[list[PublishedRow], 
 
 
 def _float(s: str) -> float | None:
+    """A finite number, else None (a blank, a word, NaN, an infinity or a value past a float's range)."""
     try:
-        return float(s)
-    except ValueError:
+        v = float(s)
+    except (ValueError, OverflowError):
         return None
+    return v if math.isfinite(v) else None
 
 
 def _int(s: str) -> int | None:

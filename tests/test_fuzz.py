@@ -352,8 +352,6 @@ KNOWN_DEFECTS = {
     "cli-sweep": "sweep takes Unicode digits in its lists (--seq-len '٤'), exits 70 (ValidationError) on a global "
                  "batch over the supported range and on -m ' gpt2 ', and runs past 30 s on --seq-len 1..10**30",
     "cli-profile-command": "profile comm takes --sizes of 10**30 bytes and exits 70 (OverflowError) on --timeout 1e30",
-    "cli-validate": "validate exits 70 (OverflowError/ValueError in costmodel.published._int) on a CSV count of "
-                    "5000 digits or NaN",
 }
 
 
