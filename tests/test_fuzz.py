@@ -349,9 +349,6 @@ TOUCHED = {**fe.COMMAND_LINE, **fc.COMMAND_LINE, **fu.IN_PROCESS, **fu.COMMAND_L
 KNOWN_DEFECTS = {
     "api-types": "public functions given a value of the wrong type raise TypeError/AttributeError/ValidationError "
                  "(API type errors)",
-    "cli-sweep": "sweep takes Unicode digits in its lists (--seq-len '٤'), exits 70 (ValidationError) on a global "
-                 "batch over the supported range and on -m ' gpt2 ', and runs past 30 s on --seq-len 1..10**30",
-    "cli-profile-command": "profile comm takes --sizes of 10**30 bytes and exits 70 (OverflowError) on --timeout 1e30",
 }
 
 

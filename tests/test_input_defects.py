@@ -466,3 +466,19 @@ def test_a_model_name_no_plan_can_hold_is_one_line(name: str, capsys: pytest.Cap
     rc = main(["plan", "--model", name, "--cluster", "4xcpu", "--seq-len", "128", "--global-batch", "8"])
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and err.startswith("error: ") and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv", [
+    ["sweep", "-m", "gpt2", "--accelerator", "cpu", "--gpus", "4", "--seq-len", "128",
+     "--global-batch", "1180591620717411303424"],
+    ["sweep", "-m", "gpt2", "--accelerator", "cpu", "--gpus", "4", "--seq-len", "1..1" + "0" * 30],
+    ["profile", "comm", "--quick", "--timeout", "1e30", "-o", "never-written.json"],
+], ids=["sweep-batch", "sweep-range", "profile-timeout"])
+def test_values_past_the_supported_range_are_one_line(argv: list[str], capsys: pytest.CaptureFixture[str],
+                                                      tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from planner.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    rc = main(argv)
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "internal error" not in err and not list(tmp_path.iterdir())

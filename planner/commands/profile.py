@@ -16,7 +16,7 @@ import typer
 from rich.table import Table
 
 from planner.cli import app, console, err_console, guard, print_json
-from planner.options import count_option, positive_option
+from planner.options import count_option, number_option
 from vocab.errors import ShardplanError
 from vocab.io import check_writable
 
@@ -139,7 +139,8 @@ def comm(
     backend: str = typer.Option("gloo", "--backend", help="gloo or nccl"),
     sizes: str = typer.Option("", "--sizes", help="message sizes, e.g. 1K,64K,1M,256M (default 1 KiB..256 MiB)"),
     stat: str = typer.Option("median", "--stat", help="median | min: the statistic of the repeats fitted"),
-    timeout: float = positive_option(120.0, "--timeout", help="seconds without progress before a rank counts as hung"),
+    timeout: float = number_option(120.0, "--timeout", help="seconds without progress before a rank counts as hung "
+                                   "(at most a day)", minimum=0.001, maximum=86_400.0),
     quick: bool = QUICK,
     output: Path = OUTPUT,
     merge: bool = MERGE,

@@ -20,31 +20,39 @@ from rich.table import Table
 from planner.cli import app, console, err_console, guard
 from planner.options import int_option, positive_option
 from vocab.digits import read_float, read_int
-from vocab.errors import ShardplanError
+from vocab.errors import ShardplanError, shown
 from vocab.io import check_writable
+from vocab.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_SEQ_LEN
 
 TABLE_FORMATS = (".csv", ".parquet")
 
 
-def int_list(text: str, flag: str, unit: str, example: str) -> list[int]:
-    """``a,b,c`` or ``a..b`` (doubling from a to b) as positive integers."""
+def int_list(text: str, flag: str, unit: str, example: str, maximum: int) -> list[int]:
+    """``a,b,c`` or ``a..b`` (doubling from a to b) as positive integers up to ``maximum`` (the
+    supported range, checked before any point is made)."""
     text = text.replace(" ", "")
     try:
         if ".." in text:
             lo, hi = (read_int(x) for x in text.split(".."))
             if lo < 1 or hi < lo:
                 raise ValueError
+            if hi > maximum:
+                raise ShardplanError(f"{flag}: {shown(hi)} is over the supported {maximum:,}")
             out = []
             while lo <= hi:
                 out.append(lo)
                 lo *= 2
             return out
         out = [read_int(x) for x in text.split(",") if x]
+    except ShardplanError:
+        raise
     except ValueError:
         raise ShardplanError(f"{flag} takes {unit} as a comma list or a doubling range, e.g. {example}, "
                              f"got '{text}'") from None
     if not out or any(v < 1 for v in out):
         raise ShardplanError(f"{flag} takes positive {unit}, e.g. {example}, got '{text}'")
+    if max(out) > maximum:
+        raise ShardplanError(f"{flag}: {shown(max(out))} is over the supported {maximum:,}")
     return out
 
 
@@ -97,9 +105,9 @@ def sweep_cmd(
     target, space): one row per point, with time and cost to train a token budget."""
     from planner.sweep import mesh_heatmap, sweep
 
-    sizes = int_list(gpus, "--gpus", "numbers of GPUs", "256,512,1024 or 256..8192")
-    batches = int_list(global_batch, "--global-batch", "numbers of samples", "512,1024")
-    seqs = int_list(seq_len, "--seq-len", "numbers of tokens", "4096,8192")
+    sizes = int_list(gpus, "--gpus", "numbers of GPUs", "256,512,1024 or 256..8192", MAX_GPUS)
+    batches = int_list(global_batch, "--global-batch", "numbers of samples", "512,1024", MAX_GLOBAL_BATCH)
+    seqs = int_list(seq_len, "--seq-len", "numbers of tokens", "4096,8192", MAX_SEQ_LEN)
     limits = float_list(memory_limit, "--memory-limit", "60,80")
     if output is not None:
         if output.suffix.lower() not in TABLE_FORMATS:
