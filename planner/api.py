@@ -34,7 +34,8 @@ from solvers.mip import DEFAULT_SOLVER, SOLVERS
 from solvers.result import SearchResult, break_tie, finite_or_none, parallel_axes
 from solvers.space import SPACES, SpaceOptions, restrict
 from vocab.arguments import typed
-from vocab.errors import ShardplanError
+from vocab.errors import ShardplanError, shown
+from vocab.limits import MAX_GLOBAL_BATCH, MAX_SEQ_LEN
 from vocab.plan import (
     Alternative,
     CalibrationRef,
@@ -120,15 +121,15 @@ def search_plan(
         if bad:
             raise ShardplanError(f"unknown mesh axis '{bad[0]}'; known: {', '.join(axes)}")
         opts = opts.with_(degrees=tuple(sorted((a, int(d)) for a, d in degrees.items())))
-    if seq_len <= 0:
-        raise ShardplanError(f"seq_len must be positive, got {seq_len}")
+    if not 0 < seq_len <= MAX_SEQ_LEN:
+        raise ShardplanError(f"seq_len must be in 1..{MAX_SEQ_LEN:,}, got {shown(seq_len)}")
     batches = [global_batch] if isinstance(global_batch, int) else list(global_batch)
-    if not batches or any(int(b) <= 0 for b in batches):
-        raise ShardplanError(f"global batch must be positive, got {global_batch}")
-    if memory_limit_gib is not None and memory_limit_gib <= 0:
-        raise ShardplanError(f"memory limit must be positive, got {memory_limit_gib} GiB")
-    if time_limit is not None and time_limit <= 0:
-        raise ShardplanError(f"time limit must be positive, got {time_limit} s")
+    if not batches or any(not 0 < int(b) <= MAX_GLOBAL_BATCH for b in batches):
+        raise ShardplanError(f"global batch must be in 1..{MAX_GLOBAL_BATCH:,}, got {shown(global_batch)}")
+    if memory_limit_gib is not None and not (math.isfinite(memory_limit_gib) and memory_limit_gib > 0):
+        raise ShardplanError(f"memory limit must be a positive finite number, got {memory_limit_gib} GiB")
+    if time_limit is not None and not (math.isfinite(time_limit) and time_limit > 0):
+        raise ShardplanError(f"time limit must be a positive finite number, got {time_limit} s")
     if top_k < 0:
         raise ShardplanError(f"top-k must be >= 0, got {top_k}")
     graph = load_model(model, seq_len)

@@ -347,8 +347,6 @@ TOUCHED_EXAMPLES = {"export-injection": 150, "import-injection": 120, "cli-unico
 TOUCHED = {**fe.COMMAND_LINE, **fc.COMMAND_LINE, **fu.IN_PROCESS, **fu.COMMAND_LINE}
 #: families with known defects (un-mark each when its fix lands)
 KNOWN_DEFECTS = {
-    "api-types": "public functions given a value of the wrong type raise TypeError/AttributeError/ValidationError "
-                 "(API type errors)",
 }
 
 

@@ -482,3 +482,27 @@ def test_values_past_the_supported_range_are_one_line(argv: list[str], capsys: p
     rc = main(argv)
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and "internal error" not in err and not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("kw", [{"memory_limit_gib": float("inf")}, {"global_batch": 2**70}, {"seq_len": 10**9},
+                                {"time_limit": float("nan")}], ids=["inf-limit", "huge-batch", "huge-seq", "nan-time"])
+def test_api_plan_refuses_values_past_the_supported_range(kw: dict[str, Any]) -> None:
+    from vocab.errors import ShardplanError
+
+    with pytest.raises(ShardplanError):
+        api.plan("gpt2", "4xcpu", **{"seq_len": 128, "global_batch": 8, **kw})
+
+
+@pytest.mark.parametrize("call", ["export", "load_plan", "check_target", "importer_for", "read_text"])
+def test_public_functions_refuse_wrong_types_in_one_error(call: str) -> None:
+    from planner.exports import check_target, export
+    from planner.imports import importer_for
+    from vocab.errors import ShardplanError
+    from vocab.io import read_text
+    from vocab.plan import load_plan
+
+    calls = {"export": lambda: export(1, "megatron"), "load_plan": lambda: load_plan(None),
+             "check_target": lambda: check_target(3), "importer_for": lambda: importer_for(3, None),
+             "read_text": lambda: read_text(7, "plan")}
+    with pytest.raises(ShardplanError):
+        calls[call]()

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
+from vocab.arguments import typed
 from vocab.errors import ShardplanError, describe_validation_error
 
 if TYPE_CHECKING:  # pydantic and PyYAML load where a document is read, not at every start-up
@@ -148,6 +149,7 @@ def canonical_json(data: Any) -> str:
     return json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n"
 
 
+@typed
 def read_text(path: str | Path, what: str, error: type[ShardplanError] = ShardplanError,
               limit: int = MAX_DOCUMENT_BYTES) -> str:
     """The UTF-8 text of the ``what`` file at ``path``: a regular file, a pipe (``/dev/stdin``, a

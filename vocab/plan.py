@@ -28,6 +28,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from vocab.arguments import typed
 from vocab.errors import ShardplanError, describe_validation_error
 from vocab.io import canonical_json, decode_json, document_schema, read_text, validate_document, write_atomic
 from vocab.names import ACCELERATOR, HASH, MODEL_REF, RELEASE, SOLVER, unprintable_string
@@ -415,6 +416,7 @@ def parse_plan(data: dict[str, Any] | str, origin: str = "plan") -> Plan:
     return validate_document(Plan, data, origin, "plan", PlanError)
 
 
+@typed
 def load_plan(path: str | Path) -> Plan:
     """The plan in the JSON file at ``path``; an unreadable or invalid file raises :class:`PlanError`."""
     return parse_plan(read_text(path, "plan", PlanError), origin=f"plan '{Path(path)}'")

@@ -13,20 +13,19 @@ uses what the target lacks (unless the nearest plan is asked for), or the neares
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
 
 from planner.exports.base import Exported, Loss, change_lines, normalize
 from planner.reprice import recorded_graph, reprice, units_of
+from profiler.graph import LayerGraph
+from vocab.arguments import typed
 from vocab.errors import UnknownNameError
 from vocab.plan import Plan
 from vocab.targets import Target, by_exporter, targets
 
-if TYPE_CHECKING:
-    from profiler.graph import LayerGraph
-
 TARGETS = ("torchtitan", "megatron", "deepspeed", "nanotron", "python")
 
 
+@typed
 def check_target(target: str) -> str:
     """The exporter for ``target``: an exporter name, or the name of a target that has one."""
     key = target.strip().lower()
@@ -44,6 +43,7 @@ def target_of(exporter: str) -> Target:
     return by_exporter(check_target(exporter))
 
 
+@typed
 def lacks(plan: Plan, target: str) -> list[Loss]:
     """What ``plan`` uses that ``target`` (an exporter or target name) cannot express, and how the
     target would run it differently (``behaviour`` losses): empty when it exports as it is."""
@@ -54,6 +54,7 @@ def lacks(plan: Plan, target: str) -> list[Loss]:
     return n.losses
 
 
+@typed
 def export(plan: Plan, target: str, graph: LayerGraph | None = None) -> Exported:
     """The plan as ``target``'s configuration text, or the nearest plan the target can express,
     re-priced with the plan's model (its preset, config file or recorded graph) or ``graph``."""
@@ -74,6 +75,7 @@ def export(plan: Plan, target: str, graph: LayerGraph | None = None) -> Exported
     return e
 
 
+@typed
 def refusal(e: Exported, nearest: bool = False) -> str | None:
     """Why ``e`` is not written, in one line, or None: the plan uses what the target lacks (unless
     ``nearest``), or the plan as the target can run it does not fit its memory limit."""

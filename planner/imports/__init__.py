@@ -78,6 +78,7 @@ def read_inputs(text: str, origin: str) -> dict[str, Any]:
     return data
 
 
+@typed
 def importer_for(path: Path, trainer: str | None) -> str:
     """The importer named by ``trainer`` (an importer or target name), or the one whose suffix ``path`` has."""
     if trainer is not None:
