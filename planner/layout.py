@@ -11,13 +11,14 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
+from vocab.names import escape_unprintable
+
 
 def printable(text: object) -> str:
     """``text`` on one line as a terminal should show it: every character that is not printable
     (newline, carriage return, escape, BEL, NUL, a bidirectional override) written as its Python
-    escape (``\\x1b``), never sent to the terminal."""
-    s = str(text)
-    return s if s.isprintable() else "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in s)
+    escape (``\\x1b``), never sent to the terminal (:func:`vocab.names.escape_unprintable`)."""
+    return escape_unprintable(str(text))
 
 
 def literal(text: object) -> Text:
