@@ -19,10 +19,14 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
+from pathlib import Path
 from typing import Any
 
 #: the exit code of an interrupted command (128 + SIGINT, as shells report it)
 INTERRUPTED_EXIT = 130
+#: the names ``sys.argv[0]`` has when shardplan is the program: its console script, ``-m planner.cli``
+ENTRY_POINTS = ("shardplan", "cli.py")
 #: the line an interrupted command prints on stderr
 INTERRUPTED = "interrupted"
 
@@ -44,8 +48,10 @@ _found = _install(_exit_now) if signal.getsignal(signal.SIGINT) is signal.defaul
 
 
 def loaded() -> None:
-    """The command line has loaded: the SIGINT handler found before it is back."""
-    if _found is not None:
+    """The command line has loaded: the SIGINT handler found before it is back, for a program that
+    imports it; the ``shardplan`` script and ``python -m planner.cli`` keep exiting at once until
+    :func:`running` (under ``-m`` the module is imported a second time before it runs)."""
+    if _found is not None and Path(sys.argv[0] if sys.argv else "").name not in ENTRY_POINTS:
         _install(_found)
 
 
