@@ -20,6 +20,7 @@ step for any plan.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,11 +31,13 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.tensor import DTensor
 
-from runtime import checkpointing, fp8, splitting, tensor_parallel
+from runtime import checkpointing, fp8, origins, splitting, tensor_parallel
 from runtime.adapters import ModelAdapter, adapt
 from runtime.context_parallel import ContextShard
 from runtime.experts import ExpertShard, rebalance
+from runtime.init import materialize
 from runtime.mesh import RuntimeMesh, build_mesh, device_type, wrap_mesh
+from runtime.origins import Origin
 from runtime.pipeline import (
     PipelineRunner,
     TiedPair,
@@ -45,7 +48,7 @@ from runtime.pipeline import (
 )
 from runtime.precision import Precision, of_policy
 from runtime.precision import problems as precision_problems
-from runtime.sharding import shard
+from runtime.sharding import ShardingResult, shard
 from runtime.tsp import TspGroup, apply_tsp
 from runtime.units import resolve, slice_interleave, split_targets, unit_of
 from runtime.validate import check
@@ -149,7 +152,7 @@ def check_plan(spec: dict[str, Any], plan: Any, world_size: int, dev: str, seq_l
         raise ShardplanError("; ".join(why))
     strategy, facts = _strategy_of(plan)
     with torch.device("meta"):
-        model, _ = build(spec)
+        model, _ = build(spec, meta=True)
     ad = adapt(model)
     check(ad, strategy, world_size, dev, model_problem(ad, facts))
     cfg = _model_config(ad)
@@ -230,8 +233,11 @@ def _experts(stages: list[nn.Module], ep: ExpertShard) -> None:
     for m in _modules(stages, Experts):
         n = m.up.shape[0] // ep.size
         mine = slice(ep.rank * n, (ep.rank + 1) * n)
-        m.up = nn.Parameter(m.up.detach()[mine].clone())
-        m.down = nn.Parameter(m.down.detach()[mine].clone())
+        up, down = m.up, m.down
+        m.up = nn.Parameter(up.detach()[mine].clone())
+        m.down = nn.Parameter(down.detach()[mine].clone())
+        origins.inherit(m.up, up, 0, mine)
+        origins.inherit(m.down, down, 0, mine)
         m.ep = ep
 
 
@@ -253,9 +259,33 @@ def _splits(ad: ModelAdapter, stage: nn.Module, strategy: Strategy) -> list[tupl
     return targets
 
 
+def _apply_stage(ad: ModelAdapter, st: nn.Module, strategy: Strategy, rt: RuntimeMesh, mp: MixedPrecisionPolicy,
+                 fp8_linears: bool, ready: Callable[[nn.Module], None] | None) -> ShardingResult:
+    """Steps 4-7 on one stage: splits, fp8, TSP or TP (origins read off the DTensors), recomputation,
+    data-parallel sharding (``ready`` materialises a meta stage once FSDP2 has sharded it)."""
+    notes: list[str] = []
+    splits = _splits(ad, st, strategy)
+    tsp = rt.tsp
+    if fp8_linears:
+        notes += fp8.convert(st, rt.device_type)
+        if tsp and fp8.converted(st):
+            notes.append("fp8: TSP's ring layers compute in bf16 (only the layers TSP leaves alone are fp8)")
+    if tsp:
+        apply_tsp(st, TspGroup(rt.group("tp"), rt.coord("tp"), strategy.mesh.tp), ad.tied)
+    elif strategy.mesh.tp > 1:
+        before = origins.snapshot(st)
+        tensor_parallel.parallelize(ad, st, rt.tp_mesh(), strategy.sequence_parallel)
+        origins.after_sharding(st, before)
+    _checkpoint(ad, st, strategy, rt.device_type)
+    tied_here = ad.tied and getattr(st, "embed", True) is not None and getattr(st, "head", True) is not None
+    res = shard(ad, st, strategy, rt, _groups(ad, st, strategy, splits), mp, tied_here, ready)
+    res.notes = notes + res.notes
+    return res
+
+
 def apply_plan(model: nn.Module, plan: Any, mesh: DeviceMesh | RuntimeMesh | None = None, *,
                mixed_precision: MixedPrecisionPolicy | None = None, n_microbatches: int | None = None,
-               fp8_linears: bool = False) -> nn.Module:
+               fp8_linears: bool = False, init: Callable[[Origin], torch.Tensor] | None = None) -> nn.Module:
     """Apply ``plan`` (a :class:`vocab.plan.Plan` or a :class:`Strategy`) to ``model``.
 
     Runs on every rank of an initialised default process group whose size is the plan's world
@@ -275,6 +305,9 @@ def apply_plan(model: nn.Module, plan: Any, mesh: DeviceMesh | RuntimeMesh | Non
             ``dp * micro_batch`` when ``plan`` is a Plan, else ``2 * pp``).
         fp8_linears: the blocks' Linear layers train in fp8 (torchao; CUDA with compute capability
             8.9 or more, else a note; :mod:`runtime.fp8`). Pair it with a bf16 ``mixed_precision``.
+        init: for a reference model built on the meta device (``runtime.model.build(spec,
+            meta=True)``): the values of each parameter part, by origin (``runtime.init.seeded_values``,
+            ``runtime.weights``); each rank allocates and fills only its shards, after FSDP2 has cut them.
     """
     strategy, facts = _strategy_of(plan)
     if getattr(model, "_shardplan", None) is not None:
@@ -295,32 +328,23 @@ def apply_plan(model: nn.Module, plan: Any, mesh: DeviceMesh | RuntimeMesh | Non
         stages, ids, has_first, has_last = build_pipeline(model, strategy, rt)  # frees the other stages
     else:
         stages = [model]
+    on_meta = any(p.is_meta for st in stages for p in st.parameters())
+    if on_meta and init is None:
+        raise ShardplanError("the model is on the meta device: apply_plan needs init (what to fill its shards with)")
     for st in stages:
-        st.to(device)
+        if not on_meta:
+            st.to(device)
     if rt.seq_size > 1:  # context parallelism or TSP: this rank holds some of each sequence's tokens
         _context(stages, ContextShard(rt.seq_group(), rt.seq_rank, rt.seq_size, strategy.cp_mode, strategy.cp_rotate))
     if strategy.mesh.ep > 1:
         em = rt.expert_mesh()
         _experts(stages, ExpertShard(em.get_group("ep"), em.get_local_rank("ep"), rt.ep))
-    replicated: list[ReplicatedParams] = []
-    units: list[str] = []
-    for st in stages:
-        splits = _splits(ad, st, strategy)
-        if fp8_linears:
-            notes += fp8.convert(st, dev)
-            if tsp and fp8.converted(st):
-                notes.append("fp8: TSP's ring layers compute in bf16 (only the layers TSP leaves alone are fp8)")
-        if tsp:
-            apply_tsp(st, TspGroup(rt.group("tp"), rt.coord("tp"), strategy.mesh.tp), ad.tied)
-        elif strategy.mesh.tp > 1:
-            tensor_parallel.parallelize(ad, st, rt.tp_mesh(), strategy.sequence_parallel)
-        _checkpoint(ad, st, strategy, dev)
-        tied_here = ad.tied and getattr(st, "embed", True) is not None and getattr(st, "head", True) is not None
-        res = shard(ad, st, strategy, rt, _groups(ad, st, strategy, splits),
-                    mixed_precision or MixedPrecisionPolicy(), tied_here)
-        replicated += res.replicated
-        units += res.fsdp_units
-        notes += res.notes
+    ready = (lambda st: materialize(st, device, init)) if on_meta else None  # type: ignore[arg-type]
+    res = [_apply_stage(ad, st, strategy, rt, mixed_precision or MixedPrecisionPolicy(), fp8_linears, ready)
+           for st in stages]
+    replicated = [r for x in res for r in x.replicated]
+    units = [u for x in res for u in x.fsdp_units]
+    notes += [n for x in res for n in x.notes]
     info = AppliedPlan(strategy=strategy, mesh=rt, adapter=ad, stages=stages, replicated=replicated,
                        fsdp_units=units, notes=list(dict.fromkeys(notes)))
     out: nn.Module = model

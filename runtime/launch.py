@@ -162,8 +162,9 @@ def _pulse(counters: Any, rank: int) -> None:
 
 def _run_job(job: Job, progress: Callable[[], None], on_step: Callable[[int], None]) -> dict[str, Any]:
     from runtime.apply import apply_plan
+    from runtime.init import seeded_values
     from runtime.mesh import build_mesh
-    from runtime.model import build
+    from runtime.model import INIT_STD, build
     from runtime.train import TrainSettings, run
 
     s = TrainSettings(**job.settings)
@@ -172,15 +173,17 @@ def _run_job(job: Job, progress: Callable[[], None], on_step: Callable[[int], No
     rows = s.global_batch // strategy.mesh.dp
     n_mb = _microbatches(plan, rows)
     torch.manual_seed(s.seed)
-    model, vocab = build(job.model)
+    seeded = job.model.get("init") == "seeded"  # built on meta, each rank initialising its shards
+    model, vocab = build(job.model, seed=s.seed, meta=seeded)
     progress()
     key = (*strategy.mesh.axes().items(), ("ep", strategy.mesh.ep))
     if key not in _MESHES:  # jobs of one launch share meshes (process groups are costly)
         _MESHES[key] = build_mesh(strategy.mesh)
     # bf16 (fp8: the Linear GEMMs in fp8, everything else in bf16): every unit, runtime.precision
     mp = s.mixed().fsdp_policy() if s.mixed().low else None
+    init = seeded_values(s.seed, INIT_STD, model.cfg.layers) if seeded else None
     model = apply_plan(model, plan, mesh=_MESHES[key], mixed_precision=mp, n_microbatches=n_mb,
-                       fp8_linears=s.precision == "fp8")
+                       fp8_linears=s.precision == "fp8", init=init)
     progress()
     steps = run(model, vocab, s, n_microbatches=n_mb, on_step=on_step)
     out = {"name": job.name, "steps": steps, "fsdp_units": model._shardplan.fsdp_units,
@@ -188,11 +191,12 @@ def _run_job(job: Job, progress: Callable[[], None], on_step: Callable[[int], No
     if job.reference and torch.distributed.get_rank() == 0:
         from runtime.train import parity_tolerance, reference_losses
 
-        out["parity_rtol"] = parity_tolerance(s.precision)
+        out["parity_rtol"] = parity_tolerance(s.precision, moe=bool(job.model["config"].get("experts")))
 
-        key = json.dumps([job.model, job.settings], sort_keys=True)
+        start = steps[0]["step"]  # a resumed run compares with the same steps of a run from scratch
+        key = json.dumps([job.model, job.settings, start], sort_keys=True)
         if key not in _REFS:
-            _REFS[key] = reference_losses(job.model, s, on_step=lambda _k: progress())
+            _REFS[key] = reference_losses(job.model, s, on_step=lambda _k: progress(), start=start)
         out["reference_losses"] = _REFS[key]
     return out
 

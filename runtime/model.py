@@ -39,6 +39,7 @@ from torch import nn
 
 from profiler.model_config import TransformerConfig
 from runtime import experts as moe_routing
+from runtime import origins
 from runtime.context_parallel import ContextShard
 from runtime.experts import ExpertShard
 from vocab.errors import ShardplanError
@@ -69,8 +70,8 @@ TINY_MODELS: dict[str, TransformerConfig] = {
     ),
 }
 
-#: Largest model ``shardplan train`` builds from a preset (parameters); bigger ones need real GPUs.
-MAX_TRAIN_PARAMS = 400_000_000
+#: standard deviation of the reference model's initial weights (GPT-2's)
+INIT_STD = 0.02
 
 
 def unsupported_features(cfg: TransformerConfig) -> list[str]:
@@ -94,7 +95,8 @@ def unsupported_features(cfg: TransformerConfig) -> list[str]:
 
 
 def resolve_config(name: str | TransformerConfig) -> TransformerConfig:
-    """A tiny runtime model by name, a :class:`TransformerConfig`, or a small enough preset."""
+    """A tiny runtime model by name, a :class:`TransformerConfig`, or a preset (any size: a large one
+    is built on the meta device and initialised shard by shard, :func:`build`)."""
     if isinstance(name, TransformerConfig):
         cfg = name
     elif name.strip().lower() in TINY_MODELS:
@@ -106,15 +108,6 @@ def resolve_config(name: str | TransformerConfig) -> TransformerConfig:
     bad = unsupported_features(cfg)
     if bad:
         raise ShardplanError(f"the runtime reference model cannot build '{cfg.name}': {'; '.join(bad)}")
-    if not isinstance(name, TransformerConfig):
-        from profiler.transformer import build_graph
-
-        n = build_graph(cfg, 1).total_params
-        if n > MAX_TRAIN_PARAMS:
-            raise ShardplanError(
-                f"model '{name}' has {n / 1e6:.0f}M parameters; the runtime trains models up to "
-                f"{MAX_TRAIN_PARAMS / 1e6:.0f}M here (try {', '.join(TINY_MODELS)} or gpt2)"
-            )
     return cfg
 
 
@@ -318,7 +311,7 @@ class Transformer(nn.Module):
     global block index so that names stay ``layers.<i>`` on every stage.
     """
 
-    def __init__(self, cfg: TransformerConfig, init_std: float = 0.02) -> None:
+    def __init__(self, cfg: TransformerConfig, init_std: float = INIT_STD) -> None:
         super().__init__()
         bad = unsupported_features(cfg)
         if bad:
@@ -379,19 +372,41 @@ TINY_HF: dict[str, dict[str, object]] = {
 }
 
 
-def spec_for(name: str | TransformerConfig) -> dict[str, object]:
-    """A picklable model spec: ``{"kind": "reference", "config": {...}}`` or an HF kind + config."""
+INITS = ("torch", "seeded")
+
+
+def spec_for(name: str | TransformerConfig, init: str = "torch") -> dict[str, object]:
+    """A picklable model spec: ``{"kind": "reference", "config": {...}, "init": ...}`` or an HF kind +
+    config. ``init`` (reference model): ``torch`` — built whole, drawn from torch's global generator
+    (seed it first); ``seeded`` — each parameter part drawn from its own seeded generators, so that a
+    model built on the meta device initialises shard by shard (:mod:`runtime.init`)."""
     if isinstance(name, str) and name in TINY_HF:
         return {"kind": name, "config": dict(TINY_HF[name])}
-    return {"kind": "reference", "config": resolve_config(name).to_dict()}
+    if init not in INITS:
+        raise ShardplanError(f"init must be one of {', '.join(INITS)}, got {init!r}")
+    return {"kind": "reference", "config": resolve_config(name).to_dict(), "init": init}
 
 
-def build(spec: dict[str, object]) -> tuple[nn.Module, int]:
-    """Build the model of ``spec`` (seed the RNG first); returns (model, vocabulary size)."""
+def build(spec: dict[str, object], seed: int = 0, meta: bool = False) -> tuple[nn.Module, int]:
+    """Build the model of ``spec``; returns (model, vocabulary size). A ``torch``-initialised model
+    draws from torch's generator (seed it first); a ``seeded`` one from ``seed``
+    (:func:`runtime.init.seeded`), left on the meta device when ``meta`` (for ``apply_plan(...,
+    init=...)``), each parameter marked with its origin (:mod:`runtime.origins`)."""
     kind, conf = spec["kind"], dict(spec["config"])  # type: ignore[call-overload]
     if kind == "reference":
         cfg = TransformerConfig.from_dict(conf)
-        return Transformer(cfg), cfg.vocab
+        if spec.get("init", "torch") != "seeded":
+            model = Transformer(cfg)
+            origins.mark(model)
+            return model, cfg.vocab
+        with torch.device("meta"):
+            model = Transformer(cfg)
+        origins.mark(model)
+        if not meta:
+            from runtime.init import materialize, seeded_values
+
+            materialize(model, torch.device("cpu"), seeded_values(seed, INIT_STD, cfg.layers))
+        return model, cfg.vocab
     import transformers
 
     if kind == "hf-llama":

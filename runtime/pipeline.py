@@ -46,6 +46,7 @@ from torch.distributed.pipelining import (
 )
 from torch.distributed.tensor import DTensor, Shard
 
+from runtime import origins
 from runtime.mesh import RuntimeMesh
 from runtime.model import Transformer, lm_loss
 from runtime.tensor_parallel import loss_context, plain
@@ -74,6 +75,8 @@ def stage_module(model: Transformer, stage: int, counts: list[int]) -> Transform
                          dtype=model.head.weight.dtype)
         with torch.no_grad():
             head.weight.copy_(model.head.weight)
+        if (o := origins.of(model.head.weight)) is not None:  # a copy of the table
+            setattr(head.weight, origins.ATTR, o)
         m.head = head
     return m
 

@@ -91,13 +91,14 @@ def problems(precision: str, grad_dtype: str = "fp32") -> list[str]:
 
 def to_dtype(params: list[nn.Parameter], dtype: torch.dtype) -> None:
     """Make each parameter ``dtype`` in place, keeping the Parameter object (a tied weight, an
-    FSDP ``ignored_params`` entry and the optimizer's references stay valid) and its gradient
-    hooks, DTensors included."""
+    FSDP ``ignored_params`` entry and the optimizer's references stay valid), its attributes and
+    its gradient hooks, DTensors included."""
     for p in params:
         if p.dtype == dtype:
             continue
-        post, pre = p._post_accumulate_grad_hooks, p._backward_hooks
+        post, pre, attrs = p._post_accumulate_grad_hooks, p._backward_hooks, dict(p.__dict__)
         torch.utils.swap_tensors(p, nn.Parameter(p.detach().to(dtype), requires_grad=p.requires_grad))
+        p.__dict__.update(attrs)  # swapped with the tensors: its origin (runtime.origins) and the like
         # the hooks' dicts follow the Parameter object, not the autograd metadata that makes them
         # run: setting them again installs them on the swapped tensor (TP's gradient layouts, ...)
         if post is not None:

@@ -37,11 +37,13 @@ tied embedding that the head shares; parameters of non-FSDP values are ``ignored
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
+from runtime import origins
 from runtime.adapters import ModelAdapter
 from runtime.mesh import RuntimeMesh
 from runtime.precision import of_policy
@@ -73,18 +75,30 @@ def _fsdp(mods: list[nn.Module], rt: RuntimeMesh, ls: LayerStrategy, mp: MixedPr
           ignored: set[nn.Parameter], root: bool = False, experts: bool = False) -> None:
     offload: OffloadPolicy = CPUOffloadPolicy() if ls.offload != "none" and rt.device_type == "cuda" else OffloadPolicy()
     target = mods[0] if len(mods) == 1 else mods
-    fully_shard(target, mesh=rt.expert_fsdp_mesh() if experts else rt.fsdp_mesh(),
-                reshard_after_forward=False if root else ls.sharding == "zero3",
+    mesh = rt.expert_fsdp_mesh() if experts else rt.fsdp_mesh()
+    before = [origins.snapshot(m) for m in mods]
+    fully_shard(target, mesh=mesh, reshard_after_forward=False if root else ls.sharding == "zero3",
                 mp_policy=mp, offload_policy=offload, ignored_params=ignored or None)
+    for m, b in zip(mods, before, strict=True):  # FSDP2 chunks dim 0 over the mesh's last (shard) dim
+        origins.after_sharding(m, b, {mesh.ndim - 1: 0})
+
+
+def _current(stage: nn.Module, paths: dict[int, str], groups: dict[str, list[nn.Parameter]]) -> dict[str, list[nn.Parameter]]:
+    """``groups`` with each parameter replaced by the one at its path (``paths``: by identity
+    before) now: materialising a meta stage makes new Parameter objects."""
+    now = dict(stage.named_parameters())
+    return {v: [now[paths[id(p)]] for p in ps] for v, ps in groups.items()}
 
 
 def shard(ad: ModelAdapter, stage: nn.Module, strategy: Strategy, rt: RuntimeMesh, groups: list[tuple[str, list[str]]],
-          mp: MixedPrecisionPolicy, tied_in_stage: bool) -> ShardingResult:
+          mp: MixedPrecisionPolicy, tied_in_stage: bool, ready: Callable[[nn.Module], None] | None = None) -> ShardingResult:
     """Apply data-parallel sharding to ``stage`` (the model or one pipeline stage).
 
     Args:
         groups: candidate FSDP units, most specific first: (graph name, module paths in ``stage``).
         tied_in_stage: the stage holds both ends of a tied embedding (they must share one unit).
+        ready: called on ``stage`` once FSDP2 has sharded it, before the other values' parameters
+            are taken (a meta stage is materialised there: FSDP2's shards only, whole replicas).
     """
     notes: list[str] = []
     by_value: dict[str, list[nn.Parameter]] = {}
@@ -134,6 +148,10 @@ def shard(ad: ModelAdapter, stage: nn.Module, strategy: Strategy, rt: RuntimeMes
         root_ls = resolve(strategy, "embed") if tied_in_stage else strategy.default
         _fsdp([stage], rt, root_ls, mp, custom, root=True)
         units.append("<root>")
+    if ready is not None:
+        paths = {id(p): n for n, p in stage.named_parameters()}
+        ready(stage)
+        by_value, expert_by_value = _current(stage, paths, by_value), _current(stage, paths, expert_by_value)
     shard_g, rep_g = rt.reduce_groups()
     prec = of_policy(mp)  # bf16: these parameters become bf16 beside fp32 masters (runtime.precision)
     dtypes = {"compute_dtype": prec.compute, "reduce_dtype": prec.reduce}

@@ -22,6 +22,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from runtime import origins
+
 
 class SplitLinear(nn.Module):
     """``k`` Linear slices over the output features; ``forward`` concatenates them."""
@@ -42,6 +44,9 @@ class SplitLinear(nn.Module):
                 s.weight.copy_(linear.weight[rows[j]])
                 if linear.bias is not None:
                     s.bias.copy_(linear.bias[rows[j]])
+            origins.inherit(s.weight, linear.weight, 0, rows[j])
+            if linear.bias is not None:
+                origins.inherit(s.bias, linear.bias, 0, rows[j])
             self.slices.append(s)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -63,6 +68,7 @@ class SplitEmbedding(nn.Module):
             s = nn.Embedding(n, step, device=emb.weight.device, dtype=emb.weight.dtype)
             with torch.no_grad():
                 s.weight.copy_(emb.weight[:, j * step : (j + 1) * step])
+            origins.inherit(s.weight, emb.weight, 1, slice(j * step, (j + 1) * step))
             self.slices.append(s)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
@@ -110,6 +116,8 @@ def split_tied_head(stage: nn.Module, k: int) -> SplitTiedHead:
         w = stage.head.weight
         step = w.shape[1] // k
         head = SplitTiedHead([w[:, j * step : (j + 1) * step] for j in range(k)], share=False)
+        for j, part in enumerate(head.parts):
+            origins.inherit(part.weight, w, 1, slice(j * step, (j + 1) * step))
     stage.head = head
     return head
 

@@ -49,6 +49,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from runtime import origins
 from runtime.splitting import SplitEmbedding, SplitLinear, SplitTiedHead
 
 #: P2P tags: weight shards and gradient accumulators travel in one batch to the same peer
@@ -421,8 +422,9 @@ class _Ring(torch.autograd.Function):
 # ---- modules: the reference model's operators with their weights on the ring -------------------
 
 def _shard(t: torch.Tensor, dim: int, tg: TspGroup) -> nn.Parameter:
-    part = torch.tensor_split(t.detach(), tg.size, dim=dim)[tg.rank]
-    return nn.Parameter(part.clone())
+    part = nn.Parameter(torch.tensor_split(t.detach(), tg.size, dim=dim)[tg.rank].clone())
+    origins.inherit_split(part, t, dim, tg.size, tg.rank)
+    return part
 
 
 class TspLinear(nn.Module):

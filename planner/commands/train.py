@@ -27,6 +27,24 @@ def _settings(plan: Any, steps: int, seed: int, seq_len: int, global_batch: int)
     return s
 
 
+def _files(s: Any, spec: dict[str, Any], data: Path | None, resume: Path | None, save: Path | None) -> None:
+    """The token file, the checkpoint to resume and the one to write, checked before any rank starts."""
+    from runtime import dcp
+    from runtime.data import open_tokens
+
+    if data is not None:
+        if spec["kind"] != "reference" and "vocab_size" not in spec["config"]:
+            raise ShardplanError("--data needs a model whose vocabulary is known")
+        vocab = spec["config"]["vocab"] if spec["kind"] == "reference" else spec["config"]["vocab_size"]
+        open_tokens(str(data), int(vocab), s.seq_len)
+        s.data = str(data)
+    if resume is not None or save is not None:
+        if spec["kind"] != "reference":
+            raise ShardplanError("checkpoints (--resume, --save) need the runtime's reference model, not a Hugging Face one")
+        s.resume = str(dcp.check_source(resume)) if resume is not None else None
+        s.save = str(dcp.check_target(save)) if save is not None else None
+
+
 def _parity(losses: list[float], ref: list[float], rtol: float) -> tuple[bool, float]:
     diffs = [abs(a - b) for a, b in zip(losses, ref, strict=True)]
     ok = all(d <= rtol * abs(b) for d, b in zip(diffs, ref, strict=True))
@@ -66,7 +84,8 @@ def _table(report: dict[str, Any]) -> None:
 @app.command()
 @guard
 def train(
-    model: str = typer.Option(..., "--model", "-m", help="tiny-gpt, tiny-llama, tiny-mixtral, tiny-deepseek, hf-llama, hf-gpt2 or a small preset (gpt2)"),
+    model: str = typer.Option(..., "--model", "-m", help="tiny-gpt, tiny-llama, tiny-mixtral, tiny-deepseek, hf-llama, "
+                              "hf-gpt2, or a preset (built on the meta device, each rank initialising its shards)"),
     plan_path: Path = typer.Option(..., "--plan", "-p", help="plan JSON (shardplan plan ... -o plan.json)"),
     nproc: int = count_option(None, "--nproc", "-n", help="local processes (default: the plan's world size)",
                               maximum=1024),
@@ -78,6 +97,12 @@ def train(
     precision: str = typer.Option("fp32", "--precision", help="fp32, bf16 (every unit: bf16 compute, fp32 master "
                                   "weights, gradients reduced in the plan's grad_dtype), or fp8 (bf16 with the blocks' "
                                   "Linear GEMMs in fp8 through torchao; CUDA only)"),
+    data: Path | None = typer.Option(None, "--data", help="a token file (.npy, or nanoGPT's uint16 .bin) to read "
+                                     "the batches from (default: seeded uniform tokens)"),
+    resume: Path | None = typer.Option(None, "--resume", help="a checkpoint directory to start from (written by "
+                                       "--save with this plan or another plan of the same model)"),
+    save: Path | None = typer.Option(None, "--save", help="write a checkpoint directory after the last step "
+                                     "(torch.distributed.checkpoint)"),
     output: Path | None = typer.Option(None, "--output", "-o", help="also write the JSON report here (atomically)"),
     watchdog_s: float = number_option(WATCHDOG_S, "--watchdog-s", help="end the run when a rank is silent this long "
                                       "(its process stops responding, or no rank makes progress); 0: never"),
@@ -103,9 +128,10 @@ def train(
     nproc = nproc or world
     if nproc != world:
         raise ShardplanError(f"the plan's mesh {plan.strategy.mesh.axes()} needs {world} processes; --nproc is {nproc}")
-    spec = spec_for(model)
+    spec = spec_for(model, init="seeded")
     s = _settings(plan, steps, seed, seq_len, global_batch)
     s.precision, s.grad_dtype = precision, plan.inputs.workload.grad_dtype
+    _files(s, spec, data, resume, save)
     dev = device_type()
     check_plan(spec, plan, nproc, dev, seq_len=s.seq_len, global_batch=s.global_batch, precision=s.mixed())
     results = launch([Job(model=spec, plan_json=plan.to_json(), settings=s.to_dict(), name=model,
