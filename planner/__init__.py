@@ -6,6 +6,7 @@ Importing ``planner`` is light: the plan schema and the CLI import heavy package
 
 from __future__ import annotations
 
+from planner import sigint  # isort: skip  (first of all: Ctrl-C while shardplan loads)
 from typing import TYPE_CHECKING, Any
 
 from vocab.viewers import register_viewer
@@ -22,3 +23,4 @@ def _plan_view(plan: Plan) -> Any:
 
 
 register_viewer(_plan_view)
+sigint.loaded()

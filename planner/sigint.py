@@ -2,7 +2,7 @@
 
 Three stretches of a run, three ways:
 
-- while the command line's modules load (``planner.cli`` imports this module before any other):
+- while the command line's modules load (``planner`` and ``planner.cli`` import this module before any other):
   SIGINT exits at once with the line and the code (nothing is open yet). At the end of its import
   ``planner.cli`` calls :func:`loaded`, which puts back the handler it found, so that a program
   that imports the command line keeps its own Ctrl-C;
@@ -47,11 +47,20 @@ def _install(handler: Any) -> Any:
 _found = _install(_exit_now) if signal.getsignal(signal.SIGINT) is signal.default_int_handler else None
 
 
+def is_entry() -> bool:
+    """Whether shardplan is the program: its console script, or ``python -m planner.cli`` (read from
+    the interpreter's own arguments too, since ``sys.argv[0]`` is ``-m`` while the package loads)."""
+    argv0 = Path(sys.argv[0] if sys.argv else "").name
+    orig = list(getattr(sys, "orig_argv", []))
+    via_m = any(a == "-m" and b == "planner.cli" for a, b in zip(orig, orig[1:], strict=False))
+    return argv0 in ENTRY_POINTS or via_m
+
+
 def loaded() -> None:
-    """The command line has loaded: the SIGINT handler found before it is back, for a program that
-    imports it; the ``shardplan`` script and ``python -m planner.cli`` keep exiting at once until
-    :func:`running` (under ``-m`` the module is imported a second time before it runs)."""
-    if _found is not None and Path(sys.argv[0] if sys.argv else "").name not in ENTRY_POINTS:
+    """The package or the command line has loaded: the SIGINT handler found before it is back, for a
+    program that imports it; the ``shardplan`` script and ``python -m planner.cli`` keep exiting at
+    once until :func:`running` (under ``-m`` the module is imported a second time before it runs)."""
+    if _found is not None and not is_entry():
         _install(_found)
 
 

@@ -197,7 +197,12 @@ def _check_calibrated(points: Sequence[Point], calibration: Any) -> None:
     """A calibration prices the accelerator it was fitted on: every point's must be it."""
     if calibration is None:
         return
+    from costmodel.calibration.document import Calibration
     from profiler.hardware import accelerator as find
+
+    if not isinstance(calibration, Calibration):
+        raise ShardplanError(f"sweep: calibration must be a Calibration (shardplan calibrate), got "
+                             f"{type(calibration).__name__}")
 
     other = sorted({find(p.accelerator).name for p in points} - {calibration.accelerator})
     if other:

@@ -37,6 +37,10 @@ _UNITS = {"": 1, "b": 1, "k": KIB, "kb": KIB, "kib": KIB, "m": MIB, "mb": MIB, "
           "g": 1024**3, "gb": 1024**3, "gib": 1024**3}
 
 
+#: the largest message ``--sizes`` takes (bytes): far above any collective's bandwidth knee
+MAX_MESSAGE = 16 * 1024**3
+
+
 def parse_sizes(text: str) -> list[int]:
     """``1K,64K,1M`` → bytes (binary units); sorted, unique."""
     out = []
@@ -44,7 +48,10 @@ def parse_sizes(text: str) -> list[int]:
         m = re.fullmatch(r"[ \t]*([0-9]+(?:\.[0-9]+)?)[ \t]*([a-zA-Z]*)[ \t]*", part)
         if not m or m.group(2).lower() not in _UNITS:
             raise ShardplanError(f"--sizes: cannot read '{part.strip()}' (use sizes like 1K, 64K, 1M, 256M)")
-        n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+        x = float(m.group(1)) * _UNITS[m.group(2).lower()]
+        if not x <= MAX_MESSAGE:
+            raise ShardplanError(f"--sizes: '{part.strip()[:40]}' is over the largest message, {fmt_bytes(MAX_MESSAGE)}")
+        n = int(x)
         if n < 4:
             raise ShardplanError(f"--sizes: '{part.strip()}' is below 4 bytes (one float)")
         out.append(n)

@@ -506,3 +506,26 @@ def test_public_functions_refuse_wrong_types_in_one_error(call: str) -> None:
              "read_text": lambda: read_text(7, "plan")}
     with pytest.raises(ShardplanError):
         calls[call]()
+
+
+def test_names_match_whole_strings_only() -> None:
+    from vocab.names import MODEL_REF, matches
+
+    assert matches(MODEL_REF, "meta-llama/Llama-3.1-8B") and not matches(MODEL_REF, "gpt2\n")
+
+
+def test_sizes_past_the_largest_message_are_refused_before_measuring() -> None:
+    from profiler.measure_comm import parse_sizes
+    from vocab.errors import ShardplanError
+
+    for text in ("9" * 30, "9" * 400, "17G"):
+        with pytest.raises(ShardplanError, match="largest message"):
+            parse_sizes(text)
+
+
+def test_a_sweep_calibration_must_be_a_calibration() -> None:
+    from planner.sweep import sweep
+    from vocab.errors import ShardplanError
+
+    with pytest.raises(ShardplanError, match="calibration"):
+        sweep("gpt2", [4], ["cpu"], [8], [128], calibration=float("nan"))

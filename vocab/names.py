@@ -41,7 +41,7 @@ _COMPILED = {p: re.compile(p) for p in (MODEL_REF, ACCELERATOR, HASH, UNIT, RELE
 
 def matches(pattern: str, value: str) -> bool:
     """Whether ``value`` is a whole match of one of this module's patterns."""
-    return _COMPILED[pattern].match(value) is not None
+    return _COMPILED[pattern].fullmatch(value) is not None  # fullmatch: '$' alone passes a final newline
 
 
 def is_printable(ch: str) -> bool:
