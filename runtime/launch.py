@@ -162,9 +162,8 @@ def _pulse(counters: Any, rank: int) -> None:
 
 def _run_job(job: Job, progress: Callable[[], None], on_step: Callable[[int], None]) -> dict[str, Any]:
     from runtime.apply import apply_plan
-    from runtime.init import seeded_values
     from runtime.mesh import build_mesh
-    from runtime.model import INIT_STD, build
+    from runtime.model import build, initializer
     from runtime.train import TrainSettings, run
 
     s = TrainSettings(**job.settings)
@@ -173,15 +172,14 @@ def _run_job(job: Job, progress: Callable[[], None], on_step: Callable[[int], No
     rows = s.global_batch // strategy.mesh.dp
     n_mb = _microbatches(plan, rows)
     torch.manual_seed(s.seed)
-    seeded = job.model.get("init") == "seeded"  # built on meta, each rank initialising its shards
-    model, vocab = build(job.model, seed=s.seed, meta=seeded)
+    init = initializer(job.model, s.seed)  # seeded or from weights: built on meta, each rank filling its shards
+    model, vocab = build(job.model, seed=s.seed, meta=init is not None)
     progress()
     key = (*strategy.mesh.axes().items(), ("ep", strategy.mesh.ep))
     if key not in _MESHES:  # jobs of one launch share meshes (process groups are costly)
         _MESHES[key] = build_mesh(strategy.mesh)
     # bf16 (fp8: the Linear GEMMs in fp8, everything else in bf16): every unit, runtime.precision
     mp = s.mixed().fsdp_policy() if s.mixed().low else None
-    init = seeded_values(s.seed, INIT_STD, model.cfg.layers) if seeded else None
     model = apply_plan(model, plan, mesh=_MESHES[key], mixed_precision=mp, n_microbatches=n_mb,
                        fp8_linears=s.precision == "fp8", init=init)
     progress()

@@ -32,6 +32,7 @@ Dropout is not modelled (training runs are deterministic) and attention always r
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -387,15 +388,41 @@ def spec_for(name: str | TransformerConfig, init: str = "torch") -> dict[str, ob
     return {"kind": "reference", "config": resolve_config(name).to_dict(), "init": init}
 
 
+def spec_for_weights(path: str) -> dict[str, object]:
+    """The spec of the reference model holding a Hugging Face checkpoint's weights (a directory of
+    ``config.json`` and ``*.safetensors``, Llama-style or GPT-2), read shard by shard (:mod:`runtime.weights`)."""
+    from runtime.weights import read_config
+
+    cfg, _ = read_config(path)
+    return {"kind": "reference", "config": resolve_config(cfg).to_dict(), "init": "weights", "weights": str(path)}
+
+
+def initializer(spec: dict[str, object], seed: int) -> Any:
+    """What a reference model of ``spec`` built on the meta device is filled with, part by part (the
+    ``init`` of ``apply_plan``); None for a ``torch``-initialised one (built whole)."""
+    how = spec.get("init", "torch")
+    if how == "seeded":
+        from runtime.init import seeded_values
+
+        return seeded_values(seed, INIT_STD, int(dict(spec["config"])["layers"]))  # type: ignore[call-overload]
+    if how == "weights":
+        from runtime.weights import values
+
+        return values(str(spec["weights"]))
+    return None
+
+
 def build(spec: dict[str, object], seed: int = 0, meta: bool = False) -> tuple[nn.Module, int]:
     """Build the model of ``spec``; returns (model, vocabulary size). A ``torch``-initialised model
-    draws from torch's generator (seed it first); a ``seeded`` one from ``seed``
-    (:func:`runtime.init.seeded`), left on the meta device when ``meta`` (for ``apply_plan(...,
-    init=...)``), each parameter marked with its origin (:mod:`runtime.origins`)."""
+    draws from torch's generator (seed it first); a ``seeded`` one from ``seed`` (:mod:`runtime.init`),
+    a ``weights`` one from its checkpoint (:mod:`runtime.weights`), left on the meta device when
+    ``meta`` (for ``apply_plan(..., init=initializer(spec, seed))``); each parameter is marked with
+    its origin (:mod:`runtime.origins`)."""
     kind, conf = spec["kind"], dict(spec["config"])  # type: ignore[call-overload]
     if kind == "reference":
         cfg = TransformerConfig.from_dict(conf)
-        if spec.get("init", "torch") != "seeded":
+        init = initializer(spec, seed)
+        if init is None:
             model = Transformer(cfg)
             origins.mark(model)
             return model, cfg.vocab
@@ -403,9 +430,9 @@ def build(spec: dict[str, object], seed: int = 0, meta: bool = False) -> tuple[n
             model = Transformer(cfg)
         origins.mark(model)
         if not meta:
-            from runtime.init import materialize, seeded_values
+            from runtime.init import materialize
 
-            materialize(model, torch.device("cpu"), seeded_values(seed, INIT_STD, cfg.layers))
+            materialize(model, torch.device("cpu"), init)
         return model, cfg.vocab
     import transformers
 

@@ -17,13 +17,14 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from profiler.model_config import TransformerConfig
+from runtime import weights
 from runtime.apply import apply_plan
 from runtime.data import file_batch, open_tokens, synthetic_batch
 from runtime.dcp import flat_boxes
 from runtime.init import seeded, seeded_values
 from runtime.launch import Job, launch
 from runtime.memory import TensorPeak
-from runtime.model import INIT_STD, build, spec_for
+from runtime.model import INIT_STD, TINY_HF, build, spec_for, spec_for_weights
 from runtime.origins import Origin
 from runtime.train import TrainSettings
 from tests.runtime_checks import assert_parity
@@ -76,6 +77,31 @@ def test_a_seeded_model_is_the_same_built_whole_or_on_meta() -> None:
     assert all(p.is_meta for p in meta.parameters())
     assert all(torch.equal(a.get_parameter(n), seeded(Origin.whole(n, tuple(p.shape)), 3, INIT_STD, 4))
                for n, p in a.named_parameters())
+
+
+# ---- Hugging Face weights ------------------------------------------------------------------------------
+def _hf_checkpoint(kind: str, path: Path) -> Any:
+    """A tiny Hugging Face model of ``kind`` saved as safetensors in ``path``; the model."""
+    import transformers
+
+    torch.manual_seed(0)
+    conf = dict(TINY_HF[kind])
+    hf = (transformers.LlamaForCausalLM(transformers.LlamaConfig(**conf)) if kind == "hf-llama"
+          else transformers.GPT2LMHeadModel(transformers.GPT2Config(**conf)))
+    hf.save_pretrained(path, safe_serialization=True)
+    return hf.eval()
+
+
+@pytest.mark.parametrize("kind", ["hf-llama", "hf-gpt2"])
+def test_safetensors_weights_make_the_reference_model_compute_what_the_checkpoint_does(kind: str, tmp_path: Path) -> None:
+    """Fused Q/K/V per KV group, SwiGLU's interleaved gate and up, GPT-2's transposed Conv1D."""
+    hf = _hf_checkpoint(kind, tmp_path)
+    model, vocab = build(spec_for_weights(str(tmp_path)))
+    x = torch.randint(0, vocab, (2, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), hf(x).logits, rtol=1e-5, atol=1e-6)
+    part = Origin.whole("layers.1.attn.qkv.weight", tuple(model.layers["1"].attn.qkv.weight.shape)).split(0, 4, 3)
+    assert torch.equal(weights.values(tmp_path)(part), model.layers["1"].attn.qkv.weight[part.index[0]])
 
 
 # ---- the token file --------------------------------------------------------------------------------
@@ -164,7 +190,17 @@ def test_a_checkpoint_resumes_on_the_same_plan_and_on_another(model: str, precis
     """The masters of ZeRO-1 slices in bf16, a pipeline's two copies of a tied table, written as
     boxes of the unsplit model; read back on the same plan, and on TSP ring shards and OSDP slices."""
     ck = str(tmp_path / "ck")
-    whole, saved = launch([_job(model, first, 3, precision), _job(model, first, 2, precision, save=ck)], 4)
+    hf = _hf_checkpoint("hf-llama", tmp_path / "hf")  # and a checkpoint's weights, read shard by shard
+    settings = TrainSettings(steps=1, global_batch=8, seq_len=32, seed=0, data=str(TOKENS))
+    loaded = Job(model=spec_for_weights(str(tmp_path / "hf")), settings=settings.to_dict(), reference=True, name="hf",
+                 plan_json=Strategy(mesh=Mesh(dp_shard=2, tp=2), sequence_parallel=True, micro_batch=4,
+                                    default=L(sharding="zero3")).model_dump_json())
+    whole, saved, from_hf = launch([_job(model, first, 3, precision), _job(model, first, 2, precision, save=ck), loaded], 4)
+    x, y = file_batch(str(TOKENS), 0, 8, 32, 256)
+    with torch.no_grad():
+        want = torch.nn.functional.cross_entropy(hf(x).logits.flatten(0, 1), y.flatten()).item()
+    assert from_hf["steps"][0]["loss"] == pytest.approx(want, rel=1e-6)
+    assert_parity(from_hf)
     assert sorted(os.listdir(ck))[0] == ".metadata"
     assert [s["loss"] for s in saved["steps"]] == [s["loss"] for s in whole["steps"][:2]]
     again, other = launch([_job(model, first, 1, precision, resume=ck), _job(model, second, 1, precision, resume=ck)], 4)

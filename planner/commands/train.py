@@ -85,7 +85,9 @@ def _table(report: dict[str, Any]) -> None:
 @guard
 def train(
     model: str = typer.Option(..., "--model", "-m", help="tiny-gpt, tiny-llama, tiny-mixtral, tiny-deepseek, hf-llama, "
-                              "hf-gpt2, or a preset (built on the meta device, each rank initialising its shards)"),
+                              "hf-gpt2, a preset (built on the meta device, each rank initialising its shards), or a "
+                              "Hugging Face checkpoint directory (config.json, *.safetensors; Llama-style or GPT-2), "
+                              "each rank reading its shards"),
     plan_path: Path = typer.Option(..., "--plan", "-p", help="plan JSON (shardplan plan ... -o plan.json)"),
     nproc: int = count_option(None, "--nproc", "-n", help="local processes (default: the plan's world size)",
                               maximum=1024),
@@ -116,7 +118,7 @@ def train(
     from runtime.apply import check_plan
     from runtime.launch import Job, launch
     from runtime.mesh import device_type
-    from runtime.model import spec_for
+    from runtime.model import spec_for, spec_for_weights
     from vocab.plan import load_plan
 
     if steps < 1:
@@ -128,7 +130,7 @@ def train(
     nproc = nproc or world
     if nproc != world:
         raise ShardplanError(f"the plan's mesh {plan.strategy.mesh.axes()} needs {world} processes; --nproc is {nproc}")
-    spec = spec_for(model, init="seeded")
+    spec = spec_for_weights(model) if Path(model).is_dir() else spec_for(model, init="seeded")
     s = _settings(plan, steps, seed, seq_len, global_batch)
     s.precision, s.grad_dtype = precision, plan.inputs.workload.grad_dtype
     _files(s, spec, data, resume, save)
