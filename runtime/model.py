@@ -43,6 +43,7 @@ from runtime import experts as moe_routing
 from runtime import origins
 from runtime.context_parallel import ContextShard
 from runtime.experts import ExpertShard
+from runtime.features import unsupported_features
 from vocab.errors import ShardplanError
 
 #: Small decoders for tests and for ``shardplan train --model tiny-*`` (no download needed).
@@ -73,26 +74,6 @@ TINY_MODELS: dict[str, TransformerConfig] = {
 
 #: standard deviation of the reference model's initial weights (GPT-2's)
 INIT_STD = 0.02
-
-
-def unsupported_features(cfg: TransformerConfig) -> list[str]:
-    """What of ``cfg`` the reference model cannot build (empty when it can)."""
-    out = []
-    if cfg.arch != "decoder":
-        out.append(f"arch '{cfg.arch}' (only decoders)")
-    if cfg.qk_norm:
-        out.append("qk_norm")
-    if cfg.type_vocab:
-        out.append("token-type embeddings")
-    if cfg.is_mla:
-        out.append("multi-head latent attention")
-    if cfg.sliding_window:
-        out.append("sliding-window attention")
-    if cfg.mtp_layers:
-        out.append("multi-token prediction")
-    if cfg.sandwich_norm:
-        out.append("norms after the attention and the MLP")
-    return out
 
 
 def resolve_config(name: str | TransformerConfig) -> TransformerConfig:

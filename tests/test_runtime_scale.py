@@ -5,7 +5,11 @@ resumes bit for bit and another plan of the same model resumes like one process.
 
 from __future__ import annotations
 
+import json
 import os
+import resource
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -22,7 +26,7 @@ from runtime.apply import apply_plan
 from runtime.data import file_batch, open_tokens, synthetic_batch
 from runtime.dcp import flat_boxes
 from runtime.init import seeded, seeded_values
-from runtime.launch import Job, launch
+from runtime.launch import Job, free_port, launch
 from runtime.memory import TensorPeak
 from runtime.model import INIT_STD, TINY_HF, build, spec_for, spec_for_weights
 from runtime.origins import Origin
@@ -208,3 +212,64 @@ def test_a_checkpoint_resumes_on_the_same_plan_and_on_another(model: str, precis
     assert other["steps"][0]["step"] == 2 and other["reference_losses"] == whole["reference_losses"][2:]
     assert_parity(other)
     assert_parity(whole)
+
+
+# ---- the python export -----------------------------------------------------------------------------------
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _script(tmp_path: Path, model: str, cluster: str, strategy: dict[str, Any], seq: int, batch: int) -> Path:
+    from planner.exports import export, refusal
+    from planner.reprice import plan_from_strategy
+
+    e = export(plan_from_strategy(model, cluster, strategy, seq, batch), "python")
+    assert refusal(e) is None
+    path = tmp_path / "train.py"
+    path.write_text(e.text)
+    return path
+
+
+def _python(script: Path, *args: str, world: int = 1) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+           "WORLD_SIZE": str(world), "RANK": "0", "LOCAL_RANK": "0"}
+    return subprocess.run([sys.executable, str(script), *args], env=env, cwd=script.parent, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_a_70b_plans_python_export_builds_the_model_on_meta_without_allocating_it(tmp_path: Path) -> None:
+    from profiler.models import resolve_config
+    from profiler.transformer import build_graph
+
+    script = _script(tmp_path, "llama3-70b", "1024xh100", {"mesh": {"dp_shard": 128, "tp": 8}, "tp_mode": "tsp"},
+                     8192, 1024)
+    res = _python(script, "--dry-run")
+    assert res.returncode == 0, res.stderr[-2000:]
+    n = build_graph(resolve_config("llama3-70b"), 1).total_params
+    assert res.stdout.strip() == f"llama3-70b: {n:,} parameters built on the meta device (all on meta: True)"
+    assert resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024 < 4 * 2**30  # not 280 GB of fp32
+
+
+def test_the_python_export_refuses_a_model_the_runtime_cannot_build() -> None:
+    from planner.exports import export, refusal
+    from planner.reprice import plan_from_strategy
+
+    e = export(plan_from_strategy("deepseek-v3", "256xh100", {"mesh": {"dp_shard": 256, "ep": 8}}, 4096, 256), "python")
+    why = refusal(e)
+    assert why is not None and "multi-head latent attention" in why and "\n" not in why
+
+
+@pytest.mark.slow
+def test_the_python_export_trains_on_a_token_file_saves_and_resumes(tmp_path: Path) -> None:
+    cfg = tmp_path / "tiny_gpt2.json"
+    cfg.write_text(json.dumps({"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 256,
+                               "n_positions": 64}))
+    script = _script(tmp_path, str(cfg), "1xcpu", {"micro_batch": 2}, 32, 4)
+    ck = tmp_path / "ck"
+    first = _python(script, "2", "--data", str(TOKENS), "--save", str(ck))
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert (ck / ".metadata").is_file()
+    both = _python(script, "3", "--data", str(TOKENS))
+    resumed = _python(script, "1", "--data", str(TOKENS), "--resume", str(ck))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    last = [line for line in both.stdout.splitlines() if "step 2:" in line]
+    assert resumed.stdout.strip().splitlines() == last and len(last) == 1  # the third step, as without a break
