@@ -98,8 +98,9 @@ def reference_losses(spec: dict[str, Any], s: TrainSettings, on_step: Callable[[
     """Losses of plain single-process training of model ``spec`` (whole batch per step) at the
     settings' precision: fp32, or bf16 parameters beside fp32 masters stepped by the optimizer, the
     gradients accumulated in ``grad_dtype`` (what every unit of a plan does, :mod:`runtime.precision`);
-    ``on_step(k)`` is called after each step. From ``start`` (a resumed run's first step): the
-    losses of steps ``start .. start + s.steps - 1`` of a run from scratch."""
+    ``on_step(k)`` is called after each step. With ``start`` (a resumed run's first step), it trains
+    ``start + s.steps`` steps from scratch: element ``k`` is step ``k``'s loss, whichever step a run
+    resumed at."""
     from runtime.zero import ReplicatedParams
 
     torch.manual_seed(s.seed)
@@ -123,7 +124,7 @@ def reference_losses(spec: dict[str, Any], s: TrainSettings, on_step: Callable[[
         out.append(float(loss.detach()))
         if on_step is not None:
             on_step(k)
-    return out[start:]
+    return out
 
 
 def train_step(model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor, n_microbatches: int = 1) -> torch.Tensor | None:
