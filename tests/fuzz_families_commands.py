@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -407,6 +408,19 @@ SIGNAL_ARGV = ["plan", "--model", "llama3-70b", "--cluster", "1024xh100", "--seq
 SIGNAL_DELAYS = (0.05, 0.3, 1.0)
 
 
+#: the first line of the package (``planner/__init__.py``): SIGINT before it ran gets Python's handling
+FIRST_LINE = next(i for i, line in enumerate((REPO / "planner" / "__init__.py").read_text().splitlines(), 1)
+                  if line.startswith("from planner import sigint"))
+
+
+def before_the_package(stderr: str) -> bool:
+    """Whether a traceback's frames stop before the package's first line ran: none in this
+    repository's own code but that line (interpreter start-up, ``site``, ``runpy``)."""
+    ours = {(Path(f).resolve(), int(n)) for f, n in re.findall(r'File "([^"]+)", line (\d+)', stderr)
+            if Path(f).is_absolute() and Path(f).resolve().is_relative_to(REPO) and ".venv" not in Path(f).parts}
+    return ours <= {((REPO / "planner" / "__init__.py").resolve(), FIRST_LINE)}
+
+
 def run_interrupted(argv: list[str], after_s: float, limit: float = HANG_S) -> Outcome:
     """``python -m planner.cli *argv`` sent SIGINT ``after_s`` seconds after it starts: exit 130 with at
     most one line and no traceback (``rejected``), or done before the signal (exit 0)."""
@@ -428,7 +442,9 @@ def run_interrupted(argv: list[str], after_s: float, limit: float = HANG_S) -> O
     lines = [ln for ln in stderr.splitlines() if ln.strip()]
     o = Outcome("accepted", rc=p.returncode, stdout=out.decode("utf-8", "backslashreplace"), stderr=stderr,
                 seconds=time.perf_counter() - t0)
-    if "Traceback (most recent call last)" in stderr:
+    if "Traceback (most recent call last)" in stderr and before_the_package(stderr):
+        o.kind, o.detail = "rejected", "Python's own Ctrl-C: the signal came before the package's first line"
+    elif "Traceback (most recent call last)" in stderr:
         o.kind, o.detail = "exception", f"a traceback after SIGINT at {after_s:g} s: " + (lines[-1] if lines else "")
     elif p.returncode == 130:
         o.kind, o.detail = ("rejected", "interrupted") if len(lines) <= 1 else ("multiline", " | ".join(lines[:4]))

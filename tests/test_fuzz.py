@@ -412,14 +412,23 @@ def test_stubs_stop_valid_commands(fz: fr.FuzzEnv, tmp_path: Path) -> None:
     assert not (tmp_path / "c.yaml").exists()
 
 
-@pytest.mark.xfail(reason="about 1 SIGINT in 30 during a command ends in exit -2 after 'interrupted' (cause not "
-                          "found); one before the interpreter reaches the package gets Python's own handling",
-                   strict=False)
 @pytest.mark.parametrize("after_s", fc.SIGNAL_DELAYS)
 def test_sigint_at_start_up(after_s: float) -> None:
     """Ctrl-C while ``plan`` starts or searches: exit 130, at most one line, no traceback."""
     out = fc.run_interrupted(fc.SIGNAL_ARGV, after_s)
     assert out.ok, f"SIGINT at {after_s} s: {out.summary()}\n  stderr: {out.stderr[-600:]}"
+
+
+def test_only_tracebacks_before_the_package_are_pythons_own() -> None:
+    """The SIGINT judge lets Python's own Ctrl-C through only where no line of ours but the
+    package's first had run."""
+    init = fc.REPO / "planner" / "__init__.py"
+    start = 'Traceback (most recent call last):\n  File "<frozen runpy>", line 189, in _run_module_as_main\n'
+    ours = f'  File "{init}", line {fc.FIRST_LINE}, in <module>\n'
+    later = f'  File "{fc.REPO / "planner" / "cli.py"}", line 20, in <module>\n'
+    assert fc.before_the_package(start + "KeyboardInterrupt")
+    assert fc.before_the_package(start + ours + "KeyboardInterrupt")
+    assert not fc.before_the_package(start + ours + later + "KeyboardInterrupt")
 
 
 # ---- the long profile ---------------------------------------------------------------------------

@@ -98,12 +98,13 @@ def test_a_batch_with_failed_lines_exits_2_naming_their_count(tmp_path: Path,
 # ---- 3. Ctrl-C --------------------------------------------------------------------------------
 
 def _interrupted(delay: float) -> tuple[int | None, str]:
-    """``shardplan estimate --batch -`` (which waits for its input) in a fresh process, sent SIGINT
+    """``shardplan estimate --batch -`` (which waits for its input) run as the program (``python -m
+    planner.cli``, as the console script runs it; a program that only imports the command line keeps
+    its own Ctrl-C, see :func:`planner.sigint.loaded`) in a fresh process, sent SIGINT
     ``delay`` seconds after its first line of the package ran (``-X importtime`` names each module
     as it finishes loading: ``planner.sigint`` is the first the package loads); its exit code and stderr."""
-    p = subprocess.Popen([sys.executable, "-X", "importtime", "-c", "from planner.cli import run; run()", "estimate",
-                          "--batch", "-"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    p = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "planner.cli", "estimate", "--batch", "-"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     watchdog = threading.Timer(120, p.kill)
     watchdog.start()
     try:
@@ -529,3 +530,17 @@ def test_a_sweep_calibration_must_be_a_calibration() -> None:
 
     with pytest.raises(ShardplanError, match="calibration"):
         sweep("gpt2", [4], ["cpu"], [8], [128], calibration=float("nan"))
+
+
+@pytest.mark.parametrize("finished", [False, True])
+def test_a_caught_interrupt_inside_evaluated_text_keeps_the_exit_code(finished: bool, tmp_path: Path) -> None:
+    """CPython marks a KeyboardInterrupt that left an ``exec``/``eval`` of a string as unhandled
+    even when caught, and a program run as ``-m`` (as the console script is) then ends by SIGINT
+    (-2) instead of with its exit code; :func:`planner.sigint.finished` clears the mark (typer
+    evaluates annotations that way, so a Ctrl-C while the commands registered exited -2)."""
+    (tmp_path / "interrupted_program.py").write_text(
+        "import planner.sigint as s\ntry:\n    exec('raise KeyboardInterrupt')\nexcept KeyboardInterrupt:\n    pass\n"
+        + ("s.finished()\n" if finished else "") + "raise SystemExit(130)\n")
+    p = subprocess.run([sys.executable, "-m", "interrupted_program"], cwd=tmp_path, capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert (p.returncode, p.stderr) == ((130, "") if finished else (-signal.SIGINT, ""))
