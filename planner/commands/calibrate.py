@@ -123,7 +123,7 @@ def calibrate_cmd(
     console.print(_runs_table(fitted))
     console.print(_params_table(doc))
     console.print(literal(_summary(doc)), soft_wrap=True)
-    console.print(literal(f"wrote {output}"))
+    console.print(literal(f"wrote {output}"), soft_wrap=True)
 
 
 @app.command("check")

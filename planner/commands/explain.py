@@ -132,7 +132,7 @@ def plot_cmd(
     files = _files(doc, profile, profile_from_plan, model) if timeline else PlanFiles()
     with opening(files):
         save_plot(doc, kind, output, _cli_graph(model, doc) if timeline else None)
-    err_console.print(literal(f"wrote {output}"))
+    err_console.print(literal(f"wrote {output}"), soft_wrap=True)
 
 
 @app.command("export")
@@ -171,4 +171,4 @@ def export_cmd(
         sys.stdout.write(result.text)
     else:
         write_atomic(output, result.text)
-        err_console.print(literal(f"wrote {output}"))
+        err_console.print(literal(f"wrote {output}"), soft_wrap=True)

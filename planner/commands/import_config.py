@@ -55,4 +55,4 @@ def import_cmd(
                           f"{pr.get('memory_limit_gib', 0):.1f} GiB)"), soft_wrap=True)
     if output is not None:
         plan.save(output)
-        err_console.print(literal(f"wrote {output}"))
+        err_console.print(literal(f"wrote {output}"), soft_wrap=True)

@@ -286,4 +286,4 @@ def plan_cmd(
             highlight=False,
         )
     if output is not None:
-        console.print(f"wrote {output}", highlight=False)
+        console.print(literal(f"wrote {output}"), soft_wrap=True)

@@ -18,6 +18,7 @@ import typer
 from rich.table import Table
 
 from planner.cli import app, console, err_console, guard
+from planner.layout import literal
 from planner.options import int_option, positive_option
 from vocab.digits import read_float, read_int
 from vocab.errors import ShardplanError, shown
@@ -152,7 +153,7 @@ def sweep_cmd(
             save_figure(fig, plots / name, "png")
             written.append(str(plots / name))
     for path in written:
-        console.print(f"wrote {path}", highlight=False)
+        console.print(literal(f"wrote {path}"), soft_wrap=True)
 
 
 def _progress() -> Any:
@@ -173,7 +174,6 @@ def _progress() -> Any:
 
 def sweep_table(df: Any) -> Table:
     """The sweep's rows: the axes that vary, the plan, its throughput, MFU, memory, time and cost."""
-    from planner.layout import literal
     from planner.sweep import AXES
 
     varying = [a for a in AXES if df[a].astype(str).nunique() > 1] or ["gpus"]
@@ -208,7 +208,7 @@ def sweep_table(df: Any) -> Table:
 def render_sweep(df: Any, out: Any) -> None:
     """The sweep's table where it fits ``out``'s width; else one row per point, its axes as the
     name and the plan and its numbers wrapped at words (80 columns, a pipe)."""
-    from planner.layout import fits, kv_table, literal
+    from planner.layout import fits, kv_table
 
     wide = sweep_table(df)
     if fits(out, wide):

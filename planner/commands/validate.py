@@ -13,6 +13,7 @@ import typer
 from rich.table import Table
 
 from planner.cli import app, console, err_console, guard, print_json
+from planner.layout import literal
 from vocab.errors import ShardplanError
 from vocab.io import check_writable
 
@@ -150,4 +151,4 @@ def fit_cmd(
                       f"{sec.get('rows', 0)} rows / {sec.get('sources', 0)} sources" if i == 0 else "")
     console.print(t)
     render_validation(data["validation"], "after the fit")
-    err_console.print(f"wrote {out}", highlight=False)
+    err_console.print(literal(f"wrote {out}"), soft_wrap=True)
