@@ -210,3 +210,34 @@ def test_a_plan_made_for_this_machine_trains(tmp_path: Path) -> None:
     # the host is the device: offloading frees nothing on a CPU, so the plan never asks for it
     assert all(e["offload"] == "none" for e in [plan["strategy"]["default"], *plan["strategy"]["layers"]])
     assert _workers() == []
+
+
+def _report(ranks: int, steps: int) -> dict[str, object]:
+    """A train report of ``steps`` steps on ``ranks`` ranks, the first step memory-tracked."""
+    per_rank = [{"rank": r, "cpu_time_s": 1.25 + r, "param_bytes": 12_345_678, "grad_bytes": 12_345_678,
+                 "optim_bytes": 24_691_356, "peak_bytes": 987_654_321, "tensor_peak_bytes": 55_500_000}
+                for r in range(ranks)]
+    return {"model": "gpt2\x1b[31m", "nproc": ranks, "device": "cpu", "reference_losses": [10.5 - s for s in range(steps)],
+            "steps": [{"step": s, "loss": 10.5 - s, "step_time_s": 2.5, "memory_tracked": s == 0, "ranks": per_rank}
+                      for s in range(steps)]}
+
+
+@pytest.mark.parametrize("width", [80, 200])
+def test_the_train_table_fits_the_terminal(width: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At 80 columns the steps and the ranks print one table under the other, every cell whole; a
+    wide terminal keeps one table; the model's name is printed literally."""
+    import io
+
+    from rich.console import Console
+
+    from planner.commands import train
+
+    out = io.StringIO()
+    monkeypatch.setattr(train, "console", Console(file=out, width=width, color_system=None))
+    train._table(_report(4, 3))
+    lines = out.getvalue().splitlines()
+    assert max(map(len, lines)) <= width and not any("…" in x for x in lines)
+    assert "gpt2\\x1b[31m" in out.getvalue() and "\x1b" not in out.getvalue()
+    rank_rows = [x for x in lines if " 988 " in x]  # each rank of each step, with its whole peak
+    assert len(rank_rows) == 12 and all("12.35" in x and "24.69" in x and "55.5" in x for x in rank_rows)
+    assert ("per rank" in [x.strip() for x in lines]) == (width == 80)  # the second table's title

@@ -51,31 +51,62 @@ def _parity(losses: list[float], ref: list[float], rtol: float) -> tuple[bool, f
     return ok, max(diffs, default=0.0)
 
 
-def _table(report: dict[str, Any]) -> None:
-    from rich.table import Table
+_CAPTION = ("per rank: its process's CPU seconds over the step; memory in MB: parameters, gradients, optimizer "
+            "state (local shards), process peak, and the peak of live tensors (GPU: max allocated; CPU: measured "
+            "on the step marked *, which runs slower for it)")
+_STEP_COLUMNS = ["step", "loss", "ref loss", "time s"]
+_RANK_COLUMNS = ["rank", "cpu s", "params", "grads", "optim", "peak", "tensors"]
 
-    t = Table(title=f"shardplan train: {report['model']} on {report['nproc']} processes ({report['device']})",
-              caption="per rank: its process's CPU seconds over the step; memory in MB: parameters, "
-                      "gradients, optimizer state (local shards), process peak, and the peak of live tensors (GPU: "
-                      "max allocated; CPU: measured on the step marked *, which runs slower for it)")
+
+def _cells(report: dict[str, Any]) -> list[dict[str, str]]:
+    """Every step's rank as named cells; the step's own cells only on its first rank."""
     ref = report.get("reference_losses") or []
-    cols = ["step", "loss"] + (["ref loss"] if ref else []) + ["time s", "rank", "cpu s", "params", "grads",
-                                                                 "optim", "peak", "tensors"]
-    for col in cols:
-        t.add_column(col, justify="right", no_wrap=True, min_width=7 if "loss" in col else None)
+    out = []
     for st in report["steps"]:
         for j, r in enumerate(st["ranks"]):
             first = j == 0
-            mark = "*" if st.get("memory_tracked") else ""
-            row = [f"{st['step']}{mark}" if first else "", f"{st['loss']:.5f}" if first else ""]
-            if ref:
-                row.append(f"{ref[st['step']]:.5f}" if first else "")
-            row += [f"{st['step_time_s']:.3f}" if first else "", str(r["rank"]), f"{r['cpu_time_s']:.3f}",
-                    f"{r['param_bytes'] / 1e6:.2f}",
-                    f"{r['grad_bytes'] / 1e6:.2f}", f"{r['optim_bytes'] / 1e6:.2f}", f"{r['peak_bytes'] / 1e6:.0f}",
-                    "-" if r.get("tensor_peak_bytes") is None else f"{r['tensor_peak_bytes'] / 1e6:.1f}"]
-            t.add_row(*row)
-    console.print(t)
+            out.append({
+                "step": f"{st['step']}{'*' if st.get('memory_tracked') else ''}" if first else "",
+                "loss": f"{st['loss']:.5f}" if first else "",
+                "ref loss": f"{ref[st['step']]:.5f}" if first and ref else "",
+                "time s": f"{st['step_time_s']:.3f}" if first else "", "rank": str(r["rank"]),
+                "cpu s": f"{r['cpu_time_s']:.3f}", "params": f"{r['param_bytes'] / 1e6:.2f}",
+                "grads": f"{r['grad_bytes'] / 1e6:.2f}", "optim": f"{r['optim_bytes'] / 1e6:.2f}",
+                "peak": f"{r['peak_bytes'] / 1e6:.0f}",
+                "tensors": "-" if r.get("tensor_peak_bytes") is None else f"{r['tensor_peak_bytes'] / 1e6:.1f}"})
+    return out
+
+
+def _grid(title: Any, columns: list[str], rows: list[dict[str, str]], caption: str | None = None) -> Any:
+    from rich.table import Table
+
+    t = Table(title=title, caption=caption)
+    for col in columns:
+        t.add_column(col, justify="right", no_wrap=True, min_width=7 if "loss" in col else None)
+    for row in rows:
+        t.add_row(*(row[c] for c in columns))
+    return t
+
+
+def _table(report: dict[str, Any]) -> None:
+    """One table where it fits the console; at 80 columns or piped, the steps' losses and then each
+    rank's times and memory, one under the other."""
+    from planner.layout import fits, literal, styled
+
+    title = styled("shardplan train: ", literal(report["model"]),
+                   f" on {report['nproc']} processes ({report['device']})")
+    steps = _STEP_COLUMNS if report.get("reference_losses") else [c for c in _STEP_COLUMNS if c != "ref loss"]
+    cells = _cells(report)
+    wide = _grid(title, steps + _RANK_COLUMNS, cells, _CAPTION)
+    if fits(console, wide):
+        console.print(wide)
+    else:
+        console.print(_grid(title, steps, [c for c in cells if c["loss"]]))
+        step_of, per_rank = "", []
+        for c in cells:  # each rank row names its step
+            step_of = c["step"] or step_of
+            per_rank.append({**c, "step": step_of})
+        console.print(_grid("per rank", ["step", *_RANK_COLUMNS], per_rank, _CAPTION))
     if "parity" in report:
         verdict = "[green]parity[/]" if report["parity"] else "[red]NO parity[/]"
         console.print(f"{verdict}: largest loss difference {report['max_loss_diff']:.3g} (rtol {report['parity_rtol']:g})")
