@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import time
 from pathlib import Path
 
 import nbformat
@@ -11,7 +10,6 @@ import pytest
 
 NB_DIR = Path(__file__).resolve().parents[1] / "notebooks"
 NOTEBOOKS = sorted(NB_DIR.glob("*.ipynb"))
-BUDGET_S = 60.0  # per notebook, kernel start included; each is written to finish in well under 30 s
 CELL_TIMEOUT_S = 120
 
 
@@ -37,9 +35,6 @@ def test_runs_headless(path: Path) -> None:
         pytest.skip(f"{path.name} calls planner.api.plan, the solvers' entry point, which is not written yet")
     client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
                             resources={"metadata": {"path": str(NB_DIR)}})
-    t0 = time.perf_counter()
     client.execute()
-    took = time.perf_counter() - t0
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors
-    assert took < BUDGET_S, f"{path.name} took {took:.1f} s (budget {BUDGET_S:.0f} s)"
