@@ -28,7 +28,7 @@ from costmodel.configs import AxisGroup  # noqa: E402
 from costmodel.device import COLLECTIVE_FACTORS, DeviceModel  # noqa: E402
 from profiler.hardware import parse_cluster  # noqa: E402
 
-CSV = ROOT.parent / "shared" / "calibration" / "hardware.csv"
+CSV = ROOT / "costmodel" / "data" / "calibration" / "hardware.csv"
 #: the accelerator file of a GPU named in the hardware file
 ACCELERATORS = {"A100": "a100-80gb", "H100": "h100-sxm", "H200": "h200", "B200": "b200", "MI300X": "mi300x"}
 UNITS = {"GiB": 2**30, "MiB": 2**20, "KiB": 2**10}

@@ -20,10 +20,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from costmodel.published import default_csv_path, load_published  # noqa: E402
-from costmodel.validate import validate  # noqa: E402
+from costmodel.published.runs import default_csv_path, load_published  # noqa: E402
+from costmodel.published.validate import validate  # noqa: E402
 from planner.api import plan as search  # noqa: E402
-from planner.exports import export  # noqa: E402
+from planner.trainers import export  # noqa: E402
 from vocab.errors import ShardplanError  # noqa: E402
 
 sys.path.append(str(Path(__file__).resolve().parent))  # its sibling scripts, after the packages

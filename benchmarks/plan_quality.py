@@ -3,7 +3,7 @@
     python benchmarks/plan_quality.py           # a representative run per source and model family
     python benchmarks/plan_quality.py --all     # every distinct published run the cost model prices
 
-For each published run (``costmodel.published``: CSV row -> model, cluster, strategy, workload) the
+For each published run (``costmodel.published.runs``: CSV row -> model, cluster, strategy, workload) the
 same model, cluster, sequence length and global batch are planned over the ``full`` space, with the
 memory limit the published configuration itself needs if the model says it needs more than the GPU
 has. The ratio planned-throughput / published-throughput (predicted, same tokens per step) must be
@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from costmodel.estimate import estimate  # noqa: E402
-from costmodel.published import build_graph, load_published  # noqa: E402
+from costmodel.published.runs import build_graph, load_published  # noqa: E402
 from costmodel.report import GIB  # noqa: E402
 from solvers.hybrid import search  # noqa: E402
 from solvers.space import SPACES, mesh_configs  # noqa: E402

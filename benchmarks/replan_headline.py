@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from costmodel.validate import caveats  # noqa: E402
+from costmodel.published.validate import caveats  # noqa: E402
 from planner.api import plan as search  # noqa: E402
 from planner.reprice import predicted_dict  # noqa: E402
 from vocab.plan import Plan  # noqa: E402

@@ -23,9 +23,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from planner.api import plan as search  # noqa: E402
-from planner.exports import export, lacks, refusal  # noqa: E402
-from planner.imports import import_plan  # noqa: E402
 from planner.reprice import load_named_model, predicted_dict, price  # noqa: E402
+from planner.trainers import export, import_plan, lacks, refusal  # noqa: E402
 from profiler.hardware import parse_cluster  # noqa: E402
 from vocab.errors import ShardplanError  # noqa: E402
 from vocab.strategy import Strategy, Workload  # noqa: E402

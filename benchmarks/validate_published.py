@@ -20,9 +20,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from costmodel.constants import CostConstants  # noqa: E402
-from costmodel.fit import fit, fit_rows  # noqa: E402
-from costmodel.published import default_csv_path, load_published  # noqa: E402
-from costmodel.validate import MIN_ROWS, Summary, source_label, summarize, validate  # noqa: E402
+from costmodel.published.fit import fit, fit_rows  # noqa: E402
+from costmodel.published.runs import default_csv_path, load_published  # noqa: E402
+from costmodel.published.validate import MIN_ROWS, Summary, source_label, summarize, validate  # noqa: E402
 
 
 def _pct(x: float | None) -> str:

@@ -128,7 +128,7 @@ def assemble(ua: Sequence[UnitCost], layout: Layout, cfg: ConfigArrays, dev: Dev
     (:meth:`Stacked.take`)."""
     c, p, v = dev.c, layout.p, layout.v
     K = len(ua)
-    m = w.global_batch / (cfg.dp * cfg.micro_batch)
+    m = cfg.num_microbatches(w.global_batch)
     sched = cfg.schedule[:, None]
     if detail:  # every rank its own
         sig, first, last, mult = layout.counts, np.arange(p), np.arange(p), np.ones(p)
@@ -164,7 +164,8 @@ def assemble(ua: Sequence[UnitCost], layout: Layout, cfg: ConfigArrays, dev: Dev
     waiting = np.broadcast_to(weights_pending(sched, rs, p, m[:, None], v), (len(m), len(rs)))
     recv = (recv_bytes(sched, rs, p, m[:, None], v, sent[:, (rs - 1) % p], sent[:, rs], w.recv_buffers)
             if p > 1 else np.zeros((len(m), len(rs))))
-    mem = rank_memory(units, sig[[j for j, _ in ranks]], layout, cfg, dev, w, fly, waiting, recv, tail, detail)
+    mem = rank_memory(units, sig[[j for j, _ in ranks]], layout, cfg, dev, w, Transients(fly, waiting, recv, tail),
+                      detail)
     tensors = mem.peak_tensors.max(axis=-1)
     memory = tensors + c.context_bytes + c.fragmentation * tensors
     held = (sig * mult[:, None]).sum(axis=0)
@@ -244,13 +245,25 @@ class StackedRows:
         return (weights @ v.reshape(len(v), -1)).reshape(len(weights), *v.shape[1:]).transpose(1, 2, 0)
 
 
+@dataclass
+class Transients:
+    """What R pipeline ranks hold beside their units' states, each (n, R) but ``tail``: ``fly``
+    micro-batches in flight (:func:`costmodel.pipeline.in_flight`), ``waiting`` awaiting weight
+    gradients (:func:`costmodel.pipeline.weights_pending`), ``recv`` bytes of receive buffers
+    (:func:`recv_bytes`), and ``tail`` (n,) the end of backward's transient
+    (:func:`costmodel.estimate.tied_sum_bytes`)."""
+
+    fly: F
+    waiting: F
+    recv: F
+    tail: F
+
+
 def rank_memory(units: StackedRows, counts: F, layout: Layout, cfg: ConfigArrays, dev: DeviceModel, w: Workload,
-                fly: F, waiting: F, recv: F, tail: F, counts_bytes: bool = True) -> RankMemory:
+                held_by: Transients, counts_bytes: bool = True) -> RankMemory:
     """Peak memory parts of R pipeline ranks, rank ``i`` holding ``counts[i]`` of each unit (R, K),
-    with ``fly`` micro-batches in flight (:func:`costmodel.pipeline.in_flight`), ``waiting`` awaiting
-    weight gradients (:func:`costmodel.pipeline.weights_pending`) and ``recv`` bytes of receive
-    buffers (:func:`recv_bytes`), each (n, R); every part (n, O, R). The larger of two moments of
-    the step:
+    beside ``held_by``'s micro-batches and buffers (:class:`Transients`); every part (n, O, R). The
+    larger of two moments of the step:
 
     * start of backward, the activations in flight all saved: states (gradients only if
       :func:`grads_held`) + activations (with zero bubble, the output gradients that micro-batches
@@ -263,8 +276,9 @@ def rank_memory(units: StackedRows, counts: F, layout: Layout, cfg: ConfigArrays
     ``counts_bytes`` adds the exact byte counts of parameters, gradients and optimizer states.
     """
     c, p = dev.c, layout.p
-    m = w.global_batch / (cfg.dp * cfg.micro_batch)
+    m = cfg.num_microbatches(w.global_batch)
     held = counts > 0  # (R, K)
+    fly, waiting, tail = held_by.fly, held_by.waiting, held_by.tail
 
     def total(attr: str) -> F:
         return units.mix(attr, counts)
@@ -277,7 +291,7 @@ def rank_memory(units: StackedRows, counts: F, layout: Layout, cfg: ConfigArrays
         return out.transpose(1, 2, 0)
 
     bucket = bucket_bytes(c, cfg.dp)[:, None, None]
-    recv = recv[:, None, :]
+    recv = held_by.recv[:, None, :]
     acts = total("activations") * fly[:, None, :] + total("pending") * waiting[:, None, :]
     h = layout.head
     loss = units("activations")[..., h, None] * w.loss_buffer * held[:, h] if h is not None else 0.0

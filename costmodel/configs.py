@@ -7,16 +7,27 @@ one configuration (``ConfigArrays.of_strategy``). Configurations are
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
 
-from vocab.strategy import MeshConfig, Strategy
+from vocab.strategy import DEGREES, MeshConfig, MeshFacts, Strategy, num_microbatches
 
 F = np.ndarray
+#: the numeric columns of :class:`ConfigArrays`, as named by :class:`MeshConfig`: the mesh
+#: degrees, then the micro-batch size and the virtual stages per rank
+NUMBERS = (*DEGREES, "micro_batch", "vpp")
+#: the boolean columns of :class:`ConfigArrays`, each what a :class:`MeshConfig` says
+MODES: dict[str, Callable[[MeshConfig], bool]] = {
+    "sequence_parallel": lambda c: c.sequence_parallel,
+    "tsp": lambda c: c.tp_mode == "tsp",
+    "ulysses": lambda c: c.cp_mode == "ulysses",
+    "alltoall": lambda c: c.cp_rotate == "alltoall",  # the ring passes K/V point to point, step by step
+}
 
 
 @dataclass(frozen=True)
@@ -29,8 +40,10 @@ class AxisGroup:
 
 
 @dataclass
-class ConfigArrays:
-    """Configuration arrays (length C); degrees as floats, modes as booleans."""
+class ConfigArrays(MeshFacts):
+    """Configuration arrays (length C): the columns :data:`NUMBERS` as floats, the schedule names,
+    the columns :data:`MODES` as booleans; the mesh facts (:class:`vocab.strategy.MeshFacts`) as
+    arrays."""
 
     pp: F
     dp_replicate: F
@@ -48,15 +61,13 @@ class ConfigArrays:
 
     @classmethod
     def of(cls, configs: Sequence[MeshConfig]) -> ConfigArrays:
-        degrees = np.array([(c.pp, c.dp_replicate, c.dp_shard, c.cp, c.tp, c.ep, c.micro_batch, c.vpp)
-                            for c in configs], dtype=float).reshape(-1, 8).T
-        modes = np.array([(c.sequence_parallel, c.tp_mode == "tsp", c.cp_mode == "ulysses",
-                           c.cp_rotate == "alltoall") for c in configs], dtype=bool).reshape(-1, 4).T
+        numbers = attrgetter(*NUMBERS)
+        values = np.array([numbers(c) for c in configs], dtype=float).reshape(-1, len(NUMBERS)).T
+        modes = np.array([tuple(f(c) for f in MODES.values()) for c in configs], dtype=bool).reshape(-1, len(MODES)).T
         schedule = np.empty(len(configs), dtype=object)
         schedule[:] = [c.schedule for c in configs]
-        pp, dpr, dps, cp, tp, ep, mb, vpp = (np.ascontiguousarray(d) for d in degrees)
-        sp, tsp, uly, a2a = (np.ascontiguousarray(m) for m in modes)
-        return cls(pp, dpr, dps, cp, tp, ep, mb, vpp, schedule, sp, tsp, uly, a2a)
+        return cls(**dict(zip(NUMBERS, map(np.ascontiguousarray, values), strict=True)), schedule=schedule,
+                   **dict(zip(MODES, map(np.ascontiguousarray, modes), strict=True)))
 
     @classmethod
     def of_strategy(cls, s: Strategy) -> ConfigArrays:
@@ -67,13 +78,9 @@ class ConfigArrays:
     def size(self) -> int:
         return len(self.tp)
 
-    @property
-    def dp(self) -> F:
-        return self.dp_replicate * self.dp_shard
-
     def num_microbatches(self, global_batch: int) -> F:
-        """Micro-batches per step (:meth:`Strategy.num_microbatches`)."""
-        return global_batch // (self.dp * self.micro_batch)
+        """Micro-batches per step (:func:`vocab.strategy.num_microbatches`)."""
+        return num_microbatches(global_batch, self.dp, self.micro_batch)
 
     # ---- communication groups (global rank order: pp, dp_replicate, dp_shard, cp, tp) ----------
     @property
@@ -87,12 +94,12 @@ class ConfigArrays:
     @property
     def shard_group(self) -> AxisGroup:
         """dp_shard x cp: the group ZeRO/FSDP shards dense states over."""
-        return AxisGroup(self.dp_shard * self.cp, self.tp)
+        return AxisGroup(self.shard, self.tp)
 
     @property
     def expert_shard_group(self) -> AxisGroup:
         """The shard group over ep: what expert states are sharded over."""
-        return AxisGroup(self.dp_shard * self.cp // self.ep, self.tp * self.ep)
+        return AxisGroup(self.expert_shard, self.tp * self.ep)
 
     @property
     def ep_group(self) -> AxisGroup:
@@ -100,11 +107,11 @@ class ConfigArrays:
 
     @property
     def replicate_group(self) -> AxisGroup:
-        return AxisGroup(self.dp_replicate, self.tp * self.cp * self.dp_shard)
+        return AxisGroup(self.dp_replicate, self.tp * self.shard)
 
     @property
     def pp_group(self) -> AxisGroup:
-        return AxisGroup(self.pp, self.tp * self.cp * self.dp_shard * self.dp_replicate)
+        return AxisGroup(self.pp, self.tp * self.dp_all)
 
     def rows(self, idx: np.ndarray) -> ConfigArrays:
         """The configurations at ``idx``."""

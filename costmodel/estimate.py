@@ -17,6 +17,7 @@ from costmodel.configs import ConfigArrays
 from costmodel.constants import CostConstants
 from costmodel.device import DeviceModel
 from costmodel.node_costs import is_tied_head
+from costmodel.pipeline import with_ends
 from costmodel.report import GIB, Report, StageMemory, TimeBreakdown
 from costmodel.state_groups import state_bytes
 from costmodel.unit_classes import class_id, class_ids, unit_class_key, unit_names
@@ -24,6 +25,7 @@ from costmodel.units import UnitCost, UnitOption, price_unit
 from profiler.graph import LayerGraph, LayerNode
 from profiler.hardware import Cluster
 from vocab.errors import ShardplanError
+from vocab.rules import ModelShape, Subject, require
 from vocab.strategy import LayerStrategy, MeshConfig, Strategy, Workload
 
 if TYPE_CHECKING:
@@ -31,49 +33,21 @@ if TYPE_CHECKING:
 
 
 def check(graph: LayerGraph, cluster: Cluster, s: Strategy, w: Workload) -> int:
-    """Raise :class:`ShardplanError` naming the first constraint ``s`` breaks; return micro-batches."""
-    m, cfg = s.mesh, graph.config
-    if m.world_size != cluster.world_size:
-        raise ShardplanError(
-            f"mesh pp*dp_replicate*dp_shard*cp*tp = {m.pp}*{m.dp_replicate}*{m.dp_shard}*{m.cp}*{m.tp} = "
-            f"{m.world_size} does not match the cluster's {cluster.world_size} GPUs"
-        )
-    heads, kv = int(cfg.get("heads", 0) or 0), int(cfg.get("kv_heads", 0) or 0)
-    if heads and heads % m.tp:
-        raise ShardplanError(f"tp={m.tp} does not divide the {heads} attention heads")
-    if kv and kv % m.tp and m.tp % kv:
-        raise ShardplanError(f"tp={m.tp} and the {kv} KV heads: one must divide the other")
-    experts = int(cfg.get("experts", 0) or 0)
-    if m.ep > 1 and not experts:
-        raise ShardplanError(f"ep={m.ep} needs a mixture-of-experts model; {graph.model_id} has no experts")
-    if experts and experts % m.ep:
-        raise ShardplanError(f"ep={m.ep} does not divide the {experts} experts")
-    blocks = graph.num_blocks
-    if m.pp * s.vpp > max(blocks, 1):
-        raise ShardplanError(f"pp*vpp = {m.pp}*{s.vpp} = {m.pp * s.vpp} stages for only {blocks} layers")
-    if s.stage_layers is not None and sum(s.stage_layers) != blocks:
-        raise ShardplanError(f"stage_layers sum to {sum(s.stage_layers)}, the model has {blocks} layers")
-    if m.cp > 1:
-        if w.seq_len % (2 * m.cp):
-            raise ShardplanError(f"cp={m.cp}: seq_len {w.seq_len} must be divisible by 2*cp for load-balanced attention")
-        if s.cp_mode == "ulysses" and heads % (m.tp * m.cp):
-            raise ShardplanError(f"Ulysses cp={m.cp} with tp={m.tp} needs heads ({heads}) divisible by tp*cp")
-    if s.tp_mode == "tsp" and s.sequence_parallel:
-        raise ShardplanError("tp_mode 'tsp' already shards the sequence; drop sequence_parallel")
-    per_step = m.dp * s.micro_batch
-    if w.global_batch % per_step:
-        raise ShardplanError(
-            f"global batch {w.global_batch} is not divisible by dp*micro_batch = {m.dp}*{s.micro_batch} = {per_step}"
-        )
-    n_mb = w.global_batch // per_step
-    if s.schedule == "interleaved" and n_mb % m.pp:
-        raise ShardplanError(f"interleaved schedule: {n_mb} micro-batch{'es' if n_mb != 1 else ''} must be a multiple "
-                             f"of pp={m.pp}")
+    """Raise :class:`ShardplanError` naming the first constraint ``s`` breaks (:data:`vocab.rules.RULES`),
+    or that ``graph`` and ``w`` disagree on the sequence length; return micro-batches."""
+    if graph.seq_len != w.seq_len:
+        raise ShardplanError(f"the layer graph of {graph.model_id} is built for seq_len {graph.seq_len}, the workload "
+                             f"trains seq_len {w.seq_len}: build the graph at the workload's sequence length")
+    require(Subject(s, model_shape(graph), w.seq_len, w.global_batch, cluster.world_size))
+    return s.num_microbatches(w.global_batch)
+
+
+def model_shape(graph: LayerGraph) -> ModelShape:
+    """What the validity rules read of a layer graph."""
+    cfg = graph.config
     names = {n.name for n in graph.nodes} | {u for u, _ in graph.blocks()}
-    unknown = [ls.unit for ls in s.layers if ls.unit not in names]
-    if unknown:
-        raise ShardplanError(f"layer strategies name units the model does not have: {unknown[:5]}")
-    return n_mb
+    return ModelShape(graph.model_id, *(int(cfg.get(k, 0) or 0) for k in ("heads", "kv_heads", "ffn_hidden", "experts")),
+                      graph.num_blocks, names.__contains__)
 
 
 def rank_sends(p: int, v: int = 1) -> list[int]:
@@ -88,10 +62,7 @@ def stage_units(graph: LayerGraph, s: Strategy) -> list[list[tuple[str, list[Lay
     blocks = [u for u in units if u[0].startswith("layers.")]
     pre = [u for u in units if u[0] == "embedding"]
     post = [u for u in units if u[0] == "head"]
-    out = [[blocks[i] for i in held] for held in s.stage_blocks(len(blocks))]
-    out[0] = pre + out[0]
-    out[-1] = out[-1] + post
-    return out
+    return with_ends([[blocks[i] for i in held] for held in s.stage_blocks(len(blocks))], pre, post)
 
 
 #: units priced on a device model, by (unit class, choices, configuration, workload): plans priced

@@ -14,14 +14,20 @@ On a host whose ranks time-share fewer cores than they would use (CPU clusters; 
 model's ``share`` < 1 scales every stage time by ``1/share``), a rank idle in the bubble leaves
 its cores to the others, and the ranks still busy run faster: see :func:`time_shared`. With
 ``share`` = 1 (GPUs) that is the formula above.
+
+Each schedule is one :class:`Schedule` of :data:`SCHEDULES` (its step, ramp, in-flight and pending
+micro-batches); the cost model and the solvers read the schedules only through this module.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
 
 import numpy as np
+
+T = TypeVar("T")
 
 
 def time_shared(pipe: Any, m: Any, sum_t: Any, p: Any, share: float, ramp: Any) -> Any:
@@ -66,26 +72,125 @@ def ramp_stretch(m: Any, p: Any, share: float) -> tuple[Any, Any]:
     return k, j + (k * (k - 1) - j * (j + 1)) / (2 * c)
 
 
+@dataclass(frozen=True)
+class Schedule:
+    """One pipeline schedule: everything the cost model and the solvers read of it, for ``p > 1``
+    ranks, each function taking scalars or numpy arrays.
+
+    * ``step(m, p, v, worst, sum_t, fill)``: the pipeline part of a step at full speed, from the
+      slowest rank's micro-batch time ``worst``, the ranks' sum ``Σ T`` and the zero-bubble fill
+      ``fill`` (the largest ``F + B - W``, read clipped at 0); linear in (``worst``, ``sum_t``,
+      ``fill >= 0``), which the solvers' linear programs read as coefficients (:func:`step_terms`);
+    * ``ramp(p, v, worst, sum_t, fill)``: one step of its fill and drain (:func:`time_shared`),
+      linear in the same;
+    * ``in_flight(stage, p, m, v)``: micro-batches whose activations rank ``stage`` holds at its
+      peak (:func:`in_flight`);
+    * ``pending(stage, p, m, v)``: micro-batches whose weight gradients wait on rank ``stage``
+      (:func:`weights_pending`).
+    """
+
+    step: Callable[..., Any]
+    ramp: Callable[..., Any]
+    in_flight: Callable[..., Any]
+    pending: Callable[..., Any]
+
+
+def _none_pending(stage: Any, p: Any, m: Any, v: Any) -> Any:
+    """No weight gradient waits: they are computed with the input gradients."""
+    return 0.0 * m
+
+
+#: GPipe's and 1F1B's step: the fill and drain pass through every stage once
+_FILL_DRAIN = Schedule(
+    step=lambda m, p, v, worst, sum_t, fill: (m - 1) * worst + sum_t,
+    ramp=lambda p, v, worst, sum_t, fill: sum_t / p,
+    in_flight=lambda stage, p, m, v: np.minimum(m, p - stage + 0.0),
+    pending=_none_pending)
+
+#: the schedules by name (:data:`vocab.strategy.SCHEDULES`); an unknown name reads as 1F1B
+SCHEDULES: dict[str, Schedule] = {
+    "gpipe": replace(_FILL_DRAIN, in_flight=lambda stage, p, m, v: m),
+    "1f1b": _FILL_DRAIN,
+    "interleaved": Schedule(
+        step=lambda m, p, v, worst, sum_t, fill: m * worst + (p - 1) * worst / v,
+        ramp=lambda p, v, worst, sum_t, fill: worst / v,
+        in_flight=lambda stage, p, m, v: np.minimum(m, (p - stage) + (p - 1) / v),
+        pending=_none_pending),
+    "zb": Schedule(
+        step=lambda m, p, v, worst, sum_t, fill: m * worst + (p - 1) * np.maximum(fill, 0.0),
+        ramp=lambda p, v, worst, sum_t, fill: np.maximum(fill, 0.0),
+        in_flight=lambda stage, p, m, v: np.minimum(m, float(p)),
+        pending=lambda stage, p, m, v: np.minimum(m * v, stage + 1.0) / v),
+}
+DEFAULT_SCHEDULE = "1f1b"
+
+
+def by_schedule(schedule: Any, value: Callable[[Schedule], Any]) -> Any:
+    """``value`` of the schedule named ``schedule`` (a float where that is a scalar), or, for an
+    array of names over configurations, of each one's schedule."""
+    if isinstance(schedule, str):
+        out = np.asarray(value(SCHEDULES.get(schedule, SCHEDULES[DEFAULT_SCHEDULE])))
+    else:
+        sched = np.asarray(schedule)
+        names = list(SCHEDULES)
+        values = [value(SCHEDULES[name]) for name in names]
+        out = np.select([sched == name for name in names], values, values[names.index(DEFAULT_SCHEDULE)])
+    return float(out) if out.ndim == 0 else out
+
+
+def pipeline_step(schedule: Any, m: Any, p: Any, v: Any, worst: Any, sum_t: Any, fill: Any) -> Any:
+    """The pipeline part of a step at full speed (:attr:`Schedule.step`); ``m·worst`` without a
+    pipeline (``p`` = 1). Scalars or arrays over configurations."""
+    out = by_schedule(schedule, lambda s: s.step(m, p, v, worst, sum_t, fill))
+    if np.ndim(p) == 0:
+        return m * worst if p == 1 else out
+    return np.where(np.asarray(p) == 1, m * worst, out)
+
+
 def ramp_step(schedule: Any, sum_t: Any, worst: Any, fill: Any, p: Any, v: Any) -> Any:
-    """One step of a schedule's fill and drain (``ramp`` of :func:`time_shared`), per schedule:
-    ``Σ T / p`` (GPipe, 1F1B), ``max T / v`` (interleaved), the zero-bubble fill (at least 0)."""
-    per_rank = np.asarray(sum_t) / p
-    return _select_schedule(schedule, per_rank, np.asarray(worst) / v, np.maximum(fill, 0.0), per_rank)
+    """One step of a schedule's fill and drain (``ramp`` of :func:`time_shared`,
+    :attr:`Schedule.ramp`): ``Σ T / p`` (GPipe, 1F1B), ``max T / v`` (interleaved), the zero-bubble
+    fill (at least 0)."""
+    return by_schedule(schedule, lambda s: s.ramp(p, v, worst, sum_t, fill))
+
+
+#: (slowest rank's T, Σ T, fill) at which a linear formula reads each coefficient
+_UNITS = ((1.0, 0.0, 0.0), (0.0, 1.0, 0.0), (0.0, 0.0, 1.0))
+
+
+def step_terms(schedule: Any, m: Any, p: Any, v: Any) -> tuple[Any, Any, Any]:
+    """:func:`pipeline_step` as coefficients of (the slowest rank's ``T``, ``Σ T``, the zero-bubble
+    fill ``>= 0``): the formula read at unit values (it is linear in them)."""
+    a, b, c = (pipeline_step(schedule, m, p, v, *unit) for unit in _UNITS)
+    return a, b, c
+
+
+def ramp_terms(schedule: Any, p: Any, v: Any) -> tuple[Any, Any, Any]:
+    """:func:`ramp_step` as coefficients of (the slowest rank's ``T``, ``Σ T``, the fill ``>= 0``)."""
+    a, b, c = (ramp_step(schedule, s, w, f, p, v) for w, s, f in _UNITS)
+    return a, b, c
+
+
+def balanced_coef(schedule: Any, m: Any, p: Any, v: Any) -> Any:
+    """The pipeline part per second of ``Σ T`` when every rank takes ``Σ T / p`` and nothing
+    fills the zero bubble: ``m`` without a pipeline, ``(m-1)/p + 1`` for GPipe and 1F1B,
+    ``(m + (p-1)/v) / p`` interleaved, ``m / p`` zero bubble."""
+    a_worst, a_sum, _ = step_terms(schedule, m, p, v)
+    return a_worst / p + a_sum
+
+
+def with_ends(stages: Sequence[Sequence[T]], first: Sequence[T], last: Sequence[T]) -> list[list[T]]:
+    """The units of each pipeline stage, ``stages`` holding its blocks: the embedding (``first``,
+    the units before the blocks) rides on the first stage, the head (``last``) on the last."""
+    out = [list(s) for s in stages]
+    out[0] = list(first) + out[0]
+    out[-1] = out[-1] + list(last)
+    return out
 
 
 def _number(x: Any) -> Any:
     """A float, or a float array."""
     return x.astype(float) if isinstance(x, np.ndarray) else float(x)
-
-
-def _select_schedule(schedule: Any, gpipe: Any, interleaved: Any, zb: Any, other: Any) -> Any:
-    """Per schedule (a name, or an array of names over configurations) the matching value."""
-    if isinstance(schedule, str):  # one schedule: its branch
-        out = np.asarray({"gpipe": gpipe, "interleaved": interleaved, "zb": zb}.get(schedule, other))
-    else:
-        sched = np.asarray(schedule)
-        out = np.select([sched == "gpipe", sched == "interleaved", sched == "zb"], [gpipe, interleaved, zb], other)
-    return float(out) if out.ndim == 0 else out
 
 
 def schedule_time(schedule: Any, stage_fb: Any, m: Any, p: int, v: int, stage_f: Any, stage_w: Any,
@@ -105,8 +210,7 @@ def schedule_time(schedule: Any, stage_fb: Any, m: Any, p: int, v: int, stage_f:
     sum_t = (t * mult).sum(axis=-1)
     f, wgt = np.asarray(stage_f, dtype=float), np.asarray(stage_w, dtype=float)
     fill = (f + (t - f - wgt) - wgt).max(axis=-1)  # ZB-H1: the bubble is (p-1)·(F + B - W)
-    total = _select_schedule(schedule, (m - 1) * worst + sum_t, busy + (p - 1) * worst / v,
-                             busy + (p - 1) * np.maximum(fill, 0.0), (m - 1) * worst + sum_t)
+    total = pipeline_step(schedule, m, p, v, worst, sum_t, fill)
     total = time_shared(total, m, sum_t, p, share, ramp_step(schedule, sum_t, worst, fill, p, v))
     return total, np.maximum(0.0, total - busy)
 
@@ -118,7 +222,7 @@ def pipeline_time(
     """(step time of the pipeline part, bubble time) of one configuration for ``m`` micro-batches
     (``share``: see :func:`time_shared`); without ``stage_f``/``stage_w`` a third of each stage's
     time each."""
-    if schedule not in ("gpipe", "1f1b", "interleaved", "zb"):
+    if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule '{schedule}'")
     t = np.asarray(stage_fb, dtype=float)
     f = t / 3 if stage_f is None else stage_f
@@ -143,8 +247,7 @@ def in_flight(schedule: Any, stage: Any, p: int, m: Any, v: int = 1) -> Any:
     m = _number(m)
     if p == 1:
         return m * 0.0 + 1.0
-    return _select_schedule(schedule, m, np.minimum(m, (p - stage) + (p - 1) / v), np.minimum(m, float(p)),
-                            np.minimum(m, p - stage + 0.0))
+    return by_schedule(schedule, lambda s: s.in_flight(stage, p, m, v))
 
 
 def weights_pending(schedule: Any, stage: Any, p: int, m: Any, v: int = 1) -> Any:
@@ -156,8 +259,7 @@ def weights_pending(schedule: Any, stage: Any, p: int, m: Any, v: int = 1) -> An
     m = _number(m)
     if p == 1:
         return m * 0.0
-    zb = np.minimum(m * v, stage + 1.0) / v
-    return _select_schedule(schedule, 0.0 * m, 0.0 * m, zb, 0.0 * m)
+    return by_schedule(schedule, lambda s: s.pending(stage, p, m, v))
 
 
 def recv_buffers(schedule: Any, stage: Any, p: int, m: Any, v: int = 1, kind: str = "per_micro_batch"

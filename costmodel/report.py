@@ -3,14 +3,54 @@
 Keys are stable for scripts: ``step_time_s``, ``tokens_per_s_per_gpu``, ``mfu``, ``hfu``,
 ``memory_peak_gib`` (worst rank), ``time`` (breakdown, seconds per step) and ``stages``
 (per pipeline stage memory breakdown in GiB and per-rank state bytes).
+
+The plan vocabulary owns the report's shape: ``to_dict`` writes the keys of
+:data:`vocab.plan.REPORT_KEYS`, :class:`vocab.plan.PredictedTime` and
+:class:`vocab.plan.PredictedStage`, in their order, each read off the attribute of its name or,
+without a unit suffix, of the name less it (``_s``: seconds as they are; ``_gib``: bytes in GiB).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
+from vocab.plan import REPORT_KEYS, PredictedStage, PredictedTime
+
 GIB = 1024**3
+#: report keys written only when states are offloaded to host memory
+HOST_KEYS = ("host_per_node_gib", "host_limit_per_node_gib")
+
+
+def attribute_of(obj: object, key: str) -> str:
+    """The attribute of ``obj`` that report key ``key`` reads: ``key`` itself, else ``key`` less its
+    unit suffix (``_s`` or ``_gib``)."""
+    if hasattr(obj, key):
+        return key
+    for suffix in ("_s", "_gib"):
+        if key.endswith(suffix) and hasattr(obj, key.removesuffix(suffix)):
+            return key.removesuffix(suffix)
+    raise AttributeError(f"{type(obj).__name__} has no value for report key '{key}'")
+
+
+def _value(obj: object, key: str) -> Any:
+    """The value under report key ``key``: GiB from bytes, nested parts as their dicts, copies of
+    lists and mappings."""
+    name = attribute_of(obj, key)
+    v = getattr(obj, name)
+    if name != key and key.endswith("_gib"):
+        return v / GIB
+    if isinstance(v, TimeBreakdown | StageMemory):
+        return v.to_dict()
+    if isinstance(v, list):
+        return [x.to_dict() if isinstance(x, StageMemory) else x for x in v]
+    return dict(v) if isinstance(v, dict) else v
+
+
+def report_dict(obj: object, keys: Iterable[str]) -> dict[str, Any]:
+    """``obj``'s values under the report keys ``keys`` (lists and mappings copied)."""
+    return {k: _value(obj, k) for k in keys}
 
 
 @dataclass
@@ -33,6 +73,9 @@ class TimeBreakdown:
     @property
     def total(self) -> float:
         return self.compute + self.recompute + sum(self.comm.values()) + self.bubble + self.optimizer + self.offload
+
+    def to_dict(self) -> dict[str, Any]:
+        return report_dict(self, PredictedTime.model_fields)
 
 
 @dataclass
@@ -62,11 +105,7 @@ class StageMemory:
         return self.params + self.grads + self.optimizer + self.activations + self.buffers + self.overhead
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        for k in ("params", "grads", "optimizer", "activations", "buffers", "overhead"):
-            d[f"{k}_gib"] = d.pop(k) / GIB
-        d["total_gib"] = self.total / GIB
-        return d
+        return report_dict(self, PredictedStage.model_fields)
 
 
 @dataclass
@@ -88,23 +127,5 @@ class Report:
     host_limit_per_node_gib: float = 0.0  # what they may use there; 0 = not recorded, not bounded
 
     def to_dict(self) -> dict[str, Any]:
-        t = self.time
-        return {
-            "step_time_s": self.step_time_s,
-            "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
-            "mfu": self.mfu,
-            "hfu": self.hfu,
-            "memory_peak_gib": self.memory_peak_gib,
-            "memory_limit_gib": self.memory_limit_gib,
-            "fits": self.fits,
-            "num_microbatches": self.num_microbatches,
-            "model_flops_per_step": self.model_flops_per_step,
-            "hardware_flops_per_step": self.hardware_flops_per_step,
-            "time": {"compute_s": t.compute, "recompute_s": t.recompute,
-                     "comm_s": dict(t.comm), "bubble_s": t.bubble, "optimizer_s": t.optimizer,
-                     "offload_s": t.offload},
-            "stages": [s.to_dict() for s in self.stages],
-            "notes": list(self.notes),
-            **({"host_per_node_gib": self.host_per_node_gib, "host_limit_per_node_gib": self.host_limit_per_node_gib}
-               if self.host_per_node_gib else {}),
-        }
+        keys = REPORT_KEYS if self.host_per_node_gib else [k for k in REPORT_KEYS if k not in HOST_KEYS]
+        return report_dict(self, keys)

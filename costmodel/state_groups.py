@@ -138,44 +138,98 @@ class _Memo:
         return self.memo[key]
 
 
+@dataclass
+class _Sharded:
+    """A parameter group under one sharding over a data-parallel group of ``d`` ranks, per
+    configuration: its ZeRO level (0 where there is nothing to shard over), what each state is
+    divided by, whether the sharded parameter is the fp32 master (FSDP under ``zero3_master =
+    parameter``) and the bytes per parameter of the compute copy, gradient and optimizer
+    (``pbs``/``obs``: as sharded, the master moved from the optimizer to the parameter)."""
+
+    params_i: F
+    params: F
+    d: Any
+    level: F
+    keep: bool
+    p_div: F
+    g_div: F
+    o_div: F
+    master: F
+    pb: int
+    gb: int
+    pbs: F
+    obs: F
+
+    @classmethod
+    def of(cls, sg: StateGroup, sharding: str, d: Any, w: Workload) -> _Sharded:
+        pb, gb, ob = state_bytes(w)
+        level = np.where(d > 1, SHARDING_LEVEL[sharding], 0)  # nothing to shard over: plain replicas
+        p_div, g_div, o_div = (np.where(level >= k, d, 1.0) for k in (3, 2, 1))
+        # FSDP's sharded parameter is the fp32 master (4 bytes, the optimizer keeps the moments): a
+        # 16-bit copy exists only gathered; DeepSpeed shards a 16-bit copy beside the optimizer's master
+        master = (level == 3) & (w.zero3_master == "parameter") & (w.precision != "fp32")
+        pbs = np.where(master, MASTER_BYTES, pb).astype(np.int64)
+        obs = np.where(master, ob - MASTER_BYTES, ob).astype(np.int64)
+        return cls(sg.params, sg.params.astype(float), d, level, sharding == "zero3_keep", p_div, g_div, o_div,
+                   master, pb, gb, pbs, obs)
+
+
 def _data_parallel(sg: StateGroup, sharding: str, offload: str, grp: AxisGroup, dev: DeviceModel,
                    cfg: ConfigArrays, w: Workload, fwd: F, bwd: F, once: _Memo) -> dict[str, F]:
     """Model states, ZeRO/FSDP collectives and the optimizer step of one group of parameters."""
-    c = dev.c
-    pb, gb, ob = state_bytes(w)
-    params_i, d = sg.params, grp.size
-    params = params_i.astype(float)
-    level = np.where(d > 1, SHARDING_LEVEL[sharding], 0)  # nothing to shard over: plain replicas
-    keep = sharding == "zero3_keep"
-    p_div, g_div, o_div = (np.where(level >= k, d, 1.0) for k in (3, 2, 1))
+    g = _Sharded.of(sg, sharding, grp.size, w)
+    out = _states(g, offload)
+    n_mb = cfg.num_microbatches(w.global_batch)
+    out["accumulate"] = accumulate_time(dev, out["state_grads"], n_mb)
+    out.update(_host_step(g, offload, dev, w, n_mb))
+    comm, step = _collectives(g, sg, grp, dev, cfg, fwd, bwd, once)
+    out["comm_dp"] = comm
+    piece = np.where(sg.pieces > 1, np.minimum(sg.biggest_piece, g.params), g.params)
+    gathered = np.where(g.level == 3, g.gb * piece + (0.0 if g.keep else 2 * g.pb * piece), 0.0)
+    if g.keep:  # stays gathered between forward and backward
+        # the gathered 16-bit copy beside the shard: the shard is part of it, unless it is the fp32 master
+        full = g.params * g.pb
+        out["state_params"] = out["state_params"] + np.where(
+            g.level == 3, full - np.where(g.master, 0.0, g.params * g.pb / g.p_div), 0.0)
+    held = grads_held(cfg.pp, n_mb)
+    gathered = gathered + np.where((g.level <= 1) & held, g.gb * sg.largest, 0.0)  # a new gradient beside the held
+    out["step_comm"] = step
+    out["gathered"] = gathered
+    has = g.params_i > 0
+    return {k: np.where(has, v, 0) if k.endswith("_bytes") else np.where(has, v, 0.0) for k, v in out.items()}
+
+
+def _states(g: _Sharded, offload: str) -> dict[str, Any]:
+    """The group's state bytes per rank (exact counts, and as priced: nothing on the device where
+    it is offloaded)."""
+    params_i, params = g.params_i, g.params
     on_host = offload in ("optimizer", "params")
-    # FSDP's sharded parameter is the fp32 master (4 bytes, the optimizer keeps the moments): a
-    # 16-bit copy exists only gathered; DeepSpeed shards a 16-bit copy beside the optimizer's master
-    master = (level == 3) & (w.zero3_master == "parameter") & (w.precision != "fp32")
-    pbs = np.where(master, MASTER_BYTES, pb).astype(np.int64)
-    obs = np.where(master, ob - MASTER_BYTES, ob).astype(np.int64)
     out: dict[str, Any] = {
-        "param_bytes": params_i * pbs // p_div.astype(np.int64),
-        "grad_bytes": params_i * gb // g_div.astype(np.int64),
-        "optim_bytes": params_i * obs // o_div.astype(np.int64),
-        "state_params": 0.0 * params if offload == "params" else params * pbs / p_div,
+        "param_bytes": params_i * g.pbs // g.p_div.astype(np.int64),
+        "grad_bytes": params_i * g.gb // g.g_div.astype(np.int64),
+        "optim_bytes": params_i * g.obs // g.o_div.astype(np.int64),
+        "state_params": 0.0 * params if offload == "params" else params * g.pbs / g.p_div,
     }
     # ZeRO-Offload / FSDP2's CPU offload: reduced gradient shards stream to the host optimizer
-    grads_on_device = np.where(on_host & (g_div > 1), 0.0, params * gb / g_div)
-    out["state_grads"] = grads_on_device
-    out["state_optim"] = 0.0 * params if on_host else params * obs / o_div
-    n_mb = cfg.num_microbatches(w.global_batch)
-    out["accumulate"] = accumulate_time(dev, grads_on_device, n_mb)
-    local_opt = params / o_div
+    out["state_grads"] = np.where(on_host & (g.g_div > 1), 0.0, params * g.gb / g.g_div)
+    out["state_optim"] = 0.0 * params if on_host else params * g.obs / g.o_div
+    return out
+
+
+def _host_step(g: _Sharded, offload: str, dev: DeviceModel, w: Workload, n_mb: F) -> dict[str, Any]:
+    """The group's host memory, host transfers and optimizer step."""
+    c, params, params_i = dev.c, g.params, g.params_i
+    on_host = offload in ("optimizer", "params")
+    local_opt = params / g.o_div
     # what stays in host memory: the host optimizer's fp32 master, moments and gradient, and under
     # parameter offload a 16-bit parameter shard beside it unless the shard is the master (FSDP2)
-    host = params_i * HOST_ADAM_STATE_BYTES // o_div.astype(np.int64) if on_host else 0 * params_i
+    host = params_i * HOST_ADAM_STATE_BYTES // g.o_div.astype(np.int64) if on_host else 0 * params_i
     if offload == "params" and w.precision != "fp32":
-        host = host + np.where(master, 0, params_i * pbs // p_div.astype(np.int64))
-    out["host_bytes"] = host
+        host = host + np.where(g.master, 0, params_i * g.pbs // g.p_div.astype(np.int64))
+    out: dict[str, Any] = {"host_bytes": host}
     if offload == "params":  # FSDP2's CPU offload: every gather copies the shard up, every backward sends its gradient down
         # the shard that moves is the one kept: FSDP's fp32 master under ``zero3_master = parameter``
-        per_mb = params / p_div * pbs * (1 if keep else 2) + params / g_div * GRAD_REDUCE_BYTES
+        per_mb = params / g.p_div * g.pbs * (1 if g.keep else 2) + params / g.g_div * GRAD_REDUCE_BYTES
         out["offload"] = each_distinct(dev.host_time, per_mb) * n_mb * (1 - c.dp_overlap)
         out["optim"] = local_opt * HOST_ADAM_STATE_BYTES / c.host_adam_bytes_per_s
     elif on_host:  # ZeRO-Offload: Adam on the host; the accumulated gradients down, parameters up, once a step
@@ -184,13 +238,22 @@ def _data_parallel(sg: StateGroup, sharding: str, offload: str, grp: AxisGroup, 
     else:
         out["offload"] = 0.0 * params
         out["optim"] = each_distinct(lambda x: dev.memory_time(x, "optimizer"), local_opt * ADAM_BYTES_PER_PARAM)
-    full, grads = params * pb, params * GRAD_REDUCE_BYTES  # gathered in the compute dtype, reduced in fp32
+    return out
+
+
+def _collectives(g: _Sharded, sg: StateGroup, grp: AxisGroup, dev: DeviceModel, cfg: ConfigArrays, fwd: F, bwd: F,
+                 once: _Memo) -> tuple[F, F]:
+    """(seconds of the group's data-parallel collectives in each micro-batch, exposed; seconds of
+    those once a step): ZeRO-3's gathers and reduce-scatters, ZeRO-1/2's, the replicas'
+    all-reduce, and HSDP's all-reduce across replicas."""
+    c, params, level = dev.c, g.params, g.level
+    full, grads = params * g.pb, params * GRAD_REDUCE_BYTES  # gathered in the compute dtype, reduced in fp32
     k = sg.pieces
     z = 0.0 * params
     comm, step = z, z
     extra = extra_all_reduces(sg.big, sg.small, c.grad_coalesce_bytes)  # DDP's per-tensor collectives
     if (level == 3).any():  # ZeRO-3: gathered and reduce-scattered piece by piece, gathered once or twice
-        gathers = 1 if keep else 2
+        gathers = 1 if g.keep else 2
         ag = once("ag pieces", lambda: k * dev.collective_time("all_gather", full / k, grp))
         rs = once("rs pieces", lambda: k * dev.collective_time("reduce_scatter", grads / k, grp))
         z3 = c.exposed(ag * gathers + rs, c.fsdp_overlap * (fwd + bwd)) + fsdp_copies(dev, full, grads, gathers)
@@ -204,26 +267,14 @@ def _data_parallel(sg: StateGroup, sharding: str, offload: str, grp: AxisGroup, 
         ar = once("ar", lambda: dev.collective_time("all_reduce", grads, grp)
                   + extra * dev.collective_latency("all_reduce", grp))
         step = np.where(level == 0, ar, step)
-    out["comm_dp"] = comm
-    piece = np.where(k > 1, np.minimum(sg.biggest_piece, params), params)
-    gathered = np.where(level == 3, gb * piece + (0.0 if keep else 2 * pb * piece), 0.0)
-    if keep:  # stays gathered between forward and backward
-        # the gathered 16-bit copy beside the shard: the shard is part of it, unless it is the fp32 master
-        out["state_params"] = out["state_params"] + np.where(level == 3, full - np.where(master, 0.0, params * pb / p_div),
-                                                             0.0)
-    held = grads_held(cfg.pp, n_mb)
-    gathered = gathered + np.where((level <= 1) & held, gb * sg.largest, 0.0)  # a new gradient beside the held
     # HSDP: the (sharded) gradients all-reduced across replicas
     rep = cfg.replicate_group
     if (rep.size > 1).any():
-        rep_t = np.where(level > 0, once("hsdp sharded", lambda: dev.collective_time("all_reduce", grads / d, rep)),
+        rep_t = np.where(level > 0, once("hsdp sharded", lambda: dev.collective_time("all_reduce", grads / g.d, rep)),
                          once("hsdp whole", lambda: dev.collective_time("all_reduce", grads, rep)
                               + extra * dev.collective_latency("all_reduce", rep)))
         step = step + np.where(rep.size > 1, rep_t, 0.0)
-    out["step_comm"] = step
-    out["gathered"] = gathered
-    has = params_i > 0
-    return {k: np.where(has, v, 0) if k.endswith("_bytes") else np.where(has, v, 0.0) for k, v in out.items()}
+    return comm, step
 
 
 def each_distinct(fn: Any, x: F) -> F:

@@ -182,9 +182,10 @@ def price_unit(name: str, nodes: Sequence[LayerNode], dev: DeviceModel, cfg: Con
                                                     tp, 1.0) * a
                      for n, a in zip(nodes, aw, strict=True) if carries_weights(n) and n.kind != "loss"), z)
     first_acts = acts[0] if nodes[0].kind == "norm" else z
+    policy = selective(nodes, w.selective)
+    saved = _Saved(nodes, policy, acts, sel, first_acts, grads_out, hw, tdiv, scale, ew)
     tsp_buffers = _tsp_buffers(cfg, w, local, traffic.kv_bytes) if cfg.tsp.any() else None
 
-    policy = selective(nodes, w.selective)
     compute: dict[tuple, tuple[F, ...]] = {}
     held: dict[str, dict[str, F]] = {}  # what a recomputation mode keeps, whatever the splits
     by_rc: dict[tuple, dict[str, F]] = {}
@@ -198,8 +199,7 @@ def price_unit(name: str, nodes: Sequence[LayerNode], dev: DeviceModel, cfg: Con
             compute[splits] = _compute(nodes, dev, cfg, w, tdiv, splits, [k.recompute for k in policy])
         fwd, bwd, bwd_w, attn_fwd, attn_time, sel_fwd = compute[splits]
         if o.recompute not in held:
-            held[o.recompute] = _held(o.recompute, nodes, policy, acts, sel, first_acts, grads_out, hw, tdiv, cfg,
-                                      traffic, w, scale, ew)
+            held[o.recompute] = _held(o.recompute, saved, cfg, traffic, w)
         rk = (o.recompute, splits)
         if rk not in by_rc:
             full, part = o.recompute == "full", o.recompute == "selective"
@@ -256,22 +256,43 @@ def _compute(nodes: list[LayerNode], dev: DeviceModel, cfg: ConfigArrays, w: Wor
     return fwd, bwd, bwd_w, attn_fwd, attn_time, sel_fwd
 
 
-def _held(recompute: str, nodes: list[LayerNode], policy: list[Kept], acts: list[F], sel: list[F], first_acts: F,
-          grads_out: F, hw: F, tdiv: list[F], cfg: ConfigArrays, traffic: _Traffic, w: Workload, scale: F, ew: float
-          ) -> dict[str, F]:
+@dataclass
+class _Saved:
+    """What a unit's operators save for backward and compute, per configuration, whatever it
+    recomputes: the nodes with the selective policy's choice for each (``policy``), each operator's
+    saved bytes (``acts``) and the part of them selective recomputation drops (``sel``), the unit's
+    input when its first operator saves it (``first_acts``), the output gradients of its weight
+    GEMMs (``grads_out``), its hardware FLOPs (``hw``), each operator's tensor-parallel divisor
+    (``tdiv``), the micro-batch over ``cp`` (``scale``: each rank's share of the sequences) and bytes
+    per activation element (``ew``)."""
+
+    nodes: list[LayerNode]
+    policy: list[Kept]
+    acts: list[F]
+    sel: list[F]
+    first_acts: F
+    grads_out: F
+    hw: F
+    tdiv: list[F]
+    scale: F
+    ew: float
+
+
+def _held(recompute: str, u: _Saved, cfg: ConfigArrays, traffic: _Traffic, w: Workload) -> dict[str, F]:
     """What a unit keeps for backward under ``recompute`` (its activations, the transient its
     backward rematerialises, the output gradients a deferred weight pass holds) and its hardware
-    FLOPs (``hw`` and the forward FLOPs it recomputes)."""
+    FLOPs (``u.hw`` and the forward FLOPs it recomputes)."""
     z = np.zeros(cfg.size)
+    nodes, acts = u.nodes, u.acts
     full, part = recompute == "full", recompute == "selective"
-    frac = [1.0] * len(nodes) if full else [k.recompute for k in policy] if part else [0.0] * len(nodes)
-    flops = hw + sum((n.fwd_flops * scale / d * f for n, d, f in zip(nodes, tdiv, frac, strict=True)), z)
+    frac = [1.0] * len(nodes) if full else [k.recompute for k in u.policy] if part else [0.0] * len(nodes)
+    flops = u.hw + sum((n.fwd_flops * u.scale / d * f for n, d, f in zip(nodes, u.tdiv, frac, strict=True)), z)
     if full or (part and w.selective in OP_POLICIES):  # checkpointed: its input and what the policy keeps
-        kept = first_acts if full else _kept_outputs(nodes, policy, cfg, traffic, w, scale, ew, first_acts)
-        return {"activations": kept, "remat": sum(acts, z), "pending": grads_out, "hw_flops": flops}
-    kept_acts = [a - s for a, s in zip(acts, sel, strict=True)] if part else acts
+        kept = u.first_acts if full else _kept_outputs(nodes, u.policy, cfg, traffic, w, u.scale, u.ew, u.first_acts)
+        return {"activations": kept, "remat": sum(acts, z), "pending": u.grads_out, "hw_flops": flops}
+    kept_acts = [a - s for a, s in zip(acts, u.sel, strict=True)] if part else acts
     loss_held = sum((k for n, k in zip(nodes, kept_acts, strict=True) if n.kind == "loss"), z)
-    return {"activations": sum(kept_acts, z), "remat": z, "pending": grads_out - loss_held, "hw_flops": flops}
+    return {"activations": sum(kept_acts, z), "remat": z, "pending": u.grads_out - loss_held, "hw_flops": flops}
 
 
 def _kept_outputs(nodes: list[LayerNode], policy: list[Kept], cfg: ConfigArrays, traffic: _Traffic, w: Workload,

@@ -23,7 +23,7 @@ from costmodel.assemble import Layout, Stacked, assemble
 from costmodel.configs import ConfigArrays
 from costmodel.device import DeviceModel
 from costmodel.estimate import host_fits, tied_sum_bytes
-from costmodel.pipeline import ramp_step, time_shared
+from costmodel.pipeline import balanced_coef, ramp_step, time_shared, with_ends
 from costmodel.report import GIB
 from costmodel.unit_classes import block_classes, unit_classes, unit_names
 from costmodel.units import UnitCost, UnitOption, price_unit
@@ -98,9 +98,7 @@ def grid_layout(graph: LayerGraph, p: int, v: int) -> Layout:
     for n in even_split(len(blocks), p * v):
         stages.append(blocks[start:start + n])
         start += n
-    stages[0] = pre + stages[0]
-    stages[-1] = stages[-1] + post
-    return Layout(stages, p, max(index) + 1, post[0] if post else None)
+    return Layout(with_ends(stages, pre, post), p, max(index) + 1, post[0] if post else None)
 
 
 def price_grid(graph: LayerGraph, cluster: Cluster, w: Workload, configs: Sequence[MeshConfig],
@@ -181,9 +179,8 @@ def compute_bound(graph: LayerGraph, cluster: Cluster, w: Workload, configs: Seq
     Units at their fastest: the pricer's forward, backward and exposed TP/CP/EP traffic without
     recomputation or operator splitting (every option adds to these: recomputation re-runs work and
     traffic, splitting slices GEMMs; sharding and offload leave them alone and add ZeRO traffic,
-    gradient accumulation and host copies, bounded below by nothing), stages perfectly balanced,
-    plus the fixed per-step overhead: ``m·ΣT`` without a pipeline, ``((m-1)/p + 1)·ΣT`` for
-    1F1B/GPipe, ``(m + (p-1)/v)·ΣT/p`` interleaved, ``m·ΣT/p`` zero-bubble.
+    gradient accumulation and host copies, bounded below by nothing), stages perfectly balanced
+    (:func:`costmodel.pipeline.balanced_coef`), plus the fixed per-step overhead.
     """
     dev = device or DeviceModel(cluster, profile)
     if not configs:
@@ -197,7 +194,6 @@ def compute_bound(graph: LayerGraph, cluster: Cluster, w: Workload, configs: Seq
         total += counts[k] * (u.fwd + u.bwd + u.comm_tp + u.comm_cp + u.comm_ep)[:, 0]
     m = w.global_batch / (cfg.dp * cfg.micro_batch)
     p, v, sched = cfg.pp, cfg.vpp, cfg.schedule
-    pipe = np.select([p == 1, sched == "interleaved", sched == "zb"],
-                     [m * total, (m + (p - 1) / v) * total / p, m * total / p], ((m - 1) / p + 1) * total)
-    ramp = ramp_step(sched, total, total / p, 0.0, p, v)  # balanced stages, no zero-bubble fill
+    pipe = balanced_coef(sched, m, p, v) * total  # balanced stages, no zero-bubble fill
+    ramp = ramp_step(sched, total, total / p, 0.0, p, v)
     return time_shared(pipe, m, total, p, dev.share, ramp) + dev.c.step_overhead_s

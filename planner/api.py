@@ -18,19 +18,18 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
-from costmodel.calibration.document import Calibration
 from costmodel.constants import error_band
 from costmodel.device import DeviceModel
 from costmodel.report import GIB
 from planner.reprice import graph_record, model_name
+from planner.request import MESH_AXES, Request, check_fields
 from profiler.graph import LayerGraph
 from profiler.hardware import Cluster, parse_cluster
 from profiler.models import load_model
-from solvers.hybrid import Progress, search
-from solvers.mip import DEFAULT_SOLVER, SOLVERS
+from solvers.hybrid import Progress, SearchControls, search
+from solvers.mip import SOLVERS
 from solvers.result import SearchResult, break_tie, finite_or_none, parallel_axes
 from solvers.space import SPACES, SpaceOptions, restrict
 from vocab.arguments import typed
@@ -47,7 +46,7 @@ from vocab.plan import (
     TargetRef,
 )
 from vocab.strategy import WORKLOAD_CHOICES, Workload, check_workload_choices
-from vocab.targets import DEFAULT_TARGET, Target, load_target
+from vocab.targets import Target, load_target
 
 PRECISIONS = ("bf16", "fp8", "fp32")
 
@@ -61,150 +60,183 @@ class Planned:
     by_batch: dict[int, float]  # global batch -> samples/s of its best plan
 
 
+@dataclass
+class _Setting:
+    """What the searches of one request share: its target, the space it bounds, the workload fields
+    the target prices with, the model's graph, the cluster, the device model, the memory limit, and
+    whether a measured profile prices it."""
+
+    target: Target
+    opts: SpaceOptions
+    behaved: dict[str, str]
+    graph: LayerGraph
+    cluster: Cluster
+    device: DeviceModel
+    limit: float
+    measured: bool
+
+
 @typed
-def search_plan(
-    model: Any,
-    cluster: str | dict[str, Any] | Cluster,
-    seq_len: int,
-    global_batch: int | Sequence[int],
-    memory_limit_gib: float | None = None,
-    space: str = "full",
-    precision: str = "bf16",
-    profile: str | Path | None = None,
-    time_limit: float | None = None,
-    top_k: int = 5,
-    progress: Progress | None = None,
-    attention_kernel: str = "auto",
-    cross_entropy: str | None = None,
-    target: str = DEFAULT_TARGET,
-    grad_dtype: str | None = None,
-    reserve: float | None = None,
-    moe_dispatch: str | None = None,
-    tie_break: bool = True,
-    moe_capacity_factor: float | None = None,
-    solver: str = DEFAULT_SOLVER,
-    device: DeviceModel | None = None,
-    degrees: dict[str, int] | None = None,
-    calibration: Calibration | None = None,
-) -> Planned:
-    """Search and build the plan document; with several global batches the one with the most
-    samples per second wins (throughput, not time per step, is compared). ``model`` is a preset
-    name, a config path or dict, or a ``package.module:factory`` (imported and run: your call); the
-    plan records the layer graph of a model that is not a preset or config file. ``target`` bounds
-    the search; ``cross_entropy``, ``grad_dtype`` and ``moe_dispatch`` default to how the target
-    runs (and must be values it runs); ``moe_capacity_factor`` (dropless without) needs a target that
-    drops tokens. Without ``memory_limit_gib`` a plan may use the GPU's memory less ``reserve``
-    (a fraction; :data:`profiler.hardware.DEFAULT_RESERVE` by default), and records that limit.
-    With ``tie_break`` (and a published-sweeps band for the accelerator), a runner-up within that
-    band of the fastest plan and with fewer parallel axes is the plan (:func:`solvers.result.break_tie`;
+def search_plan(request: Request, progress: Progress | None = None, device: DeviceModel | None = None) -> Planned:
+    """Search and build the plan document of ``request`` (:class:`planner.request.Request`); with
+    several global batches the one with the most samples per second wins (throughput, not time per
+    step, is compared). The model is a preset name, a config path or dict, or a
+    ``package.module:factory`` (imported and run: your call); the plan records the layer graph of a
+    model that is not a preset or config file. The target bounds the search; ``cross_entropy``,
+    ``grad_dtype`` and ``moe_dispatch`` default to how the target runs (and must be values it runs);
+    ``moe_capacity_factor`` (dropless without) needs a target that drops tokens. Without
+    ``memory_limit_gib`` a plan may use the GPU's memory less ``reserve`` (a fraction;
+    :data:`profiler.hardware.DEFAULT_RESERVE` by default), and records that limit. With ``tie_break``
+    (and a published-sweeps band for the accelerator), a runner-up within that band of the fastest
+    plan and with fewer parallel axes is the plan (:func:`solvers.result.break_tie`;
     ``solver.options.tie_break`` records it, and the fastest stays the first alternative).
-    ``solver`` names the back-end of the integer programs (:data:`solvers.mip.SOLVERS`). ``device``:
-    a device model of this cluster to price with (a sweep shares one between its points);
-    ``degrees``: mesh axes held at a degree (``{"tp": 4, "pp": 8}``), the rest of the space free;
-    ``calibration``: the user's cluster calibrated (``shardplan calibrate``) to price with, which the
-    plan records (not with a measured profile)."""
-    if solver not in SOLVERS:
-        raise ShardplanError(f"unknown MIP solver '{solver}'; known: {', '.join(SOLVERS)}")
-    if space not in SPACES:
-        raise ShardplanError(f"unknown search space '{space}'; known: {', '.join(SPACES)}")
-    if precision not in PRECISIONS:
-        raise ShardplanError(f"unknown precision '{precision}'; known: {', '.join(PRECISIONS)}")
-    asked = {"cross_entropy": cross_entropy, "grad_dtype": grad_dtype, "moe_dispatch": moe_dispatch}
-    check_workload_choices(attention_kernel=attention_kernel, **{k: v for k, v in asked.items() if v is not None})
-    t = load_target(target)
-    behaved = target_behaviour(t, precision, **asked)
-    check_capacity(t, moe_capacity_factor)
-    opts = restrict(SPACES[space], t)
-    if degrees:
-        axes = ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep")
-        bad = [a for a in degrees if a not in axes]
+    ``solver`` names the back-end of the integer programs (:data:`solvers.mip.SOLVERS`);
+    ``degrees`` holds mesh axes at a degree (``{"tp": 4, "pp": 8}``), the rest of the space free;
+    ``calibration`` is the user's cluster calibrated (``shardplan calibrate``) to price with, which
+    the plan records (not with a measured profile). ``progress`` is told how the search goes;
+    ``device``: a device model of this cluster to price with (a sweep shares one between its points)."""
+    t, opts, behaved, batches = _checked(request)
+    graph = load_model(request.model, request.seq_len)
+    cl, limit = _cluster(request)
+    dev, cl, measured = _device(request, cl, device)
+    setting = _Setting(t, opts, behaved, graph, cl, dev, limit, measured)
+    res, w, by_batch = _best(request, setting, batches, progress)
+    chosen = _tie_break(request, setting, res, w)
+    return Planned(_document(request, setting, res, w, chosen, by_batch), res, graph, cl, by_batch)
+
+
+def _checked(r: Request) -> tuple[Target, SpaceOptions, dict[str, str], list[int]]:
+    """The request's target, the space it searches, the workload fields the target prices with, and
+    its global batches, each value checked before any model is loaded."""
+    if r.solver not in SOLVERS:
+        raise ShardplanError(f"unknown MIP solver '{r.solver}'; known: {', '.join(SOLVERS)}")
+    if r.space not in SPACES:
+        raise ShardplanError(f"unknown search space '{r.space}'; known: {', '.join(SPACES)}")
+    if r.precision not in PRECISIONS:
+        raise ShardplanError(f"unknown precision '{r.precision}'; known: {', '.join(PRECISIONS)}")
+    asked = {"cross_entropy": r.cross_entropy, "grad_dtype": r.grad_dtype, "moe_dispatch": r.moe_dispatch}
+    check_workload_choices(attention_kernel=r.attention_kernel, **{k: v for k, v in asked.items() if v is not None})
+    t = load_target(r.target)
+    behaved = target_behaviour(t, r.precision, **asked)
+    check_capacity(t, r.moe_capacity_factor)
+    opts = restrict(SPACES[r.space], t)
+    if r.degrees:
+        bad = [a for a in r.degrees if a not in MESH_AXES]
         if bad:
-            raise ShardplanError(f"unknown mesh axis '{bad[0]}'; known: {', '.join(axes)}")
-        opts = opts.with_(degrees=tuple(sorted((a, int(d)) for a, d in degrees.items())))
-    if not 0 < seq_len <= MAX_SEQ_LEN:
-        raise ShardplanError(f"seq_len must be in 1..{MAX_SEQ_LEN:,}, got {shown(seq_len)}")
-    batches = [global_batch] if isinstance(global_batch, int) else list(global_batch)
+            raise ShardplanError(f"unknown mesh axis '{bad[0]}'; known: {', '.join(MESH_AXES)}")
+        opts = opts.with_(degrees=tuple(sorted((a, int(d)) for a, d in r.degrees.items())))
+    if not 0 < r.seq_len <= MAX_SEQ_LEN:
+        raise ShardplanError(f"seq_len must be in 1..{MAX_SEQ_LEN:,}, got {shown(r.seq_len)}")
+    batches = [r.global_batch] if isinstance(r.global_batch, int) else list(r.global_batch)
     if not batches or any(not 0 < int(b) <= MAX_GLOBAL_BATCH for b in batches):
-        raise ShardplanError(f"global batch must be in 1..{MAX_GLOBAL_BATCH:,}, got {shown(global_batch)}")
-    if memory_limit_gib is not None and not (math.isfinite(memory_limit_gib) and memory_limit_gib > 0):
-        raise ShardplanError(f"memory limit must be a positive finite number, got {memory_limit_gib} GiB")
-    if time_limit is not None and not (math.isfinite(time_limit) and time_limit > 0):
-        raise ShardplanError(f"time limit must be a positive finite number, got {time_limit} s")
-    if top_k < 0:
-        raise ShardplanError(f"top-k must be >= 0, got {top_k}")
-    graph = load_model(model, seq_len)
-    cl = parse_cluster(cluster)
-    if reserve is not None:
-        if memory_limit_gib is not None:
+        raise ShardplanError(f"global batch must be in 1..{MAX_GLOBAL_BATCH:,}, got {shown(r.global_batch)}")
+    limit = r.memory_limit_gib
+    if limit is not None and not (math.isfinite(limit) and limit > 0):
+        raise ShardplanError(f"memory limit must be a positive finite number, got {limit} GiB")
+    if r.time_limit is not None and not (math.isfinite(r.time_limit) and r.time_limit > 0):
+        raise ShardplanError(f"time limit must be a positive finite number, got {r.time_limit} s")
+    if r.top_k < 0:
+        raise ShardplanError(f"top-k must be >= 0, got {r.top_k}")
+    return t, opts, behaved, batches
+
+
+def _cluster(r: Request) -> tuple[Cluster, float]:
+    """The request's cluster (its memory less ``reserve``) and the per-GPU memory limit in GiB."""
+    cl = parse_cluster(r.cluster)
+    if r.reserve is not None:
+        if r.memory_limit_gib is not None:
             raise ShardplanError("give a memory limit or a reserve, not both")
-        cl = replace(cl, reserve=reserve)
-    if memory_limit_gib is None:
-        memory_limit_gib = cl.memory_bytes / GIB
+        cl = replace(cl, reserve=r.reserve)
+    return cl, r.memory_limit_gib if r.memory_limit_gib is not None else cl.memory_bytes / GIB
+
+
+def _device(r: Request, cl: Cluster, device: DeviceModel | None) -> tuple[DeviceModel, Cluster, bool]:
+    """The device model to price with (a calibration's, a measured profile's, ``device`` where it is
+    of this cluster, else the spec sheet's), the cluster it prices, and whether a profile was measured."""
     prof = None
-    if profile is not None:
+    if r.profile is not None:
         from profiler.profile_schema import load_profile
 
-        prof = load_profile(profile)
-    if calibration is not None:
+        prof = load_profile(r.profile)
+    if r.calibration is not None:
         if prof is not None:
             raise ShardplanError("give a calibration or a profile, not both: a calibration moves the spec sheet's "
                                  "constants, a profile replaces them")
-        dev = calibration.device(cl)
-        cl = dev.cluster
-    else:
-        dev = device if device is not None and prof is None and device.cluster == cl else DeviceModel(cl, prof)
+        dev = r.calibration.device(cl)
+        return dev, dev.cluster, False
+    dev = device if device is not None and prof is None and device.cluster == cl else DeviceModel(cl, prof)
+    return dev, cl, prof is not None
+
+
+def _best(r: Request, s: _Setting, batches: list[int], progress: Progress | None,
+          ) -> tuple[SearchResult, Workload, dict[int, float]]:
+    """The search of the global batch with the most samples per second, its workload, and the
+    samples per second of each batch that has a plan."""
     best: tuple[float, SearchResult, Workload] | None = None
     by_batch: dict[int, float] = {}
     errors = []
     for b in sorted({int(x) for x in batches}):
-        w = Workload(seq_len=seq_len, global_batch=b, precision=precision,  # type: ignore[arg-type]
-                     attention_kernel=attention_kernel,  # type: ignore[arg-type]
-                     moe_capacity_factor=moe_capacity_factor, **behaved)
+        w = Workload(seq_len=r.seq_len, global_batch=b, precision=r.precision,  # type: ignore[arg-type]
+                     attention_kernel=r.attention_kernel,  # type: ignore[arg-type]
+                     moe_capacity_factor=r.moe_capacity_factor, **s.behaved)
         try:
-            res = search(graph, cl, w, opts, memory_limit_gib, dev, time_limit, top_k, progress, solver=solver)
+            res = search(s.graph, s.cluster, w, s.opts, s.limit, s.device, r.time_limit, r.top_k, progress,
+                         SearchControls(solver=r.solver))
         except ShardplanError as e:
             if len(batches) == 1:
-                raise ShardplanError(f"{e} (target {t.name}: {t.label})") from None
+                raise ShardplanError(f"{e} (target {s.target.name}: {s.target.label})") from None
             errors.append(f"global batch {b}: {e}")
             continue
         by_batch[b] = b / res.objective
         if best is None or by_batch[b] > best[0]:
             best = (by_batch[b], res, w)
     if best is None:
-        raise ShardplanError("; ".join(errors) + f" (target {t.name}: {t.label})")
-    _, res, w = best
-    chosen = res.best
-    band = None if prof is not None else error_band(cl.accelerator.name, precision)
-    if tie_break and band is not None and "pair" in band:
-        def search_axes(axes: int, cutoff: float) -> Any:
-            try:
-                return search(graph, cl, w, opts.with_(max_axes=axes), memory_limit_gib, dev, time_limit, 0,
-                              cutoff=cutoff, solver=solver, frontier_plans=False).best
-            except ShardplanError:
-                return None
+        raise ShardplanError("; ".join(errors) + f" (target {s.target.name}: {s.target.label})")
+    return best[1], best[2], by_batch
 
-        chosen = break_tie(res.best, band["pair"], search_axes)
-        if chosen is not res.best:
-            res.options["tie_break"] = {
-                "fastest_step_time_s": res.best.step_time_s, "pair_band": band["pair"], "slice": band["slice"],
-                "axes": parallel_axes(chosen.strategy), "fastest_axes": parallel_axes(res.best.strategy)}
+
+def _tie_break(r: Request, s: _Setting, res: SearchResult, w: Workload) -> Any:
+    """The plan to recommend: the fastest, or with ``tie_break`` a runner-up within the published
+    band of it with fewer parallel axes (recorded in ``res.options``)."""
+    band = None if s.measured else error_band(s.cluster.accelerator.name, r.precision)
+    if not (r.tie_break and band is not None and "pair" in band):
+        return res.best
+
+    def search_axes(axes: int, cutoff: float) -> Any:
+        try:
+            return search(s.graph, s.cluster, w, s.opts.with_(max_axes=axes), s.limit, s.device, r.time_limit, 0,
+                          controls=SearchControls(cutoff=cutoff, solver=r.solver, frontier_plans=False)).best
+        except ShardplanError:
+            return None
+
+    chosen = break_tie(res.best, band["pair"], search_axes)
+    if chosen is not res.best:
+        res.options["tie_break"] = {
+            "fastest_step_time_s": res.best.step_time_s, "pair_band": band["pair"], "slice": band["slice"],
+            "axes": parallel_axes(chosen.strategy), "fastest_axes": parallel_axes(res.best.strategy)}
+    return chosen
+
+
+def _document(r: Request, s: _Setting, res: SearchResult, w: Workload, chosen: Any, by_batch: dict[int, float],
+              ) -> Plan:
+    """The plan document of the search ``res``: ``chosen`` its plan, the other plans its alternatives."""
     runners_up = [f for f in [res.best, *res.alternatives] if f.strategy != chosen.strategy]
-    exact_osdp = space == "osdp" and opts.per_layer  # the OSDP chain, solved twice
+    exact_osdp = r.space == "osdp" and s.opts.per_layer  # the OSDP chain, solved twice
     if exact_osdp:
-        res.options.update(_dp_check(graph, dev, res, w, memory_limit_gib, opts))
+        res.options.update(_dp_check(s.graph, s.device, res, w, s.limit, s.opts))
     if len(by_batch) > 1:
         res.options["samples_per_s_by_global_batch"] = {str(k): v for k, v in sorted(by_batch.items())}
-    doc = Plan(
+    return Plan(
         inputs=PlanInputs(
-            model=model_name(model, graph),
-            model_hash=graph.content_hash(),
-            model_graph=graph_record(model, graph),
-            cluster=ClusterRef(**cl.to_dict()),
+            model=model_name(r.model, s.graph),
+            model_hash=s.graph.content_hash(),
+            model_graph=graph_record(r.model, s.graph),
+            cluster=ClusterRef(**s.cluster.to_dict()),
             workload=w,
-            memory_limit_gib=memory_limit_gib,
-            profile=str(profile) if profile is not None else None,
-            target=TargetRef(name=t.name, version=t.version or None),
-            calibration=CalibrationRef(**calibration.ref()) if calibration is not None else None,
+            memory_limit_gib=s.limit,
+            profile=str(r.profile) if r.profile is not None else None,
+            target=TargetRef(name=s.target.name, version=s.target.version or None),
+            calibration=CalibrationRef(**r.calibration.ref()) if r.calibration is not None else None,
         ),
         strategy=chosen.strategy,
         predicted=Predicted(**chosen.report.to_dict()),
@@ -222,10 +254,10 @@ def search_plan(
                 "settled_by": res.solver,
                 "family": chosen.family,
                 "alternative_families": [a.family for a in runners_up],
-                "time_limit_s": time_limit,
-                "top_k": top_k,
-                "mip_solver": solver,
-                **({"degrees": dict(opts.degrees)} if degrees else {}),
+                "time_limit_s": r.time_limit,
+                "top_k": r.top_k,
+                "mip_solver": r.solver,
+                **({"degrees": dict(s.opts.degrees)} if r.degrees else {}),
             },
         ),
         alternatives=[
@@ -233,37 +265,18 @@ def search_plan(
             for a in runners_up
         ],
     )
-    return Planned(doc, res, graph, cl, by_batch)
 
 
 @typed
-def plan(
-    model: Any,
-    cluster: str | dict[str, Any] | Cluster,
-    seq_len: int,
-    global_batch: int | Sequence[int],
-    memory_limit_gib: float | None = None,
-    space: str = "full",
-    precision: str = "bf16",
-    profile: str | Path | None = None,
-    time_limit: float | None = None,
-    top_k: int = 5,
-    attention_kernel: str = "auto",
-    cross_entropy: str | None = None,
-    target: str = DEFAULT_TARGET,
-    reserve: float | None = None,
-    tie_break: bool = True,
-    solver: str = DEFAULT_SOLVER,
-) -> Plan:
-    """The fastest plan of ``space`` that ``target`` runs for ``model`` on ``cluster`` that fits
-    ``memory_limit_gib`` per GPU (by default the GPU's memory less ``reserve``, a fraction). Raises
-    :class:`ShardplanError` when nothing fits, naming the least memory any plan of the space needs
-    and what dominates it."""
-    return search_plan(
-        model, cluster, seq_len, global_batch, memory_limit_gib, space, precision, profile, time_limit, top_k,
-        attention_kernel=attention_kernel, cross_entropy=cross_entropy, target=target, reserve=reserve,
-        tie_break=tie_break, solver=solver,
-    ).plan
+def plan(model: Any, cluster: str | dict[str, Any] | Cluster, seq_len: int, global_batch: int | Sequence[int],
+         **options: Any) -> Plan:
+    """The fastest plan that the target runs for ``model`` on ``cluster`` that fits the memory limit
+    per GPU (by default the GPU's memory less ``reserve``, a fraction); ``options`` are the other
+    fields of :class:`planner.request.Request` (``space``, ``target``, ``memory_limit_gib``,
+    ``top_k``...). Raises :class:`ShardplanError` when nothing fits, naming the least memory any plan
+    of the space needs and what dominates it."""
+    check_fields("plan", options)
+    return search_plan(Request(model, cluster, seq_len, global_batch, **options)).plan
 
 
 @typed

@@ -2,7 +2,7 @@
 applied to a plan.
 
 A run is a configuration and its log. The configuration is a plan document (what ``shardplan train``
-ran) or a trainer's file read through ``shardplan import`` (:func:`planner.imports.import_plan`); the
+ran) or a trainer's file read through ``shardplan import`` (:func:`planner.trainers.import_plan`); the
 log is read by its trainer's parser (:mod:`costmodel.calibration.formats`) and reduced to its steady
 state with the run's global batch, sequence length and GPUs.
 """
@@ -46,7 +46,7 @@ class ImportOptions:
 
 def plan_of(config: Path, opts: ImportOptions = ImportOptions()) -> Plan:
     """The plan a configuration runs: the plan document itself, or the trainer's file imported."""
-    from planner.imports import import_plan
+    from planner.trainers import import_plan
     from vocab.plan import load_plan
 
     if opts.trainer is None and is_plan_document(config):

@@ -184,7 +184,7 @@ def target_info(plan: Plan) -> dict[str, Any]:
 
 
 def explain_data(plan: Plan) -> dict[str, Any]:
-    from costmodel.validate import caveats  # the published-runs machinery, only once a plan is explained
+    from costmodel.published.validate import caveats  # published-runs machinery: only once explained
 
     units = units_of(plan)
     pred = predicted_dict(plan)

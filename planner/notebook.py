@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from planner.exports.base import Exported
+    from planner.trainers.exporting import Exported
 
 __all__ = ["PlanView", "PlanViewMixin", "plan_from_strategy"]
 
@@ -102,7 +102,7 @@ class PlanViewMixin:
         return plot(self._plan, kind, ax)
 
     def export(self, target: str) -> Exported:
-        from planner.exports import export
+        from planner.trainers import export
 
         return export(self._plan, target)
 

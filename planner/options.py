@@ -2,11 +2,19 @@
 limits finite positive numbers. A bad value is a usage error (one line, exit code 2) that names the
 option, the form it takes and a valid example: ``--seq-len takes an integer number of tokens, e.g.
 8192, got '8k'``. :func:`usage_line` words every usage error of the parser that way.
+
+A command with many options is built from a table of them (:func:`command`, :class:`Opt`): the
+command's function takes their values as one object, and a request's options come from its fields
+(:func:`planner.request.option`), so their flags, defaults and help are written once.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import typer
@@ -280,3 +288,43 @@ def _find_param(params: Any, name: str) -> Any:
         if name in (getattr(p, "opts", None) or []) or name in (getattr(p, "secondary_opts", None) or []):
             return p
     return None
+
+
+# ---- commands built from a table of options ---------------------------------------------------
+
+@dataclass(frozen=True)
+class Opt:
+    """One option of a command built by :func:`command`: the parameter ``name`` its value fills,
+    the Python ``type`` typer reads the value as, and the typer option (flags, default, help, check)."""
+
+    name: str
+    type: Any
+    option: Any
+
+
+class Values(dict[str, Any]):
+    """The values of a command's options by parameter name, also as attributes (``values.seq_len``)."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+def command(table: Sequence[Opt]) -> Callable[[Callable[[Values], Any]], Callable[..., Any]]:
+    """A typer command whose parameters are ``table``'s options, in order (typer reads a command's
+    options from its signature); the decorated body takes their values as one :class:`Values`."""
+
+    def wrap(body: Callable[[Values], Any]) -> Callable[..., Any]:
+        @functools.wraps(body)
+        def run(**values: Any) -> Any:
+            return body(Values(values))
+
+        keyword = inspect.Parameter.KEYWORD_ONLY
+        run.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+            [inspect.Parameter(o.name, keyword, default=o.option, annotation=o.type) for o in table])
+        run.__annotations__ = {o.name: o.type for o in table}
+        return run
+
+    return wrap

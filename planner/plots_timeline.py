@@ -179,30 +179,48 @@ def plot_timeline(plan: Plan, ax: Axes | None = None, graph: LayerGraph | None =
     extra: list[str] = []
     if pipeline:
         assert rows is not None
-        target, base = (bottom, 0.0) if bottom is not None else (top, 1.5)
-        labels = []
-        for i, (a, b, seg) in enumerate(groups):
-            label = (f"rank {a}" if a == b else f"ranks {a}-{b}") + (" (slowest)" if a <= rows.worst <= b else "")
-            _bars(target, base + i, seg, 0.8, f"row/{label}")
-            labels.append(label)
-        slowest = next(i for i, (a, b, _) in enumerate(groups) if a <= rows.worst <= b)
+        _draw_ranks(top, bottom, rows, groups)
         extra = [n for _, _, seg in groups for n, _ in seg if n not in named]
-        g = len(groups)
-        if bottom is not None:
-            bottom.set_ylim(g - 0.5, -0.5)
-            bottom.set_ylabel("pipeline rank")
-            bottom.set_xlabel("time per step (s)")
-            bottom.grid(axis="x", alpha=0.3)
-            bottom.set_axisbelow(True)
-            bottom.set_title("per pipeline rank (alike ranks share a row): totals over the step, not in execution "
-                             "order; idle = waiting on the slowest rank", fontsize=9, wrap=True)
-            thin_ticks(bottom, "y", range(g), labels, [slowest], fontsize=SMALL if g > 12 else 8.5)
-        else:
-            top.set_ylim(base + g - 0.5, -0.5)
-            thin_ticks(top, "y", [0.0, *(base + i for i in range(g))], ["step", *labels], [0, 1 + slowest],
-                       fontsize=SMALL)
+    _legend(top, comps, rows, extra, pipeline, step, p)
+    if owned:
+        renderer_of(fig)
+        freeze(fig, owned)
+    return fig
+
+
+def _draw_ranks(top: Axes, bottom: Axes | None, rows: Rows, groups: list[tuple[int, int, list[tuple[str, float]]]],
+                ) -> None:
+    """One row per run of alike pipeline ranks: on ``bottom``, else on ``top`` below the step bar."""
+    target, base = (bottom, 0.0) if bottom is not None else (top, 1.5)
+    labels = []
+    for i, (a, b, seg) in enumerate(groups):
+        label = (f"rank {a}" if a == b else f"ranks {a}-{b}") + (" (slowest)" if a <= rows.worst <= b else "")
+        _bars(target, base + i, seg, 0.8, f"row/{label}")
+        labels.append(label)
+    slowest = next(i for i, (a, b, _) in enumerate(groups) if a <= rows.worst <= b)
+    g = len(groups)
+    if bottom is not None:
+        bottom.set_ylim(g - 0.5, -0.5)
+        bottom.set_ylabel("pipeline rank")
+        bottom.set_xlabel("time per step (s)")
+        bottom.grid(axis="x", alpha=0.3)
+        bottom.set_axisbelow(True)
+        bottom.set_title("per pipeline rank (alike ranks share a row): totals over the step, not in execution "
+                         "order; idle = waiting on the slowest rank", fontsize=9, wrap=True)
+        thin_ticks(bottom, "y", range(g), labels, [slowest], fontsize=SMALL if g > 12 else 8.5)
+    else:
+        top.set_ylim(base + g - 0.5, -0.5)
+        thin_ticks(top, "y", [0.0, *(base + i for i in range(g))], ["step", *labels], [0, 1 + slowest],
+                   fontsize=SMALL)
+
+
+def _legend(top: Axes, comps: list[tuple[str, float]], rows: Rows | None, extra: list[str], pipeline: bool,
+            step: float, p: int) -> None:
+    """The legend of the step's components (seconds and share of the step), the components only
+    other ranks have (``extra``), and idle time where only other ranks wait."""
     from matplotlib.patches import Patch
 
+    named = dict(comps)
     accumulate = dict(rows.segments[rows.worst]).get(OTHER) if rows is not None else None
     why = {OTHER: " (gradient accumulation)"} if accumulate is not None and abs(accumulate - named.get(OTHER, 0.0)) \
         <= 1e-6 * step else {}
@@ -214,10 +232,6 @@ def plot_timeline(plan: Plan, ax: Axes | None = None, graph: LayerGraph | None =
     top.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8,
                title="step breakdown, as 'shardplan explain'" + ("\nprints it (slowest rank)" if p > 1 else " prints it"),
                title_fontsize=8)
-    if owned:
-        renderer_of(fig)
-        freeze(fig, owned)
-    return fig
 
 
 # ---- schedule simulation ------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from planner.request import Request, check_fields
 from vocab.arguments import typed
 from vocab.errors import ShardplanError
 
@@ -38,17 +39,38 @@ PLAN_COLUMNS = ("status", "mesh", "tp", "pp", "cp", "ep", "dp_replicate", "dp_sh
 MAX_POINTS = 2000
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Point:
-    """One point of a sweep (``memory_limit_gib`` None: the accelerator's memory less the reserve)."""
+    """One point of a sweep: a cluster of ``gpus`` ``accelerator`` s, a workload, the per-GPU memory
+    limit (None: the accelerator's memory less the reserve), the target and the space searched."""
 
-    accelerator: str
+    accelerator: str = "h100"
     gpus: int
-    global_batch: int
-    seq_len: int
-    memory_limit_gib: float | None
-    target: str
-    space: str
+    global_batch: int = 1024
+    seq_len: int = 4096
+    memory_limit_gib: float | None = None
+    target: str = "shardplan"
+    space: str = "full"
+
+    def request(self, model: Any, cluster: Any, **options: Any) -> Request:
+        """The planning request of this point for ``model`` on ``cluster`` (its cluster, or a device
+        model's), no runners-up kept; ``options``: other fields of :class:`planner.request.Request`."""
+        return Request(model, cluster, self.seq_len, self.global_batch, memory_limit_gib=self.memory_limit_gib,
+                       space=self.space, target=self.target, top_k=0, **options)
+
+
+@dataclass(frozen=True)
+class SweepOptions:
+    """How a sweep runs and prices beyond its grid: ``tokens`` to train and ``gpu_hour_cost`` (the
+    days, GPU-hours and cost of each point), ``workers`` (processes; 1 runs in this one),
+    ``progress`` (told ``(done, total)``), and ``calibration``
+    (:class:`costmodel.calibration.document.Calibration`: every point priced with it)."""
+
+    tokens: float | None = None
+    gpu_hour_cost: float | None = None
+    workers: int | None = None
+    progress: Callable[[int, int], None] | None = None
+    calibration: Any = None
 
 
 def _values(name: str, value: Any) -> list[Any]:
@@ -74,7 +96,7 @@ def grid(accelerator: Any, gpus: Any, global_batch: Any, seq_len: Any, memory_li
     n = math.prod(len(v) for v in axes)
     if n > MAX_POINTS:
         raise ShardplanError(f"sweep: {n:,} points; sweep at most {MAX_POINTS:,} at once")
-    return [Point(*combo) for combo in itertools.product(*axes)]
+    return [Point(**dict(zip(AXES, combo, strict=True))) for combo in itertools.product(*axes)]
 
 
 def _row(point: Point, planned: Any, tokens: float | None, gpu_hour_cost: float | None) -> dict[str, Any]:
@@ -118,8 +140,7 @@ def _solve(args: tuple[Any, Point, float | None, float | None, Any]) -> dict[str
 
             _DEVICES[key] = DeviceModel(parse_cluster(f"{point.gpus}x{point.accelerator}"))
         dev = _DEVICES[key]
-        planned = search_plan(model, dev.cluster, point.seq_len, point.global_batch, point.memory_limit_gib,
-                              point.space, target=point.target, top_k=0, device=dev, calibration=calibration)
+        planned = search_plan(point.request(model, dev.cluster, calibration=calibration), device=dev)
     except ShardplanError as e:
         return _empty_row(point, str(e))
     return _row(point, planned, tokens, cost)
@@ -127,20 +148,21 @@ def _solve(args: tuple[Any, Point, float | None, float | None, Any]) -> dict[str
 
 @typed
 def sweep(model: Any, gpus: Any, accelerator: Any = "h100", global_batch: Any = 1024, seq_len: Any = 4096,
-          memory_limit_gib: Any = None, target: Any = "shardplan", space: Any = "full",
-          tokens: float | None = None, gpu_hour_cost: float | None = None, workers: int | None = None,
-          progress: Callable[[int, int], None] | None = None, calibration: Any = None) -> Any:
-    """Plan every point of the grid (each argument one value or a list); a DataFrame with a row per
+          memory_limit_gib: Any = None, target: Any = "shardplan", space: Any = "full", **options: Any) -> Any:
+    """Plan every point of the grid (each axis one value or a list); a DataFrame with a row per
     point: the axes, ``status`` ("ok" or why nothing fits), the plan's mesh, degrees, schedule,
     step time, tokens/s (per GPU and in all), MFU, HFU, peak memory and the limit it was held to,
     and with ``tokens`` the days and GPU-hours to train that many tokens (and the ``cost`` at
-    ``gpu_hour_cost`` a GPU-hour), and the plan document (``plan``, JSON). ``workers``: processes
-    (1 runs in this one). ``calibration`` (:class:`costmodel.calibration.document.Calibration`) prices
-    every point with a calibration of the user's cluster: every accelerator of the grid must be its."""
+    ``gpu_hour_cost`` a GPU-hour), and the plan document (``plan``, JSON). ``options``: the fields of
+    :class:`SweepOptions` (``tokens``, ``gpu_hour_cost``, ``workers``, ``progress``, ``calibration``:
+    every accelerator of the grid must be the calibration's)."""
     import pandas as pd
 
     import planner.api  # noqa: F401  (loaded once here: forked workers start with it)
 
+    check_fields("sweep", options, SweepOptions)
+    o = SweepOptions(**options)
+    tokens, gpu_hour_cost = o.tokens, o.gpu_hour_cost
     if tokens is not None and not (math.isfinite(tokens) and tokens > 0):
         raise ShardplanError(f"sweep: tokens must be a positive number, got {tokens}")
     if gpu_hour_cost is not None and not (math.isfinite(gpu_hour_cost) and gpu_hour_cost >= 0):
@@ -151,26 +173,34 @@ def sweep(model: Any, gpus: Any, accelerator: Any = "h100", global_batch: Any = 
         resolve_config(model)  # an unknown model fails once, before any point
     points = grid(accelerator, gpus, global_batch, seq_len, memory_limit_gib, target, space)
     _check_names(points)
-    _check_calibrated(points, calibration)
+    _check_calibrated(points, o.calibration)
     order = sorted(range(len(points)), key=lambda i: -points[i].gpus)  # the slowest first
-    jobs = [(model, points[i], tokens, gpu_hour_cost, calibration) for i in order]
-    n_workers = min(workers if workers is not None else min(2, os.cpu_count() or 1), len(jobs))
-    rows: dict[int, dict[str, Any]] = {}
-    if n_workers <= 1 or not isinstance(model, str | dict):
-        for done, (i, job) in enumerate(zip(order, jobs, strict=True), 1):
-            rows[i] = _solve(job)
-            if progress:
-                progress(done, len(jobs))
-    else:
-        with ProcessPoolExecutor(max_workers=n_workers) as pool:
-            for done, (i, row) in enumerate(zip(order, pool.map(_solve, jobs), strict=True), 1):
-                rows[i] = row
-                if progress:
-                    progress(done, len(jobs))
+    jobs = [(model, points[i], tokens, gpu_hour_cost, o.calibration) for i in order]
+    n_workers = min(o.workers if o.workers is not None else min(2, os.cpu_count() or 1), len(jobs))
+    rows = _run(jobs, order, n_workers if isinstance(model, str | dict) else 1, o.progress)
     df = pd.DataFrame([rows[i] for i in range(len(points))])
     df.insert(0, "model", model_name(model))
     df.attrs.update(model=model_name(model), tokens=tokens, gpu_hour_cost=gpu_hour_cost)
     return df[["model", *AXES, *PLAN_COLUMNS, "plan"]]
+
+
+def _run(jobs: list[tuple[Any, ...]], order: list[int], workers: int, progress: Callable[[int, int], None] | None,
+         ) -> dict[int, dict[str, Any]]:
+    """The row of each point (by its index in the grid; ``order[j]`` is job ``j``'s), in this process
+    or in ``workers`` processes."""
+    rows: dict[int, dict[str, Any]] = {}
+    if workers <= 1:
+        for done, (i, job) in enumerate(zip(order, jobs, strict=True), 1):
+            rows[i] = _solve(job)
+            if progress:
+                progress(done, len(jobs))
+        return rows
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        for done, (i, row) in enumerate(zip(order, pool.map(_solve, jobs), strict=True), 1):
+            rows[i] = row
+            if progress:
+                progress(done, len(jobs))
+    return rows
 
 
 def model_name(model: Any) -> str:
@@ -210,14 +240,14 @@ def _check_calibrated(points: Sequence[Point], calibration: Any) -> None:
                              f"sweep also plans on {', '.join(other)}")
 
 
-def mesh_heatmap(model: Any, gpus: int, accelerator: str = "h100", global_batch: int = 1024, seq_len: int = 4096,
-                 memory_limit_gib: float | None = None, target: str = "shardplan", space: str = "full",
-                 tp: Sequence[int] = (1, 2, 4, 8), pp: Sequence[int] = (1, 2, 4, 8, 16), calibration: Any = None) -> Any:
+def mesh_heatmap(model: Any, gpus: int, tp: Sequence[int] = (1, 2, 4, 8), pp: Sequence[int] = (1, 2, 4, 8, 16),
+                 calibration: Any = None, **axes: Any) -> Any:
     """One point's fastest plan per (tp, pp) cell: a DataFrame with a row per cell (``status``
     "ok", or why the cell has no plan: no such mesh, nothing fits), its step time, tokens/s/GPU,
-    MFU, memory and mesh. The other axes (data, context, expert parallelism, micro-batching,
-    schedule, per-layer choices) stay free; no tie-break (each cell is its own fastest); ``calibration``
-    as in :func:`sweep`."""
+    MFU, memory and mesh. ``axes``: the other fields of the :class:`Point` (``accelerator``,
+    ``global_batch``, ``seq_len``...). The other mesh axes (data, context, expert parallelism,
+    micro-batching, schedule, per-layer choices) stay free; no tie-break (each cell is its own
+    fastest); ``calibration`` as in :func:`sweep`."""
     import pandas as pd
 
     from costmodel.device import DeviceModel
@@ -225,14 +255,16 @@ def mesh_heatmap(model: Any, gpus: int, accelerator: str = "h100", global_batch:
     from planner.compare import mesh_text
     from profiler.hardware import parse_cluster
 
-    dev = DeviceModel(parse_cluster(f"{gpus}x{accelerator}"))
+    check_fields("mesh_heatmap", axes, Point)
+    point = Point(gpus=gpus, **axes)
+    dev = DeviceModel(parse_cluster(f"{gpus}x{point.accelerator}"))
     rows = []
     for t, p in itertools.product(tp, pp):
         row: dict[str, Any] = {"tp": t, "pp": p}
         try:
-            planned = search_plan(model, dev.cluster, seq_len, global_batch, memory_limit_gib, space, target=target,
-                                  top_k=0, device=dev, tie_break=False, degrees={"tp": t, "pp": p},
-                                  calibration=calibration)
+            request = point.request(model, dev.cluster, tie_break=False, degrees={"tp": t, "pp": p},
+                                    calibration=calibration)
+            planned = search_plan(request, device=dev)
         except ShardplanError as e:
             rows.append({**row, "status": str(e), "step_time_s": math.nan, "tokens_per_s_per_gpu": math.nan,
                          "mfu": math.nan, "memory_peak_gib": math.nan, "mesh": ""})
@@ -242,6 +274,6 @@ def mesh_heatmap(model: Any, gpus: int, accelerator: str = "h100", global_batch:
                      "tokens_per_s_per_gpu": pred.tokens_per_s_per_gpu, "mfu": pred.mfu,
                      "memory_peak_gib": pred.memory_peak_gib, "mesh": mesh_text(planned.plan.strategy)})
     df = pd.DataFrame(rows)
-    df.attrs.update(model=model_name(model), gpus=gpus, accelerator=accelerator,
-                    global_batch=global_batch, seq_len=seq_len, target=target)
+    df.attrs.update(model=model_name(model), gpus=gpus, accelerator=point.accelerator,
+                    global_batch=point.global_batch, seq_len=point.seq_len, target=point.target)
     return df

@@ -393,10 +393,35 @@ def profile_comm(
     import torch.distributed as dist
     import torch.multiprocessing as mp
 
-    from profiler.measure_compute import device_info, host_load, sweep_progress
+    from profiler.measure_compute import device_info, host_load
 
     check_stat(stat)
     check_backend(backend, nproc)
+    cfg = _sweep(nproc, backend, sizes, quick, collectives, groups)
+    cfg.update(timeout_s=timeout_s, ppid=os.getpid(), fail_at=list(fail_at) if fail_at else None)
+    load = host_load()
+    store = dist.TCPStore("127.0.0.1", 0, world_size=None, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=timeout_s))
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(r, nproc, store.port, cfg, q), daemon=True,
+                         name=f"shardplan-comm-{r}") for r in range(nproc)]
+    try:
+        for p in procs:
+            p.start()
+        results = _collect(q, procs, cfg, progress)
+    finally:
+        end_processes(procs)
+        q.close()
+        del store
+    fits = _fit_points(results, cfg, stat)
+    dev = torch.device("cuda", 0) if backend == "nccl" else torch.device("cpu")
+    return device_info(dev, load), fits
+
+
+def _sweep(nproc: int, backend: str, sizes: list[int] | None, quick: bool, collectives: list[str] | None,
+           groups: list[int] | None) -> dict[str, Any]:
+    """The workers' sweep: backend, message sizes, collectives and group sizes (checked)."""
     colls = list(collectives or COLLECTIVES)
     bad = [c for c in colls if c not in COLLECTIVES]
     if bad:
@@ -405,84 +430,80 @@ def profile_comm(
     groups = sorted(set(groups or range(2, nproc + 1)))
     if any(w < 2 or w > nproc for w in groups):
         raise ShardplanError(f"group sizes must be in 2..{nproc}, got {groups}")
-    total = sum(len(sizes) for w in groups for c in colls if c != "send_recv" or w == 2)
-    cfg = {"backend": backend, "sizes": sizes, "collectives": colls, "groups": groups, "quick": quick,
-           "timeout_s": timeout_s, "ppid": os.getpid(), "fail_at": list(fail_at) if fail_at else None}
+    return {"backend": backend, "sizes": sizes, "collectives": colls, "groups": groups, "quick": quick}
 
-    load = host_load()
-    store = dist.TCPStore("127.0.0.1", 0, world_size=None, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=timeout_s))
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, nproc, store.port, cfg, q), daemon=True,
-                         name=f"shardplan-comm-{r}") for r in range(nproc)]
+
+def _collect(q: Any, procs: list[Any], cfg: dict[str, Any], progress: bool) -> list[dict[str, Any]]:
+    """The workers' results, read off ``q`` while a progress bar follows their points; a worker
+    that reports an error, dies or stays silent past ``cfg["timeout_s"]`` raises :class:`ShardplanError`."""
+    from profiler.measure_compute import sweep_progress
+
+    backend, timeout_s = cfg["backend"], cfg["timeout_s"]
+    total = sum(len(cfg["sizes"]) for w in cfg["groups"] for c in cfg["collectives"] if c != "send_recv" or w == 2)
     results: list[dict[str, Any]] | None = None
     errors: dict[int, tuple[str, str]] = {}
     where = "starting the workers"
-    try:
-        for p in procs:
-            p.start()
-        last = time.monotonic()
-        with sweep_progress(progress) as new_task:
-            adv = new_task(f"comm {backend} x{nproc}", total)
-            while True:
-                try:
-                    msg = q.get(timeout=0.2)
-                    last = time.monotonic()
-                except queue.Empty:
-                    msg = None
-                if msg is not None:
-                    if msg[0] == "start":
-                        where = msg[1]
-                    elif msg[0] == "done_point":
-                        adv()
-                    elif msg[0] == "result":
-                        results = msg[1]
-                    elif msg[0] == "error":
-                        errors[msg[1]] = (msg[2], msg[3])
-                    continue
-                codes = [p.exitcode for p in procs]
-                if results is not None and all(c is not None for c in codes) or errors:
-                    break
-                if any(c not in (None, 0) for c in codes):
-                    break
-                if all(c == 0 for c in codes):
-                    break
-                if time.monotonic() - last > timeout_s:
-                    break
-        if results is not None and not errors and all(p.exitcode == 0 for p in procs):
-            pass
-        else:
-            time.sleep(0.5)  # let the other ranks report what they saw
-            while True:
-                try:
-                    msg = q.get_nowait()
-                except queue.Empty:
-                    break
-                if msg[0] == "error":
+    last = time.monotonic()
+    with sweep_progress(progress) as new_task:
+        adv = new_task(f"comm {backend} x{len(procs)}", total)
+        while True:
+            try:
+                msg = q.get(timeout=0.2)
+                last = time.monotonic()
+            except queue.Empty:
+                msg = None
+            if msg is not None:
+                if msg[0] == "start":
+                    where = msg[1]
+                elif msg[0] == "done_point":
+                    adv()
+                elif msg[0] == "result":
+                    results = msg[1]
+                elif msg[0] == "error":
                     errors[msg[1]] = (msg[2], msg[3])
-            raise ShardplanError(_failure(procs, errors, where, backend, timeout_s))
-    finally:
-        end_processes(procs)
-        q.close()
-        del store
+                continue
+            if _finished(procs, results is not None, bool(errors)) or time.monotonic() - last > timeout_s:
+                break
+    if results is not None and not errors and all(p.exitcode == 0 for p in procs):
+        return results
+    time.sleep(0.5)  # let the other ranks report what they saw
+    while True:
+        try:
+            msg = q.get_nowait()
+        except queue.Empty:
+            break
+        if msg[0] == "error":
+            errors[msg[1]] = (msg[2], msg[3])
+    raise ShardplanError(_failure(procs, errors, where, backend, timeout_s))
+
+
+def _finished(procs: list[Any], have_results: bool, have_errors: bool) -> bool:
+    """Whether to stop listening: results and every worker gone, an error reported, a worker that
+    failed, or every worker exited cleanly."""
+    codes = [p.exitcode for p in procs]
+    if have_results and all(c is not None for c in codes) or have_errors:
+        return True
+    return any(c not in (None, 0) for c in codes) or all(c == 0 for c in codes)
+
+
+def _fit_points(results: list[dict[str, Any]], cfg: dict[str, Any], stat: str) -> list[CommFit]:
+    """α/β fits per (collective, group size) of the workers' points, with the wait under load and
+    the sharing efficiency the workers measured."""
     fits = []
-    for coll in colls:
-        for w in groups:
+    for coll in cfg["collectives"]:
+        for w in cfg["groups"]:
             pts = [r for r in results if r["collective"] == coll and r["world"] == w]
             if not pts:
                 continue
             med = [(float(r["bytes"]), statistics.median(r["times"])) for r in pts]
             mins = [(float(r["bytes"]), min(r["times"])) for r in pts]
             a, b, err = fit_alpha_beta(med if stat == "median" else mins)
-            fits.append(CommFit(collective=coll, world=w, backend=backend, alpha_s=a, beta_s_per_byte=b,
+            fits.append(CommFit(collective=coll, world=w, backend=cfg["backend"], alpha_s=a, beta_s_per_byte=b,
                                 median_rel_error=err, stat=stat, points=med, min_points=mins, wait_s=0.0))
     wait = wait_beyond(next((r["times"] for r in results if r["collective"] == "_wait"), None), fits)
     eff = next((r["times"][0] for r in results if r["collective"] == "_share"), 1.0)
     eff = min(2.0, max(0.05, eff))  # the schema's bounds; a wild value from a noisy host stays sane
-    fits = [f.model_copy(update={"wait_s": wait, "sharing_efficiency": eff}) for f in fits]
-    dev = torch.device("cuda", 0) if backend == "nccl" else torch.device("cpu")
-    return device_info(dev, load), fits
+    return [f.model_copy(update={"wait_s": wait, "sharing_efficiency": eff}) for f in fits]
 
 
 def wait_beyond(loaded: list[float] | None, fits: list[CommFit]) -> float:

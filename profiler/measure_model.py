@@ -1,25 +1,24 @@
 """Run a few real layers of a model and measure each layer-graph node: time and saved bytes.
 
 :func:`build_stack` turns a :class:`~profiler.model_config.TransformerConfig` cut to ``layers``
-blocks into a plain PyTorch module whose submodule names are the layer-graph node names of
-:mod:`profiler.transformer` (``layers.0.attn_norm``, ``layers.0.attn.qkv``, ``layers.0.attn.core``,
-``layers.0.attn.out``, ``layers.0.mlp_norm``, ``layers.0.mlp.up/act/down``, dropouts, MoE router
-and experts). :func:`measure_layers` times each node's forward (pre/post forward hooks) and
-backward (full backward pre/post hooks) with the profiler's clock, and attributes every tensor
-autograd saves for backward to the node that saved it (``saved_tensors_hooks``; parameters
-excluded, a storage counted once, at the last node that saves it). RoPE and residual adds are not
-graph nodes: their time shows only in the whole-block rows (``layers.<i>``).
+blocks into the reference blocks that the runtime trains (:mod:`profiler.reference_model`), whose
+submodule names are the layer-graph node names of :mod:`profiler.transformer` (``layers.0.attn_norm``,
+``layers.0.attn.qkv``, ``layers.0.attn.core``, ``layers.0.attn.out``, ``layers.0.mlp_norm``,
+``layers.0.mlp.up/act/down``, dropouts, MoE router and experts). :func:`measure_layers` times each
+node's forward (pre/post forward hooks) and backward (full backward pre/post hooks) with the
+profiler's clock, and attributes every tensor autograd saves for backward to the node that saved it (``saved_tensors_hooks``; parameters
+excluded, a storage counted once, at the last node that saves it). RoPE runs inside the attention
+core; the MoE routing (scores, top-k, sorting the tokens by expert) and residual adds are not graph
+nodes: their time shows only in the whole-block rows (``layers.<i>``).
 """
 
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import replace
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from profiler.graph import LayerGraph
@@ -27,155 +26,18 @@ from profiler.hardware import Accelerator, accelerator
 from profiler.measure_compute import DTYPES, Clock, guess_accelerator
 from profiler.model_config import TransformerConfig
 from profiler.profile_schema import LayerMeasurement
+from profiler.reference_model import INIT_STD, MEASURED, Block, init_weights
 from profiler.transformer import build_graph
 from vocab.errors import ShardplanError
 
-# ---- a minimal transformer block with the layer graph's node names --------------------------------
-
-class AttentionCore(nn.Module):
-    """Split a fused qkv projection into heads and attend (SDPA, or eager with saved scores)."""
-
-    def __init__(self, cfg: TransformerConfig):
-        super().__init__()
-        self.a, self.kv, self.d = cfg.heads, cfg.kv_heads, cfg.head_dim
-        self.causal, self.eager = cfg.causal, cfg.attention_impl == "eager"
-        self.p = cfg.dropout
-
-    def forward(self, qkv: torch.Tensor) -> torch.Tensor:
-        b, s, _ = qkv.shape
-        a, kv, d = self.a, self.kv, self.d
-        q, k, v = qkv.split([a * d, kv * d, kv * d], dim=-1)
-        q, k, v = (t.reshape(b, s, -1, d).transpose(1, 2) for t in (q, k, v))
-        if self.eager:
-            if kv < a:
-                k, v = k.repeat_interleave(a // kv, dim=1), v.repeat_interleave(a // kv, dim=1)
-            scores = q @ k.transpose(-2, -1) / math.sqrt(d)
-            if self.causal:
-                mask = torch.ones(s, s, dtype=torch.bool, device=qkv.device).triu(1)
-                scores = scores.masked_fill(mask, float("-inf"))
-            probs = torch.softmax(scores, dim=-1)
-            if self.p:
-                probs = F.dropout(probs, self.p, self.training)
-            o = probs @ v
-        else:
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, enable_gqa=kv < a)
-        return o.transpose(1, 2).reshape(b, s, a * d)
-
-
-class Activation(nn.Module):
-    def __init__(self, kind: str):
-        super().__init__()
-        self.kind = kind
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kind == "swiglu":
-            gate, up = x.chunk(2, dim=-1)
-            return F.silu(gate) * up
-        return F.gelu(x, approximate="tanh")
-
-
-def _norm(cfg: TransformerConfig) -> nn.Module:
-    return nn.LayerNorm(cfg.hidden) if cfg.norm == "layernorm" else nn.RMSNorm(cfg.hidden)
-
-
-class Attn(nn.Module):
-    def __init__(self, cfg: TransformerConfig):
-        super().__init__()
-        a, kv, d, h = cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.hidden
-        self.qkv = nn.Linear(h, (a + 2 * kv) * d, bias=cfg.bias or cfg.qkv_bias)
-        self.core = AttentionCore(cfg)
-        self.out = nn.Linear(a * d, h, bias=cfg.bias)
-        self.dropout = nn.Dropout(cfg.dropout) if cfg.dropout else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.out(self.core(self.qkv(x)))
-        return self.dropout(y) if self.dropout is not None else y
-
-
-class Mlp(nn.Module):
-    def __init__(self, cfg: TransformerConfig):
-        super().__init__()
-        n_in = 2 if cfg.activation == "swiglu" else 1
-        self.up = nn.Linear(cfg.hidden, n_in * cfg.ffn_hidden, bias=cfg.bias)
-        self.act = Activation(cfg.activation)
-        self.down = nn.Linear(cfg.ffn_hidden, cfg.hidden, bias=cfg.bias)
-        self.dropout = nn.Dropout(cfg.dropout) if cfg.dropout else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.down(self.act(self.up(x)))
-        return self.dropout(y) if self.dropout is not None else y
-
-
-class Experts(nn.Module):
-    """All routed experts; tokens dispatched to their top-k experts one expert at a time."""
-
-    def __init__(self, cfg: TransformerConfig):
-        super().__init__()
-        e, h, f = cfg.experts, cfg.hidden, cfg.moe_ffn_hidden
-        n_in = 2 if cfg.activation == "swiglu" else 1
-        self.k, self.act = cfg.top_k, Activation(cfg.activation)
-        self.w_in = nn.Parameter(torch.randn(e, n_in * f, h) * h**-0.5)
-        self.w_out = nn.Parameter(torch.randn(e, h, f) * f**-0.5)
-
-    def forward(self, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-        top_w, top_i = torch.softmax(logits.float(), dim=-1).topk(self.k, dim=-1)
-        top_w = top_w.to(x.dtype)
-        out = torch.zeros_like(x)
-        for e in range(self.w_in.shape[0]):
-            tok, slot = (top_i == e).nonzero(as_tuple=True)
-            if tok.numel():
-                y = F.linear(self.act(F.linear(x[tok], self.w_in[e])), self.w_out[e])
-                out = out.index_add(0, tok, y * top_w[tok, slot, None])
-        return out
-
-
-class Shared(nn.Module):
-    def __init__(self, cfg: TransformerConfig):
-        super().__init__()
-        n_in = 2 if cfg.activation == "swiglu" else 1
-        fs = cfg.moe_ffn_hidden * cfg.shared_experts
-        self.up = nn.Linear(cfg.hidden, n_in * fs, bias=False)
-        self.act = Activation(cfg.activation)
-        self.down = nn.Linear(fs, cfg.hidden, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(self.act(self.up(x)))
-
-
-class Moe(nn.Module):
-    def __init__(self, cfg: TransformerConfig):
-        super().__init__()
-        self.router = nn.Linear(cfg.hidden, cfg.experts, bias=False)
-        self.experts = Experts(cfg)
-        self.shared = Shared(cfg) if cfg.shared_experts else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, x.shape[-1])
-        y = self.experts(flat, self.router(flat))
-        if self.shared is not None:
-            y = y + self.shared(flat)
-        return y.view_as(x)
-
-
-class Block(nn.Module):
-    def __init__(self, cfg: TransformerConfig, i: int):
-        super().__init__()
-        self.attn_norm, self.attn, self.mlp_norm = _norm(cfg), Attn(cfg), _norm(cfg)
-        if cfg.is_moe_layer(i):
-            self.moe = Moe(cfg)
-        else:
-            self.mlp = Mlp(cfg)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x))
-        ffn = self.moe if hasattr(self, "moe") else self.mlp
-        return x + ffn(self.mlp_norm(x))
-
 
 class Stack(nn.Module):
+    """``layers`` reference blocks (:mod:`profiler.reference_model`) as the profiler runs them:
+    hidden states in, hidden states out, dropout and eager attention as the config says."""
+
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
-        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.layers))
+        self.layers = nn.ModuleList(Block(cfg, i, MEASURED) for i in range(cfg.layers))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for blk in self.layers:
@@ -192,8 +54,12 @@ def cut_config(cfg: TransformerConfig, layers: int) -> TransformerConfig:
 
 
 def build_stack(cfg: TransformerConfig, device: torch.device, dtype: torch.dtype) -> Stack:
+    """The blocks of ``cfg`` on ``device`` in ``dtype``, with the reference model's initial weights
+    (drawn from torch's generator)."""
     with torch.device(device):
-        return Stack(cfg).to(dtype)
+        stack = Stack(cfg)
+        init_weights(stack, INIT_STD, cfg.layers)
+        return stack.to(dtype)
 
 
 def check_fits(graph: LayerGraph, micro_batch: int, dtype: str, device: torch.device, fraction: float = 0.6) -> float:

@@ -20,20 +20,22 @@ from vocab.errors import ShardplanError
 
 ACT_BYTES = 2  # activations in bf16/fp16
 MASK_BYTES = 1  # dropout masks
+PARAM_BYTES = 2  # weights in bf16/fp16
 
 
 def _linear(
     name: str, block: int | None, btype: str, s: int, d_in: int, d_out: int, *, bias: bool,
-    tp: str, act_tp_sharded: bool, save_input: bool = True, pb: int = 2,
+    tp: str, act_tp_sharded: bool,
 ) -> LayerNode:
+    """A ``d_in -> d_out`` projection of ``s`` tokens; it keeps its input for backward."""
     fwd = 2.0 * s * d_in * d_out
     return LayerNode(
         name=name, kind="linear", block=block, block_type=btype,
-        params=d_in * d_out + (d_out if bias else 0), param_bytes=pb,
+        params=d_in * d_out + (d_out if bias else 0), param_bytes=PARAM_BYTES,
         fwd_flops=fwd, bwd_flops=2 * fwd,
-        act_saved_bytes=ACT_BYTES * s * d_in if save_input else 0.0,
+        act_saved_bytes=ACT_BYTES * s * d_in,
         act_tp_sharded=act_tp_sharded, out_bytes=ACT_BYTES * s * d_out,
-        mem_bytes=ACT_BYTES * s * (d_in + d_out) + pb * d_in * d_out,
+        mem_bytes=ACT_BYTES * s * (d_in + d_out) + PARAM_BYTES * d_in * d_out,
         tp=tp, dims={"in": d_in, "out": d_out},
     )
 

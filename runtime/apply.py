@@ -145,7 +145,9 @@ def model_problem(ad: ModelAdapter, facts: dict[str, Any] | None) -> str | None:
 def check_plan(spec: dict[str, Any], plan: Any, world_size: int, dev: str, seq_len: int | None = None,
                global_batch: int | None = None, precision: Precision | None = None) -> None:
     """Validate ``plan`` against the model of ``spec`` without a process group (model on meta), at
-    ``precision`` (fp32 when None: every plan runs at every precision :mod:`runtime.precision` knows)."""
+    ``precision`` (fp32 when None: every plan runs at every precision :mod:`runtime.precision` knows),
+    for sequences of ``seq_len`` tokens and steps of ``global_batch`` samples where given
+    (:func:`runtime.validate.check`)."""
     from runtime.model import build
 
     if precision is not None and (why := precision_problems(precision.name, precision.grad_dtype)):
@@ -154,28 +156,10 @@ def check_plan(spec: dict[str, Any], plan: Any, world_size: int, dev: str, seq_l
     with torch.device("meta"):
         model, _ = build(spec, meta=True)
     ad = adapt(model)
-    check(ad, strategy, world_size, dev, model_problem(ad, facts))
+    check(ad, strategy, world_size, dev, model_problem(ad, facts), seq_len or None, global_batch or None)
     cfg = _model_config(ad)
     if seq_len and cfg is not None and cfg.position == "learned" and seq_len > cfg.max_seq:
         raise ShardplanError(f"seq_len {seq_len} exceeds the model's {cfg.max_seq} learned positions")
-    m = strategy.mesh
-    if global_batch and m.pp > 1:
-        dp = m.dp
-        n_mb = strategy.num_microbatches(global_batch)
-        if n_mb < m.pp:
-            raise ShardplanError(
-                f"a pipeline of {m.pp} stages needs at least {m.pp} micro-batches per step "
-                f"(torch.distributed.pipelining refuses fewer): global batch {global_batch} / data-parallel "
-                f"{dp} / micro-batch {strategy.micro_batch} gives {n_mb}")
-    if seq_len and m.cp > 1 and seq_len % (2 * m.cp):
-        raise ShardplanError(f"context parallelism cuts each sequence into 2*cp = {2 * m.cp} chunks (head-tail load "
-                             f"balancing): seq_len {seq_len} is not divisible by it")
-    if seq_len and m.tp > 1 and strategy.tp_mode == "tsp" and seq_len % (2 * m.cp * m.tp):
-        raise ShardplanError(f"TSP cuts each sequence into 2*cp*tp = {2 * m.cp * m.tp} chunks (head-tail load "
-                             f"balancing): seq_len {seq_len} is not divisible by it")
-    if seq_len and strategy.sequence_parallel and seq_len % (strategy.mesh.tp * m.cp):
-        raise ShardplanError(f"sequence parallelism splits each rank's {seq_len // m.cp} tokens over "
-                             f"tp={strategy.mesh.tp}: not divisible")
 
 
 def _groups(ad: ModelAdapter, stage: nn.Module, strategy: Strategy, splits: list[tuple[str, int]]) -> list[tuple[str, list[str]]]:

@@ -1,8 +1,9 @@
 """Token routing for the reference model's mixture-of-experts blocks, and expert parallelism.
 
-A MoE block (:class:`runtime.model.MoE`) routes each token to ``top_k`` of ``E`` experts. The
-experts' weights are two stacked tensors (``up`` (E, h, n·f) and ``down`` (E, f, h)); the tokens
-routed to them are sorted by expert and multiplied expert by expert (:func:`grouped_mm`).
+A MoE block (:class:`profiler.reference_model.MoE`) routes each token to ``top_k`` of ``E`` experts
+(:func:`~profiler.reference_model.route`). The experts' weights are two stacked tensors (``up``
+(E, h, n·f) and ``down`` (E, f, h)); the tokens routed to them are sorted by expert and multiplied
+expert by expert (:func:`~profiler.reference_model.grouped_mm`).
 
 Expert parallelism (``ep > 1``): expert rank ``j`` of an EP group holds experts
 ``[j·E/ep, (j+1)·E/ep)``. The EP group is ``ep`` consecutive ranks of the ``dp_shard × cp`` ranks
@@ -42,20 +43,6 @@ class ExpertShard:
     size: int
 
 
-def grouped_mm(x: torch.Tensor, w: torch.Tensor, counts: list[int]) -> torch.Tensor:
-    """Rows of ``x`` (sorted by expert, ``counts[e]`` for expert ``e``) times their expert's
-    ``w[e]``: ``torch._grouped_mm`` on CUDA in bf16, an expert-by-expert loop otherwise (torch's
-    grouped GEMM has no CPU backward)."""
-    if x.device.type == "cuda" and x.dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm"):
-        offs = torch.tensor(counts, device=x.device).cumsum(0).to(torch.int32)
-        return torch._grouped_mm(x, w, offs=offs)
-    out, start = [], 0
-    for e, n in enumerate(counts):
-        out.append(x[start:start + n] @ w[e])
-        start += n
-    return torch.cat(out) if out else x.new_zeros(0, w.shape[-1])
-
-
 class _ScaleGrad(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, t: torch.Tensor, factor: float) -> torch.Tensor:
@@ -70,19 +57,6 @@ class _ScaleGrad(torch.autograd.Function):
 def scale_grad(t: torch.Tensor, factor: float) -> torch.Tensor:
     """``t`` in forward; its gradient times ``factor`` in backward."""
     return _ScaleGrad.apply(t, factor)
-
-
-def route(scores: torch.Tensor, bias: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(experts (T, k), weights (T, k)): the ``k`` best of ``scores + bias`` (the bias chooses, it
-    does not weigh), weighted by their scores renormalised to sum to one (Mixtral's top-k softmax)."""
-    chosen = torch.topk(scores + bias, k, dim=-1).indices
-    w = scores.gather(-1, chosen)
-    return chosen, w / w.sum(-1, keepdim=True)
-
-
-def counting() -> bool:
-    """Whether this forward is the step's own (not a recomputation inside backward)."""
-    return torch._C._current_graph_task_id() == -1
 
 
 def dispatch_compute_combine(xs: torch.Tensor, counts: torch.Tensor, ep: ExpertShard,

@@ -9,7 +9,7 @@ layers) draws its rows' blocks and keeps its columns. Every plan, and one proces
 whole model, thus get the same numbers (:func:`materialize` after ``apply_plan`` on a model built on
 the meta device; :func:`runtime.model.build` for a ``seeded`` spec).
 
-What each parameter draws follows :meth:`runtime.model.Transformer._init`: weights normal with
+What each parameter draws follows :func:`profiler.reference_model.init_weights`: weights normal with
 ``init_std`` (the residual outputs ``std / sqrt(2·layers)``, GPT-2 style), biases zeros, norm
 weights ones. Buffers (the MoE blocks' balancing bias and load) start at zero.
 """
@@ -23,12 +23,12 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from profiler.reference_model import RESIDUAL_OUTPUTS
 from runtime import origins
 from runtime.origins import Origin
 
 #: the largest block of a parameter one generator draws (elements)
 BLOCK_ELEMENTS = 1 << 22
-RESIDUAL_OUTPUTS = ("attn.out.weight", "mlp.down.weight", "experts.down", "shared.down.weight")
 
 
 def block_seed(seed: int, name: str, block: int) -> int:
@@ -37,7 +37,7 @@ def block_seed(seed: int, name: str, block: int) -> int:
 
 
 def _rule(name: str, std: float, layers: int) -> tuple[str, float]:
-    """(zeros | ones | normal, std) of parameter ``name``, as :meth:`Transformer._init` draws it."""
+    """(zeros | ones | normal, std) of parameter ``name``, as :func:`~profiler.reference_model.init_weights` draws it."""
     last = name.rsplit(".", 1)[-1]
     if last == "bias":
         return "zeros", 0.0

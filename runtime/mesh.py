@@ -43,12 +43,11 @@ class RuntimeMesh:
 
     Attributes:
         mesh: the 5-D device mesh named ``pp, dp_replicate, dp_shard, cp, tp``.
-        sizes: degree of each axis.
+        degrees: the plan's degrees, which own every group size (:class:`vocab.strategy.MeshFacts`).
     """
 
     mesh: DeviceMesh
-    sizes: dict[str, int]
-    ep: int = 1
+    degrees: Mesh
     tsp: bool = False  # tp_mode tsp: the tp ranks hold other tokens of the sequence too
     _flat: DeviceMesh | None = field(default=None, init=False, repr=False)
     _seq: DeviceMesh | None = field(default=None, init=False, repr=False)
@@ -58,8 +57,17 @@ class RuntimeMesh:
     def device_type(self) -> str:
         return self.mesh.device_type
 
+    @property
+    def sizes(self) -> dict[str, int]:
+        """Degree of each axis of :attr:`mesh`."""
+        return self.degrees.axes()
+
+    @property
+    def ep(self) -> int:
+        return self.degrees.ep
+
     def size(self, axis: str) -> int:
-        return self.sizes[axis]
+        return int(getattr(self.degrees, axis))
 
     def coord(self, axis: str) -> int:
         """This rank's index along ``axis``."""
@@ -73,38 +81,44 @@ class RuntimeMesh:
 
     @property
     def dp_size(self) -> int:
-        return self.sizes["dp_replicate"] * self.sizes["dp_shard"]
+        """Data-parallel replicas of the batch: ``dp_replicate × dp_shard``."""
+        return self.degrees.dp
 
     @property
     def dp_rank(self) -> int:
         """Index of this rank's data shard (replica-major), the same on all its TP/PP peers."""
-        return self.coord("dp_replicate") * self.sizes["dp_shard"] + self.coord("dp_shard")
+        return self.coord("dp_replicate") * self.degrees.dp_shard + self.coord("dp_shard")
 
     @property
     def shard_size(self) -> int:
         """Ranks that shard dense states: ``dp_shard × cp``."""
-        return self.sizes["dp_shard"] * self.sizes["cp"]
+        return self.degrees.shard
+
+    @property
+    def expert_shard_size(self) -> int:
+        """Ranks that shard expert states: ``dp_shard × cp / ep``."""
+        return self.degrees.expert_shard
 
     @property
     def reduce_size(self) -> int:
         """Ranks whose gradients are averaged: ``dp_replicate × dp_shard × cp``."""
-        return self.dp_size * self.sizes["cp"]
+        return self.degrees.dp_all
 
     @property
     def seq_size(self) -> int:
         """Ranks that hold other tokens of the same sequences: ``cp``, times ``tp`` under TSP."""
-        return self.sizes["cp"] * (self.sizes["tp"] if self.tsp else 1)
+        return self.degrees.cp * (self.degrees.tp if self.tsp else 1)
 
     @property
     def seq_rank(self) -> int:
         """This rank's index among them (``cp``-major: the flattened ``cp × tp`` order)."""
-        return self.coord("cp") * (self.sizes["tp"] if self.tsp else 1) + (self.coord("tp") if self.tsp else 0)
+        return self.coord("cp") * (self.degrees.tp if self.tsp else 1) + (self.coord("tp") if self.tsp else 0)
 
     def seq_group(self) -> dist.ProcessGroup:
         """The group of :attr:`seq_size` ranks: ``cp``, ``tp`` (TSP), or both flattened (``cp_tp``)."""
         if not self.tsp:
             return self.group("cp")
-        if self.sizes["cp"] == 1:
+        if self.degrees.cp == 1:
             return self.group("tp")
         if self._seq is None:
             self._seq = self.mesh["cp", "tp"]._flatten("cp_tp")
@@ -113,7 +127,7 @@ class RuntimeMesh:
     def shard_mesh(self) -> DeviceMesh:
         """1-D mesh of the ranks that shard dense states: ``dp_shard``, or ``dp_shard × cp``
         flattened (``dp_shard_cp``) with context parallelism."""
-        if self.sizes["cp"] == 1:
+        if self.degrees.cp == 1:
             return self.sub("dp_shard")
         if self._flat is None:
             self._flat = self.mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
@@ -126,15 +140,15 @@ class RuntimeMesh:
         """(shard group, ``dp_replicate`` group), each None where of size 1: the ranks that hold
         other tokens, over which gradients average and MoE loads add up."""
         return (self.shard_group() if self.shard_size > 1 else None,
-                self.group("dp_replicate") if self.sizes["dp_replicate"] > 1 else None)
+                self.group("dp_replicate") if self.degrees.dp_replicate > 1 else None)
 
     def expert_mesh(self) -> DeviceMesh:
         """The ranks as ``(pp, dp_replicate, efsdp, ep, tp)``: the ``dp_shard × cp`` ranks cut into
         expert-parallel groups of ``ep`` consecutive ranks (as the cost model lays them out);
         ``efsdp`` (``dp_shard × cp / ep``) holds the replicas of one EP rank's experts."""
         if self._experts is None:
-            s = self.sizes
-            shape = (s["pp"], s["dp_replicate"], self.shard_size // self.ep, self.ep, s["tp"])
+            d = self.degrees
+            shape = (d.pp, d.dp_replicate, d.expert_shard, d.ep, d.tp)
             ranks = torch.arange(dist.get_world_size()).reshape(shape)
             self._experts = DeviceMesh(self.device_type, ranks, mesh_dim_names=EXPERT_AXES)
         return self._experts
@@ -142,13 +156,13 @@ class RuntimeMesh:
     def expert_fsdp_mesh(self) -> DeviceMesh:
         """What shards the experts' states: ``efsdp``, with ``dp_replicate`` for HSDP."""
         mesh = self.expert_mesh()
-        return mesh["dp_replicate", "efsdp"] if self.sizes["dp_replicate"] > 1 else mesh["efsdp"]
+        return mesh["dp_replicate", "efsdp"] if self.degrees.dp_replicate > 1 else mesh["efsdp"]
 
     def fsdp_mesh(self) -> DeviceMesh:
         """The 1-D :meth:`shard_mesh`, or for HSDP the 2-D mesh of ``dp_replicate`` and it."""
         flat = self.shard_mesh()
-        if self.sizes["dp_replicate"] > 1:
-            return self.mesh["dp_replicate", "dp_shard" if self.sizes["cp"] == 1 else "dp_shard_cp"]
+        if self.degrees.dp_replicate > 1:
+            return self.mesh["dp_replicate", "dp_shard" if self.degrees.cp == 1 else "dp_shard_cp"]
         return flat
 
     def tp_mesh(self) -> DeviceMesh:
@@ -167,7 +181,7 @@ def build_mesh(plan_mesh: Mesh, dev: str | None = None, tsp: bool = False) -> Ru
         )
     sizes = plan_mesh.axes()
     mesh = init_device_mesh(dev or device_type(), tuple(sizes[a] for a in MESH_AXES), mesh_dim_names=MESH_AXES)
-    return RuntimeMesh(mesh=mesh, sizes=sizes, ep=plan_mesh.ep, tsp=tsp)
+    return RuntimeMesh(mesh=mesh, degrees=plan_mesh, tsp=tsp)
 
 
 def wrap_mesh(mesh: DeviceMesh | RuntimeMesh, plan_mesh: Mesh, tsp: bool = False) -> RuntimeMesh:
@@ -178,7 +192,10 @@ def wrap_mesh(mesh: DeviceMesh | RuntimeMesh, plan_mesh: Mesh, tsp: bool = False
         if tuple(mesh.mesh_dim_names or ()) != MESH_AXES:
             raise ShardplanError(f"the mesh must have the axes {MESH_AXES} (size-1 ones included), "
                                  f"not {mesh.mesh_dim_names}")
-        rt = RuntimeMesh(mesh=mesh, sizes=dict(zip(MESH_AXES, mesh.shape, strict=True)), ep=plan_mesh.ep)
+        sizes = dict(zip(MESH_AXES, (int(n) for n in mesh.shape), strict=True))
+        if sizes != plan_mesh.axes():
+            raise ShardplanError(f"the given mesh {sizes} is not the plan's {plan_mesh.axes()}")
+        rt = RuntimeMesh(mesh=mesh, degrees=plan_mesh)
     if rt.sizes != plan_mesh.axes():
         raise ShardplanError(f"the given mesh {rt.sizes} is not the plan's {plan_mesh.axes()}")
     if rt.ep != plan_mesh.ep:

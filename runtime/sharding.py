@@ -108,7 +108,7 @@ def shard(ad: ModelAdapter, stage: nn.Module, strategy: Strategy, rt: RuntimeMes
     for path, p in stage.named_parameters():
         ls = resolve(strategy, graph_name(ad, path))
         if _is_expert(path, rt):
-            value = effective_value(ls, rt.shard_size // rt.ep)
+            value = effective_value(ls, rt.expert_shard_size)
             if value in FSDP_VALUES:
                 owner = path.rsplit(".", 1)[0]
                 if owner not in [u for u, _, _ in expert_units]:
@@ -158,7 +158,7 @@ def shard(ad: ModelAdapter, stage: nn.Module, strategy: Strategy, rt: RuntimeMes
     replicated = [ReplicatedParams(STAGES[v], ps, shard_g, rep_g, rt.reduce_size, **dtypes)
                   for v, ps in sorted(by_value.items())]
     if expert_by_value:  # replicas of an expert: the same EP rank in every EP group
-        eg = rt.expert_mesh().get_group("efsdp") if rt.shard_size // rt.ep > 1 else None
+        eg = rt.expert_mesh().get_group("efsdp") if rt.expert_shard_size > 1 else None
         replicated += [ReplicatedParams(STAGES[v], ps, eg, rep_g, rt.reduce_size // rt.ep, **dtypes)
                        for v, ps in sorted(expert_by_value.items())]
     if rt.device_type != "cuda" and any(resolve(strategy, u).offload != "none" for u in ad.units()):

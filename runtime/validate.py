@@ -7,6 +7,8 @@ from torch import nn
 from runtime.adapters import ModelAdapter
 from runtime.units import resolve, slice_interleave, split_targets
 from vocab.errors import ShardplanError
+from vocab.rules import ModelShape, Subject
+from vocab.rules import problems as rule_problems
 from vocab.strategy import Strategy
 
 
@@ -37,8 +39,20 @@ def _split_problems(ad: ModelAdapter, strategy: Strategy) -> list[str]:
     return out
 
 
-def check(ad: ModelAdapter, strategy: Strategy, world_size: int, device: str, model_problem: str | None = None) -> None:
-    """Raise :class:`PlanMismatchError` listing every disagreement between plan and model.
+def model_shape(ad: ModelAdapter) -> ModelShape:
+    """What the validity rules read of a model the runtime adapted."""
+    known = ", ".join(ad.units()[:3] + ["...", ad.units()[-1]])
+    return ModelShape(f"this {ad.kind} model", ad.heads, ad.kv_heads, ad.ffn_hidden, ad.experts, ad.num_layers,
+                      ad.has, f"the model has {known} and their operators")
+
+
+def check(ad: ModelAdapter, strategy: Strategy, world_size: int, device: str, model_problem: str | None = None,
+          seq_len: int | None = None, global_batch: int | None = None) -> None:
+    """Raise :class:`PlanMismatchError` listing every disagreement between plan and model: the rules
+    every validator applies (:data:`vocab.rules.RULES`, with the runtime's: tensor parallelism divides
+    the heads, KV heads and FFN width and leaves experts whole, a pipeline gets a micro-batch per
+    rank, sequence parallelism gets whole tokens) and what the runtime implements for its reference
+    model only.
 
     Args:
         ad: the model.
@@ -46,56 +60,14 @@ def check(ad: ModelAdapter, strategy: Strategy, world_size: int, device: str, mo
         world_size: processes in the default group.
         device: ``cpu`` or ``cuda``.
         model_problem: why the plan document names another model, if it does.
+        seq_len, global_batch: the workload, where known.
     """
-    m = strategy.mesh
-    problems: list[str] = []
-    if model_problem:
-        problems.append(model_problem)
-    if m.world_size != world_size:
-        problems.append(f"world size: the plan's mesh {m.axes()} has {m.world_size} ranks, the process group {world_size}")
-    experts = ad.experts
-    if m.ep > 1:
-        if not experts:
-            problems.append(f"expert parallelism (ep={m.ep}) needs a mixture-of-experts model of the runtime's own")
-        elif experts % m.ep:
-            problems.append(f"ep={m.ep} does not divide the {experts} experts")
-        if (m.dp_shard * m.cp) % m.ep:
-            problems.append(f"ep={m.ep} must divide dp_shard x cp = {m.dp_shard * m.cp} (expert ranks are data-parallel ranks)")
-    if experts and m.tp > 1:
-        problems.append(f"tp={m.tp} with mixture-of-experts blocks: the runtime does not split experts over tensor-parallel ranks")
-    if m.cp > 1:
-        if ad.kind != "reference":
-            problems.append(f"context parallelism (cp={m.cp}) is implemented for the reference model only, not {ad.kind}")
-        local_heads = ad.heads // m.tp if ad.heads % m.tp == 0 else 0
-        if strategy.cp_mode == "ulysses" and local_heads and local_heads % m.cp:
-            problems.append(f"Ulysses splits the {local_heads} heads of a tp rank over cp={m.cp}: not divisible")
-    if m.tp > 1 and strategy.tp_mode == "tsp":
-        if ad.kind != "reference":
-            problems.append(f"tp_mode tsp is implemented for the reference model only, not {ad.kind}")
-        if m.cp > 1 and strategy.cp_mode == "ulysses":
-            problems.append("tp_mode tsp with Ulysses context parallelism: the runtime runs TSP with ring attention")
-    elif m.tp > 1:
-        for what, n in (("heads", ad.heads), ("kv_heads", ad.kv_heads), ("ffn_hidden", ad.ffn_hidden)):
-            if n % m.tp:
-                problems.append(f"tp={m.tp} does not divide {what}={n}")
-    if m.pp > 1:
-        if ad.kind != "reference":
-            problems.append(f"pipeline parallelism (pp={m.pp}) is implemented for the reference model only, not {ad.kind}")
-        n_stages = strategy.num_stages
-        if strategy.stage_layers is not None and sum(strategy.stage_layers) != ad.num_layers:
-            problems.append(f"stage_layers {strategy.stage_layers} sum to {sum(strategy.stage_layers)}, "
-                            f"the model has {ad.num_layers} layers")
-        elif strategy.stage_layers is None and n_stages > ad.num_layers:
-            problems.append(f"{n_stages} pipeline stages for {ad.num_layers} layers")
-        emb, head = resolve(strategy, "embed.tok").sharding, resolve(strategy, "head").sharding
-        if ad.tied and emb != head:
-            problems.append(f"tied embeddings over pipeline stages need the same sharding for 'embedding' and "
-                            f"'head' (their gradients are summed shard by shard); the plan has {emb} and {head}")
-    unknown = [ls.unit for ls in strategy.layers if not ad.has(ls.unit)]
-    if unknown:
-        known = ", ".join(ad.units()[:3] + ["...", ad.units()[-1]])
-        problems.append(f"units/operators not in the model: {unknown} (the model has {known} and their operators)")
-    if not unknown:
+    problems = [model_problem] if model_problem else []
+    problems += rule_problems(Subject(strategy, model_shape(ad), seq_len, global_batch, world_size,
+                                      "the process group's {} ranks", strict_tp=True, tp_experts=False,
+                                      pipelining=True, sp_tokens=True))
+    problems += _runtime_problems(ad, strategy)
+    if all(ad.has(ls.unit) for ls in strategy.layers):
         problems += _split_problems(ad, strategy)
     for ls in [strategy.default, *strategy.layers]:
         if ls.offload != "none" and device == "cuda" and ls.sharding not in ("zero3", "zero3_keep"):
@@ -103,3 +75,24 @@ def check(ad: ModelAdapter, strategy: Strategy, world_size: int, device: str, mo
     if problems:
         uniq = list(dict.fromkeys(problems))
         raise PlanMismatchError("plan and model disagree: " + "; ".join(uniq))
+
+
+def _runtime_problems(ad: ModelAdapter, strategy: Strategy) -> list[str]:
+    """What the runtime runs for its reference model only, or not at all."""
+    m, out = strategy.mesh, []
+    ref = ad.kind == "reference"
+    if m.cp > 1 and not ref:
+        out.append(f"context parallelism (cp={m.cp}) is implemented for the reference model only, not {ad.kind}")
+    if m.tp > 1 and strategy.tp_mode == "tsp":
+        if not ref:
+            out.append(f"tp_mode tsp is implemented for the reference model only, not {ad.kind}")
+        if m.cp > 1 and strategy.cp_mode == "ulysses":
+            out.append("tp_mode tsp with Ulysses context parallelism: the runtime runs TSP with ring attention")
+    if m.pp > 1:
+        if not ref:
+            out.append(f"pipeline parallelism (pp={m.pp}) is implemented for the reference model only, not {ad.kind}")
+        emb, head = resolve(strategy, "embed.tok").sharding, resolve(strategy, "head").sharding
+        if ad.tied and emb != head:
+            out.append(f"tied embeddings over pipeline stages need the same sharding for 'embedding' and "
+                       f"'head' (their gradients are summed shard by shard); the plan has {emb} and {head}")
+    return out

@@ -23,7 +23,15 @@ import numpy as np
 
 from costmodel.device import DeviceModel
 from costmodel.estimate import rank_sends
-from costmodel.pipeline import in_flight, ramp_step, time_shared
+from costmodel.pipeline import (
+    balanced_coef,
+    in_flight,
+    pipeline_step,
+    ramp_step,
+    step_terms,
+    time_shared,
+    with_ends,
+)
 from costmodel.vectorized import GridReport
 from solvers.chain import memory_budget
 from vocab.strategy import MeshConfig, Workload, rank_blocks
@@ -81,9 +89,7 @@ def grid_bounds(gr: GridReport, rows: MeshRows, dev: DeviceModel, layout: tuple,
     fill = np.maximum(0.0, (t - 2 * weight) / p)
 
     def bound(worst: np.ndarray) -> np.ndarray:  # grows with the slowest stage
-        pipe = np.select([p == 1, sched == "interleaved", sched == "zb"],
-                         [m * t, m * worst + (p - 1) * worst / v, m * worst + (p - 1) * fill],
-                         (m - 1) * worst + t)
+        pipe = pipeline_step(sched, m, p, v, worst, t, fill)
         ramp = ramp_step(sched, t, worst, fill, p, v)
         return time_shared(pipe, m, t, p, dev.share, ramp) + extra / p + dev.c.step_overhead_s
 
@@ -178,7 +184,7 @@ def pipeline_lagrange(gr: GridReport, rows: MeshRows, dev: DeviceModel, head: in
         return out
     idx = np.flatnonzero(use)
     p, m = rows.p[idx, None], rows.m[idx, None]
-    coef = np.where(rows.sched[idx, None] == "zb", m / p, (m - 1) / p + 1)
+    coef = balanced_coef(rows.sched[idx, None], m, p, rows.v[idx, None])
     counts = np.bincount(np.array(gr.unit_index), minlength=len(gr.units))
     parts = []
     for k, u in enumerate(gr.units):
@@ -249,7 +255,8 @@ def interleaved_lagrange(gr: GridReport, rows: MeshRows, dev: DeviceModel, layou
             mem = mult[..., None] * acts[:, None] + states[:, None]  # (rows, ranks, classes, options)
             room = np.repeat(rows.budget[idx, None], P, axis=1)  # (rows, ranks)
             ranks = np.minimum(ranks, _rank_duals(time, mem, held, base, room))
-        out[idx] = (m + (P - 1) / V) * ranks.max(axis=1) + extra[idx] / P + dev.c.step_overhead_s
+        slowest = step_terms("interleaved", m, P, V)[0]  # per second of the slowest rank
+        out[idx] = slowest * ranks.max(axis=1) + extra[idx] / P + dev.c.step_overhead_s
     return out * min(1.0, dev.share)  # time-shared cores: at least share × the full-speed bound
 
 
@@ -285,11 +292,9 @@ def _rank_duals(time: np.ndarray, mem: np.ndarray, held: np.ndarray, base: np.nd
 def _held(block_cls: list[int], emb: int | None, head: int | None, L: int, P: int, V: int, K: int) -> np.ndarray:
     """(ranks, unit classes): how many units of each class each rank holds under the even split."""
     held = np.zeros((P, K))
-    for r, blocks in enumerate(rank_blocks(L, P, V)):
-        for b in blocks:
-            held[r, block_cls[b]] += 1
-    if emb is not None:
-        held[0, emb] += 1
-    if head is not None:
-        held[P - 1, head] += 1
+    ranks = with_ends([[block_cls[b] for b in blocks] for blocks in rank_blocks(L, P, V)],
+                      [] if emb is None else [emb], [] if head is None else [head])
+    for r, classes in enumerate(ranks):
+        for k in classes:
+            held[r, k] += 1
     return held

@@ -25,6 +25,7 @@ from __future__ import annotations
 import heapq
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -69,6 +70,7 @@ from solvers.space import (
 )
 from solvers.stage_bound import mixed_bound
 from solvers.stage_ilp import solve_layers
+from solvers.stage_tables import Combo
 from solvers.stages import PipelineProblem, UnitView, pipeline_strategy, solve_pipeline
 from vocab.errors import ShardplanError
 from vocab.strategy import Strategy, Workload
@@ -112,148 +114,222 @@ class _Pool:
         return sorted(self.by_mesh.values(), key=lambda x: (x[0], x[1]))
 
 
+@dataclass(frozen=True)
+class SearchControls:
+    """How :func:`search` runs beyond its time limit and runners-up: ``cutoff`` (seconds: no plan
+    slower than it is searched, and none faster is an error), ``solver`` (the back-end of the
+    per-layer MIPs, :data:`solvers.mip.SOLVERS`) and ``frontier_plans`` (also return the
+    throughput/memory frontier's plans among the alternatives, for the Pareto plot)."""
+
+    cutoff: float | None = None
+    solver: str = DEFAULT_SOLVER
+    frontier_plans: bool = True
+
+
 def search(graph: LayerGraph, cluster: Cluster, w: Workload, space: str | SpaceOptions = "full",
            memory_limit_gib: float | None = None, device: DeviceModel | None = None,
            time_limit: float | None = None, top_k: int = 5, progress: Progress | None = None,
-           cutoff: float | None = None, solver: str = DEFAULT_SOLVER, frontier_plans: bool = True) -> SearchResult:
+           controls: SearchControls | None = None) -> SearchResult:
     """The fastest plan of ``space`` that fits ``memory_limit_gib`` per GPU (the GPU's memory by
     default). Raises :class:`ShardplanError` when no plan fits (see :mod:`solvers.infeasible`), or,
-    given a ``cutoff`` (seconds), when no plan is faster than that (what is slower is not searched).
-    ``solver``: the back-end of the per-layer MIPs (:data:`solvers.mip.SOLVERS`); ``frontier_plans``:
-    also return the throughput/memory frontier's plans among the alternatives (for the Pareto plot)."""
+    given a ``controls.cutoff``, when no plan is faster than that (what is slower is not searched)."""
     t0 = time.perf_counter()
     opts = for_device(space if isinstance(space, SpaceOptions) else space_options(space), cluster.accelerator.kind)
-    dev = device or DeviceModel(cluster)
     limit = memory_limit_gib if memory_limit_gib is not None else cluster.memory_bytes / GIB
     if limit <= 0:
         raise ShardplanError(f"memory limit must be positive, got {limit} GiB")
-    configs = mesh_list(graph, cluster, w, opts)
-    if not configs:
-        raise ShardplanError(
-            f"no mesh of the '{opts.name}' space is valid for {cluster.world_size} GPUs, global batch "
-            f"{w.global_batch} and seq_len {w.seq_len}: the global batch must be divisible by the "
-            f"data-parallel degree (and seq_len by 2*cp)")
-    uopts, lopts = grid_options(opts)  # lopts: for the bounds of meshes without a pipeline
-    units = unit_names(graph) if opts.recompute_blocks_only else []  # grid plans recompute blocks only
-    pool = _Pool(max(top_k, 1), np.inf if cutoff is None else cutoff)
-    lb0 = compute_bound(graph, cluster, w, configs, device=dev)
-    order = np.argsort(lb0, kind="stable")
-    parts: list[tuple[np.ndarray, GridReport, GridReport | None]] = []
-    frontier: list[tuple[float, float, int, int, int]] = []  # (memory, step, part, i, j)
-    priced = 0
-    timed_out = False
-    pruned_at = len(order)
-    for start in range(0, len(order), CHUNK):
-        chunk = order[start:start + CHUNK]
-        if time_limit is not None and start and time.perf_counter() - t0 > time_limit:
-            pruned_at, timed_out = start, True
-            break
-        live = chunk[lb0[chunk] < pool.cut]
-        if not len(live):
-            pruned_at = start
-            break
-        rows = [configs[i] for i in live]
-        gr = price_grid(graph, cluster, w, rows, uopts, memory_limit_gib=limit, device=dev, large_ops=large_ops,
-                        recompute_blocks_only=opts.recompute_blocks_only)
-        priced += gr.size
+    run = _Search(graph, cluster, w, opts, device or DeviceModel(cluster), limit,
+                  (time_limit, top_k, progress), controls or SearchControls(), t0)
+    run.price_uniform()
+    run.solve_per_layer()
+    return run.result()
+
+
+class _Search:
+    """One search's state: the space, the incumbents (:class:`_Pool`), the priced grids (parts),
+    the throughput/memory frontier and what is left unproven."""
+
+    def __init__(self, graph: LayerGraph, cluster: Cluster, w: Workload, opts: SpaceOptions, dev: DeviceModel,
+                 limit: float, how: tuple[float | None, int, Progress | None], controls: SearchControls, t0: float):
+        self.graph, self.cluster, self.w, self.opts, self.dev, self.limit = graph, cluster, w, opts, dev, limit
+        self.time_limit, self.top_k, self.progress = how
+        self.controls, self.t0 = controls, t0
+        self.configs = mesh_list(graph, cluster, w, opts)
+        if not self.configs:
+            raise ShardplanError(
+                f"no mesh of the '{opts.name}' space is valid for {cluster.world_size} GPUs, global batch "
+                f"{w.global_batch} and seq_len {w.seq_len}: the global batch must be divisible by the "
+                f"data-parallel degree (and seq_len by 2*cp)")
+        self.uopts, self.lopts = grid_options(opts)  # lopts: for the bounds of meshes without a pipeline
+        self.col = {o: j for j, o in enumerate(self.uopts)}  # grid columns of the options
+        self.lcol = {o: j for j, o in enumerate(self.lopts)}
+        self.units = unit_names(graph) if opts.recompute_blocks_only else []  # grid plans recompute blocks only
+        self.pool = _Pool(max(self.top_k, 1), np.inf if controls.cutoff is None else controls.cutoff)
+        self.parts: list[Part] = []
+        self.frontier: list[tuple[float, float, int, int, int]] = []  # (memory, step, part, i, j)
+        self.priced, self.timed_out = 0, False
+        self.bound_left: list[float] = []
+        self.memo: dict[tuple, Any] = {}  # pipeline sub-problems solved, by signature
+        self.chains: dict[MeshConfig, Any] = {}  # per-layer problems of meshes without a pipeline, priced ahead
+
+    def out_of_time(self) -> bool:
+        return self.time_limit is not None and time.perf_counter() - self.t0 > self.time_limit
+
+    def price_uniform(self) -> None:
+        """Step 1: the configurations in increasing order of their compute bound, priced with every
+        uniform layer strategy a chunk at a time, until the bound reaches the pool's cut."""
+        lb0 = compute_bound(self.graph, self.cluster, self.w, self.configs, device=self.dev)
+        order = np.argsort(lb0, kind="stable")
+        pruned_at = len(order)
+        for start in range(0, len(order), CHUNK):
+            chunk = order[start:start + CHUNK]
+            if start and self.out_of_time():
+                pruned_at, self.timed_out = start, True
+                break
+            live = chunk[lb0[chunk] < self.pool.cut]
+            if not len(live):
+                pruned_at = start
+                break
+            self._price_chunk(live)
+            if self.progress:
+                self.progress("pricing uniform plans", min(start + CHUNK, len(order)), len(order))
+        self.bound_left = [float(lb0[order[pruned_at]])] if pruned_at < len(order) else []
+
+    def _price_chunk(self, live: np.ndarray) -> None:
+        """Price the configurations ``live`` (indices) with every uniform option, and the large-operator
+        options where the bounds need them; the best cells join the pool, all the frontier."""
+        opts, uopts = self.opts, self.uopts
+        rows = [self.configs[i] for i in live]
+        gr = price_grid(self.graph, self.cluster, self.w, rows, uopts, memory_limit_gib=self.limit, device=self.dev,
+                        large_ops=large_ops, recompute_blocks_only=opts.recompute_blocks_only)
+        self.priced += gr.size
         mask = grid_mask(rows, uopts, opts)
         step = np.where(gr.fits if mask is None else gr.fits & mask, gr.step_time_s, np.inf)
-        part = len(parts)
+        part = len(self.parts)
         # the large-operator options bound the per-operator choices: of meshes without a pipeline,
         # and in the staged space of pipelines too
-        large_rows = [configs[i] for i in live if configs[i].pp == 1 or opts.mix_stages]
-        gl = price_grid(graph, cluster, w, large_rows, lopts, memory_limit_gib=limit, device=dev,
-                        large_ops=large_ops) if (large_rows and lopts) else None
-        parts.append((live, gr, gl))
+        large_rows = [self.configs[i] for i in live if self.configs[i].pp == 1 or opts.mix_stages]
+        gl = price_grid(self.graph, self.cluster, self.w, large_rows, self.lopts, memory_limit_gib=self.limit,
+                        device=self.dev, large_ops=large_ops) if (large_rows and self.lopts) else None
+        self.parts.append((live, gr, gl))
         flat = step.ravel()
-        for f in np.argsort(flat, kind="stable")[:max(top_k, 1) + 2]:
+        for f in np.argsort(flat, kind="stable")[:max(self.top_k, 1) + 2]:
             if np.isfinite(flat[f]):
                 i, j = divmod(int(f), len(uopts))
-                pool.add(float(flat[f]), (0, int(live[i]), j), _grid_builder(gr, i, j, units), "grid")
-        frontier = _pareto(frontier + _chunk_frontier(gr.memory_peak_gib, step, part))
-        if progress:
-            progress("pricing uniform plans", min(start + CHUNK, len(order)), len(order))
-    bound_left = [float(lb0[order[pruned_at]])] if pruned_at < len(order) else []
-    memo: dict[tuple, Any] = {}
-    col = {o: j for j, o in enumerate(uopts)}
-    lcol = {o: j for j, o in enumerate(lopts)}
-    chains: dict[MeshConfig, Any] = {}  # per-layer problems of meshes without a pipeline, priced ahead
-    if opts.per_layer:
-        items = _items(graph, parts, configs, opts, uopts, w, dev, _layout(graph), limit, pool.cut)
-        for n, (lb, key, part, i, sub) in enumerate(items):
-            if lb >= pool.cut:
-                break
-            if time_limit is not None and time.perf_counter() - t0 > time_limit:
-                timed_out = True
-                bound_left.append(lb)
-                break
-            cfg = configs[int(parts[part][0][i])]
-            left = None if time_limit is None else max(time_limit - (time.perf_counter() - t0), 0.05)
-            if sub is None:
-                if cfg not in chains:  # this mesh and the next ones still in reach, priced together
-                    ahead = [configs[int(parts[pt][0][ii])] for lb2, _, pt, ii, sb in items[n:n + 4 * CHAIN_BATCH]
-                             if sb is None and lb2 < pool.cut][:CHAIN_BATCH]
-                    chains.update(zip(ahead, mesh_problems(graph, dev, ahead, w, opts, limit), strict=True))
-                prob = chains.pop(cfg)
-                priced += sum(len(o) for o in prob.options)
-                sol = solve_ilp(prob, time_limit=left, cutoff=pool.cut, solver=solver,
-                                hint=_grid_hint(parts[part][1], i, uopts) if solver in HINTED else None)
-                if sol.status == "time_limit":
-                    bound_left.append(sol.bound)
-                    timed_out = True
-                if sol.choice is not None:
-                    pool.add(sol.objective, (1,) + key, _chain_builder(graph, cfg, prob, sol.choice), "ilp")
-            else:
-                gr, gl = parts[part][1], parts[part][2]
-                js = [[col[GridOption(sh, rc, off)] for rc in opts.recomputes] for sh, off in sub]
-                # inside the stages of the staged space: OSDP's operator options too (mesh-specific)
-                ops = operator_options(opts, cfg.dp_shard * cfg.cp) if opts.mix_stages else []
-                sig = (sub, cfg if ops else None) + _signature(gr, i, [j for pair in js for j in pair], cfg, w,
-                                                               dev, limit)
-                if sig in memo:  # an identical problem (another mesh with the same costs) was solved
-                    psol = memo[sig]
-                else:
-                    qs = []
-                    for (sh, off), pair in zip(sub, js, strict=True):
-                        views = {k: [_view(u, i, j) for j in pair] for k, u in enumerate(gr.units)}
-                        qs.append(PipelineProblem(graph, dev, cfg, w, sh, off, opts.recomputes, limit, views))
-                    for sh, off, k, _ in ops:  # k == 1: large operators under ZeRO-3, priced on the grid
-                        if k == 1 and gl is not None:
-                            lj = [lcol[GridOption(sh, rc, off, large=True)] for rc in opts.recomputes]
-                            views = {c: [_view(u, i, j) for j in lj] for c, u in enumerate(gl.units)}
-                            qs.append(PipelineProblem(graph, dev, cfg, w, sh, off, opts.recomputes, limit, views,
-                                                      mixed=True))
-                    splits = [PipelineProblem.lazy(graph, dev, cfg, w, sh, off, opts.recomputes, limit, k, mx)
-                              for sh, off, k, mx in ops if k > 1 or gl is None]
-                    stopped = len(bound_left)
-                    psol = memo[sig] = _solve_stages(qs, splits, pool.cut, opts, graph, left, bound_left, solver)
-                    timed_out = timed_out or len(bound_left) > stopped  # a MIP stopped by the time limit
-                if psol is not None:
-                    pool.add(psol.objective, (1,) + key, _pipe_builder(graph, cfg, psol),
-                             "stage_ilp" if opts.mix_stages else "stages")
-            if progress and n % 8 == 0:
-                progress("solving per-layer plans", n + 1, len(items))
-    if cutoff is not None and not pool.best < cutoff:
-        raise ShardplanError(f"no plan of the '{opts.name}' space is faster than {cutoff:.4g} s")
-    if not np.isfinite(pool.best):
-        from solvers.infeasible import explain
+                self.pool.add(float(flat[f]), (0, int(live[i]), j), _grid_builder(gr, i, j, self.units), "grid")
+        self.frontier = _pareto(self.frontier + _chunk_frontier(gr.memory_peak_gib, step, part))
 
-        raise explain(graph, cluster, w, opts, limit, dev, configs)
-    (best, best_solver), alternatives = _materialise(graph, cluster, w, pool, frontier if frontier_plans else [],
-                                                     parts, limit, dev,
-                                                     top_k, units)
-    objective = best.step_time_s
-    bound = proven_bound(objective, bound_left)
-    optimal = bound is not None and bound >= objective * (1 - 1e-12)
-    status = "optimal" if optimal else ("time_limit" if timed_out else "feasible")
-    if status == "optimal":
-        bound = objective
-    return SearchResult(best=best, objective=objective, bound=bound, status=status, space=opts.name,
-                        solver=best_solver, candidates=priced,
-                        time_s=time.perf_counter() - t0, alternatives=alternatives,
-                        options={"configurations": len(configs), "global_batch": w.global_batch,
-                                 "configurations_priced": int(sum(len(p[0]) for p in parts)),
-                                 "memory_limit_gib": limit})
+    def solve_per_layer(self) -> None:
+        """Step 2: spaces with per-layer choices solve each configuration exactly, in increasing order
+        of its bound, until the bound reaches the pool's cut."""
+        if not self.opts.per_layer:
+            return
+        items = _items(self.graph, self.parts, self.configs, self.opts, self.uopts, self.w, self.dev,
+                       _layout(self.graph), self.limit, self.pool.cut)
+        for n, (lb, key, part, i, sub) in enumerate(items):
+            if lb >= self.pool.cut:
+                break
+            if self.out_of_time():
+                self.timed_out = True
+                self.bound_left.append(lb)
+                break
+            cfg = self.configs[int(self.parts[part][0][i])]
+            left = None if self.time_limit is None else max(self.time_limit - (time.perf_counter() - self.t0), 0.05)
+            if sub is None:
+                self._solve_chain(items[n:n + 4 * CHAIN_BATCH], key, (part, i), cfg, left)
+            else:
+                self._solve_pipeline(key, (part, i), sub, cfg, left)
+            if self.progress and n % 8 == 0:
+                self.progress("solving per-layer plans", n + 1, len(items))
+
+    def _solve_chain(self, ahead: list[tuple], key: tuple, at: tuple[int, int], cfg: MeshConfig,
+                     left: float | None) -> None:
+        """A mesh without a pipeline: its OSDP chain (priced with the next ones of ``ahead`` still in reach)."""
+        part, i = at
+        if cfg not in self.chains:  # this mesh and the next ones still in reach, priced together
+            due = [self.configs[int(self.parts[pt][0][ii])] for lb2, _, pt, ii, sb in ahead
+                   if sb is None and lb2 < self.pool.cut][:CHAIN_BATCH]
+            self.chains.update(zip(due, mesh_problems(self.graph, self.dev, due, self.w, self.opts, self.limit),
+                                   strict=True))
+        prob = self.chains.pop(cfg)
+        self.priced += sum(len(o) for o in prob.options)
+        solver = self.controls.solver
+        sol = solve_ilp(prob, time_limit=left, cutoff=self.pool.cut, solver=solver,
+                        hint=_grid_hint(self.parts[part][1], i, self.uopts) if solver in HINTED else None)
+        if sol.status == "time_limit":
+            self.bound_left.append(sol.bound)
+            self.timed_out = True
+        if sol.choice is not None:
+            self.pool.add(sol.objective, (1,) + key, _chain_builder(self.graph, cfg, prob, sol.choice), "ilp")
+
+    def _solve_pipeline(self, key: tuple, at: tuple[int, int], sub: tuple, cfg: MeshConfig, left: float | None) -> None:
+        """A pipeline mesh whose stages choose among the (sharding, offload) pairs ``sub``: solved
+        once per signature (another mesh with the same costs has the same optimum)."""
+        opts, part, i = self.opts, *at
+        gr, gl = self.parts[part][1], self.parts[part][2]
+        js = [[self.col[GridOption(sh, rc, off)] for rc in opts.recomputes] for sh, off in sub]
+        # inside the stages of the staged space: OSDP's operator options too (mesh-specific)
+        ops = operator_options(opts, cfg.dp_shard * cfg.cp) if opts.mix_stages else []
+        sig = (sub, cfg if ops else None) + _signature(gr, i, [j for pair in js for j in pair], cfg, self.w,
+                                                       self.dev, self.limit)
+        if sig in self.memo:  # an identical problem (another mesh with the same costs) was solved
+            psol = self.memo[sig]
+        else:
+            qs = self._problems(at, sub, js, ops, cfg)
+            splits = [PipelineProblem.lazy(self.graph, self.dev, cfg, self.w, Combo(sh, off, k, mx), opts.recomputes,
+                                           self.limit) for sh, off, k, mx in ops if k > 1 or gl is None]
+            stopped = len(self.bound_left)
+            psol = self.memo[sig] = _solve_stages(qs, splits, self.pool.cut, opts, self.graph, left, self.bound_left,
+                                                  self.controls.solver)
+            self.timed_out = self.timed_out or len(self.bound_left) > stopped  # a MIP stopped by the time limit
+        if psol is not None:
+            self.pool.add(psol.objective, (1,) + key, _pipe_builder(self.graph, cfg, psol),
+                          "stage_ilp" if opts.mix_stages else "stages")
+
+    def _problems(self, at: tuple[int, int], sub: tuple, js: list[list[int]], ops: list[tuple],
+                  cfg: MeshConfig) -> list[PipelineProblem]:
+        """The pipeline problems of grid row ``at`` priced on the grid: one per (sharding, offload) of
+        ``sub`` (grid columns ``js``), and the operator options ``ops`` whose large operators take
+        ZeRO-3 (priced on the large-operator grid)."""
+        (part, i), opts = at, self.opts
+        gr, gl = self.parts[part][1], self.parts[part][2]
+        qs = []
+        for (sh, off), pair in zip(sub, js, strict=True):
+            views = {k: [_view(u, i, j) for j in pair] for k, u in enumerate(gr.units)}
+            qs.append(PipelineProblem(self.graph, self.dev, cfg, self.w, Combo(sh, off), opts.recomputes, self.limit,
+                                      views))
+        for sh, off, k, _ in ops:  # k == 1: large operators under ZeRO-3, priced on the grid
+            if k == 1 and gl is not None:
+                lj = [self.lcol[GridOption(sh, rc, off, large=True)] for rc in opts.recomputes]
+                views = {c: [_view(u, i, j) for j in lj] for c, u in enumerate(gl.units)}
+                qs.append(PipelineProblem(self.graph, self.dev, cfg, self.w, Combo(sh, off, mixed=True),
+                                          opts.recomputes, self.limit, views))
+        return qs
+
+    def result(self) -> SearchResult:
+        """Step 3: the best plans re-priced, the runners-up and the frontier, the proven bound."""
+        opts, pool, cutoff = self.opts, self.pool, self.controls.cutoff
+        if cutoff is not None and not pool.best < cutoff:
+            raise ShardplanError(f"no plan of the '{opts.name}' space is faster than {cutoff:.4g} s")
+        if not np.isfinite(pool.best):
+            from solvers.infeasible import explain
+
+            raise explain(self.graph, self.cluster, self.w, opts, self.limit, self.dev, self.configs)
+        frontier = self.frontier if self.controls.frontier_plans else []
+        (best, best_solver), alternatives = _materialise(self.graph, self.cluster, self.w, pool, frontier, self.parts,
+                                                         self.limit, self.dev, self.top_k, self.units)
+        objective = best.step_time_s
+        bound = proven_bound(objective, self.bound_left)
+        optimal = bound is not None and bound >= objective * (1 - 1e-12)
+        status = "optimal" if optimal else ("time_limit" if self.timed_out else "feasible")
+        if status == "optimal":
+            bound = objective
+        return SearchResult(best=best, objective=objective, bound=bound, status=status, space=opts.name,
+                            solver=best_solver, candidates=self.priced,
+                            time_s=time.perf_counter() - self.t0, alternatives=alternatives,
+                            options={"configurations": len(self.configs), "global_batch": self.w.global_batch,
+                                     "configurations_priced": int(sum(len(p[0]) for p in self.parts)),
+                                     "memory_limit_gib": self.limit})
 
 
 def _solve_stages(qs: list[PipelineProblem], splits: list[Callable[[], PipelineProblem]], cut: float,

@@ -29,6 +29,7 @@ from profiler.hardware import Cluster
 from solvers.chain import ChainProblem, chain_strategy, large_ops, mesh_problem
 from solvers.osdp_ilp import least_memory
 from solvers.space import SpaceOptions, grid_options, operator_options, pipeline_combos
+from solvers.stage_tables import Combo
 from solvers.stages import PipelineProblem, PipelineSolution, pipeline_strategy, unit_problems, with_problems
 from vocab.errors import ShardplanError
 from vocab.strategy import MeshConfig, Strategy, Workload, rank_blocks
@@ -163,7 +164,7 @@ def min_memory(
                 # does not need when every unit's leanest option is the same
                 every = [(sh, off, 1, False) for sh, off in combos] + ops
                 for group in ([[c] for c in every] if tied else [every]):
-                    qs = [PipelineProblem(graph, dev, cfg, w, sh, off, opts.recomputes, 1e9, split=k, mixed=mx)
+                    qs = [PipelineProblem(graph, dev, cfg, w, Combo(sh, off, k, mx), opts.recomputes, 1e9)
                           for sh, off, k, mx in group]
                     res = _pipeline_min(qs, opts.stage_boundaries)
                     if res is not None:

@@ -2,9 +2,10 @@
 least-memory program) is written once against :class:`Model`, built as an OR-Tools MathOpt model
 and solved by HiGHS (default) or SCIP.
 
-A formulation adds columns (:meth:`Model.var`: cost, bounds, integrality) and rows
-(:meth:`Model.row`: coefficients, bounds and the *family* the row belongs to, the names
-docs/solvers.md uses); :meth:`Model.build` makes the MathOpt model of them (rows named
+A formulation adds named columns (:meth:`Model.var`: cost, bounds, integrality and the name of
+the variable family, e.g. ``count`` or ``stage_time``) and rows (:meth:`Model.row`: coefficients,
+bounds and the *family* the row belongs to, the names docs/solvers.md uses), one function per
+family; :meth:`Model.build` makes the MathOpt model of them (columns named ``name[n]``, rows
 ``family[n]``). Every back-end answers in one vocabulary: ``optimal``, ``time_limit``,
 ``feasible``, ``infeasible`` or ``cutoff`` (no plan strictly better than the incumbent), with the
 primal values, the objective and a proven lower bound.
@@ -67,15 +68,22 @@ class Model:
         self.lo: list[float] = []
         self.hi: list[float] = []
         self.integer: list[bool] = []
+        self.names: list[str] = []
         self.rows: list[tuple[dict[int, float], float, float, str]] = []
         self.families: Counter[str] = Counter()
+        self.columns: Counter[str] = Counter()
         self._hint: dict[int, float] | None = None
 
-    def var(self, cost: float = 0.0, lo: float = 0.0, hi: float = np.inf, integer: bool = False) -> int:
+    def var(self, cost: float = 0.0, lo: float = 0.0, hi: float = np.inf, integer: bool = False,
+            name: str = "x") -> int:
+        """A new column (its index): ``cost`` in the objective, ``lo <= x <= hi``, the ``name``
+        column number n named ``name[n]``."""
         self.cost.append(cost)
         self.lo.append(lo)
         self.hi.append(hi)
         self.integer.append(integer)
+        self.names.append(f"{name}[{self.columns[name]}]")
+        self.columns[name] += 1
         return len(self.cost) - 1
 
     def row(self, coefs: dict[int, float], lo: float = -np.inf, hi: float = np.inf, family: str = "row") -> None:
@@ -92,8 +100,8 @@ class Model:
         from ortools.math_opt.python import mathopt
 
         m = mathopt.Model(name=self.name)
-        xs = [m.add_variable(lb=lo, ub=hi, is_integer=i, name=f"x{j}")
-              for j, (lo, hi, i) in enumerate(zip(self.lo, self.hi, self.integer, strict=True))]
+        xs = [m.add_variable(lb=lo, ub=hi, is_integer=i, name=name)
+              for lo, hi, i, name in zip(self.lo, self.hi, self.integer, self.names, strict=True)]
         obj = m.objective
         obj.is_maximize = False
         obj.offset = offset

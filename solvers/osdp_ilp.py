@@ -12,6 +12,7 @@ its second memory row, the end of backward: ``Σ end·n + G + tail <= budget``.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -32,17 +33,60 @@ def solve_ilp(
     with none of them is left to the solver)."""
     t0 = time.perf_counter()
     red, maps = reduced(prob)
-    budget = red.budget
-    if budget < 0:
+    if red.budget < 0:
         return ChainSolution(None, np.inf, np.inf, "infeasible", time.perf_counter() - t0)
     if cutoff is not None and np.isfinite(cutoff):
         lb = lagrange_bound(red)
         if lb >= cutoff * (1 + 1e-12):  # nothing strictly better: no program to build
             return ChainSolution(None, np.inf, lb, "cutoff", time.perf_counter() - t0, {"solver": "bound"})
-    scale = 1.0 / budget if budget > 0 else 1.0  # memory rows in units of the budget
-    md = Model("osdp", solver)
     by_unit = aggregate and red.transitions is None
-    # (units, class) of each decision group
+    prog = _program(red, by_unit, solver)
+    if hint and by_unit:
+        _hint(prog.md, red, prog.groups, prog.cols, hint)
+    status, x, _, bound = prog.md.solve(red.const * prog.ts, time_limit, None if cutoff is None else cutoff * prog.ts)
+    info: dict[str, Any] = {"solver": solver, "columns": len(prog.md.cost), "rows": len(prog.md.rows)}
+    return _answer(prob, prog, (status, x, bound / prog.ts), maps, (time.perf_counter() - t0, info))
+
+
+@dataclass
+class _Program:
+    """The OSDP program as built: the model, its decision groups (units, class), each group's count
+    column per option, the objective's units of time per second, and how many units there are."""
+
+    md: Model
+    groups: list[tuple[list[int], int]]
+    cols: list[list[int]]
+    ts: float
+    units: int
+
+
+@dataclass(frozen=True)
+class _Scales:
+    """How an option's numbers enter the program: ``time`` units per second, ``memory`` units per
+    byte (of the budget), whether ``d`` folds into the cost (``d_fold``: it is never negative) or
+    enters the clipped sync's row (``clipped``)."""
+
+    time: float
+    memory: float
+    d_fold: bool
+    clipped: bool
+
+
+@dataclass
+class _Rows:
+    """The rows a program's count columns enter as they are made: the memory at backward's start,
+    at its end (when the problem has a tail) and the clipped sync ``Σ d·n``."""
+
+    memory: dict[int, float] = field(default_factory=dict)
+    end: dict[int, float] = field(default_factory=dict)
+    sync: dict[int, float] = field(default_factory=dict)
+
+
+def _program(red: ChainProblem, by_unit: bool, solver: str) -> _Program:
+    """The program of a reduced problem: a count column per (group, option), the groups the unit
+    classes when ``by_unit``, else one unit each (transition costs need them apart)."""
+    scale = 1.0 / red.budget if red.budget > 0 else 1.0  # memory rows in units of the budget
+    md = Model("osdp", solver)
     groups = _class_groups(red.classes) if by_unit else [([i], k) for i, k in enumerate(red.classes)]
     all_opts = [o for opts in red.options for o in opts]
     d_mixed = any(o.d > 0 for o in all_opts) and any(o.d < 0 for o in all_opts)
@@ -51,67 +95,83 @@ def solve_ilp(
     # otherwise take options a fraction of a microsecond apart for equal
     ref = red.const + sum(min(o.a for o in red.options[k]) for k in red.classes)
     ts = 1e4 / ref if ref > 0 else 1.0
-    e = md.var(cost=ts) if d_mixed else None
-    mem_row: dict[int, float] = {}
-    end_row: dict[int, float] = {}  # the end of backward (when the problem has a tail)
-    d_row: dict[int, float] = {}
-    cols: list[list[int]] = []
-    for units, k in groups:
-        n = len(units)
-        row_cols = []
-        for o in red.options[k]:
-            v = md.var(cost=(o.a + (o.d if d_fold else 0.0)) * ts, hi=n, integer=True)
-            row_cols.append(v)
-            mem_row[v] = o.mem * scale
-            end_row[v] = o.end * scale
-            if e is not None and o.d:
-                d_row[v] = o.d
-        md.row(dict.fromkeys(row_cols, 1.0), lo=n, hi=n, family="assign")
-        cols.append(row_cols)
+    e = md.var(cost=ts, name="sync") if d_mixed else None
+    rows = _Rows()
+    scales = _Scales(ts, scale, d_fold, e is not None)
+    cols = [_assign(md, units, red.options[k], scales, rows) for units, k in groups]
     opts_of = [red.options[k] for _, k in groups]
     sizes = [len(units) for units, _ in groups]
-    _levels(md, sizes, cols, opts_of, "g", [mem_row, end_row], scale, "gathered")
-    _levels(md, sizes, cols, opts_of, "r", [mem_row], scale, "remat")
-    md.row(mem_row, hi=budget * scale, family="memory")
-    if red.host_binds:  # the offloaded states of the rank in its share of the node's host memory
-        host_row = {v: o.host / red.host_budget for row_cols, (_, k) in zip(cols, groups, strict=True)
-                    for v, o in zip(row_cols, red.options[k], strict=True) if o.host > 0}
-        md.row(host_row, hi=1.0, family="host")
+    _levels(md, sizes, cols, opts_of, "g", [rows.memory, rows.end], scale, "gathered")
+    _levels(md, sizes, cols, opts_of, "r", [rows.memory], scale, "remat")
+    _memory(md, red, rows, scale)
+    _host(md, red, groups, cols)
     if red.tail is not None:
-        md.row(end_row, hi=(budget - red.tail) * scale, family="memory_end")
+        md.row(rows.end, hi=(red.budget - red.tail) * scale, family="memory_end")
     if e is not None:
-        md.row({**d_row, e: -1.0}, hi=0.0, family="sync")
+        md.row({**rows.sync, e: -1.0}, hi=0.0, family="sync")  # e >= Σ d·n (and e >= 0)
     if red.transitions is not None and not by_unit:
-        for i, t in enumerate(red.transitions):
-            a, b = cols[i], cols[i + 1]
-            f = [[md.var(cost=float(t[c, c2]) * ts, hi=1.0) for c2 in range(len(b))] for c in range(len(a))]
-            for c in range(len(a)):
-                md.row({**{f[c][c2]: 1.0 for c2 in range(len(b))}, a[c]: -1.0}, lo=0.0, hi=0.0, family="flow_out")
-            for c2 in range(len(b)):
-                md.row({**{f[c][c2]: 1.0 for c in range(len(a))}, b[c2]: -1.0}, lo=0.0, hi=0.0, family="flow_in")
-    if hint and by_unit:
-        _hint(md, red, groups, cols, hint)
-    status, x, _, bound = md.solve(red.const * ts, time_limit, None if cutoff is None else cutoff * ts)
-    bound /= ts
-    dt = time.perf_counter() - t0
-    info: dict[str, Any] = {"solver": solver, "columns": len(md.cost), "rows": len(md.rows)}
+        _flows(md, red.transitions, cols, ts)
+    return _Program(md, groups, cols, ts, red.units)
+
+
+def _assign(md: Model, units: list[int], options: list[Any], scales: _Scales, rows: _Rows) -> list[int]:
+    """The count columns of one group (how many of its ``units`` take each option), summing to the
+    group's size (family ``assign``); each enters ``rows``."""
+    n = len(units)
+    row_cols = []
+    for o in options:
+        v = md.var(cost=(o.a + (o.d if scales.d_fold else 0.0)) * scales.time, hi=n, integer=True, name="count")
+        row_cols.append(v)
+        rows.memory[v] = o.mem * scales.memory
+        rows.end[v] = o.end * scales.memory
+        if scales.clipped and o.d:
+            rows.sync[v] = o.d
+    md.row(dict.fromkeys(row_cols, 1.0), lo=n, hi=n, family="assign")
+    return row_cols
+
+
+def _memory(md: Model, red: ChainProblem, rows: _Rows, scale: float) -> None:
+    """Backward's start within the budget (family ``memory``): states, activations, transients."""
+    md.row(rows.memory, hi=red.budget * scale, family="memory")
+
+
+def _host(md: Model, red: ChainProblem, groups: list[tuple[list[int], int]], cols: list[list[int]]) -> None:
+    """The offloaded states of the rank in its share of the node's host memory (family ``host``)."""
+    if not red.host_binds:
+        return
+    host_row = {v: o.host / red.host_budget for row_cols, (_, k) in zip(cols, groups, strict=True)
+                for v, o in zip(row_cols, red.options[k], strict=True) if o.host > 0}
+    md.row(host_row, hi=1.0, family="host")
+
+
+def _flows(md: Model, transitions: Any, cols: list[list[int]], ts: float) -> None:
+    """Transition costs between adjacent units: a flow ``f[c, c']`` per pair of their options
+    (families ``flow_out``: ``Σ_c' f = x[i, c]``, ``flow_in``: ``Σ_c f = x[i+1, c']``)."""
+    for i, t in enumerate(transitions):
+        a, b = cols[i], cols[i + 1]
+        f = [[md.var(cost=float(t[c, c2]) * ts, hi=1.0, name="flow") for c2 in range(len(b))] for c in range(len(a))]
+        for c in range(len(a)):
+            md.row({**{f[c][c2]: 1.0 for c2 in range(len(b))}, a[c]: -1.0}, lo=0.0, hi=0.0, family="flow_out")
+        for c2 in range(len(b)):
+            md.row({**{f[c][c2]: 1.0 for c in range(len(a))}, b[c2]: -1.0}, lo=0.0, hi=0.0, family="flow_in")
+
+
+def _answer(prob: ChainProblem, prog: _Program, result: tuple[str, np.ndarray | None, float],
+            maps: list[list[int]], run: tuple[float, dict[str, Any]]) -> ChainSolution:
+    """The solution of a solved program: ``result`` (status, column values, lower bound in
+    seconds), ``run`` (seconds taken, solver information)."""
+    status, x, bound = result
+    dt, info = run
     if status == "cutoff":
         return ChainSolution(None, np.inf, bound, "cutoff", dt, info)
     if x is None:
-        return ChainSolution(
-            None,
-            np.inf,
-            bound if status == "time_limit" else np.inf,
-            "infeasible" if status != "time_limit" else "time_limit",
-            dt,
-            info,
-        )
-    choice = _choice(x, groups, cols, red.units, maps)
+        timed_out = status == "time_limit"
+        return ChainSolution(None, np.inf, bound if timed_out else np.inf, "time_limit" if timed_out else "infeasible",
+                             dt, info)
+    choice = _choice(x, prog.groups, prog.cols, prog.units, maps)
     obj = prob.objective(choice)
     if not prob.fits(choice):  # rounding of a near-integral solution: should not happen
-        return ChainSolution(
-            None, np.inf, bound, "infeasible", dt, {**info, "error": "rounded solution does not fit"}
-        )
+        return ChainSolution(None, np.inf, bound, "infeasible", dt, {**info, "error": "rounded solution does not fit"})
     st = status if status in ("optimal", "time_limit") else "feasible"
     return ChainSolution(choice, obj, min(bound, obj), st, dt, info)
 
@@ -134,8 +194,8 @@ def lagrange_bound(red: ChainProblem) -> float:
     r0 = max(min(o.r for o in red.options[k]) for k in used)
     rows = [("mem", red.budget - g0 - r0)] + ([("end", red.budget - red.tail - g0)] if red.tail is not None else [])
     best = -np.inf
-    for field, room in rows:
-        m = [np.array([getattr(o, field) for o in red.options[k]]) for k in used]
+    for attr, room in rows:
+        m = [np.array([getattr(o, attr) for o in red.options[k]]) for k in used]
         lam = [np.zeros(1)]
         for ak, mk in zip(a, m, strict=True):
             da, dm = ak[:, None] - ak[None, :], mk[None, :] - mk[:, None]
@@ -156,7 +216,7 @@ def least_memory(prob: ChainProblem, solver: str = DEFAULT_SOLVER) -> tuple[floa
     md = Model("least_memory", solver)
     ref = max((max(o.mem, o.end) for row in prob.options for o in row), default=1.0) or 1.0
     scale = 1.0 / ref
-    M = md.var(cost=1.0)
+    M = md.var(cost=1.0, name="peak")
     run_row: dict[int, float] = {M: -1.0}
     end_row: dict[int, float] = {M: -1.0}
     groups = _class_groups(prob.classes)
@@ -164,7 +224,7 @@ def least_memory(prob: ChainProblem, solver: str = DEFAULT_SOLVER) -> tuple[floa
     for units, k in groups:
         row_cols = []
         for o in prob.options[k]:
-            v = md.var(hi=len(units), integer=True)
+            v = md.var(hi=len(units), integer=True, name="count")
             run_row[v] = o.mem * scale
             end_row[v] = o.end * scale
             row_cols.append(v)
@@ -218,7 +278,7 @@ def _levels(md: Model, sizes: list[int], cols: list[list[int]], options: list[li
     levels = sorted({float(getattr(o, attr)) for opts in options for o in opts if getattr(o, attr) > 0})
     prev, last = 0.0, None
     for lv in levels:
-        u = md.var(hi=1, integer=True)
+        u = md.var(hi=1, integer=True, name=f"{family}_level")
         for row in rows:
             row[u] = (lv - prev) * scale
         if last is not None:

@@ -1,10 +1,11 @@
 """Search spaces: small generator functions that yield only valid choices.
 
-Every degree a generator yields passes :func:`costmodel.estimate.check` for the model, cluster and
-workload it was given: tensor parallelism divides the attention heads and the KV heads (or the KV
+Every degree a generator yields keeps the validity rules (:data:`vocab.rules.RULES`, whose
+predicates the generators call) for the model, cluster and workload it was given: tensor
+parallelism divides the attention heads and the KV heads (or the KV
 heads divide it) and stays inside one node; expert parallelism divides the experts and
 ``dp_shard·cp``; ``pp·vpp`` stays within the layers; context parallelism keeps ``seq_len``
-divisible by ``2·cp``; micro-batch sizes divide the per-replica batch; a pipeline gets at least
+divisible by ``2·cp`` (``2·cp·tp`` under TSP); micro-batch sizes divide the per-replica batch; a pipeline gets at least
 ``pp`` micro-batches (``torch.distributed.pipelining`` refuses fewer), interleaved schedules a
 multiple of ``pp`` and as many virtual stages as divide the layers evenly (or two,
 split as evenly as possible, as Llama 3 405B and Megatron's weak-scaling runs do).
@@ -57,7 +58,9 @@ from costmodel.vectorized import GridOption
 from profiler.graph import LayerGraph
 from profiler.hardware import Cluster
 from vocab.errors import ShardplanError
+from vocab.rules import divides, kv_heads_fit, pipeline_fed, stages_fit, ulysses_fits
 from vocab.strategy import (
+    DEGREES,
     OFFLOADS,
     RECOMPUTES,
     SHARDINGS,
@@ -66,6 +69,9 @@ from vocab.strategy import (
     Strategy,
     Workload,
     even_split,
+    num_microbatches,
+    parallel_axes,
+    sequence_chunks,
 )
 from vocab.targets import Target
 
@@ -173,27 +179,28 @@ def tp_degrees(graph: LayerGraph, cluster: Cluster, world: int, strict: bool = F
     kv = int(graph.config.get("kv_heads", 0) or 0)
     ffn = int(graph.config.get("ffn_hidden", 0) or 0) if strict else 0
     for t in divisors(world):
-        if t > cluster.gpus_per_node or (heads and heads % t) or (kv and kv % t and (strict or t % kv)):
+        if t > cluster.gpus_per_node or not divides(t, heads) or not kv_heads_fit(t, kv, strict):
             continue
-        if ffn and ffn % t:
+        if not divides(t, ffn):
             continue
         yield t
 
 
 def pp_degrees(graph: LayerGraph, world: int) -> Iterator[int]:
-    yield from (p for p in divisors(world) if p <= max(graph.num_blocks, 1))
+    yield from (p for p in divisors(world) if stages_fit(p, graph.num_blocks))
 
 
 def cp_degrees(seq_len: int, world: int) -> Iterator[int]:
-    yield from (c for c in divisors(world) if c == 1 or seq_len % (2 * c) == 0)
+    yield from (c for c in divisors(world) if divides(sequence_chunks(c), seq_len))
 
 
-def ep_degrees(graph: LayerGraph, dp_shard_cp: int) -> Iterator[int]:
+def ep_degrees(graph: LayerGraph, shard: int) -> Iterator[int]:
+    """Divide the experts and the shard group (``dp_shard·cp``) expert ranks are carved out of."""
     experts = int(graph.config.get("experts", 0) or 0)
     if not experts:
         yield 1
         return
-    yield from (e for e in divisors(experts) if dp_shard_cp % e == 0)
+    yield from (e for e in divisors(experts) if divides(e, shard))
 
 
 def dp_splits(dp: int, replicate: bool = True) -> Iterator[tuple[int, int]]:
@@ -204,7 +211,7 @@ def dp_splits(dp: int, replicate: bool = True) -> Iterator[tuple[int, int]]:
 
 def micro_batches(global_batch: int, dp: int, opts: SpaceOptions) -> Iterator[int]:
     """Micro-batch sizes dividing the per-replica batch (the smallest few)."""
-    if global_batch % dp:
+    if not divides(dp, global_batch):
         return
     sizes = [b for b in divisors(global_batch // dp) if b <= opts.max_micro_batch]
     yield from sizes[: opts.max_micro_batch_sizes]
@@ -215,14 +222,14 @@ def schedules(pp: int, n_mb: int, blocks: int, opts: SpaceOptions) -> Iterator[t
     if pp == 1:
         yield "1f1b", 1
         return
-    if n_mb < pp:  # fewer micro-batches than stages: PyTorch's schedules refuse it
+    if not pipeline_fed(pp, n_mb):
         return
     for s in opts.schedules:
         if s == "interleaved":
-            if n_mb % pp:
+            if not divides(pp, n_mb):
                 continue
             for v in range(2, opts.max_vpp + 1):  # Megatron's rule (layers divide evenly), and always 2
-                if pp * v <= blocks and (blocks % (pp * v) == 0 or v == 2) and stages_allowed(s, pp, v, blocks, opts):
+                if stages_fit(pp * v, blocks) and (blocks % (pp * v) == 0 or v == 2) and stages_allowed(s, pp, v, blocks, opts):
                     yield s, v
         elif s != "gpipe" and stages_allowed(s, pp, 1, blocks, opts):
             yield s, 1
@@ -265,16 +272,16 @@ def mesh_configs(
                                                              cp=cp, tp=tp, ep=ep):
                             continue
                         for b in micro_batches(w.global_batch, dp, opts):
-                            n_mb = w.global_batch // (dp * b)
+                            n_mb = num_microbatches(w.global_batch, dp, b)
                             for sched, vpp in schedules(pp, n_mb, blocks, opts):
                                 for tpm in opts.tp_modes if tp > 1 else ("megatron",):
-                                    if tpm == "tsp" and w.seq_len % (2 * cp * tp):
-                                        continue  # TSP cuts sequences into 2·cp·tp chunks (head-tail)
+                                    if tpm == "tsp" and not divides(sequence_chunks(cp, tp, True), w.seq_len):
+                                        continue
                                     sps = (False,) if tp == 1 or tpm == "tsp" else opts.sequence_parallel
                                     for sp in sps:
                                         cpms = opts.cp_modes if tpm != "tsp" else opts.tsp_cp_modes
                                         for cpm in cpms if cp > 1 else ("ring",):
-                                            if cpm == "ulysses" and heads % (tp * cp):
+                                            if cpm == "ulysses" and not ulysses_fits(tp, cp, heads):
                                                 continue
                                             rot = opts.cp_rotate if cp > 1 and cpm == "ring" else "allgather"
                                             yield MeshConfig(
@@ -301,14 +308,15 @@ def mesh_list(graph: LayerGraph, cluster: Cluster, w: Workload, opts: SpaceOptio
     if opts.max_axes is None:
         return list(found)
     if axes is None:  # counted once, on the first narrowed search
-        axes = np.array([axes_above_one(m.pp, m.dp_replicate, m.dp_shard, m.cp, m.tp, m.ep) for m in found], int)
+        axes = np.array([len(m.parallel_axes) for m in found], int)
         _MESHES[key] = (found, axes)
     return [found[i] for i in np.flatnonzero(axes <= opts.max_axes)]
 
 
 def axes_above_one(*degrees: int) -> int:
-    """How many of a mesh's degrees exceed 1: the parallel axes a person sets up."""
-    return sum(d > 1 for d in degrees)
+    """How many of a mesh's degrees (``pp, dp_replicate, dp_shard, cp, tp, ep``) exceed 1: the
+    parallel axes a person sets up (:func:`vocab.strategy.parallel_axes`)."""
+    return len(parallel_axes(dict(zip(DEGREES, degrees, strict=True))))
 
 
 def _has_degrees(want: tuple[tuple[str, int], ...], **mesh: int) -> bool:
@@ -384,7 +392,7 @@ def pipeline_combos(graph: LayerGraph, cfg: MeshConfig, opts: SpaceOptions) -> I
     same: the runtime sums the two copies' gradients, which needs them sharded alike); otherwise
     one pair serves the whole pipeline. Without a shard group every sharding prices as
     replication: one stands for all (:func:`sharding_offloads`)."""
-    pairs = sharding_offloads(opts, cfg.dp_shard * cfg.cp)
+    pairs = sharding_offloads(opts, cfg.shard)
     if not opts.mix_stages:
         yield from ([pair] for pair in pairs)
     else:
@@ -438,7 +446,7 @@ def _rules(cfg: MeshConfig) -> tuple[bool, bool, bool, bool]:
     data parallelism beside model parallelism, and data parallelism without a shard group
     (``dp_shard·cp == 1``: whatever the sharding, it runs as plain DDP)."""
     return (cfg.pp > 1, cfg.dp_replicate > 1,
-            cfg.dp > 1 and max(cfg.pp, cfg.tp, cfg.cp, cfg.ep) > 1, cfg.dp > 1 and cfg.dp_shard * cfg.cp == 1)
+            cfg.dp > 1 and max(cfg.pp, cfg.tp, cfg.cp, cfg.ep) > 1, cfg.dp > 1 and cfg.shard == 1)
 
 
 def mesh_shardings(opts: SpaceOptions, cfg: MeshConfig) -> tuple[str, ...]:

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from costmodel.estimate import rank_sends
-from costmodel.pipeline import ramp_step, time_shared
+from costmodel.pipeline import ramp_step, step_terms, time_shared
 from solvers.stage_tables import INF, PipelineProblem, best_splits, pareto_front
 from vocab.strategy import rank_blocks
 
@@ -53,18 +53,18 @@ def mixed_bound(qs: Sequence[PipelineProblem], nonuniform: bool = True) -> float
     max_t, sum_t = best(times, np.maximum), best(times, np.add)
     if not np.isfinite(max_t):
         return INF
-    one_f_one_b = sched not in ("interleaved", "zb")
-    scale = {"interleaved": m + (p - 1) / v, "zb": float(m)}.get(sched, m - 1.0)
-    pipe = scale * max_t + (sum_t if one_f_one_b else 0.0)
-    ramp = ramp_step(sched, sum_t, max_t, 0.0, p, v)  # the zero-bubble fill is at least 0
+    # the schedule's step as (per second of the slowest T, of Σ T); the zero-bubble fill is at least 0
+    scale, on_sum, _ = step_terms(sched, m, p, v)
+    pipe = scale * max_t + on_sum * sum_t
+    ramp = ramp_step(sched, sum_t, max_t, 0.0, p, v)
     bound = float(time_shared(pipe, m, sum_t, p, pp.dev.share, ramp)) + _per_step(qs, fixed)
     if pp.dev.share >= 1.0:
-        # the step is at least any rank's scale·T + optimizer + offload + exposed sync (1F1B: plus
-        # Σ T), the exposed sync at least κ·S and at least S - (1-κ)·overlap·window
+        # the step is at least any rank's scale·T + optimizer + offload + exposed sync (plus the
+        # Σ T term), the exposed sync at least κ·S and at least S - (1-κ)·overlap·window
         k, ov = c.comm_interference, c.dp_overlap
         for exposed in (lambda u: k * u.sync, lambda u: u.sync - (1 - k) * ov * u.window):
             table = _tables(qs, lambda u, e=exposed: scale * u.time + u.optim + u.offload + e(u), scale)
-            bound = max(bound, best(table, np.maximum) + (sum_t if one_f_one_b else 0.0))
+            bound = max(bound, best(table, np.maximum) + on_sum * sum_t)
     return bound + c.step_overhead_s
 
 

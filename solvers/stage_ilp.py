@@ -11,10 +11,10 @@ option on each stage, but for maxima, which are linearised:
 * ``T_k`` (a stage's time per micro-batch), ``W_k`` (its weight-gradient part), ``S_k`` (its
   per-step gradient sync), ``Win_k`` (the backward that sync hides under), ``O_k`` (optimizer),
   ``F_k`` (offload copies): sums over the units it holds, plus its sends;
-* the pipeline: 1F1B/GPipe ``(m-1)·τ + Σ T``, zero-bubble ``m·τ + (p-1)·max(0, φ)``, interleaved
-  ``(m + (p-1)/v)·τ`` with ``τ >= T_k``, ``φ >= T_k - 2·W_k``; on time-shared cores the
-  full-speed schedule stretched where more ranks are busy than there are cores, a maximum of
-  linear terms (:func:`costmodel.pipeline.time_shared`);
+* the pipeline: the schedule's step, linear in ``τ >= T_k``, ``Σ T`` and ``φ >= T_k - 2·W_k``
+  (:func:`costmodel.pipeline.step_terms`); on time-shared cores the full-speed schedule stretched
+  where more ranks are busy than there are cores, a maximum of linear terms
+  (:func:`costmodel.pipeline.time_shared`);
 * the exposed sync ``max_k (S_k - (1-κ)·min(S_k, overlap·Win_k))`` as ``ε >= κ·S_k`` and
   ``ε >= S_k - (1-κ)·overlap·Win_k``; ``o >= O_k``, ``f >= F_k``;
 * a stage's memory ``Σ (states + in-flight·activations) + G_k + R_k <= budget``, where the
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodel.estimate import rank_sends
-from costmodel.pipeline import ramp_stretch
+from costmodel.pipeline import pipeline_step, ramp_step, ramp_stretch, ramp_terms, step_terms
 from solvers.mip import DEFAULT_SOLVER, Model
 from solvers.stage_tables import INF, PipelineProblem, UnitView
 from solvers.stages import PipelineSolution, pipeline_objective
@@ -125,8 +125,8 @@ class _Formulation:
         self.fly = [pp.held(k) for k in range(pp.p)]  # (in flight, awaiting weight gradients) per stage
         # per stage: linear expressions (column -> coefficient) of what the step reads
         self.ex: list[dict[str, dict[int, float]]] = [{f: {} for f in _FIELDS} for _ in range(pp.p)]
-        self.gathered = [self.md.var() for _ in range(pp.p)]  # the largest gathered ZeRO-3 unit
-        self.remat = [self.md.var() for _ in range(pp.p)]  # the largest recomputation
+        self.gathered = [self.md.var(name="gathered_cap") for _ in range(pp.p)]  # the largest gathered ZeRO-3 unit
+        self.remat = [self.md.var(name="remat_cap") for _ in range(pp.p)]  # the largest recomputation
         self.ycols: dict[tuple[int, int], list[tuple[Opt, int]]] = {}  # (stage, class) -> option counts
         self.stage_of: dict[tuple[int, int], int] = {}  # (block, stage) -> binary (several classes, free)
         self.end_cols: dict[str, list[tuple[Opt, int]]] = {}
@@ -148,7 +148,7 @@ class _Formulation:
             return
         z = col  # present on the stage
         if hi > 1:
-            z = self.md.var(hi=1, integer=True)
+            z = self.md.var(hi=1, integer=True, name="present")
             self.md.row({col: 1.0, z: -float(hi)}, hi=0.0, family="used")
         for cap, val in ((self.gathered[k], u.gathered), (self.remat[k], u.recompute_peak)):
             if val > 0:
@@ -163,12 +163,12 @@ class _Formulation:
             held = rank_blocks(L, p, pp.v)
             return {(k, kind): sum(pp.block_cls[i] == kind for i in held[k]) for k in range(p) for kind in kinds}
         if len(kinds) == 1:
-            n = [md.var(lo=1, hi=L - p + 1, integer=True) for _ in range(p)]
+            n = [md.var(lo=1, hi=L - p + 1, integer=True, name="stage_size") for _ in range(p)]
             md.row(dict.fromkeys(n, 1.0), lo=L, hi=L, family="stage_sizes")
             return {(k, kinds[0]): {n[k]: 1.0} for k in range(p)}
-        idx = [md.var(lo=0, hi=p - 1, integer=True) for _ in range(L)]  # the stage of each block
+        idx = [md.var(lo=0, hi=p - 1, integer=True, name="stage_of") for _ in range(L)]  # the stage of each block
         for i in range(L):
-            cols = [md.var(hi=1, integer=True) for _ in range(p)]
+            cols = [md.var(hi=1, integer=True, name="on_stage") for _ in range(p)]
             self.stage_of.update({(i, k): col for k, col in enumerate(cols)})
             md.row(dict.fromkeys(cols, 1.0), lo=1, hi=1, family="block_stage")
             md.row({**{col: float(k) for k, col in enumerate(cols) if k}, idx[i]: -1.0}, lo=0, hi=0,
@@ -188,7 +188,7 @@ class _Formulation:
             hi = cnt if isinstance(cnt, int) else self.L - self.p + 1
             if hi == 0:
                 continue
-            cols = [(o, self.md.var(hi=hi, integer=True)) for o in kept[kind]]
+            cols = [(o, self.md.var(hi=hi, integer=True, name="count")) for o in kept[kind]]
             for o, col in cols:
                 u = self.qs[o[0]].costs[kind][o[1]]
                 self._unit(k, col, u, u.held(*self.fly[k]), hi)
@@ -206,7 +206,7 @@ class _Formulation:
         for name, kind, k in (("embedding", pp.emb, 0), ("head", pp.head, self.p - 1)):
             if kind is None:
                 continue
-            cols = [(o, md.var(hi=1, integer=True)) for o in opts]
+            cols = [(o, md.var(hi=1, integer=True, name=name)) for o in opts]
             for o, col in cols:
                 u = self.qs[o[0]].costs[kind][o[1]]
                 held = pp.ends_held(u, None, *self.fly[k]) if name == "embedding" else pp.ends_held(None, u, *self.fly[k])
@@ -233,8 +233,9 @@ class _Formulation:
         pp, md, ex, p = self.pp, self.md, self.ex, self.p
         c, m, v, sched = pp.dev.c, pp.m, pp.v, pp.cfg.schedule
         base = [n * pp.p2p / self.unit for n in rank_sends(p, v)]
-        tau = md.var()
-        eps, opt, off = md.var(cost=1.0), md.var(cost=1.0), md.var(cost=1.0)
+        tau = md.var(name="slowest_stage")
+        eps = md.var(cost=1.0, name="exposed_sync")
+        opt, off = md.var(cost=1.0, name="optimizer"), md.var(cost=1.0, name="offload")
         kappa, ov = c.comm_interference, c.dp_overlap
         sum_t: dict[int, float] = {}
         for k in range(p):
@@ -245,17 +246,17 @@ class _Formulation:
             md.row({**e["optim"], opt: -1.0}, hi=0.0, family="optimizer")
             md.row({**e["offload"], off: -1.0}, hi=0.0, family="offload")
             sum_t = _plus(sum_t, e["time"], 1.0)
-        pipe_const, fill = 0.0, None
-        if sched == "interleaved":
-            pipe = {tau: m + (p - 1) / v}
-        elif sched == "zb":
-            fill = md.var()
+        # the schedule's step, linear in (τ, Σ T, φ) (costmodel.pipeline.step_terms)
+        on_max, on_sum, on_fill = (float(a) for a in step_terms(sched, m, p, v))
+        ramp_on_fill = pp.dev.share < 1.0 and ramp_terms(sched, p, v)[2] != 0
+        fill = md.var(name="fill") if on_fill or ramp_on_fill else None
+        if fill is not None:
             for k in range(p):
                 md.row({**_plus(ex[k]["time"], ex[k]["weight"], -2.0), fill: -1.0}, hi=-base[k], family="fill")
-            pipe = {tau: float(m), fill: float(p - 1)}
-        else:
-            pipe = {**sum_t, tau: float(m - 1)}
-            pipe_const = sum(base)
+        pipe = {**(_scaled(sum_t, on_sum) if on_sum else {}), tau: on_max}
+        if on_fill:
+            pipe[fill] = on_fill  # type: ignore[index]
+        pipe_const = float(pipeline_step(sched, m, p, v, 0.0, sum(base), 0.0))  # the sends in Σ T
         if pp.dev.share < 1.0:  # time-shared cores (costmodel.pipeline.time_shared)
             self._time_shared(pipe, pipe_const, sum_t, sum(base), tau, fill)
             return c.step_overhead_s / self.unit
@@ -269,13 +270,13 @@ class _Formulation:
         ``plateau >= share·(pipe - 2(K-1)·ramp)`` and ``plateau >= (m·Σ T - K(K-1)·ramp) / p``."""
         pp, md, p, m, share = self.pp, self.md, self.p, self.pp.m, self.pp.dev.share
         k, stretch = (float(x) for x in ramp_stretch(m, p, share))
-        if pp.cfg.schedule == "interleaved":
-            ramp, ramp_const = {tau: 1.0 / pp.v}, 0.0
-        elif fill is not None:
-            ramp, ramp_const = {fill: 1.0}, 0.0
-        else:
-            ramp, ramp_const = _scaled(sum_t, 1.0 / p), sum_const / p
-        shared, plateau = md.var(cost=1.0), md.var(lo=-np.inf)  # as time_shared: no floor of its own
+        sched = pp.cfg.schedule
+        on_max, on_sum, on_fill = (float(a) for a in ramp_terms(sched, p, pp.v))
+        ramp = {**(_scaled(sum_t, on_sum) if on_sum else {}), **({tau: on_max} if on_max else {}),
+                **({fill: on_fill} if on_fill and fill is not None else {})}
+        ramp_const = float(ramp_step(sched, sum_const, 0.0, 0.0, p, pp.v))
+        shared = md.var(cost=1.0, name="time_shared")
+        plateau = md.var(lo=-np.inf, name="plateau")  # as time_shared: no floor of its own
         fam = "time_shared"
         md.row({**_scaled(pipe, share), shared: -1.0}, hi=-share * pipe_const, family=fam)
         md.row({**_scaled(sum_t, m / p), shared: -1.0}, hi=-m * sum_const / p, family=fam)

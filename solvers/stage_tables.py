@@ -117,16 +117,29 @@ class UnitView:
                    u.bwd_weight, u.out_bytes, u.pending, u.host_bytes)
 
 
+@dataclass(frozen=True)
+class Combo:
+    """What every unit of a :class:`PipelineProblem` takes besides its recomputation: a sharding, an
+    offload, and OSDP's operator option for its large operators (``split`` ways, ``mixed``:
+    :func:`solvers.space.unit_options`; a class without large operators prices as without them)."""
+
+    sharding: str
+    offload: str = "none"
+    split: int = 1
+    mixed: bool = False
+
+
 class PipelineProblem:
-    def __init__(self, graph: LayerGraph, dev: DeviceModel, cfg: MeshConfig, w: Workload, sharding: str,
-                 offload: str, recomputes: tuple[str, ...], limit_gib: float,
-                 costs: dict[int, list[UnitView]] | None = None, split: int = 1, mixed: bool = False):
+    """The stages of one pipeline mesh whose units all take one :class:`Combo`, each its own
+    recomputation among ``recomputes``."""
+
+    def __init__(self, graph: LayerGraph, dev: DeviceModel, cfg: MeshConfig, w: Workload, combo: Combo,
+                 recomputes: tuple[str, ...], limit_gib: float, costs: dict[int, list[UnitView]] | None = None):
         """``costs``: per unit class, the costs under each of ``recomputes`` (priced here if not
-        given). ``split``, ``mixed``: OSDP's operator options (:func:`solvers.space.unit_options`)
-        for the units' large operators; a class without large operators prices as without them."""
-        self.graph, self.dev, self.cfg, self.w = graph, dev, cfg, w
-        self.sharding, self.offload, self.recomputes = sharding, offload, recomputes
-        self.split, self.mixed, self.limit_gib = split, mixed, limit_gib
+        given)."""
+        self.graph, self.dev, self.cfg, self.w, self.combo = graph, dev, cfg, w, combo
+        self.sharding, self.offload, self.recomputes = combo.sharding, combo.offload, recomputes
+        self.split, self.mixed, self.limit_gib = combo.split, combo.mixed, limit_gib
         reps, index = unit_classes(graph)
         names = unit_names(graph)
         self.emb = index[0] if names[0] == "embedding" else None
@@ -136,35 +149,40 @@ class PipelineProblem:
         self.single = len(self.kinds) == 1
         self.m = w.global_batch // (cfg.dp * cfg.micro_batch)
         self.p, self.v = cfg.pp, cfg.vpp
+        choices = [(combo.sharding, rc, combo.offload, combo.split, combo.mixed) for rc in recomputes]
         self.costs: dict[int, list[UnitView]] = costs or {
-            k: [UnitView.of(u) for u in price_options(reps[k][0], reps[k][1],
-                                                      [(sharding, rc, offload, split, mixed) for rc in recomputes],
-                                                      cfg, dev, w)] for k in set(index)}
+            k: [UnitView.of(u) for u in price_options(reps[k][0], reps[k][1], choices, cfg, dev, w)]
+            for k in set(index)}
         self.bucket = bucket_bytes(dev.c, cfg.dp)
         self.budget = memory_budget(dev, cfg, limit_gib) + self.bucket
-        self.host_budget = host_budget(dev) if offload != "none" else None
+        self.host_budget = host_budget(dev) if combo.offload != "none" else None
         out = self.costs[self.block_cls[-1]][0].out_bytes
         self.p2p = float(boundary_time(dev, np.array([out]), one_config(cfg), self.p)[0])
         self.cache: dict[tuple, Any] = {}
         self.batch: dict[str, Any] | None = None
         self._fixed: dict[tuple, Fixed] = {}
-        # per rank, read in the stage DP's inner loops: (in flight, awaiting weight gradients) and
-        # the receive buffers' bytes (every stage boundary carries a block's output)
-        ranks = np.arange(self.p)
-        fly = np.broadcast_to(in_flight(cfg.schedule, ranks, self.p, self.m, self.v), ranks.shape)
-        pend = np.broadcast_to(weights_pending(cfg.schedule, ranks, self.p, self.m, self.v), ranks.shape)
-        self._held = [(float(f), float(w)) for f, w in zip(fly, pend, strict=True)]
-        n = self.p * self.v  # a rank's virtual stages with a previous one, and with a next one
-        prev = np.array([sum(k > 0 for k in range(r, n, self.p)) for r in ranks])
-        nxt = np.array([sum(k < n - 1 for k in range(r, n, self.p)) for r in ranks])
-        recv = recv_bytes(cfg.schedule, ranks, self.p, self.m, self.v, out * prev, out * nxt, w.recv_buffers)
-        self._recv = [float(x) for x in np.broadcast_to(recv, ranks.shape)]
+        self._held, self._recv = self._per_rank(out)
+
+    def _per_rank(self, out: float) -> tuple[list[tuple[float, float]], list[float]]:
+        """Per rank, read in the stage DP's inner loops: (micro-batches in flight, those awaiting
+        weight gradients), and the receive buffers' bytes (every stage boundary carries a block's
+        output, ``out`` bytes)."""
+        cfg, p, v = self.cfg, self.p, self.v
+        ranks = np.arange(p)
+        fly = np.broadcast_to(in_flight(cfg.schedule, ranks, p, self.m, v), ranks.shape)
+        pend = np.broadcast_to(weights_pending(cfg.schedule, ranks, p, self.m, v), ranks.shape)
+        held = [(float(f), float(w)) for f, w in zip(fly, pend, strict=True)]
+        n = p * v  # a rank's virtual stages with a previous one, and with a next one
+        prev = np.array([sum(k > 0 for k in range(r, n, p)) for r in ranks])
+        nxt = np.array([sum(k < n - 1 for k in range(r, n, p)) for r in ranks])
+        recv = recv_bytes(cfg.schedule, ranks, p, self.m, v, out * prev, out * nxt, self.w.recv_buffers)
+        return held, [float(x) for x in np.broadcast_to(recv, ranks.shape)]
 
     @classmethod
-    def lazy(cls, graph: LayerGraph, dev: DeviceModel, cfg: MeshConfig, w: Workload, sharding: str, offload: str,
-             recomputes: tuple[str, ...], limit_gib: float, split: int, mixed: bool) -> Callable[[], PipelineProblem]:
+    def lazy(cls, graph: LayerGraph, dev: DeviceModel, cfg: MeshConfig, w: Workload, combo: Combo,
+             recomputes: tuple[str, ...], limit_gib: float) -> Callable[[], PipelineProblem]:
         """The problem of an operator option, priced when called."""
-        return lambda: cls(graph, dev, cfg, w, sharding, offload, recomputes, limit_gib, split=split, mixed=mixed)
+        return lambda: cls(graph, dev, cfg, w, combo, recomputes, limit_gib)
 
     def relaxed(self) -> PipelineProblem:
         """This problem without gathered parameters, where ZeRO-3 gathers any (a relaxation: only
@@ -172,8 +190,8 @@ class PipelineProblem:
         if self.sharding != "zero3" and not self.mixed:
             return self
         costs = {k: [replace(u, gathered=0.0) for u in us] for k, us in self.costs.items()}
-        return PipelineProblem(self.graph, self.dev, self.cfg, self.w, self.sharding, self.offload, self.recomputes,
-                               self.limit_gib, costs, self.split, self.mixed)
+        return PipelineProblem(self.graph, self.dev, self.cfg, self.w, self.combo, self.recomputes, self.limit_gib,
+                               costs)
 
     def held(self, r: int) -> tuple[float, float]:
         """Rank ``r``'s micro-batches in flight and those of them awaiting weight gradients."""

@@ -15,7 +15,7 @@ each; the embedding rides on the first stage, the head on the last). Everything 
    against the incumbent. Its optimum equals :func:`costmodel.estimate.estimate` of the plan.
 
 With interleaved stages (``vpp > 1``) the split is the even one and each rank's choice is
-independent (``m·max T + (p-1)·max T / v`` only grows with each ``T``).
+independent (the schedule's step only grows with each ``T``).
 
 Given several problems of one mesh (one per sharding and offload), each stage takes the one that
 serves the pipeline best: the DP's candidates for a stage are the problems' stage costs, less the
@@ -27,14 +27,14 @@ its tests check against this DP on the plans whose stages each keep one.)
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from costmodel.constants import CostConstants
 from costmodel.estimate import rank_sends
-from costmodel.pipeline import ramp_step, time_shared
+from costmodel.pipeline import pipeline_step, ramp_step, ramp_terms, step_terms, time_shared
 from profiler.graph import LayerGraph
 from solvers.chain import option_strategy
 from solvers.stage_tables import INF, Fixed, PipelineProblem, StageCost, UnitView, best_splits
@@ -66,27 +66,35 @@ class _Label:
 
 def _objective(pp: PipelineProblem, max_t: float, sum_t: float, fill: float, ex: float, opt: float,
                off: float) -> float:
-    c, m, p, v = pp.dev.c, pp.m, pp.p, pp.v
+    """The step time of stages whose label values are these (see :func:`_vals`)."""
     if max_t == INF:
         return INF
-    sched = pp.cfg.schedule
-    if sched == "interleaved":
-        pipe = m * max_t + (p - 1) * max_t / v
-    elif sched == "zb":
-        pipe = m * max_t + (p - 1) * max(fill, 0.0)
-    else:
-        pipe = (m - 1) * max_t + sum_t
+    c, m, p, v, sched = pp.dev.c, pp.m, pp.p, pp.v, pp.cfg.schedule
+    pipe = pipeline_step(sched, m, p, v, max_t, sum_t, fill)
     ramp = ramp_step(sched, sum_t, max_t, fill, p, v)
     return float(time_shared(pipe, m, sum_t, p, pp.dev.share, ramp)) + ex + opt + off + c.step_overhead_s
 
 
 def _vals(sc: StageCost, consts: CostConstants) -> tuple[float, ...]:
+    """A stage's label values: (T, T, T - 2W, exposed sync, optimizer, offload), which
+    :func:`_extend` joins into (max T, Σ T, the largest fill, and the other maxima)."""
     f = sc.fixed
     return (sc.time, sc.time, sc.time - 2 * f.weight, sc.exposed(consts), f.optim, f.offload)
 
 
 def _extend(a: tuple[float, ...], b: tuple[float, ...]) -> tuple[float, ...]:
     return (max(a[0], b[0]), a[1] + b[1], max(a[2], b[2]), max(a[3], b[3]), max(a[4], b[4]), max(a[5], b[5]))
+
+
+def _label_dims(pp: PipelineProblem) -> tuple[int, ...]:
+    """The label values the objective reads: max T, Σ T where the schedule reads it (and on
+    time-shared cores, whose step reads it under every schedule), the largest fill where the
+    schedule or its ramp reads it, the per-step maxima."""
+    _, on_sum, on_fill = step_terms(pp.cfg.schedule, pp.m, pp.p, pp.v)
+    shared = pp.dev.share < 1.0
+    reads_sum = on_sum != 0 or shared
+    reads_fill = on_fill != 0 or (shared and ramp_terms(pp.cfg.schedule, pp.p, pp.v)[2] != 0)
+    return (0,) + ((1,) if reads_sum else ()) + ((2,) if reads_fill else ()) + (3, 4, 5)
 
 
 def solve_pipeline(problems: PipelineProblem | Sequence[PipelineProblem], incumbent: float = INF,
@@ -96,39 +104,46 @@ def solve_pipeline(problems: PipelineProblem | Sequence[PipelineProblem], incumb
     ``problems``: one per (sharding, offload) of the same mesh; each stage (each rank, with
     interleaving) takes the one that serves the pipeline best — one problem, one uniform choice."""
     qs = [problems] if isinstance(problems, PipelineProblem) else list(problems)
+    if qs[0].v > 1 or not nonuniform:
+        return _solve_even(qs, incumbent, _label_dims(qs[0]))
+    return _solve_free(qs, incumbent, _label_dims(qs[0]))
+
+
+def _solve_even(qs: list[PipelineProblem], incumbent: float, dims: tuple[int, ...]) -> PipelineSolution | None:
+    """:func:`solve_pipeline` on the even split: each rank's choice of problem, labels over the ranks."""
     pp = qs[0]
-    L, p, v = len(pp.block_cls), pp.p, pp.v
-    consts = pp.dev.c
-    sched = pp.cfg.schedule
-    # what the objective reads besides max T: Σ T (1F1B), the largest fill (ZB-H1), nothing (interleaved)
-    dims = (0, 2, 3, 4, 5) if sched == "zb" else (0, 3, 4, 5) if sched == "interleaved" else (0, 1, 3, 4, 5)
-    if pp.dev.share < 1.0:  # time-shared cores: the objective reads Σ T under every schedule
-        dims = tuple(sorted({*dims, 1}))
-    if v > 1 or not nonuniform:
-        per_rank, sends = rank_blocks(L, p, v), rank_sends(p, v)
-        requests = [(r, dict(Counter(pp.block_cls[i] for i in per_rank[r])), r == 0, r == p - 1, sends[r])
-                    for r in range(p)]
-        for q in qs:
-            q.prefetch(requests)
-        # per rank: (problem, its stage) of every problem whose stage fits
-        stages = [[(s, sc) for s, q in enumerate(qs) if (sc := q.stage(*req)) is not None] for req in requests]
-        if not all(stages):
+    L, p, v, consts = len(pp.block_cls), pp.p, pp.v, pp.dev.c
+    per_rank, sends = rank_blocks(L, p, v), rank_sends(p, v)
+    requests = [(r, dict(Counter(pp.block_cls[i] for i in per_rank[r])), r == 0, r == p - 1, sends[r])
+                for r in range(p)]
+    for q in qs:
+        q.prefetch(requests)
+    # per rank: (problem, its stage) of every problem whose stage fits
+    stages = [[(s, sc) for s, q in enumerate(qs) if (sc := q.stage(*req)) is not None] for req in requests]
+    if not all(stages):
+        return None
+    if np.isfinite(incumbent):  # every rank at its least of each term: no choice of the stages beats it
+        least = np.array([np.min([_vals(sc, consts) for _, sc in st], axis=0) for st in stages])
+        top = least.max(axis=0)
+        if _objective(pp, top[0], float(least[:, 1].sum()), *top[2:]) >= incumbent:
             return None
-        if np.isfinite(incumbent):  # every rank at its least of each term: no choice of the stages beats it
-            least = np.array([np.min([_vals(sc, consts) for _, sc in st], axis=0) for st in stages])
-            top = least.max(axis=0)
-            if _objective(pp, top[0], float(least[:, 1].sum()), *top[2:]) >= incumbent:
-                return None
-        labels = [_Label((0.0, 0.0, -INF, 0.0, 0.0, 0.0), None, 0, None)]
-        for r in range(p):
-            cands = _undominated(stages[r], consts, dims)
-            nxt: list[_Label] = []
-            for lab in labels:
-                for cand, sv in cands:
-                    _insert(nxt, _Label(_extend(lab.vals, sv) if r else sv, lab, len(per_rank[r]), cand), dims)
-            labels = nxt
-        best = min(labels, key=lambda lab: _objective(pp, *lab.vals))
-        return _solution(qs, best, None, per_rank, len(labels))
+    labels = [_Label((0.0, 0.0, -INF, 0.0, 0.0, 0.0), None, 0, None)]
+    for r in range(p):
+        cands = _undominated(stages[r], consts, dims)
+        nxt: list[_Label] = []
+        for lab in labels:
+            for cand, sv in cands:
+                _insert(nxt, _Label(_extend(lab.vals, sv) if r else sv, lab, len(per_rank[r]), cand), dims)
+        labels = nxt
+    best = min(labels, key=lambda lab: _objective(pp, *lab.vals))
+    return _solution(qs, best, None, per_rank, len(labels))
+
+
+def _solve_free(qs: list[PipelineProblem], incumbent: float, dims: tuple[int, ...]) -> PipelineSolution | None:
+    """:func:`solve_pipeline` with free stage boundaries: labels over (stages done, blocks done),
+    pruned by a bound on the rest."""
+    pp = qs[0]
+    L, p = len(pp.block_cls), pp.p
     if pp.single and np.isfinite(incumbent) and _quick_bound(qs) >= incumbent:
         return None
     minsum, minmax = _rest_bounds(qs)
@@ -145,33 +160,45 @@ def solve_pipeline(problems: PipelineProblem | Sequence[PipelineProblem], incumb
     layer: dict[int, list[_Label]] = {0: [_Label((0.0, 0.0, -INF, 0.0, 0.0, 0.0), None, 0, None)]}
     count = 0
     for k in range(p):
-        nxt: dict[int, list[_Label]] = {}
-        for j in sorted(layer):
-            hi = L - j if k == p - 1 else L - j - (p - k - 1)
-            lo = hi if k == p - 1 else 1
-            for n in range(lo, hi + 1):
-                cands = _undominated([(s, sc) for s, q in enumerate(qs) if (sc := q.at(k, j, n)) is not None],
-                                     consts, dims)
-                if not cands:  # more blocks only need more memory
-                    break
-                grew = False
-                for cand, sv in cands:
-                    for lab in layer[j]:
-                        vals = _extend(lab.vals, sv) if lab.cost is not None else sv
-                        if bound(vals, k + 1, j + n) >= incumbent:
-                            continue
-                        grew = True
-                        _insert(nxt.setdefault(j + n, []), _Label(vals, lab, n, cand), dims)
-                        count += 1
-                if not grew and sched != "zb" and (pp.m - 1) * min(sv[0] for _, sv in cands) >= incumbent:
-                    break
-        layer = nxt
+        layer, added = _next_stage(qs, layer, k, incumbent, dims, bound)
+        count += added
     final = layer.get(L, [])
     if not final:
         return None
     best = min(final, key=lambda lab: _objective(pp, *lab.vals))
     sizes = [lab.n for lab in _chain(best)]
     return _solution(qs, best, sizes, rank_blocks(L, p, 1, sizes), count)
+
+
+def _next_stage(qs: list[PipelineProblem], layer: dict[int, list[_Label]], k: int, incumbent: float,
+                dims: tuple[int, ...], bound: Callable[[tuple[float, ...], int, int], float]
+                ) -> tuple[dict[int, list[_Label]], int]:
+    """The labels after stage ``k`` (by blocks done) from those before it, and how many were added:
+    stage ``k`` takes ``n`` blocks from ``j`` on, leaving at least one to each later stage."""
+    pp = qs[0]
+    L, p, consts = len(pp.block_cls), pp.p, pp.dev.c
+    nxt: dict[int, list[_Label]] = {}
+    count = 0
+    for j in sorted(layer):
+        hi = L - j if k == p - 1 else L - j - (p - k - 1)
+        lo = hi if k == p - 1 else 1
+        for n in range(lo, hi + 1):
+            cands = _undominated([(s, sc) for s, q in enumerate(qs) if (sc := q.at(k, j, n)) is not None],
+                                 consts, dims)
+            if not cands:  # more blocks only need more memory
+                break
+            grew = False
+            for cand, sv in cands:
+                for lab in layer[j]:
+                    vals = _extend(lab.vals, sv) if lab.cost is not None else sv
+                    if bound(vals, k + 1, j + n) >= incumbent:
+                        continue
+                    grew = True
+                    _insert(nxt.setdefault(j + n, []), _Label(vals, lab, n, cand), dims)
+                    count += 1
+            if not grew and pp.cfg.schedule != "zb" and (pp.m - 1) * min(sv[0] for _, sv in cands) >= incumbent:
+                break
+    return nxt, count
 
 
 def pipeline_objective(qs: Sequence[PipelineProblem], per_unit: Sequence[tuple[int, int]],

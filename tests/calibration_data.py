@@ -55,8 +55,8 @@ def cases(fmt: str) -> list[tuple[Any, int]]:
 def config_plan(fmt: str, strategy: Any, global_batch: int, out: Path) -> Path:
     """The run's configuration written for the trainer (a plan document for shardplan's runtime)."""
     from planner.api import target_behaviour
-    from planner.exports import export
     from planner.reprice import price
+    from planner.trainers import export
     from profiler.hardware import parse_cluster
     from profiler.models import load_model
     from vocab.plan import TargetRef

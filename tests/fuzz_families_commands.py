@@ -288,12 +288,12 @@ def gen_cli_profile_command(rnd: Any, fz: FuzzEnv) -> Case:
 
 # ---- validate and fit ---------------------------------------------------------------------------
 
-FIT = [("costmodel.fit", "fit")]
+FIT = [("costmodel.published.fit", "fit")]
 
 
 def published_sample(rows: int = 8) -> bytes:
     """The header and the first A/B rows of the published-runs CSV (a CSV ``validate`` accepts)."""
-    from costmodel.published import default_csv_path
+    from costmodel.published.runs import default_csv_path
 
     lines = default_csv_path().read_text(encoding="utf-8").splitlines()
     keep = [lines[0]] + [ln for ln in lines[1:] if ln.rstrip().endswith(("A", "B")) or ",A" in ln][:rows]

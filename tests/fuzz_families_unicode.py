@@ -5,6 +5,7 @@ control characters and odd Unicode in every string of the documents (``doc-unico
 from __future__ import annotations
 
 import copy
+import dataclasses
 import importlib
 import inspect
 from pathlib import Path
@@ -32,20 +33,30 @@ WRONG: list[Any] = ["8", "128", "", "\x00", "gpt2", 8.0, 8.5, -1, 0, 2**70, -(2*
 UNTOUCHED = ("progress", "workers", "device", "plan", "graph")
 
 
+def _options() -> dict[str, type]:
+    """The dataclass whose fields a public function takes as keyword options (``**options``)."""
+    from planner.request import Request
+    from planner.sweep import SweepOptions
+
+    return {"planner.api.plan": Request, "planner.sweep.sweep": SweepOptions}
+
+
 def _api_calls(fz: FuzzEnv) -> dict[str, tuple[tuple[Any, ...], dict[str, Any]]]:
     """Public functions and valid arguments of each (quick ones: GPT-2 on 4 CPUs)."""
+    from planner.request import Request
     from vocab.plan import load_plan
 
     seed_path = fz.plans[0][2]
     doc = fz.plans[0][1]
     return {
         "planner.api.plan": (("gpt2", "4xcpu", 128, 8), {"space": "fsdp", "top_k": 1}),
-        "planner.api.search_plan": (("gpt2", "4xcpu", 128, 8), {"space": "fsdp", "top_k": 1}),
+        "planner.api.search_plan": ((Request("gpt2", "4xcpu", 128, 8, space="fsdp", top_k=1),), {}),
+        "planner.request.Request": (("gpt2", "4xcpu", 128, 8), {"space": "fsdp", "top_k": 1}),
         "planner.sweep.sweep": (("gpt2", [4]), {"accelerator": "cpu", "global_batch": 8, "seq_len": 128,
                                                 "space": "fsdp", "workers": 1}),
-        "planner.exports.export": ((load_plan(seed_path), "megatron"), {}),
-        "planner.exports.lacks": ((load_plan(seed_path), "torchtitan"), {}),
-        "planner.imports.import_plan": ((str(_megatron_export(fz)),), {"model": "gpt2", "cluster": "4xcpu"}),
+        "planner.trainers.export": ((load_plan(seed_path), "megatron"), {}),
+        "planner.trainers.lacks": ((load_plan(seed_path), "torchtitan"), {}),
+        "planner.trainers.import_plan": ((str(_megatron_export(fz)),), {"model": "gpt2", "cluster": "4xcpu"}),
         "vocab.plan.parse_plan": ((copy.deepcopy(doc),), {}),
         "vocab.plan.load_plan": ((str(seed_path),), {}),
         "profiler.models.load_model": (("gpt2", 128), {}),
@@ -76,8 +87,11 @@ def gen_api_types(rnd: Any, fz: FuzzEnv) -> Case:
     name = rnd.choice(sorted(calls))
     args, kwargs = calls[name]
     fn = _function(name)
-    params = [(i, p) for i, p in enumerate(inspect.signature(fn).parameters.values())
+    params = [(i, p.name) for i, p in enumerate(inspect.signature(fn).parameters.values())
               if p.name not in UNTOUCHED and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if name in _options():  # a function taking the fields of a dataclass as its keyword options
+        params += [(len(args) + 1, f.name) for f in dataclasses.fields(_options()[name])
+                   if f.name not in UNTOUCHED and f.name not in {n for _, n in params}]
     args, kwargs = list(args), dict(kwargs)
     notes = [f"{name}"]
     for _ in range(1 + (rnd.random() < 0.2)):
@@ -86,8 +100,8 @@ def gen_api_types(rnd: Any, fz: FuzzEnv) -> Case:
         if i < len(args):
             args[i] = value
         else:
-            kwargs[param.name] = value
-        notes.append(f"{param.name}={short(value)}")
+            kwargs[param] = value
+        notes.append(f"{param}={short(value)}")
     a, k = tuple(args), kwargs
     return Case("api-types", name, notes, lambda limit: call(lambda: fn(*a, **k), limit=limit))
 

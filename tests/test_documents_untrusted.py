@@ -22,9 +22,9 @@ import profiler.profile_schema
 from planner.cli import main
 from planner.compare import compare, render_compare
 from planner.explain import explain_data, render_explain
-from planner.imports import inputs_line
 from planner.layout import printable
 from planner.reprice import plan_from_strategy
+from planner.trainers.reading import inputs_line
 from profiler.graph import graph_to_dict
 from profiler.models import load_model
 from profiler.profile_schema import ComputeProfile, Profile

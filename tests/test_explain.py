@@ -186,8 +186,8 @@ def test_compare_needs_two_plans(plan_file: Path) -> None:
 
 def test_explain_flags_context_parallelism_below_the_validated_length(tmp_path: Path, wide: None) -> None:
     """cp=8 over 8,192 tokens leaves 1,024 per rank, below the 4,096 the published runs validate; cp=2 does not."""
-    from costmodel.published import load_published
-    from costmodel.validate import VALIDATED_CP_TOKENS
+    from costmodel.published.runs import load_published
+    from costmodel.published.validate import VALIDATED_CP_TOKENS
 
     rows, _ = load_published()
     assert VALIDATED_CP_TOKENS == min(r.workload.seq_len // r.strategy.mesh.cp for r in rows if r.strategy.mesh.cp > 1)

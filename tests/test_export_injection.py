@@ -228,7 +228,7 @@ def test_graph_config_values_never_become_flags(clean: dict[str, Any], key: str,
 def test_exporters_quote_what_validation_would_refuse(clean: dict[str, Any], payload: str) -> None:
     """The exporters hold on their own: a plan built in code, never validated, with the payload in
     its model and accelerator names, exports to the clean plan's shape (comments stay comments)."""
-    from planner.exports import export
+    from planner.trainers import export
 
     plan = parse_plan(clean)
     inputs = plan.inputs.model_copy(update={

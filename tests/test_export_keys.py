@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from planner.api import plan as search
-from planner.exports import export
-from planner.imports import unknown_keys
+from planner.trainers import export
+from planner.trainers.reading import unknown_keys
 from tests.test_explain import make_plan
 from tests.test_exports import flags as megatron_flags
 from tests.trainer_loaders import trainer_loader
@@ -177,8 +177,7 @@ def test_megatron_drops_the_overlap_a_full_recompute_forbids_and_prices_it() -> 
 def test_a_capacity_factor_goes_to_megatron_and_comes_back_and_is_lost_elsewhere(tmp_path: Path) -> None:
     """Megatron-LM writes --moe-expert-capacity-factor and reads it back; torchtitan runs dropless
     only, so its export loses the factor and is priced without it; a search for it refuses one."""
-    from planner.api import search_plan
-    from planner.imports import import_plan
+    from planner.trainers import import_plan
     from vocab.errors import ShardplanError
 
     s = {"mesh": {"dp_shard": 16, "ep": 8}, "micro_batch": 1, "default": {"sharding": "zero1"}}
@@ -194,4 +193,4 @@ def test_a_capacity_factor_goes_to_megatron_and_comes_back_and_is_lost_elsewhere
     assert any(x.what == "capacity factor" for x in t.losses)
     assert not [k for sec in tomllib.loads(t.text).values() for k in sec if "capacity" in k]
     with pytest.raises(ShardplanError, match="runs dropless MoE only"):
-        search_plan("mixtral-8x7b", "16xh100", 2048, 32, target="torchtitan", moe_capacity_factor=1.25)
+        search("mixtral-8x7b", "16xh100", 2048, 32, target="torchtitan", moe_capacity_factor=1.25)

@@ -21,7 +21,12 @@ from typer.testing import CliRunner
 
 import planner.commands  # noqa: F401  (registers the subcommands)
 from planner.cli import app
-from planner.exports import TARGETS, export, keys, refusal, target_of
+from planner.trainers import TARGETS, export, refusal, target_of
+from planner.trainers.deepspeed.keys import DEEPSPEED
+from planner.trainers.megatron.keys import MEGATRON
+from planner.trainers.nanotron.keys import NANOTRON
+from planner.trainers.python.keys import PYTHON
+from planner.trainers.torchtitan.keys import TORCHTITAN
 from tests.test_explain import make_plan
 from vocab.plan import Plan, parse_plan
 from vocab.strategy import Strategy
@@ -54,7 +59,7 @@ def test_every_exporter_has_a_pinned_target_and_keys() -> None:
     for key in TARGETS:
         t = target_of(key)
         assert t.exporter == key and t.version and t.sources
-    for table in (keys.TORCHTITAN, keys.MEGATRON, keys.DEEPSPEED, keys.NANOTRON, keys.PYTHON):
+    for table in (TORCHTITAN, MEGATRON, DEEPSPEED, NANOTRON, PYTHON):
         assert all(v is None or isinstance(v, str) and v for v in table.values())
 
 
@@ -204,8 +209,8 @@ def test_python_script_runs(tmp_path: Path, strategy: dict[str, Any]) -> None:
 
 
 def test_a_renamed_key_follows_from_keys_py(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(keys.TORCHTITAN, "tp", "tensor_parallel_degree_v2")
-    monkeypatch.setitem(keys.TORCHTITAN, "sequence_parallel", None)
+    monkeypatch.setitem(TORCHTITAN, "tp", "tensor_parallel_degree_v2")
+    monkeypatch.setitem(TORCHTITAN, "sequence_parallel", None)
     par = tomllib.loads(export(make_plan(HYBRID), "torchtitan").text)["parallelism"]
     assert par["tensor_parallel_degree_v2"] == 4 and "enable_sequence_parallel" not in par
 

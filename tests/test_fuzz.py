@@ -403,7 +403,7 @@ def test_stubs_stop_valid_commands(fz: fr.FuzzEnv, tmp_path: Path) -> None:
     runs = [(["train", "--model", "gpt2", "--plan", str(fz.plans[0][2])], fc.LAUNCH, "runtime.launch.launch"),
             (["profile", "compute", "--quick", "-o", str(tmp_path / "p.json")], fc.MEASURE, "Clock"),
             (["profile", "model", "--model", "gpt2", "-o", str(tmp_path / "p.json")], fc.MEASURE, "build_stack"),
-            (["fit", str(csv_path), "-o", str(tmp_path / "c.yaml")], fc.FIT, "costmodel.fit.fit")]
+            (["fit", str(csv_path), "-o", str(tmp_path / "c.yaml")], fc.FIT, "costmodel.published.fit.fit")]
     for argv, stubs, where in runs:
         out = fc.guarded_run(argv, stubs, [], cwd=tmp_path)(fr.HANG_S)
         assert out.kind == "accepted" and out.detail.startswith(fc.STOPPED) and where in out.detail, (argv, out.summary())

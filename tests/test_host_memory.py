@@ -17,6 +17,7 @@ from solvers.osdp_dp import solve_dp
 from solvers.osdp_ilp import solve_ilp
 from solvers.space import SPACES, mesh_configs
 from solvers.stage_ilp import solve_layers
+from solvers.stage_tables import Combo
 from solvers.stages import PipelineProblem, pipeline_strategy, solve_pipeline
 from vocab.errors import ShardplanError
 from vocab.strategy import LayerStrategy, Mesh, Strategy, Workload
@@ -121,7 +122,7 @@ def test_solvers_find_brute_forces_optimum_under_host_memory(instance) -> None: 
                 sol = solve_ilp(mesh_problem(g, dev, cfg, w, opts, limit))
                 got = sol.objective if sol.choice is not None else np.inf
             else:
-                qs = [PipelineProblem(g, dev, cfg, w, "zero3", off, opts.recomputes, limit)
+                qs = [PipelineProblem(g, dev, cfg, w, Combo("zero3", off), opts.recomputes, limit)
                       for off in ("none", "optimizer")]
                 mix = solve_layers(qs)
                 got = mix.solution.objective if mix.solution is not None else np.inf

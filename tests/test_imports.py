@@ -11,9 +11,9 @@ import pytest
 
 from planner.api import plan as search
 from planner.cli import main
-from planner.exports import export
-from planner.imports import ConfigError, import_plan, importer_for, inputs_line, read_inputs
-from planner.imports.torchtitan import generated_sizes
+from planner.trainers import ConfigError, export, import_plan, importer_for
+from planner.trainers.reading import inputs_line, read_inputs
+from planner.trainers.torchtitan.read import generated_sizes
 from tests.benchmark_scripts import benchmark_script
 from tests.trainer_loaders import trainer_loader
 from vocab.errors import ShardplanError

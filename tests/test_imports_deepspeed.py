@@ -1,4 +1,4 @@
-"""``shardplan import`` of a DeepSpeed config JSON (:mod:`planner.imports.deepspeed`): export then import
+"""``shardplan import`` of a DeepSpeed config JSON (:mod:`planner.trainers.deepspeed.read`): export then import
 gives back the predicted step time; what the JSON cannot say is refused with a message naming it."""
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ import pytest
 
 from planner.api import plan as search
 from planner.cli import main
-from planner.exports import export
-from planner.imports import ConfigError, import_plan
+from planner.trainers import ConfigError, export, import_plan
 from tests.test_explain import make_plan
 from vocab.plan import Plan
 

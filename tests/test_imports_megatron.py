@@ -13,9 +13,8 @@ import pytest
 
 from planner.api import plan
 from planner.cli import main
-from planner.exports import export
-from planner.imports import ConfigError, import_plan
 from planner.reprice import load_named_model, price
+from planner.trainers import ConfigError, export, import_plan
 from profiler.hardware import parse_cluster
 from vocab.plan import Plan, TargetRef
 from vocab.strategy import Strategy, Workload

@@ -1,4 +1,4 @@
-"""``shardplan import`` of a nanotron YAML config (:mod:`planner.imports.nanotron`): export then import
+"""``shardplan import`` of a nanotron YAML config (:mod:`planner.trainers.nanotron.read`): export then import
 gives back the predicted step time; keys and values nanotron 0.4 does not take are refused by name."""
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ import yaml
 
 from planner.api import plan as search
 from planner.cli import main
-from planner.exports import export
-from planner.imports import ConfigError, import_plan
+from planner.trainers import ConfigError, export, import_plan
 from tests.test_explain import make_plan
 from vocab.plan import Plan
 

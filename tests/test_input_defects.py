@@ -139,7 +139,7 @@ def test_ctrl_c_inside_a_command_is_one_line(monkeypatch: pytest.MonkeyPatch,
     def interrupt(*args: Any, **kwargs: Any) -> Any:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(estimate, "price_args", interrupt)
+    monkeypatch.setattr(estimate, "price", interrupt)
     rc, out, err = run(["estimate", "-m", "gpt2", "-c", "4xcpu", "--seq-len", "128", "--global-batch", "8"], capsys)
     assert (rc, out, err) == (130, "", "interrupted\n")
 
@@ -203,10 +203,13 @@ def test_the_public_api_names_a_parameter_of_the_wrong_type(args: tuple[Any, ...
 
 
 def test_every_public_function_of_the_api_checks_its_arguments() -> None:
+    from planner.request import Request
     from vocab.targets import load_target
 
-    with pytest.raises(ShardplanError, match="^search_plan: seq_len must be an integer, got float 128.0$"):
-        api.search_plan("gpt2", "4xcpu", 128.0, 8)
+    with pytest.raises(ShardplanError, match="^search_plan: request must be a Request, got str 'gpt2'$"):
+        api.search_plan("gpt2")
+    with pytest.raises(ShardplanError, match="^Request: seq_len must be an integer, got float 128.0$"):
+        api.search_plan(Request("gpt2", "4xcpu", 128.0, 8))
     with pytest.raises(ShardplanError, match="^target_behaviour: precision must be a string, got NoneType None$"):
         api.target_behaviour(load_target("shardplan"), None)
     with pytest.raises(ShardplanError, match="^target_behaviour: cross_entropy must be a string or None, got int 1$"):
@@ -328,8 +331,8 @@ def test_every_number_option_reads_ascii_digits() -> None:
 
 
 def test_numbers_of_a_megatron_config_are_ascii_digits(tmp_path: Path) -> None:
-    from planner.imports import ConfigError
-    from planner.imports.megatron import _int
+    from planner.trainers import ConfigError
+    from planner.trainers.megatron.read import _int
 
     with pytest.raises(ConfigError, match="must be an integer >= 1, got '\u0668'"):
         _int({"--global-batch-size": ["\u0668"]}, "global_batch", "args")
@@ -496,8 +499,7 @@ def test_api_plan_refuses_values_past_the_supported_range(kw: dict[str, Any]) ->
 
 @pytest.mark.parametrize("call", ["export", "load_plan", "check_target", "importer_for", "read_text"])
 def test_public_functions_refuse_wrong_types_in_one_error(call: str) -> None:
-    from planner.exports import check_target, export
-    from planner.imports import importer_for
+    from planner.trainers import check_target, export, importer_for
     from vocab.errors import ShardplanError
     from vocab.io import read_text
     from vocab.plan import load_plan

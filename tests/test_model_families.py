@@ -172,7 +172,7 @@ def test_a_windowed_model_prices_less_attention_than_without_its_window() -> Non
 def test_megatron_export_writes_mla_and_mtp_flags() -> None:
     """DeepSeek-V3 for Megatron-LM: multi-latent attention with its ranks and head widths (no
     kv-channels), one MTP layer, the shared expert and the three leading dense layers."""
-    from planner.exports import export
+    from planner.trainers import export
     from tests.test_exports import flags
     from vocab.plan import ClusterRef, Plan, PlanInputs, Predicted, SolverInfo
 

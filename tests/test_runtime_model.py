@@ -210,7 +210,7 @@ def test_validation_lists_every_difference() -> None:
     msg = _problems(llama, Strategy(mesh=Mesh(tp=4, cp=2), cp_mode="ulysses", layers=[
         L(unit="layers.9", sharding="zero3"), L(unit="layers.0.mlp.gate", sharding="zero3")]), 4)
     assert "world size" in msg and "8 ranks" in msg
-    assert "tp=4 does not divide kv_heads=2" in msg
+    assert "tp=4 does not divide the 2 KV heads" in msg
     assert "Ulysses splits the 1 heads of a tp rank over cp=2: not divisible" in msg
     assert "'layers.9'" in msg and "'layers.0.mlp.gate'" in msg
     msg = _problems(llama, Strategy(mesh=Mesh(dp_shard=2), layers=[

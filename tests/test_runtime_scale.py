@@ -219,8 +219,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _script(tmp_path: Path, model: str, cluster: str, strategy: dict[str, Any], seq: int, batch: int) -> Path:
-    from planner.exports import export, refusal
     from planner.reprice import plan_from_strategy
+    from planner.trainers import export, refusal
 
     e = export(plan_from_strategy(model, cluster, strategy, seq, batch), "python")
     assert refusal(e) is None
@@ -250,8 +250,8 @@ def test_a_70b_plans_python_export_builds_the_model_on_meta_without_allocating_i
 
 
 def test_the_python_export_refuses_a_model_the_runtime_cannot_build() -> None:
-    from planner.exports import export, refusal
     from planner.reprice import plan_from_strategy
+    from planner.trainers import export, refusal
 
     e = export(plan_from_strategy("deepseek-v3", "256xh100", {"mesh": {"dp_shard": 256, "ep": 8}}, 4096, 256), "python")
     why = refusal(e)

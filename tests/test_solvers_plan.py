@@ -14,6 +14,7 @@ import planner.commands  # noqa: F401  (registers the commands)
 from costmodel.estimate import estimate
 from planner.api import plan, search_plan
 from planner.cli import app
+from planner.request import Request
 from profiler.hardware import parse_cluster
 from profiler.models import load_model
 from vocab.errors import ShardplanError
@@ -69,7 +70,7 @@ def test_osdp_plan_records_both_solvers() -> None:
 
 
 def test_throughput_picks_the_global_batch() -> None:
-    r = search_plan("gpt2", "4xcpu", seq_len=128, global_batch=[4, 8, 16], top_k=1)
+    r = search_plan(Request("gpt2", "4xcpu", seq_len=128, global_batch=[4, 8, 16], top_k=1))
     best = max(r.by_batch, key=lambda b: r.by_batch[b])
     assert r.plan.inputs.workload.global_batch == best and len(r.by_batch) == 3
 

@@ -11,7 +11,7 @@ from profiler.hardware import parse_cluster
 from profiler.models import load_model
 from solvers.chain import mesh_problem
 from solvers.exhaustive import search_space, space_plans
-from solvers.hybrid import search
+from solvers.hybrid import SearchControls, search
 from solvers.osdp_dp import solve_dp
 from solvers.space import SPACES, mesh_configs
 from vocab.errors import ShardplanError
@@ -155,6 +155,7 @@ def test_interleaved_bound_never_exceeds_the_exact_stage_optimum() -> None:
     from solvers.bounds import MeshRows, grid_bounds, interleaved_lagrange
     from solvers.hybrid import _layout, _view
     from solvers.stage_ilp import solve_layers
+    from solvers.stage_tables import Combo
     from solvers.stages import PipelineProblem, solve_pipeline
 
     g = load_model(dict(SMALL, layers=8), 1024)
@@ -181,7 +182,7 @@ def test_interleaved_bound_never_exceeds_the_exact_stage_optimum() -> None:
             free = grid_bounds(gr, mr, dev, layout, mask)
             for i, cfg in enumerate(rows):
                 views = {k: [_view(u, i, j) for j in cols] for k, u in enumerate(gr.units)}
-                pp = PipelineProblem(g, dev, cfg, w, sh, "none", opts.recomputes, limit, views)
+                pp = PipelineProblem(g, dev, cfg, w, Combo(sh), opts.recomputes, limit, views)
                 sol = solve_pipeline(pp)
                 exact = sol.objective if sol is not None else np.inf
                 assert lb[i] <= exact * (1 + 1e-9)
@@ -193,7 +194,7 @@ def test_interleaved_bound_never_exceeds_the_exact_stage_optimum() -> None:
         lb = interleaved_lagrange(gr, mr, dev, layout, block_cls, [every], np.ones(len(rows), bool))
         free = grid_bounds(gr, mr, dev, layout, every)
         for i, cfg in enumerate(rows):
-            qs = [PipelineProblem(g, dev, cfg, w, sh, "none", opts.recomputes, limit,
+            qs = [PipelineProblem(g, dev, cfg, w, Combo(sh), opts.recomputes, limit,
                                   {k: [_view(u, i, j) for j, o in enumerate(uopts) if o.sharding == sh]
                                    for k, u in enumerate(gr.units)}) for sh in opts.shardings]
             mix = solve_layers(qs)
@@ -210,6 +211,7 @@ def test_pipeline_bound_never_exceeds_the_exact_stage_optimum() -> None:
     from costmodel.vectorized import GridOption, price_grid
     from solvers.bounds import MeshRows, pipeline_lagrange
     from solvers.hybrid import _view
+    from solvers.stage_tables import Combo
     from solvers.stages import PipelineProblem, solve_pipeline
 
     g = load_model(dict(SMALL, layers=6), 1024)
@@ -231,7 +233,7 @@ def test_pipeline_bound_never_exceeds_the_exact_stage_optimum() -> None:
             lb = pipeline_lagrange(gr, mr, dev, head, mask, np.ones(len(rows), bool))
             for i, cfg in enumerate(rows):
                 views = {k: [_view(u, i, j) for j in cols] for k, u in enumerate(gr.units)}
-                sol = solve_pipeline(PipelineProblem(g, dev, cfg, w, sh, off, opts.recomputes, limit, views))
+                sol = solve_pipeline(PipelineProblem(g, dev, cfg, w, Combo(sh, off), opts.recomputes, limit, views))
                 exact = sol.objective if sol is not None else np.inf
                 assert lb[i] <= exact * (1 + 1e-9)
                 finite += bool(np.isfinite(exact))
@@ -328,6 +330,6 @@ def test_a_narrowed_space_and_a_cutoff_search_exactly_what_they_keep() -> None:
     best, _, _ = search_space(g, cl, w, narrow, None)
     res = search(g, cl, w, narrow, top_k=1)
     assert res.objective == pytest.approx(best, rel=1e-9)
-    assert search(g, cl, w, narrow, top_k=1, cutoff=best * 1.01).objective == pytest.approx(best, rel=1e-9)
+    assert search(g, cl, w, narrow, top_k=1, controls=SearchControls(cutoff=best * 1.01)).objective == pytest.approx(best, rel=1e-9)
     with pytest.raises(ShardplanError, match="faster than"):
-        search(g, cl, w, narrow, top_k=1, cutoff=best)
+        search(g, cl, w, narrow, top_k=1, controls=SearchControls(cutoff=best))

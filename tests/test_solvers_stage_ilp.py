@@ -13,6 +13,7 @@ from solvers.exhaustive import space_plans
 from solvers.space import SPACES, mesh_configs, operator_options
 from solvers.stage_bound import mixed_bound
 from solvers.stage_ilp import solve_layers
+from solvers.stage_tables import Combo
 from solvers.stages import PipelineProblem, pipeline_strategy, solve_pipeline
 from vocab.strategy import Workload
 
@@ -37,8 +38,8 @@ def _instance(schedule: str, shardings: tuple = ("zero1", "zero2"), recomputes: 
 
 def _problems(g, dev, cfg, w, opts, limit: float) -> list[PipelineProblem]:  # type: ignore[no-untyped-def]
     """One problem per (sharding, offload) and per operator option (split, ZeRO-3 on large operators)."""
-    return [PipelineProblem(g, dev, cfg, w, sh, "none", opts.recomputes, limit) for sh in opts.shardings] + [
-        PipelineProblem(g, dev, cfg, w, sh, off, opts.recomputes, limit, split=k, mixed=mx)
+    return [PipelineProblem(g, dev, cfg, w, Combo(sh), opts.recomputes, limit) for sh in opts.shardings] + [
+        PipelineProblem(g, dev, cfg, w, Combo(sh, off, k, mx), opts.recomputes, limit)
         for sh, off, k, mx in operator_options(opts, cfg.dp_shard * cfg.cp)]
 
 
@@ -95,7 +96,7 @@ def test_layers_inside_stages_match_brute_force(schedule: str) -> None:
     assert np.median(ratios) >= 0.85, ratios
     # the DP over stages that each keep one pair is the MIP restricted to those plans
     for limit in mixed_wins[:2] + limits[::max(1, len(limits) // 6)]:
-        sol = solve_pipeline([PipelineProblem(g, dev, cfg, w, sh, "none", opts.recomputes, limit)
+        sol = solve_pipeline([PipelineProblem(g, dev, cfg, w, Combo(sh), opts.recomputes, limit)
                               for sh in opts.shardings])
         best = min((r.step_time_s for r, st in zip(reps, staged, strict=True) if st and r.memory_peak_gib <= limit),
                    default=np.inf)
@@ -130,7 +131,7 @@ def test_several_block_classes_place_boundaries_exactly() -> None:
     boundaries fall (the MIP places each block), and the optimum is brute force's."""
     g, cl, w, opts, cfg, dev, plans, reps = _instance("1f1b", experts=4, top_k=2, moe_ffn_hidden=2048,
                                                      dense_layers=1)
-    assert not PipelineProblem(g, dev, cfg, w, "zero1", "none", opts.recomputes, 80.0).single
+    assert not PipelineProblem(g, dev, cfg, w, Combo("zero1"), opts.recomputes, 80.0).single
     limits = sorted({r.memory_peak_gib * (1 + 1e-6) for r in reps})
     _check(g, cl, w, opts, cfg, dev, reps, limits[::max(1, len(limits) // 8)])
 

@@ -39,12 +39,6 @@ def test_even_split_puts_the_extra_blocks_on_the_middle_stages() -> None:
     assert UNEVEN["pp2_given"].stage_layout(6) == [4, 2]
 
 
-def test_group_sizes() -> None:
-    s = Strategy(mesh=Mesh(pp=2, dp_replicate=2, dp_shard=4, cp=2, tp=2, ep=4))
-    assert s.group_sizes() == {"tp": 2, "cp": 2, "pp": 2, "dp_shard": 4, "dp_replicate": 2, "ep": 4,
-                               "shard": 8, "expert_shard": 2, "dp_all": 16}
-
-
 def _priced(s: Strategy) -> list[tuple[list[int], bool, bool]]:
     """Per pipeline rank, from the cost model's report: (blocks, holds the embedding, holds the head)."""
     w = Workload(seq_len=SEQ, global_batch=8, precision="fp32")

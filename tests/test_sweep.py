@@ -12,6 +12,7 @@ import pytest
 
 from planner.api import search_plan
 from planner.cli import main
+from planner.request import Request
 from planner.sweep import grid, mesh_heatmap, sweep
 from planner.sweep_plots import cost_figure, heatmap_figure, throughput_figure
 from vocab.errors import ShardplanError
@@ -30,9 +31,9 @@ def test_rows_are_the_plans_plan_makes(table: pd.DataFrame) -> None:
         (8, 32), (8, 64), (16, 32), (16, 64)]
     assert (table["status"] == "ok").all()
     for _, r in table.iterrows():
-        ref = search_plan(MODEL, f"{r['gpus']}xh100", 2048, int(r["global_batch"])).plan
-        assert r["plan"] == search_plan(MODEL, f"{r['gpus']}xh100", 2048, int(r["global_batch"]),
-                                        top_k=0).plan.model_dump_json()  # byte-identical but the runners-up
+        ref = search_plan(Request(MODEL, f"{r['gpus']}xh100", 2048, int(r["global_batch"]))).plan
+        assert r["plan"] == search_plan(Request(MODEL, f"{r['gpus']}xh100", 2048, int(r["global_batch"]),
+                                                top_k=0)).plan.model_dump_json()  # byte-identical but the runners-up
         assert r["plan"].startswith(ref.model_dump_json()[:ref.model_dump_json().index('"solver"')])
         assert r["step_time_s"] == ref.predicted.step_time_s
         assert r["tokens_per_s_per_gpu"] == ref.predicted.tokens_per_s_per_gpu
@@ -81,7 +82,7 @@ def test_heatmap_cells_hold_their_degrees() -> None:
             plan_pp = [int(x[3:]) for x in r["mesh"].split() if x.startswith("pp=")] or [1]
             assert (plan_tp[0], plan_pp[0]) == (r["tp"], r["pp"])
     best = hm.loc[hm["step_time_s"].idxmin()]
-    full = search_plan(MODEL, "16xh100", 2048, 64, tie_break=False).plan
+    full = search_plan(Request(MODEL, "16xh100", 2048, 64, tie_break=False)).plan
     if full.strategy.mesh.tp in (1, 2, 4) and full.strategy.mesh.pp in (1, 2):  # the unrestricted fastest is a cell
         assert best["step_time_s"] == pytest.approx(full.predicted.step_time_s, rel=1e-12)
 

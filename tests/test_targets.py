@@ -17,7 +17,7 @@ import planner.commands  # noqa: F401  (registers the commands)
 from costmodel.estimate import estimate
 from planner.api import plan
 from planner.cli import app
-from planner.exports import check_target, export, lacks, refusal
+from planner.trainers import check_target, export, lacks, refusal
 from profiler.hardware import parse_cluster
 from profiler.models import load_model
 from solvers.space import SPACES, mesh_configs, restrict, split_allowed, stages_allowed

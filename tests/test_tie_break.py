@@ -9,6 +9,7 @@ import pytest
 
 from planner.api import search_plan
 from planner.explain import explain_data
+from planner.request import Request
 from solvers.result import Found, break_tie, parallel_axes
 from vocab.strategy import Mesh, Strategy
 
@@ -46,7 +47,7 @@ def test_the_fewest_axes_within_the_band_then_the_fastest() -> None:
 
 @pytest.fixture(scope="module")
 def tied() -> object:
-    return search_plan("gpt3-175b", "1024xa100-80gb", 4096, 512, target="megatron")
+    return search_plan(Request("gpt3-175b", "1024xa100-80gb", 4096, 512, target="megatron"))
 
 
 def test_the_plan_records_the_tie_break_and_keeps_the_fastest_first(tied: object) -> None:
@@ -61,7 +62,8 @@ def test_the_plan_records_the_tie_break_and_keeps_the_fastest_first(tied: object
         1 + tie["pair_band"])
     verdict = explain_data(p)["runner_up"]["verdict"]
     assert "indistinguishable" in verdict and f"runs {tie['axes']} parallel axes to its {tie['fastest_axes']}" in verdict
-    fastest_only = search_plan("gpt3-175b", "1024xa100-80gb", 4096, 512, target="megatron", tie_break=False).plan
+    fastest_only = search_plan(Request("gpt3-175b", "1024xa100-80gb", 4096, 512, target="megatron",
+                                         tie_break=False)).plan
     assert fastest_only.strategy == fastest.strategy and "tie_break" not in fastest_only.solver.options
 
 
@@ -70,8 +72,8 @@ def test_the_tie_break_searches_the_fewer_axes_not_just_the_runners_up() -> None
     fastest two-axis plan within the band (per-unit sharding) was pruned by the fastest's search,
     which cannot beat it; the tie-break's own search finds it, the same as the hybrid space's."""
     kw = dict(seq_len=8192, global_batch=32, memory_limit_gib=14.0, top_k=1)
-    staged = search_plan("llama3-8b", "16xh100", space="staged", **kw).plan
-    hybrid = search_plan("llama3-8b", "16xh100", space="hybrid", **kw).plan
+    staged = search_plan(Request("llama3-8b", "16xh100", space="staged", **kw)).plan
+    hybrid = search_plan(Request("llama3-8b", "16xh100", space="hybrid", **kw)).plan
     tie = staged.solver.options["tie_break"]
     assert tie["axes"] == 2 < tie["fastest_axes"] == 3
     assert staged.predicted.step_time_s == pytest.approx(hybrid.predicted.step_time_s, rel=1e-12)

@@ -14,9 +14,9 @@ import planner.commands  # noqa: F401  (registers the subcommands)
 from costmodel.constants import CostConstants
 from costmodel.device import DeviceModel
 from costmodel.estimate import estimate
-from costmodel.fit import _multi_start, fit_memory, fit_time, levenberg_marquardt
-from costmodel.published import COLUMNS, PublishedRow, Skipped, load_published
-from costmodel.validate import (
+from costmodel.published.fit import _multi_start, fit_memory, fit_time, levenberg_marquardt
+from costmodel.published.runs import COLUMNS, PublishedRow, Skipped, load_published
+from costmodel.published.validate import (
     Prediction,
     estimate_row,
     graph_of,
@@ -226,7 +226,7 @@ def test_error_bands_per_slice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     import math
 
     import costmodel.constants as constants
-    from costmodel.fit import FitResult, error_bands
+    from costmodel.published.fit import FitResult, error_bands
     from planner.reprice import band_text, step_band
 
     sweep = [{**MPT, "micro_batch": str(mb)} for mb in (1, 2, 4, 8, 16, 32)]

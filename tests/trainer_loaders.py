@@ -19,7 +19,7 @@ from unittest import mock
 import pytest
 import yaml
 
-from planner.exports.base import Exported
+from planner.trainers.exporting import Exported
 from tests.benchmark_scripts import benchmark_script
 from vocab.targets import by_exporter, key_snapshot
 
@@ -160,7 +160,7 @@ def _nanotron(e: Exported, where: Path) -> None:
 
 def _shardplan(e: Exported, where: Path) -> None:
     """The project's own script: it compiles, and the plan it embeds parses (what it does first)."""
-    from planner.imports.python import parse
+    from planner.trainers.python.read import parse
 
     compile(e.text, "plan.py", "exec")
     assert parse(e.text, "the script").strategy == e.strategy

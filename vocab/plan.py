@@ -214,7 +214,10 @@ class _ReportPart(BaseModel):
     model_config = ConfigDict(extra="allow", allow_inf_nan=False, strict=True)
 
 
-class _PredictedTime(_ReportPart):
+class PredictedTime(_ReportPart):
+    """The report's ``time``: seconds per optimizer step on the critical path, by kind
+    (``costmodel.report.TimeBreakdown``)."""
+
     compute_s: NonNegative = 0.0
     recompute_s: NonNegative = 0.0
     comm_s: dict[str, NonNegative] = Field(default_factory=dict)
@@ -223,7 +226,10 @@ class _PredictedTime(_ReportPart):
     offload_s: NonNegative = 0.0
 
 
-class _PredictedStage(_ReportPart):
+class PredictedStage(_ReportPart):
+    """One of the report's ``stages``: a pipeline stage's peak memory on one rank, in GiB, and its
+    exact per-rank state bytes (``costmodel.report.StageMemory``)."""
+
     stage: int = Field(0, ge=0)
     first_block: int | None = None
     last_block: int | None = None
@@ -241,17 +247,23 @@ class _PredictedStage(_ReportPart):
     total_gib: NonNegative = 0.0
 
 
-#: the types of the report keys beyond the five every plan has (``costmodel.report.Report.to_dict``)
+#: the types of the report keys beyond the five every plan has, in the report's order
 _PREDICTED_EXTRA: dict[str, TypeAdapter[Any]] = {
     "memory_limit_gib": TypeAdapter(Annotated[float, Field(gt=0, strict=False, allow_inf_nan=False)]),
     "fits": TypeAdapter(Annotated[bool, Field(strict=True)]),
     "num_microbatches": TypeAdapter(Annotated[int, Field(ge=1, strict=True)]),
     "model_flops_per_step": TypeAdapter(NonNegative),
     "hardware_flops_per_step": TypeAdapter(NonNegative),
-    "time": TypeAdapter(_PredictedTime),
-    "stages": TypeAdapter(list[_PredictedStage]),
+    "time": TypeAdapter(PredictedTime),
+    "stages": TypeAdapter(list[PredictedStage]),
     "notes": TypeAdapter(list[str]),
+    "host_per_node_gib": TypeAdapter(NonNegative),
+    "host_limit_per_node_gib": TypeAdapter(NonNegative),
 }
+
+#: every key of the cost model's report, in order: the owner of its shape (``costmodel.report``
+#: writes these keys, the ``time`` ones of :class:`PredictedTime`, the stages' of :class:`PredictedStage`)
+REPORT_KEYS: tuple[str, ...] = (*Predicted.model_fields, *_PREDICTED_EXTRA)
 
 
 class SolverInfo(_Doc):

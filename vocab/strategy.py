@@ -9,11 +9,14 @@ Per-layer choices (:class:`LayerStrategy`) apply to *units*: ``embedding``, ``la
 ``head``, or any operator inside them (``layers.3.mlp.up``); the most specific unit wins and
 ``Strategy.default`` covers the rest.
 
-A strategy owns the facts derived from it that the cost model, the solvers, the exporters and the
-runtime share: the pipeline layout (:meth:`Strategy.stage_layout`, :meth:`Strategy.rank_blocks`:
-virtual stage ``k`` holds the next ``stage_layout[k]`` blocks and lives on pipeline rank
-``k mod pp``), the process-group sizes (:meth:`Strategy.group_sizes`) and the micro-batches per step.
-:class:`MeshConfig` is a strategy without its per-unit choices and stage boundaries.
+A mesh owns the facts derived from its degrees (:class:`MeshFacts`: world size, data-parallel
+degree, shard groups, parallel axes) and a strategy those derived from its mesh and modes, which
+the cost model, the solvers, the exporters and the runtime share: the micro-batches per step
+(:func:`num_microbatches`), what each sequence must be a multiple of (:func:`sequence_chunks`) and
+the pipeline layout (:meth:`Strategy.stage_layout`, :meth:`Strategy.rank_blocks`: virtual stage
+``k`` holds the next ``stage_layout[k]`` blocks and lives on pipeline rank ``k mod pp``). Whether a
+strategy suits a model and a workload is :mod:`vocab.rules`. :class:`MeshConfig` is a strategy
+without its per-unit choices and stage boundaries.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -35,6 +38,8 @@ OFFLOADS = ("none", "optimizer", "params")
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb")
 ATTENTION_KERNEL_CHOICES = ("auto", "flash2", "flash3")
 MESH_AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+#: every degree of a mesh: its axes, then expert parallelism (carved out of ``dp_shard x cp``)
+DEGREES = (*MESH_AXES, "ep")
 ZERO_TO_SHARDING = {0: "replicate", 1: "zero1", 2: "zero2", 3: "zero3"}
 
 Sharding = Literal["replicate", "zero1", "zero2", "zero3", "zero3_keep"]
@@ -106,6 +111,74 @@ def rank_blocks(blocks: int, p: int, v: int = 1, layout: Sequence[int] | None = 
 
 
 
+def num_microbatches(global_batch: Any, dp: Any, micro_batch: Any) -> Any:
+    """Micro-batches per step on each data-parallel rank: ``global_batch // (dp * micro_batch)``
+    (integers, or arrays over configurations)."""
+    return global_batch // (dp * micro_batch)
+
+
+def sequence_chunks(cp: int, tp: int = 1, tsp: bool = False) -> int:
+    """Chunks each sequence is cut into, which its length must be a multiple of: ``2*cp`` under
+    context parallelism (head-tail load balancing), ``2*cp*tp`` under TSP, else one."""
+    ways = cp * tp if tsp else cp
+    return 2 * ways if ways > 1 else 1
+
+
+def parallel_axes(degrees: dict[str, int]) -> dict[str, int]:
+    """The degrees above one, in :data:`DEGREES` order: the parallelism a person sets up."""
+    return {a: degrees[a] for a in DEGREES if degrees.get(a, 1) > 1}
+
+
+class MeshFacts:
+    """What follows from a mesh's degrees, written once for every form of a mesh (:class:`Mesh`,
+    :class:`MeshConfig`, the arrays of ``costmodel.configs.ConfigArrays``): integers or arrays
+    over configurations alike. Global rank order: ``pp, dp_replicate, dp_shard, cp, tp``."""
+
+    if TYPE_CHECKING:
+        pp: Any
+        dp_replicate: Any
+        dp_shard: Any
+        cp: Any
+        tp: Any
+        ep: Any
+
+    @property
+    def world_size(self) -> Any:
+        """Ranks of the mesh: the product of its axes."""
+        return self.pp * self.dp_replicate * self.dp_shard * self.cp * self.tp
+
+    @property
+    def dp(self) -> Any:
+        """Data-parallel replicas of the batch, ``dp_replicate * dp_shard`` (context-parallel ranks
+        share their samples)."""
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def shard(self) -> Any:
+        """Ranks of the group ZeRO/FSDP shards dense states over: ``dp_shard * cp``."""
+        return self.dp_shard * self.cp
+
+    @property
+    def expert_shard(self) -> Any:
+        """Ranks of the group expert states are sharded over: the shard group over ``ep``."""
+        return self.shard // self.ep
+
+    @property
+    def dp_all(self) -> Any:
+        """Every rank holding the same parameters, which gradients are reduced over:
+        ``dp_replicate * dp_shard * cp``."""
+        return self.dp_replicate * self.shard
+
+    def degrees(self) -> dict[str, Any]:
+        """Every degree by name (:data:`DEGREES`)."""
+        return {a: getattr(self, a) for a in DEGREES}
+
+    @property
+    def parallel_axes(self) -> dict[str, int]:
+        """The degrees above one (:func:`parallel_axes`; of integer degrees only)."""
+        return parallel_axes(self.degrees())
+
+
 class _Strict(BaseModel):
     """Plain typed data: no unknown keys, no coercion (``2.5``, ``"2"`` or ``true`` are not
     counts), no NaN or infinities."""
@@ -113,7 +186,7 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
-class Mesh(_Strict):
+class Mesh(_Strict, MeshFacts):
     """Degrees of the named mesh axes."""
 
     pp: int = Field(1, ge=1, le=MAX_GPUS, description="pipeline stages")
@@ -127,20 +200,18 @@ class Mesh(_Strict):
     def _ep_fits(self) -> Mesh:
         if self.world_size > MAX_GPUS:
             raise ValueError(f"the mesh spans {self.world_size:,} GPUs; at most {MAX_GPUS:,} are supported")
-        if (self.dp_shard * self.cp) % self.ep:
-            raise ValueError(f"ep={self.ep} must divide dp_shard*cp={self.dp_shard * self.cp}")
+        if self.shard % self.ep:
+            raise ValueError(expert_ranks_message(self.ep, self.shard))
         return self
 
-    @property
-    def world_size(self) -> int:
-        return self.pp * self.dp_replicate * self.dp_shard * self.cp * self.tp
-
-    @property
-    def dp(self) -> int:
-        return self.dp_replicate * self.dp_shard
-
     def axes(self) -> dict[str, int]:
+        """The degrees of the mesh axes (:data:`MESH_AXES`), without ``ep``."""
         return {a: getattr(self, a) for a in MESH_AXES}
+
+
+def expert_ranks_message(ep: int, shard: int) -> str:
+    """Why ``ep`` ranks cannot be carved out of a shard group of ``shard`` ranks."""
+    return f"ep={ep} must divide dp_shard*cp = {shard} (expert ranks are data-parallel ranks)"
 
 
 class LayerStrategy(_Strict):
@@ -277,9 +348,13 @@ class Strategy(_Strict):
         return self
 
     def num_microbatches(self, global_batch: int) -> int:
-        """Micro-batches per step on each data-parallel rank."""
-        per_step = self.mesh.dp * self.micro_batch
-        return global_batch // per_step
+        """Micro-batches per step on each data-parallel rank (:func:`num_microbatches`)."""
+        return num_microbatches(global_batch, self.mesh.dp, self.micro_batch)
+
+    @property
+    def sequence_chunks(self) -> int:
+        """Chunks each sequence is cut into (:func:`sequence_chunks`)."""
+        return sequence_chunks(self.mesh.cp, self.mesh.tp, self.tp_mode == "tsp")
 
     @property
     def num_stages(self) -> int:
@@ -308,19 +383,6 @@ class Strategy(_Strict):
         """Block indices each pipeline rank holds."""
         return rank_blocks(num_blocks, self.mesh.pp, self.vpp, self.stage_layout(num_blocks))
 
-    def group_sizes(self) -> dict[str, int]:
-        """Ranks in each process group the strategy communicates over.
-
-        ``tp``, ``cp``, ``pp``, ``dp_shard``, ``dp_replicate`` and ``ep`` are the mesh degrees;
-        ``shard`` (``dp_shard * cp``) is the group ZeRO/FSDP shards dense states over,
-        ``expert_shard`` (``shard / ep``) the one expert states are sharded over, and ``dp_all``
-        (``shard * dp_replicate``) the whole data-parallel group gradients are reduced over.
-        """
-        m = self.mesh
-        shard = m.dp_shard * m.cp
-        return {"tp": m.tp, "cp": m.cp, "pp": m.pp, "dp_shard": m.dp_shard, "dp_replicate": m.dp_replicate,
-                "ep": m.ep, "shard": shard, "expert_shard": shard // m.ep, "dp_all": shard * m.dp_replicate}
-
     def _match(self, name: str) -> LayerStrategy | None:
         best: LayerStrategy | None = None
         for ls in self.layers:
@@ -340,7 +402,7 @@ class Strategy(_Strict):
 
 
 @dataclass(frozen=True, order=True)
-class MeshConfig:
+class MeshConfig(MeshFacts):
     """Everything of a strategy but the per-unit choices and the stage boundaries."""
 
     pp: int
@@ -360,24 +422,22 @@ class MeshConfig:
     @classmethod
     def of(cls, s: Strategy) -> MeshConfig:
         """The mesh configuration a strategy uses."""
-        m = s.mesh
-        return cls(m.pp, m.dp_replicate, m.dp_shard, m.cp, m.tp, m.ep, s.micro_batch, s.schedule, s.vpp,
-                   s.sequence_parallel, s.tp_mode, s.cp_mode, s.cp_rotate)
+        return cls(**s.mesh.degrees(), micro_batch=s.micro_batch, schedule=s.schedule, vpp=s.vpp,
+                   sequence_parallel=s.sequence_parallel, tp_mode=s.tp_mode, cp_mode=s.cp_mode, cp_rotate=s.cp_rotate)
 
     @property
     def mesh(self) -> Mesh:
-        return Mesh(
-            pp=self.pp,
-            dp_replicate=self.dp_replicate,
-            dp_shard=self.dp_shard,
-            cp=self.cp,
-            tp=self.tp,
-            ep=self.ep,
-        )
+        """The degrees as a :class:`Mesh`."""
+        return Mesh(**self.degrees())
+
+    def num_microbatches(self, global_batch: int) -> int:
+        """Micro-batches per step on each data-parallel rank (:func:`num_microbatches`)."""
+        return num_microbatches(global_batch, self.dp, self.micro_batch)
 
     @property
-    def dp(self) -> int:
-        return self.dp_replicate * self.dp_shard
+    def sequence_chunks(self) -> int:
+        """Chunks each sequence is cut into (:func:`sequence_chunks`)."""
+        return sequence_chunks(self.cp, self.tp, self.tp_mode == "tsp")
 
     def strategy(
         self,
@@ -400,10 +460,6 @@ class MeshConfig:
         )
 
     def describe(self) -> str:
-        parts = [
-            f"{k}{getattr(self, k)}"
-            for k in ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep")
-            if getattr(self, k) > 1
-        ]
+        parts = [f"{k}{d}" for k, d in self.parallel_axes.items()]
         sched = f"{self.schedule}" + (f"/vpp{self.vpp}" if self.vpp > 1 else "")
         return f"{' '.join(parts) or 'single GPU'} mb{self.micro_batch} {sched}"

@@ -27,6 +27,7 @@ import math
 import os
 import sys
 from collections.abc import Iterator
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -35,47 +36,15 @@ from rich.table import Table
 
 from planner.cli import app, console, guard
 from planner.layout import literal
-from planner.options import count_option, int_option, positive_option
+from planner.options import Opt, Values, command
+from planner.request import PriceRequest, option
 from vocab.arguments import typed
 from vocab.errors import ShardplanError, first_line
 from vocab.io import MAX_DEPTH, check_depth
 
 GIB = 1024**3
-KEYS = (
-    "model",
-    "cluster",
-    "seq_len",
-    "global_batch",
-    "micro_batch",
-    "tp",
-    "pp",
-    "cp",
-    "ep",
-    "dp",
-    "dp_shard",
-    "dp_replicate",
-    "zero",
-    "recompute",
-    "schedule",
-    "vpp",
-    "precision",
-    "attention_kernel",
-    "cross_entropy",
-    "grad_dtype",
-    "moe_dispatch",
-    "moe_overlap",
-    "moe_capacity_factor",
-    "selective",
-    "sequence_parallel",
-    "profile",
-    "memory_limit",
-    "memory_limit_gib",
-    "plan",
-    "tp_mode",
-    "cp_mode",
-    "target",
-    "calibration",
-)
+#: the keys of a batch line: the fields of :class:`planner.request.PriceRequest`, in order
+KEYS = tuple(f.name for f in fields(PriceRequest))
 COUNTS = ("seq_len", "global_batch", "micro_batch", "tp", "pp", "cp", "ep", "dp", "dp_shard", "dp_replicate", "vpp")
 NAMES = ("recompute", "schedule", "precision", "attention_kernel", "cross_entropy", "grad_dtype", "moe_dispatch",
          "moe_overlap", "selective", "profile", "plan", "tp_mode", "cp_mode", "target", "calibration")
@@ -141,7 +110,7 @@ def _pydantic_message(e: Exception) -> str:
     return "; ".join(parts)
 
 
-def _precheck(cfg: dict[str, Any], a: dict[str, Any], blocks: int) -> None:
+def _precheck(cfg: dict[str, Any], r: PriceRequest, blocks: int) -> None:
     """The constraints a flag can break on its own, named with their values (before any arithmetic)."""
     from vocab.strategy import RECOMPUTES, SCHEDULES
 
@@ -152,9 +121,10 @@ def _precheck(cfg: dict[str, Any], a: dict[str, Any], blocks: int) -> None:
         ("tp_mode", ("megatron", "tsp")),
         ("cp_mode", ("ring", "ulysses")),
     ):
-        if a.get(key) is not None and a[key] not in known:
-            raise ShardplanError(f"unknown {key.replace('_', ' ')} '{a[key]}'; known: {', '.join(known)}")
-    tp, ep, pp = (int(a.get(k) or 1) for k in ("tp", "ep", "pp"))
+        value = getattr(r, key)
+        if value is not None and value not in known:
+            raise ShardplanError(f"unknown {key.replace('_', ' ')} '{value}'; known: {', '.join(known)}")
+    tp, ep, pp = (int(getattr(r, k) or 1) for k in ("tp", "ep", "pp"))
     heads, kv, experts = (int(cfg.get(k, 0) or 0) for k in ("heads", "kv_heads", "experts"))
     if heads and heads % tp:
         raise ShardplanError(f"tp={tp} does not divide the {heads} attention heads")
@@ -168,15 +138,15 @@ def _precheck(cfg: dict[str, Any], a: dict[str, Any], blocks: int) -> None:
         raise ShardplanError(f"pp={pp} stages for only {blocks} layers")
 
 
-def _degrees(world: int, a: dict[str, Any]) -> dict[str, int]:
+def _degrees(world: int, r: PriceRequest) -> dict[str, int]:
     """Mesh degrees from the flags, data parallelism filled in to match the cluster."""
-    pp, cp, tp, ep = (int(a.get(k) or 1) for k in ("pp", "cp", "tp", "ep"))
+    pp, cp, tp, ep = (int(getattr(r, k) or 1) for k in ("pp", "cp", "tp", "ep"))
     for k, v in (("pp", pp), ("cp", cp), ("tp", tp), ("ep", ep)):
         if v < 1:
             raise ShardplanError(f"--{k} must be >= 1, got {v}")
     inner = pp * cp * tp
-    zero = int(a.get("zero") or 0)
-    dps, dpr, dp = a.get("dp_shard"), a.get("dp_replicate"), a.get("dp")
+    zero = int(r.zero or 0)
+    dps, dpr, dp = r.dp_shard, r.dp_replicate, r.dp
     if dps is None or dpr is None:
         if world % inner and (dp is None or dps is None and dpr is None):
             raise ShardplanError(
@@ -198,58 +168,90 @@ def _degrees(world: int, a: dict[str, Any]) -> dict[str, int]:
 
 @typed
 def price_args(a: dict[str, Any], *, model_from_cli: bool = False, profile_from_plan: bool = False) -> dict[str, Any]:
-    """The report of one plan given as flags / a batch line (raises ShardplanError). A
-    ``package.module:factory`` model is imported only with ``model_from_cli`` (the command line); the
-    profile a plan names is loaded only with ``profile_from_plan`` (else a note in the report says so)."""
-    from pydantic import ValidationError
+    """The report of one plan given as a batch line's keys (raises ShardplanError; see :func:`price`)."""
+    return price(line_request(a), model_from_cli=model_from_cli, profile_from_plan=profile_from_plan)
 
-    from costmodel.estimate import estimate
-    from planner.reprice import load_named_model, plan_graph
-    from profiler.hardware import parse_cluster
-    from profiler.models import load_model
-    from vocab.strategy import (
-        ZERO_TO_SHARDING,
-        LayerStrategy,
-        Mesh,
-        Strategy,
-        Workload,
-        check_workload_choices,
-    )
-    from vocab.targets import WORKLOAD_BEHAVIOUR
 
+def line_request(a: dict[str, Any]) -> PriceRequest:
+    """The request of a batch line's keys, each value checked (a line's JSON can hold anything);
+    ``memory_limit_gib`` is the other name of ``memory_limit``."""
     unknown = sorted(set(a) - set(KEYS))
     if unknown:
         raise ShardplanError(f"unknown key(s) {unknown}; known: {', '.join(KEYS)}")
     check_values(a)
+    return PriceRequest(**{**a, "memory_limit": a.get("memory_limit", a.get("memory_limit_gib"))})
+
+
+def price(r: PriceRequest, *, model_from_cli: bool = False, profile_from_plan: bool = False) -> dict[str, Any]:
+    """The report of one plan (raises ShardplanError). A ``package.module:factory`` model is
+    imported only with ``model_from_cli`` (the command line); the profile a plan names is loaded only
+    with ``profile_from_plan`` (else a note in the report says so)."""
+    from costmodel.estimate import estimate
+    from planner.reprice import step_band
+
     plan = None
-    if a.get("plan"):
+    if r.plan:
         from vocab.plan import load_plan
 
-        plan = load_plan(a["plan"])
-    model = a.get("model") or None
-    cluster_spec = a.get("cluster") or (plan.inputs.cluster.model_dump() if plan else None)
-    if (model is None and plan is None) or not cluster_spec:
+        plan = load_plan(r.plan)
+    cluster = _cluster(r, plan)
+    w, target = _workload(r, plan)
+    graph = _graph(r, plan, w.seq_len, model_from_cli)
+    s = plan.strategy if plan is not None else _strategy(r, graph, cluster)
+    prof, notes = _profile(r.profile, plan, profile_from_plan)
+    limit = r.memory_limit
+    if limit is None and plan is not None:
+        limit = plan.inputs.memory_limit_gib
+    cal = _calibration(r.calibration, plan, prof)
+    dev = cal.device(cluster) if cal is not None else None
+    rep = estimate(graph, cluster, s, w, prof, float(limit) if limit is not None else None, dev).to_dict()
+    rep["notes"] = [*rep.get("notes", []), *notes]
+    rep["error_band"] = step_band(rep["step_time_s"], cluster.accelerator.name, w.precision, measured=prof is not None,
+                                  calibration=cal.ref() if cal is not None else None)
+    if cal is not None:
+        rep["calibration"] = cal.ref()
+    if target is not None:
+        _check_expressible(target[0], graph, cluster, s, w, r.model or (plan.inputs.model if plan else ""), rep)
+        rep["target"] = target[0].name
+    return rep
+
+
+def _cluster(r: PriceRequest, plan: Any) -> Any:
+    """The cluster the request names, else the one ``plan`` records."""
+    from profiler.hardware import parse_cluster
+
+    cluster_spec = r.cluster or (plan.inputs.cluster.model_dump() if plan else None)
+    if ((r.model or None) is None and plan is None) or not cluster_spec:
         raise ShardplanError("give --model and --cluster (or --plan)")
     try:
-        cluster = parse_cluster(cluster_spec)
+        return parse_cluster(cluster_spec)
     except (TypeError, ValueError, KeyError) as e:
         if isinstance(e, ShardplanError):
             raise
         raise ShardplanError(f"invalid cluster: {first_line(e)}") from None
+
+
+def _workload(r: PriceRequest, plan: Any) -> tuple[Any, tuple[Any, dict[str, str]] | None]:
+    """The workload to price (each value as asked; else as the target runs it; else the plan's; else
+    the default) and the target with the workload fields it prices with (None without ``--target``)."""
+    from pydantic import ValidationError
+
+    from vocab.strategy import Workload, check_workload_choices
+    from vocab.targets import WORKLOAD_BEHAVIOUR
+
     wl = plan.inputs.workload if plan else None
-    seq = a.get("seq_len") or (wl.seq_len if wl else None)
-    gb = a.get("global_batch") or (wl.global_batch if wl else None)
+    seq = r.seq_len or (wl.seq_len if wl else None)
+    gb = r.global_batch or (wl.global_batch if wl else None)
     if not seq or not gb:
         raise ShardplanError("give --seq-len and --global-batch (or --plan)")
-    precision = a.get("precision") or (wl.precision if wl else "bf16")
-    kernel = a.get("attention_kernel") or (wl.attention_kernel if wl else "auto")
-    asked = {f: a.get(f) for f in ASKED}
+    precision = r.precision or (wl.precision if wl else "bf16")
+    kernel = r.attention_kernel or (wl.attention_kernel if wl else "auto")
+    asked = {f: getattr(r, f) for f in ASKED}
     check_workload_choices(attention_kernel=kernel, **{f: v for f, v in asked.items() if v is not None})
-    target = _target(a.get("target"), precision, asked)
-    # what is asked; else how the target runs it; else the plan's workload; else the default
+    target = _target(r.target, precision, asked)
     behaved = target[1] if target else {
         f: asked.get(f) or (getattr(wl, f) if wl else Workload.model_fields[f].default) for f in WORKLOAD_BEHAVIOUR}
-    capacity = a.get("moe_capacity_factor") or (wl.moe_capacity_factor if wl else None)
+    capacity = r.moe_capacity_factor or (wl.moe_capacity_factor if wl else None)
     if target:
         from planner.api import check_capacity
 
@@ -259,55 +261,50 @@ def price_args(a: dict[str, Any], *, model_from_cli: bool = False, profile_from_
                      moe_capacity_factor=capacity, **behaved)
     except ValidationError as e:
         raise ShardplanError(f"invalid workload: {_pydantic_message(e)}") from None
-    if model is None:
-        graph = plan_graph(plan, seq)  # type: ignore[arg-type]
-    elif model_from_cli:
-        graph = load_model(model, seq)
-    else:
-        graph = load_named_model(model, seq)
+    return w, target
+
+
+def _graph(r: PriceRequest, plan: Any, seq: int, model_from_cli: bool) -> Any:
+    """The layer graph to price: the model asked for (a factory only from the command line), else
+    the plan's (its preset or the graph it records)."""
+    from planner.reprice import load_named_model, plan_graph
+    from profiler.models import load_model
+
+    if (r.model or None) is None:
+        return plan_graph(plan, seq)
+    if model_from_cli:
+        return load_model(r.model, seq)
+    return load_named_model(r.model, seq)
+
+
+def _strategy(r: PriceRequest, graph: Any, cluster: Any) -> Any:
+    """The strategy of the request's degrees, micro-batching, schedule and per-layer choices."""
+    from pydantic import ValidationError
+
+    from vocab.strategy import ZERO_TO_SHARDING, LayerStrategy, Mesh, Strategy
+
     try:
-        if plan is not None:
-            s = plan.strategy
-        else:
-            _precheck(graph.config, a, graph.num_blocks)
-            zero = int(a.get("zero") or 0)
-            if zero not in ZERO_TO_SHARDING:
-                raise ShardplanError(f"--zero must be 0, 1, 2 or 3, got {zero}")
-            ls = LayerStrategy(sharding=ZERO_TO_SHARDING[zero], recompute=a.get("recompute") or "none")
-            s = Strategy(
-                mesh=Mesh(**_degrees(cluster.world_size, a)),
-                micro_batch=a.get("micro_batch") or 1,
-                schedule=a.get("schedule") or "1f1b",
-                vpp=a.get("vpp") or 1,
-                sequence_parallel=bool(a.get("sequence_parallel")),
-                tp_mode=a.get("tp_mode") or "megatron",
-                cp_mode=a.get("cp_mode") or "ring",
-                default=ls,
-            )
+        _precheck(graph.config, r, graph.num_blocks)
+        zero = int(r.zero or 0)
+        if zero not in ZERO_TO_SHARDING:
+            raise ShardplanError(f"--zero must be 0, 1, 2 or 3, got {zero}")
+        ls = LayerStrategy(sharding=ZERO_TO_SHARDING[zero], recompute=r.recompute or "none")
+        return Strategy(
+            mesh=Mesh(**_degrees(cluster.world_size, r)),
+            micro_batch=r.micro_batch or 1,
+            schedule=r.schedule or "1f1b",
+            vpp=r.vpp or 1,
+            sequence_parallel=bool(r.sequence_parallel),
+            tp_mode=r.tp_mode or "megatron",
+            cp_mode=r.cp_mode or "ring",
+            default=ls,
+        )
     except ValidationError as e:
         raise ShardplanError(f"invalid plan: {_pydantic_message(e)}") from None
     except (TypeError, ValueError) as e:
         if isinstance(e, ShardplanError):
             raise
         raise ShardplanError(f"invalid value: {e}") from None
-    prof, notes = _profile(a.get("profile"), plan, profile_from_plan)
-    limit = a.get("memory_limit", a.get("memory_limit_gib"))
-    if limit is None and plan is not None:
-        limit = plan.inputs.memory_limit_gib
-    cal = _calibration(a.get("calibration"), plan, prof)
-    dev = cal.device(cluster) if cal is not None else None
-    rep = estimate(graph, cluster, s, w, prof, float(limit) if limit is not None else None, dev).to_dict()
-    rep["notes"] = [*rep.get("notes", []), *notes]
-    from planner.reprice import step_band
-
-    rep["error_band"] = step_band(rep["step_time_s"], cluster.accelerator.name, w.precision, measured=prof is not None,
-                                  calibration=cal.ref() if cal is not None else None)
-    if cal is not None:
-        rep["calibration"] = cal.ref()
-    if target is not None:
-        _check_expressible(target[0], graph, cluster, s, w, a.get("model") or (plan.inputs.model if plan else ""), rep)
-        rep["target"] = target[0].name
-    return rep
 
 
 def _calibration(path: str | None, plan: Any, prof: Any) -> Any:
@@ -357,8 +354,8 @@ def _target(name: str | None, precision: str, asked: dict[str, Any]) -> tuple[An
 def _check_expressible(t: Any, graph: Any, cluster: Any, s: Any, w: Any, model: str | dict[str, Any],
                        rep: dict[str, Any]) -> None:
     """One line naming what target ``t`` cannot express of strategy ``s``, priced ``rep`` (nothing for ``any``)."""
-    from planner.exports import lacks
     from planner.reprice import price
+    from planner.trainers import lacks
     from vocab.targets import ANY
 
     if t.name == ANY or not t.exporter:
@@ -468,115 +465,43 @@ def _table(rep: dict[str, Any]) -> Table:
     return t
 
 
+#: ``shardplan estimate``'s options: the fields of :class:`planner.request.PriceRequest`, then the modes
+ESTIMATE_OPTIONS = (
+    *(option(name, cls=PriceRequest) for name in (
+        "model", "cluster", "seq_len", "global_batch", "micro_batch", "tp", "pp", "cp", "ep", "dp", "dp_shard",
+        "dp_replicate", "zero", "recompute", "schedule", "vpp", "precision", "attention_kernel", "cross_entropy",
+        "grad_dtype", "moe_dispatch", "moe_overlap", "moe_capacity_factor", "selective", "target",
+        "sequence_parallel", "profile")),
+    Opt("profile_from_plan", bool, typer.Option(False, "--profile-from-plan", help="with --plan: price with the "
+                                                "profile the plan names (not loaded otherwise)")),
+    *(option(name, cls=PriceRequest) for name in ("calibration", "memory_limit", "plan")),
+    Opt("batch", Path, typer.Option(None, "--batch", help="JSON-lines file of plans to price ('-': standard input)")),
+    Opt("as_json", bool, typer.Option(False, "--json", help="machine-readable output")),
+)
+
+
+def cli_request(o: Values) -> PriceRequest:
+    """The request of ``shardplan estimate``'s options (files by their paths' names)."""
+    return PriceRequest(**{k: str(v) if isinstance(v, Path) else v for k, v in o.items() if k in KEYS})
+
+
 @app.command("estimate")
 @guard
-def estimate_cmd(
-    model: str = typer.Option(
-        None, "--model", "-m", help="preset name, config.json path or pkg.module:factory (a factory: imports and "
-        "runs that code); with --plan, price the plan with this model instead of the one it records"
-    ),
-    cluster: str = typer.Option(None, "--cluster", "-c", help="'64xh100' or a cluster YAML/JSON file"),
-    seq_len: int = count_option(None, "--seq-len", help="tokens per sample"),
-    global_batch: int = count_option(None, "--global-batch", help="samples per optimizer step"),
-    micro_batch: int = count_option(1, "--micro-batch", help="samples per micro-batch"),
-    tp: int = count_option(1, "--tp", help="tensor-parallel degree"),
-    pp: int = count_option(1, "--pp", help="pipeline stages"),
-    cp: int = count_option(1, "--cp", help="context-parallel degree"),
-    ep: int = count_option(1, "--ep", help="expert-parallel degree"),
-    dp: int = count_option(None, "--dp", help="data-parallel degree (default: GPUs / (pp*cp*tp))"),
-    dp_shard: int = count_option(None, "--dp-shard", help="ranks ZeRO/FSDP shards over"),
-    dp_replicate: int = count_option(None, "--dp-replicate", help="plain data-parallel replicas"),
-    zero: int = int_option(0, "--zero", help="0 (DDP, dp_shard 1), 1, 2 or 3"),
-    recompute: str = typer.Option("none", "--recompute", help="none | selective | full"),
-    schedule: str = typer.Option("1f1b", "--schedule", help="gpipe | 1f1b | interleaved | zb"),
-    vpp: int = count_option(1, "--vpp", help="virtual stages per rank (interleaved)"),
-    precision: str = typer.Option(None, "--precision", help="bf16 | fp8"),
-    attention_kernel: str = typer.Option(
-        None, "--attention-kernel", help="auto | flash2 (FlashAttention-2, SDPA) | flash3 (Hopper-native)"
-    ),
-    cross_entropy: str = typer.Option(
-        None, "--cross-entropy", help="eager (PyTorch F.cross_entropy, the default) | fused (Megatron)"
-    ),
-    grad_dtype: str = typer.Option(None, "--grad-dtype", help="gradient buffers: fp32 (default) | bf16"),
-    moe_dispatch: str = typer.Option(
-        None, "--moe-dispatch", help="alltoall (NCCL all-to-all, the default) | dedup (DeepEP: one copy per node)"
-    ),
-    moe_overlap: str = typer.Option(
-        None, "--moe-overlap", help="none | 1f1b (EP all-to-alls under the paired micro-batch's compute: Megatron)"
-    ),
-    moe_capacity_factor: float = positive_option(
-        None, "--moe-capacity-factor", help="tokens each expert takes, as a multiple of its mean (the rest "
-        "dropped); default: dropless"
-    ),
-    selective: str = typer.Option(
-        None, "--selective", help="what --recompute selective keeps: attention (attention core recomputed: "
-        "Megatron) | op (every other GEMM output kept: torchtitan) | gemms (every GEMM output kept: this runtime); "
-        "default: the target's"
-    ),
-    target: str = typer.Option(None, "--target", help="price as this trainer runs it (its cross-entropy and "
-                               "gradient dtype), and refuse what it cannot express"),
-    sequence_parallel: bool = typer.Option(
-        False, "--sequence-parallel", help="Megatron sequence parallelism"
-    ),
-    profile: Path = typer.Option(None, "--profile", help="measured profile to price with"),
-    profile_from_plan: bool = typer.Option(False, "--profile-from-plan", help="with --plan: price with the "
-                                           "profile the plan names (not loaded otherwise)"),
-    calibration: Path = typer.Option(None, "--calibration", help="price with this calibration of your cluster "
-                                     "(shardplan calibrate); a plan priced with one is re-priced with it by default"),
-    memory_limit: float = positive_option(None, "--memory-limit", help="per-GPU limit in GiB"),
-    plan: Path = typer.Option(None, "--plan", help="price this plan file instead of the degree flags"),
-    batch: Path = typer.Option(None, "--batch", help="JSON-lines file of plans to price ('-': standard input)"),
-    as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
-) -> None:
+@command(ESTIMATE_OPTIONS)
+def estimate_cmd(o: Values) -> None:
     """Price one plan: step time, tokens/s/GPU, MFU and per-stage memory."""
-    if batch is not None:
+    if o.batch is not None:
         lines = failed = 0
-        for line in iter_batch(batch):
+        for line in iter_batch(o.batch):
             sys.stdout.write(line + "\n")
             lines, failed = lines + 1, failed + is_error_line(line)
         if failed:
             raise ShardplanError(f"{failed} of {lines} lines failed")
         return
-    args: dict[str, Any] = {
-        "model": model,
-        "cluster": cluster,
-        "seq_len": seq_len,
-        "global_batch": global_batch,
-        "precision": precision,
-        "attention_kernel": attention_kernel,
-        "cross_entropy": cross_entropy,
-        "grad_dtype": grad_dtype,
-        "moe_dispatch": moe_dispatch,
-        "moe_overlap": moe_overlap,
-        "moe_capacity_factor": moe_capacity_factor,
-        "selective": selective,
-        "target": target,
-        "profile": str(profile) if profile else None,
-        "memory_limit": memory_limit,
-        "calibration": str(calibration) if calibration else None,
-    }
-    if profile_from_plan and plan is None:
+    if o.profile_from_plan and o.plan is None:
         raise ShardplanError("--profile-from-plan needs --plan")
-    if plan is not None:
-        args["plan"] = str(plan)
-    else:
-        args.update(
-            micro_batch=micro_batch,
-            tp=tp,
-            pp=pp,
-            cp=cp,
-            ep=ep,
-            dp=dp,
-            dp_shard=dp_shard,
-            dp_replicate=dp_replicate,
-            zero=zero,
-            recompute=recompute,
-            schedule=schedule,
-            vpp=vpp,
-            sequence_parallel=sequence_parallel,
-        )
-    rep = price_args(args, model_from_cli=True, profile_from_plan=profile_from_plan)
-    if as_json:
+    rep = price(cli_request(o), model_from_cli=True, profile_from_plan=o.profile_from_plan)
+    if o.as_json:
         sys.stdout.write(report_json(rep, indent=2) + "\n")
     else:
         console.print(_table(rep))

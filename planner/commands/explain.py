@@ -148,8 +148,8 @@ def export_cmd(
     profile_from_plan: bool = typer.Option(False, "--profile-from-plan", help=FROM_PLAN_HELP),
 ) -> None:
     """Write a plan as a framework's configuration; refuse (exit 2) what the target cannot express."""
-    from planner.exports import check_target, export, refusal
     from planner.reprice import command_line_files, opening
+    from planner.trainers import check_target, export, refusal
     from vocab.io import check_writable, write_atomic
     from vocab.plan import load_plan
 

@@ -34,7 +34,7 @@ def import_cmd(
     output: Path | None = typer.Option(None, "--output", "-o", help="write the plan JSON here"),
 ) -> None:
     """Read a trainer's configuration into a plan and price it (then explain, compare, or search a better one)."""
-    from planner.imports import import_plan
+    from planner.trainers import import_plan
     from vocab.io import check_writable
 
     if output is not None and output.suffix.lower() != ".json":

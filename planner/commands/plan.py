@@ -7,6 +7,8 @@ one line on stderr and exit code 2, and ``-o`` is not created.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,8 @@ from rich.table import Table
 
 from planner.cli import app, console, err_console, guard, print_json
 from planner.layout import literal, literal_lines
-from planner.options import count_option, int_option, number_option, positive_option
+from planner.options import Opt, Values, command, number_option
+from planner.request import Request, option
 from vocab.digits import read_int
 from vocab.errors import ShardplanError
 from vocab.io import check_writable
@@ -157,84 +160,43 @@ def summary_table(planned: Any, wall_s: float) -> Table:
     return t
 
 
-@app.command("plan")
-@guard
-def plan_cmd(
-    model: str = typer.Option(
-        ..., "--model", "-m", help="preset name, config.json path or pkg.module:factory"
-    ),
-    cluster: str = typer.Option(..., "--cluster", "-c", help="'64xh100' or a cluster YAML/JSON file"),
-    seq_len: int = count_option(..., "--seq-len", help="tokens per sample"),
-    global_batch: str = typer.Option(
-        ..., "--global-batch", help="samples per step; a comma list compares throughput (samples/s)"
-    ),
-    memory_limit: float = positive_option(
-        None, "--memory-limit", help="per-GPU memory limit in GiB (default: the GPU's memory less --reserve)"
-    ),
-    reserve: float = number_option(
+#: ``shardplan plan``'s options: the fields of a request (:mod:`planner.request`), then where the plan goes
+PLAN_OPTIONS = (
+    *(option(name) for name in ("model", "cluster", "seq_len", "global_batch", "memory_limit_gib")),
+    Opt("reserve", float, number_option(
         None, "--reserve", minimum=0.0, maximum=90.0,
         help="percent of each GPU's memory no plan may use (default 5: workspaces and allocator slack the "
-        "cost model does not price)",
-    ),
-    space: str = typer.Option("full", "--space", help="fsdp | osdp | megatron | hybrid | full | staged (hybrid, every unit of a pipeline its own sharding, exact, slower)"),
-    precision: str = typer.Option("bf16", "--precision", help="bf16 | fp8"),
-    attention_kernel: str = typer.Option(
-        "auto", "--attention-kernel", help="auto | flash2 (FlashAttention-2, SDPA) | flash3 (Hopper-native)"
-    ),
-    target: str = typer.Option(
-        "shardplan", "--target", help="the trainer the plan must run in: shardplan (this runtime) | torchtitan | "
-        "megatron | deepspeed | nanotron | any (the whole plan vocabulary); see docs/targets.md"
-    ),
-    cross_entropy: str = typer.Option(
-        None, "--cross-entropy", help="eager (PyTorch F.cross_entropy) | fused (Megatron's kernel); default: how "
-        "the target computes it"
-    ),
-    moe_dispatch: str = typer.Option(
-        None, "--moe-dispatch", help="alltoall (NCCL all-to-all) | dedup (DeepEP: one copy per node; the target "
-        "must offer it); default: the target's"
-    ),
-    moe_capacity_factor: float = positive_option(
-        None, "--moe-capacity-factor", help="tokens each expert takes, as a multiple of its mean (the rest "
-        "dropped; Megatron-LM); default: dropless"
-    ),
-    profile: Path = typer.Option(
-        None, "--profile", help="measured profile (shardplan profile) to price with"
-    ),
-    calibration: Path = typer.Option(
-        None, "--calibration", help="price with this calibration of your cluster (shardplan calibrate); the plan "
-        "records it"
-    ),
-    time_limit: float = positive_option(
-        None, "--time-limit", help="seconds; the best plan so far, with its gap"
-    ),
-    top_k: int = int_option(5, "--top-k", minimum=0, maximum=1000, help="runners-up to keep"),
-    solver: str = typer.Option(
-        "highs", "--solver", help="the back-end of the integer programs: highs (HiGHS, default) | scip (SCIP "
-        "through OR-Tools MathOpt); docs/solvers.md"
-    ),
-    tie_break: bool = typer.Option(
-        True, "--tie-break/--fastest", help="among plans closer than the model can order (the published sweeps' "
-        "band), recommend the one with the fewest parallel axes (default), or always the fastest"
-    ),
-    output: Path = typer.Option(None, "--output", "-o", help="write the plan JSON here"),
-    as_json: bool = typer.Option(False, "--json", help="print the plan JSON instead of the summary"),
-) -> None:
-    """Find the fastest plan that fits: mesh, schedule, micro-batching, per-layer strategy."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+        "cost model does not price)")),
+    *(option(name) for name in ("space", "precision", "attention_kernel", "target", "cross_entropy", "moe_dispatch",
+                                "moe_capacity_factor", "profile", "calibration", "time_limit", "top_k", "solver",
+                                "tie_break")),
+    Opt("output", Path, typer.Option(None, "--output", "-o", help="write the plan JSON here")),
+    Opt("as_json", bool, typer.Option(False, "--json", help="print the plan JSON instead of the summary")),
+)
+#: the fields of a request the command line gives as they are (the others are read: see :func:`cli_request`)
+AS_GIVEN = ("model", "cluster", "seq_len", "memory_limit_gib", "space", "precision", "attention_kernel", "target",
+            "cross_entropy", "moe_dispatch", "moe_capacity_factor", "profile", "time_limit", "top_k", "solver",
+            "tie_break")
 
-    from planner.api import search_plan
 
-    batches = _batches(global_batch)
-    if output is not None and output.suffix.lower() != ".json":
-        raise ShardplanError(f"-o must name a .json file, got '{output}'")
-    if output is not None:
-        check_writable(output, "-o")
+def cli_request(o: Values, batches: list[int]) -> Request:
+    """The request of ``shardplan plan``'s options ``o`` (``batches``: its ``--global-batch`` read):
+    ``--reserve`` in percent, the calibration file loaded."""
     cal = None
-    if calibration is not None:
+    if o.calibration is not None:
         from costmodel.calibration.document import load_calibration
 
-        cal = load_calibration(calibration)
-    t0 = time.perf_counter()
+        cal = load_calibration(o.calibration)
+    return Request(**{k: o[k] for k in AS_GIVEN}, global_batch=batches[0] if len(batches) == 1 else batches,
+                   reserve=o.reserve / 100 if o.reserve is not None else None, calibration=cal)
+
+
+@contextmanager
+def search_bar() -> Iterator[Any]:
+    """The progress callback of a search: a bar on stderr where that is a terminal (a bar is for a
+    person: no stray line in logs and pipes)."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -242,7 +204,7 @@ def plan_cmd(
         TimeElapsedColumn(),
         console=err_console,
         transient=True,
-        disable=not err_console.is_terminal,  # a bar is for a person: no stray line in logs and pipes
+        disable=not err_console.is_terminal,
     ) as bar:
         task = bar.add_task("enumerating meshes", total=None, count="")  # no count until the search has one
 
@@ -250,32 +212,30 @@ def plan_cmd(
             count = f"{done:,}/{total:,}" if total else (f"{done:,}" if done else "")
             bar.update(task, description=what, completed=done, total=total or None, count=count)
 
-        planned = search_plan(
-            model,
-            cluster,
-            seq_len,
-            batches[0] if len(batches) == 1 else batches,
-            memory_limit,
-            space,
-            precision,
-            profile,
-            time_limit,
-            top_k,
-            progress,
-            attention_kernel,
-            cross_entropy,
-            target,
-            reserve=reserve / 100 if reserve is not None else None,
-            moe_dispatch=moe_dispatch,
-            tie_break=tie_break,
-            moe_capacity_factor=moe_capacity_factor,
-            solver=solver,
-            calibration=cal,
-        )
+        yield progress
+
+
+@app.command("plan")
+@guard
+@command(PLAN_OPTIONS)
+def plan_cmd(o: Values) -> None:
+    """Find the fastest plan that fits: mesh, schedule, micro-batching, per-layer strategy."""
+    from planner.api import search_plan
+
+    batches = _batches(o.global_batch)
+    output = o.output
+    if output is not None and output.suffix.lower() != ".json":
+        raise ShardplanError(f"-o must name a .json file, got '{output}'")
+    if output is not None:
+        check_writable(output, "-o")
+    request = cli_request(o, batches)
+    t0 = time.perf_counter()
+    with search_bar() as progress:
+        planned = search_plan(request, progress)
     wall = time.perf_counter() - t0
     if output is not None:
         planned.plan.save(output)
-    if as_json:
+    if o.as_json:
         print_json(planned.plan.model_dump(mode="json"))
         return
     console.print(summary_table(planned, wall))

@@ -16,7 +16,7 @@ import typer
 from rich.table import Table
 
 from planner.cli import app, console, err_console, guard, print_json
-from planner.options import count_option, number_option
+from planner.options import Opt, Values, command, count_option, number_option
 from vocab.errors import ShardplanError
 from vocab.io import check_writable
 
@@ -183,24 +183,29 @@ def comm(
                       f"{load['sharing_efficiency']:.0%} of its fair share of the cores")
 
 
+#: ``shardplan profile model``'s options
+MODEL_OPTIONS = (
+    Opt("model_name", str, typer.Option(..., "--model", "-m", help="preset name or config.json path")),
+    Opt("device", str, typer.Option("cpu", "--device", help="cpu, cuda or cuda:N")),
+    Opt("micro_batch", int, count_option(1, "--micro-batch", help="samples per step", maximum=4096)),
+    Opt("seq_len", int, count_option(128, "--seq-len", help="tokens per sample", maximum=1 << 20)),
+    Opt("layers", int, count_option(2, "--layers", help="blocks of the stack to build and run", maximum=1024)),
+    Opt("dtype", str, typer.Option(
+        "auto", "--dtype", help="auto (bf16 on GPUs and on CPUs with bf16 matrix units, else fp32), bf16, fp16, fp32"
+    )),
+    Opt("repeats", int, count_option(5, "--repeats", help="timed steps (after 2 warm-up steps)", maximum=10_000)),
+    Opt("profile", Path | None, typer.Option(None, "--profile", help="a compute profile the predictions use")),
+    Opt("accelerator", str | None, typer.Option(None, "--accelerator", help="accelerator file for the predictions")),
+    Opt("output", Path, OUTPUT),
+    Opt("merge", bool, MERGE),
+    Opt("as_json", bool, AS_JSON),
+)
+
+
 @profile_app.command("model")
 @guard
-def model(
-    model_name: str = typer.Option(..., "--model", "-m", help="preset name or config.json path"),
-    device: str = typer.Option("cpu", "--device", help="cpu, cuda or cuda:N"),
-    micro_batch: int = count_option(1, "--micro-batch", help="samples per step", maximum=4096),
-    seq_len: int = count_option(128, "--seq-len", help="tokens per sample", maximum=1 << 20),
-    layers: int = count_option(2, "--layers", help="blocks of the stack to build and run", maximum=1024),
-    dtype: str = typer.Option(
-        "auto", "--dtype", help="auto (bf16 on GPUs and on CPUs with bf16 matrix units, else fp32), bf16, fp16, fp32"
-    ),
-    repeats: int = count_option(5, "--repeats", help="timed steps (after 2 warm-up steps)", maximum=10_000),
-    profile: Path | None = typer.Option(None, "--profile", help="a compute profile the predictions use"),
-    accelerator: str | None = typer.Option(None, "--accelerator", help="accelerator file for the predictions"),
-    output: Path = OUTPUT,
-    merge: bool = MERGE,
-    as_json: bool = AS_JSON,
-) -> None:
+@command(MODEL_OPTIONS)
+def model(o: Values) -> None:
     """Run a few real layers; record per-layer time and saved bytes beside the cost model's prediction."""
     from costmodel.compute import with_predicted_times
     from profiler.measure_compute import device_info, resolve_device, resolve_dtype
@@ -208,22 +213,24 @@ def model(
     from profiler.models import resolve_config
     from profiler.profile_schema import Profile, load_profile
 
+    model_name, device, layers, micro_batch, seq_len = o.model_name, o.device, o.layers, o.micro_batch, o.seq_len
+    output = o.output
     if ":" in model_name and not Path(model_name).exists():
         raise ShardplanError(f"profile model needs a preset name or a config.json, not a factory ('{model_name}')")
     dev = resolve_device(device)
-    dtype = resolve_dtype(dtype, dev)
+    dtype = resolve_dtype(o.dtype, dev)
     cfg = resolve_config(model_name)
-    calib = load_profile(profile) if profile else None
+    calib = load_profile(o.profile) if o.profile else None
     if calib is not None:
         calib.check_kind("gpu" if dev.type == "cuda" else "cpu", f"--device {device}")
-    base = _base(output, merge, "gpu" if dev.type == "cuda" else "cpu")
-    graph, acc = layers_graph(cfg, layers, seq_len), accelerator_for(dev, accelerator)  # before measuring
+    base = _base(output, o.merge, "gpu" if dev.type == "cuda" else "cpu")
+    graph, acc = layers_graph(cfg, layers, seq_len), accelerator_for(dev, o.accelerator)  # before measuring
     load = _warn_if_busy(dev.type == "cpu")
     rows = measure_layers(cfg, dev, layers=layers, micro_batch=micro_batch, seq_len=seq_len, dtype=dtype,
-                          repeats=repeats, model_name=model_name)
+                          repeats=o.repeats, model_name=model_name)
     rows = with_predicted_times(rows, graph, acc, calib)
     _write(Profile(device=device_info(dev, load), model=rows), base, output)
-    if as_json:
+    if o.as_json:
         print_json({"output": str(output), "layers": [r.model_dump() for r in rows]})
         return
 

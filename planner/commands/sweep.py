@@ -19,7 +19,8 @@ from rich.table import Table
 
 from planner.cli import app, console, err_console, guard
 from planner.layout import literal
-from planner.options import int_option, positive_option
+from planner.options import Opt, Values, command, int_option, positive_option
+from planner.request import option
 from vocab.digits import read_float, read_int
 from vocab.errors import ShardplanError, shown
 from vocab.io import check_writable
@@ -78,53 +79,59 @@ def names(text: str) -> list[str]:
     return [x for x in text.replace(" ", "").split(",") if x]
 
 
+#: ``shardplan sweep``'s options: the model, the axes of the grid (comma lists), a token budget, outputs
+SWEEP_OPTIONS = (
+    option("model", help="preset name, Hugging Face id or config.json path"),
+    Opt("gpus", str, typer.Option(..., "--gpus", help="cluster sizes: '256,512,1024' or '256..8192' (doubling)")),
+    Opt("accelerator", str, typer.Option("h100", "--accelerator", "-a", help="accelerators: 'h100,h200,b200'")),
+    option("global_batch", "1024", help="samples per step: '512,1024'"),
+    Opt("seq_len", str, typer.Option("4096", "--seq-len", help="tokens per sample: '4096,8192,32768'")),
+    Opt("memory_limit", str, typer.Option("default", "--memory-limit", help="GiB per GPU: '60,80' ('default': the "
+                                          "GPU's memory less the reserve)")),
+    option("target", help="targets: 'shardplan,torchtitan' (docs/targets.md)"),
+    option("space", help="spaces: 'full,fsdp'"),
+    Opt("tokens", float, positive_option(None, "--tokens", help="tokens to train (e.g. 15e12): days and GPU-hours")),
+    Opt("gpu_hour_cost", float, positive_option(None, "--gpu-hour-cost", help="$ per GPU-hour: the cost to train "
+                                                "--tokens")),
+    Opt("output", Path, typer.Option(None, "--output", "-o", help="the table as .csv or .parquet")),
+    Opt("plots", Path, typer.Option(None, "--plots", help="directory for throughput.png, cost.png (with --tokens) "
+                                    "and heatmap.png")),
+    Opt("heatmap", bool, typer.Option(True, "--heatmap/--no-heatmap", help="with --plots: the tp x pp heatmap at "
+                                      "the point of most tokens/s per GPU")),
+    Opt("workers", int, int_option(None, "--workers", minimum=1, maximum=64, help="processes (default: 2)")),
+    option("calibration", help="price every point with this calibration of your cluster (shardplan calibrate; its "
+           "accelerator only)"),
+)
+
+
 @app.command("sweep")
 @guard
-def sweep_cmd(
-    model: str = typer.Option(..., "--model", "-m", help="preset name, Hugging Face id or config.json path"),
-    gpus: str = typer.Option(..., "--gpus", help="cluster sizes: '256,512,1024' or '256..8192' (doubling)"),
-    accelerator: str = typer.Option("h100", "--accelerator", "-a", help="accelerators: 'h100,h200,b200'"),
-    global_batch: str = typer.Option("1024", "--global-batch", help="samples per step: '512,1024'"),
-    seq_len: str = typer.Option("4096", "--seq-len", help="tokens per sample: '4096,8192,32768'"),
-    memory_limit: str = typer.Option("default", "--memory-limit", help="GiB per GPU: '60,80' ('default': the "
-                                     "GPU's memory less the reserve)"),
-    target: str = typer.Option("shardplan", "--target", help="targets: 'shardplan,torchtitan' (docs/targets.md)"),
-    space: str = typer.Option("full", "--space", help="spaces: 'full,fsdp'"),
-    tokens: float = positive_option(None, "--tokens", help="tokens to train (e.g. 15e12): days and GPU-hours"),
-    gpu_hour_cost: float = positive_option(None, "--gpu-hour-cost", help="$ per GPU-hour: the cost to train "
-                                           "--tokens"),
-    output: Path = typer.Option(None, "--output", "-o", help="the table as .csv or .parquet"),
-    plots: Path = typer.Option(None, "--plots", help="directory for throughput.png, cost.png (with --tokens) "
-                               "and heatmap.png"),
-    heatmap: bool = typer.Option(True, "--heatmap/--no-heatmap", help="with --plots: the tp x pp heatmap at the "
-                                 "point of most tokens/s per GPU"),
-    workers: int = int_option(None, "--workers", minimum=1, maximum=64, help="processes (default: 2)"),
-    calibration: Path = typer.Option(None, "--calibration", help="price every point with this calibration of "
-                                     "your cluster (shardplan calibrate; its accelerator only)"),
-) -> None:
+@command(SWEEP_OPTIONS)
+def sweep_cmd(o: Values) -> None:
     """Plan over a grid (cluster size, accelerator, global batch, sequence length, memory limit,
     target, space): one row per point, with time and cost to train a token budget."""
-    from planner.sweep import mesh_heatmap, sweep
+    from planner.sweep import sweep
 
-    sizes = int_list(gpus, "--gpus", "numbers of GPUs", "256,512,1024 or 256..8192", MAX_GPUS)
-    batches = int_list(global_batch, "--global-batch", "numbers of samples", "512,1024", MAX_GLOBAL_BATCH)
-    seqs = int_list(seq_len, "--seq-len", "numbers of tokens", "4096,8192", MAX_SEQ_LEN)
-    limits = float_list(memory_limit, "--memory-limit", "60,80")
-    if output is not None:
-        if output.suffix.lower() not in TABLE_FORMATS:
-            raise ShardplanError(f"-o must name a .csv or .parquet file, got '{output}'")
-        check_writable(output, "-o")
-    if plots is not None:
-        check_writable(plots / "throughput.png", "--plots")
+    sizes = int_list(o.gpus, "--gpus", "numbers of GPUs", "256,512,1024 or 256..8192", MAX_GPUS)
+    batches = int_list(o.global_batch, "--global-batch", "numbers of samples", "512,1024", MAX_GLOBAL_BATCH)
+    seqs = int_list(o.seq_len, "--seq-len", "numbers of tokens", "4096,8192", MAX_SEQ_LEN)
+    limits = float_list(o.memory_limit, "--memory-limit", "60,80")
+    if o.output is not None:
+        if o.output.suffix.lower() not in TABLE_FORMATS:
+            raise ShardplanError(f"-o must name a .csv or .parquet file, got '{o.output}'")
+        check_writable(o.output, "-o")
+    if o.plots is not None:
+        check_writable(o.plots / "throughput.png", "--plots")
     cal = None
-    if calibration is not None:
+    if o.calibration is not None:
         from costmodel.calibration.document import load_calibration
 
-        cal = load_calibration(calibration)
+        cal = load_calibration(o.calibration)
     t0 = time.perf_counter()
     with _progress() as update:
-        df = sweep(model, sizes, names(accelerator), batches, seqs, limits, names(target), names(space),
-                   tokens=tokens, gpu_hour_cost=gpu_hour_cost, workers=workers, progress=update, calibration=cal)
+        df = sweep(o.model, sizes, names(o.accelerator), batches, seqs, limits, names(o.target), names(o.space),
+                   tokens=o.tokens, gpu_hour_cost=o.gpu_hour_cost, workers=o.workers, progress=update,
+                   calibration=cal)
     wall = time.perf_counter() - t0
     render_sweep(df, console)
     ok = int((df["status"] == "ok").sum())
@@ -132,28 +139,36 @@ def sweep_cmd(
     if not ok:  # nothing to write or draw: an impossible request, like a plan that does not fit
         raise ShardplanError(f"no point of the sweep has a plan; the first: {df['status'].iloc[0]}")
     written = []
-    if output is not None:
-        write_table(df, output)
-        written.append(str(output))
-    if plots is not None:
-        from planner.plots_common import save_figure
-        from planner.sweep_plots import cost_figure, heatmap_figure, throughput_figure
-
-        figs = {"throughput.png": throughput_figure(df)}
-        if tokens is not None:
-            figs["cost.png"] = cost_figure(df)
-        if heatmap:
-            best = df[df["status"] == "ok"].sort_values("tokens_per_s_per_gpu", ascending=False).iloc[0]
-            lim = best["memory_limit_gib"]
-            hm = mesh_heatmap(model, int(best["gpus"]), best["accelerator"], int(best["global_batch"]),
-                              int(best["seq_len"]), None if lim is None or lim != lim else float(lim),
-                              best["target"], best["space"], calibration=cal)
-            figs["heatmap.png"] = heatmap_figure(hm)
-        for name, fig in figs.items():
-            save_figure(fig, plots / name, "png")
-            written.append(str(plots / name))
+    if o.output is not None:
+        write_table(df, o.output)
+        written.append(str(o.output))
+    if o.plots is not None:
+        written += _plots(df, o, cal)
     for path in written:
         console.print(literal(f"wrote {path}"), soft_wrap=True)
+
+
+def _plots(df: Any, o: Values, calibration: Any) -> list[str]:
+    """Write the sweep's figures into ``--plots``: throughput, cost (with ``--tokens``) and the tp x pp
+    heatmap at the point of most tokens/s per GPU (with ``--heatmap``); the paths written."""
+    from planner.plots_common import save_figure
+    from planner.sweep import mesh_heatmap
+    from planner.sweep_plots import cost_figure, heatmap_figure, throughput_figure
+
+    figs = {"throughput.png": throughput_figure(df)}
+    if o.tokens is not None:
+        figs["cost.png"] = cost_figure(df)
+    if o.heatmap:
+        best = df[df["status"] == "ok"].sort_values("tokens_per_s_per_gpu", ascending=False).iloc[0]
+        lim = best["memory_limit_gib"]
+        hm = mesh_heatmap(o.model, int(best["gpus"]), calibration=calibration, accelerator=best["accelerator"],
+                          global_batch=int(best["global_batch"]), seq_len=int(best["seq_len"]),
+                          memory_limit_gib=None if lim is None or lim != lim else float(lim), target=best["target"],
+                          space=best["space"])
+        figs["heatmap.png"] = heatmap_figure(hm)
+    for name, fig in figs.items():
+        save_figure(fig, o.plots / name, "png")
+    return [str(o.plots / name) for name in figs]
 
 
 def _progress() -> Any:

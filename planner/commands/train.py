@@ -8,7 +8,7 @@ from typing import Any
 import typer
 
 from planner.cli import app, console, guard, print_json
-from planner.options import count_option, int_option, number_option
+from planner.options import Opt, Values, command, count_option, int_option, number_option
 from vocab.errors import ShardplanError
 
 WATCHDOG_S = 300.0  # runtime.launch.WATCHDOG_S (not imported here: that would import torch at start-up)
@@ -112,74 +112,83 @@ def _table(report: dict[str, Any]) -> None:
         console.print(f"{verdict}: largest loss difference {report['max_loss_diff']:.3g} (rtol {report['parity_rtol']:g})")
 
 
+#: ``shardplan train``'s options
+TRAIN_OPTIONS = (
+    Opt("model", str, typer.Option(
+        ..., "--model", "-m", help="tiny-gpt, tiny-llama, tiny-mixtral, tiny-deepseek, hf-llama, hf-gpt2, a preset "
+        "(built on the meta device, each rank initialising its shards), or a Hugging Face checkpoint directory "
+        "(config.json, *.safetensors; Llama-style or GPT-2), each rank reading its shards")),
+    Opt("plan_path", Path, typer.Option(..., "--plan", "-p", help="plan JSON (shardplan plan ... -o plan.json)")),
+    Opt("nproc", int, count_option(None, "--nproc", "-n", help="local processes (default: the plan's world size)",
+                                   maximum=1024)),
+    Opt("steps", int, count_option(3, "--steps", help="optimizer steps", maximum=1_000_000)),
+    Opt("check_parity", bool, typer.Option(False, "--check-parity", help="also train in one process and compare "
+                                           "losses")),
+    Opt("seed", int, int_option(0, "--seed", minimum=0, maximum=2**63 - 1, help="seed of the weights and the "
+                                "synthetic tokens")),
+    Opt("seq_len", int, count_option(None, "--seq-len", help="tokens per sample (default: the plan's)")),
+    Opt("global_batch", int, count_option(None, "--global-batch", help="samples per step (default: the plan's)")),
+    Opt("precision", str, typer.Option(
+        "fp32", "--precision", help="fp32, bf16 (every unit: bf16 compute, fp32 master weights, gradients reduced in "
+        "the plan's grad_dtype), or fp8 (bf16 with the blocks' Linear GEMMs in fp8 through torchao; CUDA only)")),
+    Opt("data", Path | None, typer.Option(None, "--data", help="a token file (.npy, or nanoGPT's uint16 .bin) to "
+                                          "read the batches from (default: seeded uniform tokens)")),
+    Opt("resume", Path | None, typer.Option(None, "--resume", help="a checkpoint directory to start from (written "
+                                            "by --save with this plan or another plan of the same model)")),
+    Opt("save", Path | None, typer.Option(None, "--save", help="write a checkpoint directory after the last step "
+                                          "(torch.distributed.checkpoint)")),
+    Opt("output", Path | None, typer.Option(None, "--output", "-o", help="also write the JSON report here "
+                                            "(atomically)")),
+    Opt("watchdog_s", float, number_option(WATCHDOG_S, "--watchdog-s", help="end the run when a rank is silent this "
+                                           "long (its process stops responding, or no rank makes progress); 0: "
+                                           "never")),
+    Opt("as_json", bool, typer.Option(False, "--json", help="machine-readable output")),
+)
+
+
 @app.command()
 @guard
-def train(
-    model: str = typer.Option(..., "--model", "-m", help="tiny-gpt, tiny-llama, tiny-mixtral, tiny-deepseek, hf-llama, "
-                              "hf-gpt2, a preset (built on the meta device, each rank initialising its shards), or a "
-                              "Hugging Face checkpoint directory (config.json, *.safetensors; Llama-style or GPT-2), "
-                              "each rank reading its shards"),
-    plan_path: Path = typer.Option(..., "--plan", "-p", help="plan JSON (shardplan plan ... -o plan.json)"),
-    nproc: int = count_option(None, "--nproc", "-n", help="local processes (default: the plan's world size)",
-                              maximum=1024),
-    steps: int = count_option(3, "--steps", help="optimizer steps", maximum=1_000_000),
-    check_parity: bool = typer.Option(False, "--check-parity", help="also train in one process and compare losses"),
-    seed: int = int_option(0, "--seed", minimum=0, maximum=2**63 - 1, help="seed of the weights and the synthetic tokens"),
-    seq_len: int = count_option(None, "--seq-len", help="tokens per sample (default: the plan's)"),
-    global_batch: int = count_option(None, "--global-batch", help="samples per step (default: the plan's)"),
-    precision: str = typer.Option("fp32", "--precision", help="fp32, bf16 (every unit: bf16 compute, fp32 master "
-                                  "weights, gradients reduced in the plan's grad_dtype), or fp8 (bf16 with the blocks' "
-                                  "Linear GEMMs in fp8 through torchao; CUDA only)"),
-    data: Path | None = typer.Option(None, "--data", help="a token file (.npy, or nanoGPT's uint16 .bin) to read "
-                                     "the batches from (default: seeded uniform tokens)"),
-    resume: Path | None = typer.Option(None, "--resume", help="a checkpoint directory to start from (written by "
-                                       "--save with this plan or another plan of the same model)"),
-    save: Path | None = typer.Option(None, "--save", help="write a checkpoint directory after the last step "
-                                     "(torch.distributed.checkpoint)"),
-    output: Path | None = typer.Option(None, "--output", "-o", help="also write the JSON report here (atomically)"),
-    watchdog_s: float = number_option(WATCHDOG_S, "--watchdog-s", help="end the run when a rank is silent this long "
-                                      "(its process stops responding, or no rank makes progress); 0: never"),
-    as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
-) -> None:
+@command(TRAIN_OPTIONS)
+def train(o: Values) -> None:
     """Train a model with a plan on N local processes (gloo on CPU, NCCL on GPUs); report loss, time, memory."""
     from vocab.io import canonical_json, check_writable, write_atomic
 
-    if output is not None:
-        check_writable(output, "output")  # before torch is imported and any rank started
+    if o.output is not None:
+        check_writable(o.output, "output")  # before torch is imported and any rank started
     from runtime.apply import check_plan
     from runtime.launch import Job, launch
     from runtime.mesh import device_type
     from runtime.model import spec_for, spec_for_weights
     from vocab.plan import load_plan
 
-    if steps < 1:
-        raise ShardplanError(f"--steps must be at least 1, got {steps}")
-    if not watchdog_s >= 0:
-        raise ShardplanError(f"--watchdog-s must be at least 0 (0: no watchdog), got {watchdog_s}")
-    plan = load_plan(plan_path)
+    if o.steps < 1:
+        raise ShardplanError(f"--steps must be at least 1, got {o.steps}")
+    if not o.watchdog_s >= 0:
+        raise ShardplanError(f"--watchdog-s must be at least 0 (0: no watchdog), got {o.watchdog_s}")
+    plan = load_plan(o.plan_path)
     world = plan.strategy.mesh.world_size
-    nproc = nproc or world
+    nproc = o.nproc or world
     if nproc != world:
         raise ShardplanError(f"the plan's mesh {plan.strategy.mesh.axes()} needs {world} processes; --nproc is {nproc}")
-    spec = spec_for_weights(model) if Path(model).is_dir() else spec_for(model, init="seeded")
-    s = _settings(plan, steps, seed, seq_len, global_batch)
-    s.precision, s.grad_dtype = precision, plan.inputs.workload.grad_dtype
-    _files(s, spec, data, resume, save)
+    spec = spec_for_weights(o.model) if Path(o.model).is_dir() else spec_for(o.model, init="seeded")
+    s = _settings(plan, o.steps, o.seed, o.seq_len, o.global_batch)
+    s.precision, s.grad_dtype = o.precision, plan.inputs.workload.grad_dtype
+    _files(s, spec, o.data, o.resume, o.save)
     dev = device_type()
     check_plan(spec, plan, nproc, dev, seq_len=s.seq_len, global_batch=s.global_batch, precision=s.mixed())
-    results = launch([Job(model=spec, plan_json=plan.to_json(), settings=s.to_dict(), name=model,
-                          reference=check_parity)], nproc, watchdog_s=watchdog_s)
+    results = launch([Job(model=spec, plan_json=plan.to_json(), settings=s.to_dict(), name=o.model,
+                          reference=o.check_parity)], nproc, watchdog_s=o.watchdog_s)
     res = results[0]
-    report: dict[str, Any] = {"model": model, "plan": str(plan_path), "nproc": nproc, "device": dev,
-                              "precision": precision, "settings": s.to_dict(), "steps": res["steps"],
+    report: dict[str, Any] = {"model": o.model, "plan": str(o.plan_path), "nproc": nproc, "device": dev,
+                              "precision": o.precision, "settings": s.to_dict(), "steps": res["steps"],
                               "fsdp_units": res["fsdp_units"], "notes": res["notes"]}
-    if check_parity:  # rank 0 trained the same model in one process after the distributed run
+    if o.check_parity:  # rank 0 trained the same model in one process after the distributed run
         ref, rtol = res["reference_losses"], res["parity_rtol"]  # runtime.train.parity_tolerance
         ok, diff = _parity([st["loss"] for st in res["steps"]], ref[res["steps"][0]["step"]:], rtol)
         report.update(reference_losses=ref, parity=ok, max_loss_diff=diff, parity_rtol=rtol)
-    if output is not None:
-        write_atomic(output, canonical_json(report))
-    if as_json:
+    if o.output is not None:
+        write_atomic(o.output, canonical_json(report))
+    if o.as_json:
         print_json(report)
     else:
         _table(report)

@@ -19,7 +19,7 @@ from vocab.io import check_writable
 
 
 def _load(csvs: list[Path]) -> tuple[list[Any], list[Any]]:
-    from costmodel.published import default_csv_path, load_published
+    from costmodel.published.runs import default_csv_path, load_published
 
     paths = csvs or [default_csv_path()]
     if not csvs and not paths[0].exists():
@@ -43,7 +43,7 @@ def _rho(x: float | None) -> str:
 
 def render_validation(data: dict[str, Any], title: str = "cost model vs published runs") -> None:
     """Per-source table, the overall row, then the skipped rows with their reasons."""
-    from costmodel.validate import source_label
+    from costmodel.published.validate import source_label
 
     t = Table(title=title)
     t.add_column("source", no_wrap=True, overflow="ellipsis", max_width=44)
@@ -94,7 +94,7 @@ def validate_cmd(
     rows: bool = typer.Option(False, "--rows", help="with --json: every row's prediction too"),
 ) -> None:
     """Compare the cost model with published runs: errors per source, rank correlation, skipped rows."""
-    from costmodel.validate import validate
+    from costmodel.published.validate import validate
 
     prof = None
     if profile is not None:
@@ -120,8 +120,8 @@ def fit_cmd(
 ) -> None:
     """Fit the cost constants on the A/B rows (globally, then per accelerator) and write them."""
     from costmodel.constants import CONSTANTS_PATH
-    from costmodel.fit import fit, write_constants
-    from costmodel.validate import validate
+    from costmodel.published.fit import fit, write_constants
+    from costmodel.published.validate import validate
 
     out = check_writable(output or CONSTANTS_PATH, "output")
     published, skipped = _load([csv_path] if csv_path else [])

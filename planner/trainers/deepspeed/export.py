@@ -12,8 +12,8 @@ import json
 from typing import Any
 
 from planner.compare import label_units
-from planner.exports.base import Nearest
-from planner.exports.keys import DEEPSPEED, DEEPSPEED_PARTITION, DEEPSPEED_ZERO_STAGE
+from planner.trainers.deepspeed.keys import DEEPSPEED, DEEPSPEED_PARTITION, DEEPSPEED_ZERO_STAGE
+from planner.trainers.exporting import Nearest
 from vocab.strategy import Strategy
 
 SUFFIX = ".json"

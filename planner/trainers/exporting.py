@@ -20,8 +20,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from planner.compare import describe_diff, diff_strategies, label_units, unit_choices
-from planner.imports import inputs_line
 from planner.reprice import Repriced, block_index
+from planner.trainers.reading import inputs_line
 from vocab.errors import ShardplanError
 from vocab.names import escape_unprintable
 from vocab.plan import Plan

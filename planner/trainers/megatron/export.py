@@ -25,15 +25,15 @@ from typing import Any
 
 from costmodel.constants import constants_for
 from costmodel.experts import overlap_runs
-from planner.exports.base import Nearest, header, runs_text
-from planner.exports.keys import (
+from planner.reprice import plan_graph
+from planner.trainers.exporting import Nearest, header, runs_text
+from planner.trainers.megatron.keys import (
     MEGATRON,
     MEGATRON_CP_COMM,
     MEGATRON_FP8_FORMAT,
     MEGATRON_NORM,
     MEGATRON_POSITION,
 )
-from planner.reprice import plan_graph
 from vocab.errors import ShardplanError
 from vocab.strategy import Strategy, Workload
 

@@ -19,9 +19,14 @@ import math
 import tomllib
 from typing import Any
 
-from planner.exports.keys import TORCHTITAN as K
-from planner.exports.keys import TORCHTITAN_CP_ROTATE, TORCHTITAN_FLOAT8, TORCHTITAN_FQN, TORCHTITAN_SCHEDULES
-from planner.imports import ConfigError, Context, count, refuse_unknown, unit_choices, unknown_keys
+from planner.trainers.reading import ConfigError, Context, count, refuse_unknown, unit_choices, unknown_keys
+from planner.trainers.torchtitan.keys import TORCHTITAN as K
+from planner.trainers.torchtitan.keys import (
+    TORCHTITAN_CP_ROTATE,
+    TORCHTITAN_FLOAT8,
+    TORCHTITAN_FQN,
+    TORCHTITAN_SCHEDULES,
+)
 from vocab.digits import is_digits
 from vocab.strategy import rank_blocks
 from vocab.targets import by_exporter, key_snapshot

@@ -16,8 +16,8 @@ import json
 import pprint
 from typing import Any
 
-from planner.exports.base import Nearest, header
-from planner.exports.keys import PYTHON
+from planner.trainers.exporting import Nearest, header
+from planner.trainers.python.keys import PYTHON
 from vocab.errors import ShardplanError
 from vocab.strategy import Strategy
 

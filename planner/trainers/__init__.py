@@ -1,81 +1,113 @@
-"""Read a trainer's configuration back into a plan (``shardplan import``).
+"""The trainers shardplan writes configurations for and reads them back from: one folder per trainer
+(``planner/trainers/<name>/``: ``torchtitan``, ``megatron``, ``deepspeed``, ``nanotron``, ``python``),
+each with its key names (``keys.py``), its exporter (``export.py``) and its importer (``read.py``).
 
-One module per trainer (``torchtitan``, ``megatron``, ``deepspeed``, ``nanotron``, ``python``), each
-with ``SUFFIXES`` (how its files are recognised), ``parse(text, origin)`` (the decoded document, every
-key checked against the keys the target's pinned release accepts: :func:`vocab.targets.key_snapshot`),
-``workload(doc)`` (what the file says of the sequence length, the global batch and the precision) and
-``strategy(doc, ctx)`` (the plan's strategy fields, given the model's units and the cluster's size).
+Export (``shardplan export``): each trainer's ``export`` writes for the target whose file names it
+(``vocab/targets/<name>.yaml``, ``exporter:``; ``python`` writes for ``shardplan``), with ``SUFFIX``,
+``adjust(n)`` (target-specific mapping to the nearest expressible plan) and ``render(n, s, cost)``; what
+every exporter shares is :mod:`planner.trainers.exporting`. :func:`export` maps the plan to the nearest
+plan the target can express and, where that differs, re-prices it with the cost model; :func:`refusal`
+says why such an export is not written: the plan uses what the target lacks (unless the nearest plan is
+asked for), or the nearest plan does not fit.
 
-The model and the cluster come from ``--model`` and ``--cluster``, or from the ``shardplan-inputs``
-line that every export except DeepSpeed's JSON carries in its header (:func:`inputs_line`). The header
-names them for the record: it may give a preset and a cluster like ``8xh100`` (or a mapping), but a
-file it names is not opened; that takes ``--model`` / ``--cluster`` on the command line. The result
-is a plan for the trainer's target, priced with that target's behaviour: ``export`` then ``import``
-gives back the plan's strategy and its predicted step time.
+Import (``shardplan import``): each trainer's ``read`` decodes its files (what every importer shares
+is :mod:`planner.trainers.reading`). The model and the cluster come from ``--model`` and
+``--cluster``, or from the ``shardplan-inputs`` line that every export except DeepSpeed's JSON carries
+in its header (:func:`~planner.trainers.reading.inputs_line`). The header names them for the record: it
+may give a preset and a cluster like ``8xh100`` (or a mapping), but a file it names is not opened; that
+takes ``--model`` / ``--cluster`` on the command line. The result is a plan for the trainer's target,
+priced with that target's behaviour: ``export`` then ``import`` gives back the plan's strategy and its
+predicted step time.
 """
 
 from __future__ import annotations
 
 import importlib
-import json
-import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from planner.reprice import recorded_graph, reprice, units_of
+from planner.trainers.exporting import Exported, Loss, change_lines, normalize
+from planner.trainers.reading import INPUTS_TAG, ConfigError, Context, read_inputs
+from profiler.graph import LayerGraph
 from vocab.arguments import typed
-from vocab.errors import ShardplanError, UnknownNameError, shown
+from vocab.errors import UnknownNameError, shown
 from vocab.io import read_text, validate_document
 from vocab.plan import Plan, TargetRef
-from vocab.strategy import RECOMPUTES, Strategy, Workload, even_split
-from vocab.targets import WORKLOAD_BEHAVIOUR, Target, by_exporter
+from vocab.strategy import Strategy, Workload, even_split
+from vocab.targets import WORKLOAD_BEHAVIOUR, Target, by_exporter, targets
 
+#: the trainers, one folder each, by the name their target gives as its ``exporter``
+TRAINERS = ("torchtitan", "megatron", "deepspeed", "nanotron", "python")
+TARGETS = TRAINERS  # the exporters
 #: the importers, by the exporter (and target) they read
-IMPORTERS = ("torchtitan", "megatron", "deepspeed", "nanotron", "python")
-INPUTS_TAG = "shardplan-inputs:"
-_INPUTS = re.compile(r"^\s*(?:#|//)\s*" + re.escape(INPUTS_TAG) + r"\s*(\{.*\})\s*$", re.MULTILINE)
+IMPORTERS = TRAINERS
 
 
-class ConfigError(ShardplanError):
-    """A trainer's configuration that cannot be read into a plan."""
+@typed
+def check_target(target: str) -> str:
+    """The exporter for ``target``: an exporter name, or the name of a target that has one."""
+    key = target.strip().lower()
+    if key in TARGETS:
+        return key
+    t = targets().get(key)
+    if t is not None and t.exporter in TARGETS:
+        return t.exporter
+    known = dict.fromkeys([*TARGETS, *(n for n, t in targets().items() if t.exporter)])
+    raise UnknownNameError("export target", target, known)
 
 
-@dataclass(frozen=True)
-class Context:
-    """What a configuration is read against: the model's units in order, its transformer block
-    count and config keys (``hidden``, ``heads``, ...), the cluster's GPUs, the file's name for
-    messages, and the expert parallelism given on the command line (for a trainer whose file does
-    not hold it; None when not given)."""
-
-    origin: str
-    units: list[str]
-    blocks: int
-    world: int
-    config: dict[str, Any] = field(default_factory=dict)
-    ep: int | None = None
+def target_of(exporter: str) -> Target:
+    """The target an exporter writes for."""
+    return by_exporter(check_target(exporter))
 
 
-def inputs_line(model: str, cluster: dict[str, Any], memory_limit_gib: float | None = None) -> str:
-    """The header line an export carries so that ``import`` finds the model, the cluster and the
-    plan's memory limit."""
-    data: dict[str, Any] = {"model": model, "cluster": cluster}
-    if memory_limit_gib is not None:
-        data["memory_limit_gib"] = memory_limit_gib
-    return f"{INPUTS_TAG} " + json.dumps(data, sort_keys=True)
+@typed
+def lacks(plan: Plan, target: str) -> list[Loss]:
+    """What ``plan`` uses that ``target`` (an exporter or target name) cannot express, and how the
+    target would run it differently (``behaviour`` losses): empty when it exports as it is."""
+    key = check_target(target)
+    mod = importlib.import_module(f"{__name__}.{key}.export")
+    n = normalize(plan, units_of(plan), by_exporter(key))
+    mod.adjust(n)
+    return n.losses
 
 
-def read_inputs(text: str, origin: str) -> dict[str, Any]:
-    """The model and cluster the file's ``shardplan-inputs`` line names ({} when it has none)."""
-    m = _INPUTS.search(text)
-    if m is None:
-        return {}
-    try:
-        data = json.loads(m.group(1))
-    except ValueError:
-        raise ConfigError(f"{origin}: the {INPUTS_TAG} line is not JSON") from None
-    if not isinstance(data, dict) or not isinstance(data.get("model"), str):
-        raise ConfigError(f"{origin}: the {INPUTS_TAG} line must name a model and a cluster")
-    return data
+@typed
+def export(plan: Plan, target: str, graph: LayerGraph | None = None) -> Exported:
+    """The plan as ``target``'s configuration text, or the nearest plan the target can express,
+    re-priced with the plan's model (its preset, config file or recorded graph) or ``graph``."""
+    key = check_target(target)
+    t = by_exporter(key)
+    mod = importlib.import_module(f"{__name__}.{key}.export")
+    recorded_graph(plan)  # a plan whose recorded graph is broken is refused, not exported without it
+    units = units_of(plan)
+    n = normalize(plan, units, t)
+    mod.adjust(n)
+    s = n.strategy()
+    rep = reprice(plan, s, n.workload_model(), graph) if n.losses else None
+    e = Exported(target=key, tool_version=t.label, text="", suffix=mod.SUFFIX, strategy=s,
+                 losses=n.losses, notes=n.notes, repriced=rep, changes=change_lines(plan, s, units))
+    if rep is not None:
+        e.notes += rep.notes
+    e.text = mod.render(n, s, e.cost_line())
+    return e
+
+
+@typed
+def refusal(e: Exported, nearest: bool = False) -> str | None:
+    """Why ``e`` is not written, in one line, or None: the plan uses what the target lacks (unless
+    ``nearest``), or the plan as the target can run it does not fit its memory limit."""
+    lacking = list(dict.fromkeys(x.lacks for x in e.losses if not x.behaviour))
+    if lacking and not nearest:
+        return (f"{e.tool_version} cannot express: {'; '.join(lacking)} (--nearest exports the nearest plan it "
+                "can, re-priced)")
+    r = e.repriced
+    if r is not None and r.variant is not None and not r.variant.get("fits", True):
+        what = "the nearest plan it can express" if lacking else "the plan as it runs it"
+        return (f"{e.tool_version}: {what} needs {r.variant['memory_peak_gib']:.1f} GiB per GPU, over the "
+                f"{r.variant['memory_limit_gib']:.1f} GiB limit; nothing written")
+    return None
 
 
 @typed
@@ -96,45 +128,8 @@ def importer_for(path: Path, trainer: str | None) -> str:
 
 
 def _module(name: str) -> Any:
-    return importlib.import_module(f"{__name__}.{name}")
-
-
-def unknown_keys(doc: Any, tree: Any, path: str = "") -> list[str]:
-    """Dotted keys of ``doc`` that a key tree ({key: subtree}, None for a leaf) does not hold."""
-    if not isinstance(doc, dict) or tree is None:
-        return []
-    bad = []
-    for k, v in doc.items():
-        if k not in tree:
-            bad.append(f"{path}{k}")
-        else:
-            bad += unknown_keys(v, tree[k], f"{path}{k}.")
-    return bad
-
-
-def refuse_unknown(bad: list[str], t: Target, origin: str) -> None:
-    """One error naming the keys ``t``'s pinned release does not know."""
-    if bad:
-        shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
-        raise ConfigError(f"{origin}: {t.label} has no key {shown}")
-
-
-def count(value: Any, what: str, origin: str, minimum: int = 1) -> int:
-    """An integer setting of at least ``minimum`` (a bool or a float is not a count)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{origin}: {what} must be an integer >= {minimum}, got {value!r}")
-    return value
-
-
-def unit_choices(units: list[str], recompute: dict[str, str], sharding: str, offload: str) -> dict[str, Any]:
-    """The strategy's ``default`` and ``layers`` for a trainer that sets sharding and offload for the whole
-    model: every unit ``sharding`` and ``offload``, its recomputation from ``recompute`` (none for a
-    unit it does not name); the most frequent recomputation is the default (a tie goes to none)."""
-    per_unit = [recompute.get(u, "none") for u in units]
-    common = max(RECOMPUTES, key=per_unit.count)
-    unit = {"sharding": sharding, "offload": offload}
-    return {"default": {**unit, "recompute": common},
-            "layers": [{"unit": u, **unit, "recompute": r} for u, r in zip(units, per_unit, strict=True) if r != common]}
+    """A trainer's importer (its ``read`` module)."""
+    return importlib.import_module(f"{__name__}.{name}.read")
 
 
 @typed
@@ -225,4 +220,5 @@ def _mesh_text(s: Strategy) -> str:
     return " ".join(f"{k}={v}" for k, v in s.mesh.axes().items() if v > 1) or "one GPU"
 
 
-__all__ = ["IMPORTERS", "ConfigError", "Context", "import_plan", "importer_for", "inputs_line", "read_inputs"]
+__all__ = ["IMPORTERS", "TARGETS", "TRAINERS", "ConfigError", "Context", "Exported", "check_target", "export",
+           "import_plan", "importer_for", "lacks", "refusal", "target_of"]

@@ -22,9 +22,9 @@ import numpy as np
 import yaml
 
 from costmodel.constants import CONSTANTS_PATH, CostConstants
-from costmodel.published import TIME_METRICS, PublishedRow
+from costmodel.published.runs import TIME_METRICS, PublishedRow
+from costmodel.published.validate import ConstantsFor, predict, source_label, sweep_runs
 from costmodel.report import GIB
-from costmodel.validate import ConstantsFor, predict, source_label, sweep_runs
 from vocab.errors import ShardplanError
 
 #: Constants fitted on time-like metrics, with bounds. ``fsdp_overlap`` is not among them: the only

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from planner.exports.keys import DEEPSPEED, DEEPSPEED_PARTITION, DEEPSPEED_ZERO_STAGE
-from planner.imports import ConfigError, Context, count, refuse_unknown, unit_choices, unknown_keys
+from planner.trainers.deepspeed.keys import DEEPSPEED, DEEPSPEED_PARTITION, DEEPSPEED_ZERO_STAGE
+from planner.trainers.reading import ConfigError, Context, count, refuse_unknown, unit_choices, unknown_keys
 from vocab.io import decode_json
 from vocab.targets import by_exporter, key_snapshot
 
@@ -39,8 +39,8 @@ from vocab.targets import by_exporter, key_snapshot
 EP_FROM_COMMAND_LINE = True
 SUFFIXES = (".json",)
 K = {k: str(v) for k, v in DEEPSPEED.items() if v is not None}
-BF16_OLD = "bfloat16"  # DeepSpeed's old name of the bf16 section (not in planner.exports.keys)
-FP16 = "fp16"  # the fp16 section (not in planner.exports.keys)
+BF16_OLD = "bfloat16"  # DeepSpeed's old name of the bf16 section (not in keys.py)
+FP16 = "fp16"  # the fp16 section (not in keys.py)
 OLD_OFFLOAD, OLD_OFFLOAD_PARAM = "cpu_offload", "cpu_offload_param"  # deprecated ZeRO switches (not in keys.py)
 SHARDINGS = {v: k for k, v in DEEPSPEED_ZERO_STAGE.items()}
 

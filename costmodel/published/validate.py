@@ -21,7 +21,7 @@ import numpy as np
 from costmodel.constants import CostConstants, constants_for
 from costmodel.device import DeviceModel
 from costmodel.estimate import estimate
-from costmodel.published import MEMORY_METRICS, TIME_METRICS, PublishedRow, Skipped, build_graph
+from costmodel.published.runs import MEMORY_METRICS, TIME_METRICS, PublishedRow, Skipped, build_graph
 from costmodel.report import GIB, Report
 from profiler.graph import LayerGraph
 from profiler.hardware import accelerator

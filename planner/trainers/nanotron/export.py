@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import yaml
 
-from planner.exports.base import Nearest, header
-from planner.exports.keys import NANOTRON, NANOTRON_PP_ENGINES, NANOTRON_TP_MODES
+from planner.trainers.exporting import Nearest, header
+from planner.trainers.nanotron.keys import NANOTRON, NANOTRON_PP_ENGINES, NANOTRON_TP_MODES
 from vocab.strategy import Strategy
 
 SUFFIX = ".yaml"

@@ -7,8 +7,9 @@ from typing import Any
 
 import tomli_w
 
-from planner.exports.base import Nearest, collapse, header
-from planner.exports.keys import (
+from planner.reprice import block_index
+from planner.trainers.exporting import Nearest, collapse, header
+from planner.trainers.torchtitan.keys import (
     TORCHTITAN,
     TORCHTITAN_CP_ROTATE,
     TORCHTITAN_FLOAT8,
@@ -16,7 +17,6 @@ from planner.exports.keys import (
     TORCHTITAN_RESHARD,
     TORCHTITAN_SCHEDULES,
 )
-from planner.reprice import block_index
 from vocab.strategy import Strategy
 
 SUFFIX = ".toml"

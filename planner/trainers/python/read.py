@@ -8,7 +8,7 @@ import ast
 import re
 from typing import Any
 
-from planner.imports import ConfigError, Context
+from planner.trainers.reading import ConfigError, Context
 from vocab.errors import ShardplanError
 from vocab.plan import Plan, parse_plan
 

@@ -23,9 +23,9 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from planner.exports.keys import MEGATRON as K
-from planner.exports.keys import MEGATRON_CP_COMM
-from planner.imports import ConfigError, Context, refuse_unknown, unit_choices
+from planner.trainers.megatron.keys import MEGATRON as K
+from planner.trainers.megatron.keys import MEGATRON_CP_COMM
+from planner.trainers.reading import ConfigError, Context, refuse_unknown, unit_choices
 from vocab.digits import read_float, read_int
 from vocab.targets import by_exporter, key_snapshot
 
@@ -33,7 +33,7 @@ SUFFIXES = (".args",)
 CP_MODES = {v: k for k, v in MEGATRON_CP_COMM.items()}
 FP8_FORMATS = ("e4m3", "hybrid")
 RECOMPUTE_METHODS = ("uniform", "block")
-FP16 = "--fp16"  # not in planner.exports.keys.MEGATRON: the exporter never writes it
+FP16 = "--fp16"  # not in keys.MEGATRON: the exporter never writes it
 #: flags the pinned release knows whose plans are not priced here
 UNPRICED = ("--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
             "--pipeline-model-parallel-layout", "--use-megatron-fsdp", "--use-custom-fsdp",

@@ -1,4 +1,4 @@
-"""Published training runs (``shared/calibration/published_runs.csv``) as cost-model inputs.
+"""Published training runs (``costmodel/data/calibration/published_runs.csv``, a copy of shared/calibration) as cost-model inputs.
 
 Each CSV row is one published number (``metric``, ``value``) of one training run. :func:`load_published`
 maps it to what :func:`costmodel.estimate.estimate` takes — a :class:`TransformerConfig`, a
@@ -27,7 +27,8 @@ from vocab.errors import ShardplanError
 from vocab.io import read_text
 from vocab.strategy import LayerStrategy, Mesh, Strategy, Workload
 
-CALIBRATION_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "calibration"
+#: the calibration tables shipped in the package (copies of the project's shared/calibration, see its README)
+CALIBRATION_DIR = Path(__file__).resolve().parents[1] / "data" / "calibration"
 COLUMNS = ("source", "model", "params_B", "layers", "hidden", "heads", "ffn_hidden", "seq_len", "vocab",
            "global_batch", "micro_batch", "gpus", "gpu_type", "tp", "pp", "dp", "cp", "ep", "zero_stage/fsdp",
            "recompute", "metric", "value", "notes", "precision", "reliability")
@@ -138,7 +139,7 @@ class _Ctx:
 
 
 def default_csv_path() -> Path:
-    return CALIBRATION_DIR / "published_runs.csv"  # ../shared/calibration beside the repository
+    return CALIBRATION_DIR / "published_runs.csv"
 
 
 def load_published(path: str | Path | None = None) -> tuple[list[PublishedRow], list[Skipped]]:

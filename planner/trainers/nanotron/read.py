@@ -24,14 +24,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from planner.exports.keys import NANOTRON, NANOTRON_PP_ENGINES, NANOTRON_TP_MODES
-from planner.imports import ConfigError, Context, count, refuse_unknown, unknown_keys
+from planner.trainers.nanotron.keys import NANOTRON, NANOTRON_PP_ENGINES, NANOTRON_TP_MODES
+from planner.trainers.reading import ConfigError, Context, count, refuse_unknown, unknown_keys
 from vocab.io import decode_yaml
 from vocab.targets import by_exporter, key_snapshot
 
 SUFFIXES = (".yaml", ".yml")
 K = {k: str(v) for k, v in NANOTRON.items() if v is not None}
-MODEL, DTYPE = "model", "dtype"  # model.dtype (not in planner.exports.keys)
+MODEL, DTYPE = "model", "dtype"  # model.dtype (not in keys.py)
 ENGINES = {v: k for k, v in NANOTRON_PP_ENGINES.items()}
 DEFAULT_ENGINE = NANOTRON_PP_ENGINES["gpipe"]  # ParallelismArgs: AllForwardAllBackwardPipelineEngine
 TP_MODES = {v: k for k, v in NANOTRON_TP_MODES.items()}

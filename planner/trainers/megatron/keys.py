@@ -1,0 +1,82 @@
+"""Megatron-LM's key names, in one place.
+
+The exporter and the importer read configuration keys, flags and enum values only from here, so that
+when the tool renames one, a single edit follows the rename. The release they are meant for is the
+target's pinned version (``vocab/targets/<name>.yaml``). A value of ``None`` means the target has no
+such key and the exporter leaves it out.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# ---- Megatron-LM: command-line flags ----------------------------------------------------------------
+MEGATRON: Final[dict[str, str | None]] = {
+    "num_layers": "--num-layers",
+    "tp": "--tensor-model-parallel-size",
+    "pp": "--pipeline-model-parallel-size",
+    "vpp_layers": "--num-layers-per-virtual-pipeline-stage",
+    "first_stage_layers": "--decoder-first-pipeline-num-layers",
+    "last_stage_layers": "--decoder-last-pipeline-num-layers",
+    "cp": "--context-parallel-size",
+    "cp_comm": "--cp-comm-type",
+    "ep": "--expert-model-parallel-size",
+    "sp": "--sequence-parallel",
+    "dist_opt": "--use-distributed-optimizer",
+    "dist_opt_instances": "--num-distributed-optimizer-instances",  # ZeRO-1 sharded within dp_shard
+    "recompute_granularity": "--recompute-granularity",
+    "recompute_method": "--recompute-method",
+    "recompute_num_layers": "--recompute-num-layers",
+    "micro_batch": "--micro-batch-size",
+    "global_batch": "--global-batch-size",
+    "seq_len": "--seq-length",
+    "bf16": "--bf16",
+    "fp8": "--fp8-format",
+    "optimizer_offload": "--optimizer-cpu-offload",
+    "optimizer_offload_fraction": "--optimizer-offload-fraction",
+    "overlap_grad": "--overlap-grad-reduce",
+    "overlap_param": "--overlap-param-gather",
+    "tp_overlap": "--tp-comm-overlap",
+    # the model's shape (megatron-core TransformerConfig, GPTModel arguments)
+    "hidden": "--hidden-size",
+    "ffn_hidden": "--ffn-hidden-size",
+    "heads": "--num-attention-heads",
+    "head_dim": "--kv-channels",
+    "gqa": "--group-query-attention",
+    "kv_heads": "--num-query-groups",
+    "swiglu": "--swiglu",
+    "norm": "--normalization",
+    "position": "--position-embedding-type",
+    "max_seq": "--max-position-embeddings",
+    "untie": "--untie-embeddings-and-output-weights",
+    "no_bias": "--disable-bias-linear",
+    "qkv_bias": "--add-qkv-bias",
+    "qk_norm": "--qk-layernorm",
+    "attention_dropout": "--attention-dropout",
+    "hidden_dropout": "--hidden-dropout",
+    "experts": "--num-experts",
+    "top_k": "--moe-router-topk",
+    "moe_ffn_hidden": "--moe-ffn-hidden-size",
+    "shared_expert_hidden": "--moe-shared-expert-intermediate-size",
+    "moe_layer_freq": "--moe-layer-freq",
+    "router_groups": "--moe-router-num-groups",
+    "router_group_topk": "--moe-router-group-topk",
+    "moe_dispatcher": "--moe-token-dispatcher-type",
+    "moe_flex_backend": "--moe-flex-dispatcher-backend",
+    "moe_grouped_gemm": "--moe-grouped-gemm",
+    "moe_permute_fusion": "--moe-permute-fusion",
+    "moe_overlap": "--overlap-moe-expert-parallel-comm",
+    "moe_capacity": "--moe-expert-capacity-factor",
+    "mla": "--multi-latent-attention",
+    "q_lora_rank": "--q-lora-rank",
+    "kv_lora_rank": "--kv-lora-rank",
+    "qk_head_dim": "--qk-head-dim",
+    "qk_rope_head_dim": "--qk-pos-emb-head-dim",
+    "v_head_dim": "--v-head-dim",
+    "mtp_layers": "--mtp-num-layers",
+}
+MEGATRON_NORM: Final = {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}
+MEGATRON_POSITION: Final = {"rope": "rope", "learned": "learned_absolute", "none": "none"}
+#: (cp_mode, cp_rotate) -> --cp-comm-type (a Ulysses plan's rotate is unused: allgather)
+MEGATRON_CP_COMM: Final = {("ring", "allgather"): "all_gather", ("ring", "alltoall"): "p2p", ("ulysses", "allgather"): "a2a"}
+MEGATRON_FP8_FORMAT: Final = "hybrid"

@@ -1,0 +1,32 @@
+"""Nanotron's key names, in one place.
+
+The exporter and the importer read configuration keys, flags and enum values only from here, so that
+when the tool renames one, a single edit follows the rename. The release they are meant for is the
+target's pinned version (``vocab/targets/<name>.yaml``). A value of ``None`` means the target has no
+such key and the exporter leaves it out.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# ---- nanotron: YAML config --------------------------------------------------------------------------
+NANOTRON: Final[dict[str, str | None]] = {
+    "parallelism": "parallelism",
+    "dp": "dp",  # nanotron's world is dp * tp * pp * expert_parallel_size
+    "pp": "pp",
+    "tp": "tp",
+    "pp_engine": "pp_engine",
+    "tp_mode": "tp_mode",
+    "tp_async": "tp_linear_async_communication",
+    "ep": "expert_parallel_size",
+    "recompute": None,  # nanotron 0.4 has no recomputation key
+    "tokens": "tokens",
+    "micro_batch": "micro_batch_size",
+    "grad_accum": "batch_accumulation_per_replica",
+    "seq_len": "sequence_length",
+    "optimizer": "optimizer",
+    "zero_stage": "zero_stage",
+}
+NANOTRON_PP_ENGINES: Final = {"gpipe": "afab", "1f1b": "1f1b"}
+NANOTRON_TP_MODES: Final = {True: "REDUCE_SCATTER", False: "ALL_REDUCE"}

@@ -1,0 +1,50 @@
+"""Torchtitan's key names, in one place.
+
+The exporter and the importer read configuration keys, flags and enum values only from here, so that
+when the tool renames one, a single edit follows the rename. The release they are meant for is the
+target's pinned version (``vocab/targets/<name>.yaml``). A value of ``None`` means the target has no
+such key and the exporter leaves it out.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# ---- torchtitan: job config TOML ------------------------------------------------------------------
+TORCHTITAN: Final[dict[str, str | None]] = {
+    "parallelism": "parallelism",  # [parallelism]
+    "dp_replicate": "data_parallel_replicate_degree",
+    "dp_shard": "data_parallel_shard_degree",
+    "reshard": "fsdp_reshard_after_forward",  # "default" | "always" | "never"
+    "tp": "tensor_parallel_degree",
+    # torchtitan applies sequence parallelism whenever tp > 1 and has no switch for it.
+    "sequence_parallel": None,
+    "pp": "pipeline_parallel_degree",
+    "schedule": "pipeline_parallel_schedule",
+    "layers_per_stage": "pipeline_parallel_layers_per_stage",
+    "first_less": "pipeline_parallel_first_stage_less_layers",  # the embedding's weight in layers
+    "last_less": "pipeline_parallel_last_stage_less_layers",  # the norm and head's weight in layers
+    "fqns_per_part": "module_fqns_per_model_part",  # exact stage boundaries (uneven splits too)
+    "pp_microbatch": "pipeline_parallel_microbatch_size",
+    "cp": "context_parallel_degree",
+    "cp_rotate": "context_parallel_rotate_method",
+    "ep": "expert_parallel_degree",
+    "ep_backend": "expert_parallel_comm_backend",  # "standard" (all-to-all) | "deepep"
+    "ac": "activation_checkpoint",  # [activation_checkpoint]
+    "ac_mode": "mode",  # "none" | "selective" | "full"
+    "ac_option": "selective_ac_option",  # "op" (selective op-level) or "N" (full AC every N-th layer)
+    "training": "training",  # [training]
+    "local_batch": "local_batch_size",
+    "global_batch": "global_batch_size",
+    "seq_len": "seq_len",
+    "cpu_offload": "enable_cpu_offload",  # FSDP2 CPUOffloadPolicy: parameters, gradients, optimizer
+    "mp_param": "mixed_precision_param",
+    "model": "model",  # [model]
+    "converters": "converters",  # ["float8"] turns on float8 training
+}
+TORCHTITAN_SCHEDULES: Final = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B",
+                               "zb": "InterleavedZeroBubble"}
+TORCHTITAN_RESHARD: Final = {"zero3": "always", "zero3_keep": "never"}
+TORCHTITAN_CP_ROTATE: Final = {"allgather": "allgather", "alltoall": "alltoall"}  # the plan's cp_rotate
+TORCHTITAN_FLOAT8: Final = "float8"
+TORCHTITAN_FQN: Final = {"embedding": ["tok_embeddings"], "block": "layers.{i}", "head": ["norm", "output"]}

@@ -1,0 +1,273 @@
+"""Whether a strategy suits a model and a workload: one list of rules (:data:`RULES`), one message each.
+
+Every validator judges a strategy with this list: the cost model's
+(``costmodel.estimate.check``), the runtime's (``runtime.validate``, ``runtime.apply.check_plan``)
+and the search spaces', whose generators yield only degrees the rules' predicates accept
+(``solvers.space``). A validator says what it knows (:class:`Subject`: the model's shape, the
+workload, the ranks that run it) and what it adds to the plain rules: ``strict_tp`` (Megatron
+tensor parallelism divides the KV heads and the FFN width: no KV-head replication), ``tp_experts``
+(tensor parallelism beside mixture-of-experts blocks), ``pipelining`` (at least ``pp``
+micro-batches, which ``torch.distributed.pipelining`` needs) and ``sp_tokens`` (sequence
+parallelism splits each context-parallel rank's tokens evenly over ``tp``, as the runtime cuts them;
+the cost model prices fractions of tokens, and the search spaces offer them). A fact it does not know (a size of
+0, blocks, a workload or ranks of None) breaks no rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from vocab.errors import ShardplanError
+from vocab.strategy import Strategy, expert_ranks_message, sequence_chunks
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the rules read of a model: a size of 0 is none or not known (``experts``: a dense
+    model), ``blocks`` None not known."""
+
+    name: str = "the model"
+    heads: int = 0
+    kv_heads: int = 0
+    ffn_hidden: int = 0
+    experts: int = 0
+    blocks: int | None = None
+    has_unit: Callable[[str], bool] | None = field(default=None, compare=False)  # None: the units are not known
+    units_hint: str = ""  # what units the model has, for a message
+
+
+@dataclass(frozen=True)
+class Subject:
+    """What the rules judge: a strategy for a model, with what the validator knows of the workload
+    and of the ranks that run it, and the rules it adds (module docstring)."""
+
+    strategy: Strategy
+    model: ModelShape = ModelShape()
+    seq_len: int | None = None
+    global_batch: int | None = None
+    world: int | None = None  # ranks that run it
+    world_is: str = "the cluster's {} GPUs"  # those ranks in a message
+    strict_tp: bool = False
+    tp_experts: bool = True
+    pipelining: bool = False
+    sp_tokens: bool = False
+
+
+# ---- predicates: what the rules and the search spaces' generators test ---------------------------
+def divides(d: int, n: int) -> bool:
+    """Whether ``d`` divides ``n`` (always where ``n`` is 0: none, or not known)."""
+    return n % d == 0
+
+
+def kv_heads_fit(tp: int, kv_heads: int, strict: bool = False) -> bool:
+    """Whether ``tp`` ranks can split ``kv_heads`` KV heads: one divides the other (replicated KV
+    heads where ``tp`` exceeds them), or with ``strict`` ``tp`` divides them."""
+    return divides(tp, kv_heads) or (not strict and tp % kv_heads == 0)
+
+
+def ulysses_fits(tp: int, cp: int, heads: int) -> bool:
+    """Whether Ulysses can split the heads of a tensor-parallel rank over ``cp`` ranks (where ``tp``
+    does not divide the heads, rule ``tp_heads`` refuses the strategy)."""
+    return not divides(tp, heads) or divides(cp, heads // tp)
+
+
+def stages_fit(stages: int, blocks: int) -> bool:
+    """Whether a model of ``blocks`` transformer blocks has a block for each of ``stages`` virtual stages."""
+    return stages <= max(blocks, 1)
+
+
+def pipeline_fed(pp: int, n_mb: int) -> bool:
+    """Whether a pipeline of ``pp`` ranks gets a micro-batch per rank (``torch.distributed.pipelining``
+    refuses fewer)."""
+    return pp == 1 or n_mb >= pp
+
+
+# ---- the rules ----------------------------------------------------------------------------------
+def _world(x: Subject) -> str | None:
+    m = x.strategy.mesh
+    if x.world is None or m.world_size == x.world:
+        return None
+    return (f"world size: mesh pp*dp_replicate*dp_shard*cp*tp = {m.pp}*{m.dp_replicate}*{m.dp_shard}*{m.cp}*{m.tp} "
+            f"= {m.world_size} ranks does not match {x.world_is.format(x.world)}")
+
+
+def _tp_heads(x: Subject) -> str | None:
+    tp, heads = x.strategy.mesh.tp, x.model.heads
+    return None if divides(tp, heads) else f"tp={tp} does not divide the {heads} attention heads"
+
+
+def _strict(x: Subject) -> bool:
+    """Whether Megatron tensor parallelism splits the KV heads and the FFN width (TSP splits neither)."""
+    return x.strict_tp and x.strategy.tp_mode != "tsp"
+
+
+def _tp_kv_heads(x: Subject) -> str | None:
+    tp, kv = x.strategy.mesh.tp, x.model.kv_heads
+    if kv_heads_fit(tp, kv, _strict(x)):
+        return None
+    if _strict(x):
+        return f"tp={tp} does not divide the {kv} KV heads"
+    return f"tp={tp} and the {kv} KV heads: one must divide the other"
+
+
+def _tp_ffn(x: Subject) -> str | None:
+    tp, ffn = x.strategy.mesh.tp, x.model.ffn_hidden
+    return None if not _strict(x) or divides(tp, ffn) else f"tp={tp} does not divide the FFN width {ffn}"
+
+
+def _tp_experts(x: Subject) -> str | None:
+    tp = x.strategy.mesh.tp
+    if x.tp_experts or tp == 1 or not x.model.experts:
+        return None
+    return f"tp={tp} with mixture-of-experts blocks: the runtime does not split experts over tensor-parallel ranks"
+
+
+def _ep_model(x: Subject) -> str | None:
+    ep = x.strategy.mesh.ep
+    if ep == 1 or x.model.experts:
+        return None
+    return f"expert parallelism (ep={ep}) needs a mixture-of-experts model; {x.model.name} has no experts"
+
+
+def _ep_experts(x: Subject) -> str | None:
+    ep, experts = x.strategy.mesh.ep, x.model.experts
+    return None if divides(ep, experts) else f"ep={ep} does not divide the {experts} experts"
+
+
+def _ep_ranks(x: Subject) -> str | None:
+    m = x.strategy.mesh
+    return None if divides(m.ep, m.shard) else expert_ranks_message(m.ep, m.shard)
+
+
+def _stages(x: Subject) -> str | None:
+    s, blocks = x.strategy, x.model.blocks
+    if blocks is None or stages_fit(s.num_stages, blocks):
+        return None
+    return f"pp*vpp = {s.mesh.pp}*{s.vpp} = {s.num_stages} stages for only {blocks} layers"
+
+
+def _stage_layers(x: Subject) -> str | None:
+    s, blocks = x.strategy, x.model.blocks
+    if blocks is None or s.stage_layers is None or sum(s.stage_layers) == blocks:
+        return None
+    return f"stage_layers {s.stage_layers} sum to {sum(s.stage_layers)}, the model has {blocks} layers"
+
+
+def _cp_sequence(x: Subject) -> str | None:
+    cp, seq = x.strategy.mesh.cp, x.seq_len
+    n = sequence_chunks(cp)
+    if seq is None or divides(n, seq):
+        return None
+    return (f"context parallelism cuts each sequence into 2*cp = {n} chunks (head-tail load balancing): "
+            f"seq_len {seq} is not divisible by it")
+
+
+def _tsp_sequence(x: Subject) -> str | None:
+    s, seq = x.strategy, x.seq_len
+    if seq is None or s.tp_mode != "tsp" or s.mesh.tp == 1 or divides(s.sequence_chunks, seq):
+        return None
+    return (f"TSP cuts each sequence into 2*cp*tp = {s.sequence_chunks} chunks (head-tail load balancing): "
+            f"seq_len {seq} is not divisible by it")
+
+
+def _sp_sequence(x: Subject) -> str | None:
+    s, seq = x.strategy, x.seq_len
+    m = s.mesh
+    if seq is None or not x.sp_tokens or not s.sequence_parallel or divides(m.tp * m.cp, seq):
+        return None
+    return f"sequence parallelism splits each rank's {seq // m.cp} tokens over tp={m.tp}: not divisible"
+
+
+def _tsp_alone(x: Subject) -> str | None:
+    s = x.strategy
+    if s.tp_mode == "tsp" and s.sequence_parallel:
+        return "tp_mode 'tsp' already shards the sequence; drop sequence_parallel"
+    return None
+
+
+def _ulysses(x: Subject) -> str | None:
+    s, heads = x.strategy, x.model.heads
+    m = s.mesh
+    if s.cp_mode != "ulysses" or m.cp == 1 or ulysses_fits(m.tp, m.cp, heads):
+        return None
+    return f"Ulysses splits the {heads // m.tp} heads of a tp rank over cp={m.cp}: not divisible"
+
+
+def _batch(x: Subject) -> str | None:
+    s, gb = x.strategy, x.global_batch
+    m = s.mesh
+    if gb is None or divides(m.dp * s.micro_batch, gb):
+        return None
+    return (f"global batch {gb} is not divisible by dp*micro_batch = {m.dp}*{s.micro_batch} = "
+            f"{m.dp * s.micro_batch}")
+
+
+def _interleaved(x: Subject) -> str | None:
+    s, gb = x.strategy, x.global_batch
+    if gb is None or s.schedule != "interleaved" or divides(s.mesh.pp, n := s.num_microbatches(gb)):
+        return None
+    return f"interleaved schedule: {n} micro-batch{'es' if n != 1 else ''} must be a multiple of pp={s.mesh.pp}"
+
+
+def _pipeline_fed(x: Subject) -> str | None:
+    s, gb = x.strategy, x.global_batch
+    m = s.mesh
+    if gb is None or not x.pipelining or pipeline_fed(m.pp, n := s.num_microbatches(gb)):
+        return None
+    return (f"a pipeline of {m.pp} stages needs at least {m.pp} micro-batches per step "
+            f"(torch.distributed.pipelining refuses fewer): global batch {gb} / data-parallel "
+            f"{m.dp} / micro-batch {s.micro_batch} gives {n}")
+
+
+def _units(x: Subject) -> str | None:
+    has = x.model.has_unit
+    unknown = [ls.unit for ls in x.strategy.layers if has is not None and not has(ls.unit)]
+    if not unknown:
+        return None
+    hint = f" ({x.model.units_hint})" if x.model.units_hint else ""
+    return f"layer strategies name units the model does not have: {unknown[:5]}{hint}"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One rule: its name and what it says of a subject that breaks it (None: kept)."""
+
+    name: str
+    broken: Callable[[Subject], str | None]
+
+
+#: every rule, in the order a validator that stops at the first reports them
+RULES: tuple[Rule, ...] = (
+    Rule("world_size", _world),
+    Rule("tp_heads", _tp_heads),
+    Rule("tp_kv_heads", _tp_kv_heads),
+    Rule("tp_ffn", _tp_ffn),
+    Rule("tp_experts", _tp_experts),
+    Rule("ep_model", _ep_model),
+    Rule("ep_experts", _ep_experts),
+    Rule("ep_ranks", _ep_ranks),
+    Rule("stages", _stages),
+    Rule("stage_layers", _stage_layers),
+    Rule("cp_sequence", _cp_sequence),
+    Rule("ulysses_heads", _ulysses),
+    Rule("tsp_sequence", _tsp_sequence),
+    Rule("tsp_alone", _tsp_alone),
+    Rule("sp_sequence", _sp_sequence),
+    Rule("batch", _batch),
+    Rule("interleaved_microbatches", _interleaved),
+    Rule("pipeline_microbatches", _pipeline_fed),
+    Rule("units", _units),
+)
+
+
+def problems(x: Subject) -> list[str]:
+    """The message of every rule ``x`` breaks, in :data:`RULES` order."""
+    return [msg for rule in RULES if (msg := rule.broken(x)) is not None]
+
+
+def require(x: Subject) -> None:
+    """Raise :class:`ShardplanError` with the message of the first rule ``x`` breaks."""
+    for rule in RULES:
+        if (msg := rule.broken(x)) is not None:
+            raise ShardplanError(msg)
