@@ -166,7 +166,7 @@ class Target(_Strict):
     trainer: str = Field(..., min_length=1, description="the trainer's name")
     package: str = Field(..., min_length=1, description="the distribution the version pins")
     version: str = Field(..., description="the pinned release")
-    exporter: str | None = Field(None, description="the planner.exports module that writes its configuration")
+    exporter: str | None = Field(None, description="the trainer folder under planner/trainers that writes and reads its configuration")
     sources: list[Source] = Field(default_factory=list)
     axes: list[Axis] = Field(..., min_length=1)
     sharding: ShardingCaps

@@ -3,7 +3,7 @@
 Each run is what ran (layer graph, cluster, strategy, workload) and its steady state
 (:class:`costmodel.calibration.logs.Steady`). The time knobs (:mod:`costmodel.calibration.knobs`)
 minimise the squared log-ratios of predicted to measured step time, bounded, by the
-Levenberg–Marquardt of :mod:`costmodel.fit`; before any fit, the runs must *separate* the knobs: each
+Levenberg–Marquardt of :mod:`costmodel.published.fit`; before any fit, the runs must *separate* the knobs: each
 must change some run's time, and no combination of them may change every run's time alike (the
 normalised sensitivities' smallest singular value at the prior, :data:`MIN_SEPARATION`). Memory
 knobs enter the peak linearly (``T·(1 + fragmentation) + context``, ``T`` the tensors' peak) and are

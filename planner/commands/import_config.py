@@ -1,7 +1,7 @@
 """``shardplan import``: a trainer's configuration read back into a plan, priced for its target.
 
 Reads a torchtitan TOML, Megatron-LM flags, a DeepSpeed JSON, a nanotron YAML or a script of
-``export --to python`` (:mod:`planner.imports`); keys the trainer's pinned release does not know,
+``export --to python`` (:mod:`planner.trainers`); keys the trainer's pinned release does not know,
 settings that make no plan and a model or cluster that cannot be found are one line and exit 2,
 with nothing written.
 """
