@@ -100,6 +100,8 @@ def guard(fn: F) -> F:
         except MemoryError:
             raise fail("out of memory: the input is too large", 2) from None
         except Exception as e:
+            if sigint.received:  # Ctrl-C, which a library reported as its own error
+                raise KeyboardInterrupt from None
             if os.environ.get("SHARDPLAN_DEBUG"):
                 raise
             raise fail(f"internal error in '{fn.__name__}': {type(e).__name__}: {first_line(e)} -- this is a bug, "

@@ -64,9 +64,20 @@ def loaded() -> None:
         _install(_found)
 
 
+#: whether SIGINT arrived while a command ran (a library may turn the ``KeyboardInterrupt`` into
+#: its own error: pydantic-core reports one raised while it builds a validator as a ``SchemaError``)
+received = False
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    global received
+    received = True
+    signal.default_int_handler(signum, frame)
+
+
 def running() -> None:
-    """A command starts: SIGINT raises ``KeyboardInterrupt``."""
-    _install(signal.default_int_handler)
+    """A command starts: SIGINT raises ``KeyboardInterrupt`` (and is recorded in :data:`received`)."""
+    _install(_interrupt)
 
 
 def finished() -> None:

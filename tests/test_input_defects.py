@@ -546,3 +546,23 @@ def test_a_caught_interrupt_inside_evaluated_text_keeps_the_exit_code(finished: 
     p = subprocess.run([sys.executable, "-m", "interrupted_program"], cwd=tmp_path, capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
     assert (p.returncode, p.stderr) == ((130, "") if finished else (-signal.SIGINT, ""))
+
+
+def test_an_error_a_library_makes_of_ctrl_c_is_an_interrupt(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pydantic-core reports a KeyboardInterrupt raised while it builds a validator as a SchemaError:
+    once SIGINT has arrived, the guard reports the interrupt, not an internal error."""
+    import typer
+
+    from planner import sigint
+    from planner.cli import guard
+
+    def schema_build() -> None:
+        raise RuntimeError("Error building validator")
+
+    monkeypatch.setattr(sigint, "received", True)
+    with pytest.raises(KeyboardInterrupt):
+        guard(schema_build)()
+    monkeypatch.setattr(sigint, "received", False)
+    with pytest.raises(typer.Exit) as bug:
+        guard(schema_build)()
+    assert bug.value.exit_code == 70
