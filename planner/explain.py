@@ -355,7 +355,7 @@ def render_explain(d: dict[str, Any], console: Console) -> None:
                              + (f"of the {cap:,.0f} GiB they may use" if cap else "(the node's host memory is not "
                                 "recorded: not checked)")))
     if p.get("band"):
-        console.print(styled(("step time", "bold"), " ", literal(band_text(p["band"]))), soft_wrap=True)
+        console.print(styled(("step time", "bold"), " ", literal(band_text(p["band"]))))
     for note in d["caveats"]:
         console.print(styled(("caveat", "yellow"), " ", literal(note)))
     _print_fitting(console, *_mesh_tables(d["mesh"]))
