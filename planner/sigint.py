@@ -77,6 +77,8 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 def running() -> None:
     """A command starts: SIGINT raises ``KeyboardInterrupt`` (and is recorded in :data:`received`)."""
+    global received
+    received = False  # a program that runs several commands: one interrupt is not the next's
     _install(_interrupt)
 
 
