@@ -251,7 +251,7 @@ def mesh_problems(
         raise ValueError("mesh_problem is for meshes without pipeline parallelism")
     groups: dict[tuple, list[int]] = {}
     for i, cfg in enumerate(cfgs):
-        groups.setdefault(tuple(unit_options(opts, cfg.dp_shard * cfg.cp)), []).append(i)
+        groups.setdefault(tuple(unit_options(opts, cfg.shard)), []).append(i)
     out: list[ChainProblem | None] = [None] * len(cfgs)
     for keys, members in groups.items():
         for i, prob in zip(members, _problems(graph, dev, [cfgs[i] for i in members], w, list(keys), limit_gib),

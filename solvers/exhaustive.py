@@ -42,7 +42,7 @@ def space_plans(graph: LayerGraph, cluster: Cluster, w: Workload, opts: SpaceOpt
     names = [n for n, _ in graph.blocks()]
     units = list(graph.blocks())
     for cfg in mesh_configs(graph, cluster, w, opts):
-        shard_group = cfg.dp_shard * cfg.cp
+        shard_group = cfg.shard
         if not opts.per_layer:
             for (sh, off), rc in product(sharding_offloads(opts, shard_group), opts.recomputes):
                 ls = LayerStrategy(sharding=sh, recompute=rc, offload=off)  # type: ignore[arg-type]

@@ -269,7 +269,7 @@ class _Search:
         gr, gl = self.parts[part][1], self.parts[part][2]
         js = [[self.col[GridOption(sh, rc, off)] for rc in opts.recomputes] for sh, off in sub]
         # inside the stages of the staged space: OSDP's operator options too (mesh-specific)
-        ops = operator_options(opts, cfg.dp_shard * cfg.cp) if opts.mix_stages else []
+        ops = operator_options(opts, cfg.shard) if opts.mix_stages else []
         sig = (sub, cfg if ops else None) + _signature(gr, i, [j for pair in js for j in pair], cfg, self.w,
                                                        self.dev, self.limit)
         if sig in self.memo:  # an identical problem (another mesh with the same costs) was solved
@@ -406,7 +406,7 @@ def _items(graph: LayerGraph, parts: list[Part], configs: list[MeshConfig],
         large = np.ones(0 if gl_deep is None else len(gl_deep.options), bool)  # per-operator options
         # the (sharding, offload) pairs the stages choose from depend on the mesh only through
         # whether it has a shard group: pairs -> the rows they serve
-        grouped = np.array([c.dp_shard * c.cp > 1 for c in sub_rows.cfgs])
+        grouped = np.array([c.shard > 1 for c in sub_rows.cfgs])
         problems: dict[tuple, np.ndarray] = {}
         for g in (True, False):
             if (grouped == g).any():

@@ -157,7 +157,7 @@ def min_memory(
         elif cfg.pp > 1 and opts.per_layer:
             cand = []
             tied = bool(graph.config.get("tied_embeddings"))
-            ops = operator_options(opts, cfg.dp_shard * cfg.cp) if opts.mix_stages else []
+            ops = operator_options(opts, cfg.shard) if opts.mix_stages else []
             for combos in pipeline_combos(graph, cfg, opts):
                 # the leanest plan: each stage one pair or operator option (one for all when the head
                 # is tied); the staged space lets units of a stage differ too, which the leanest plan

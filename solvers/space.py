@@ -73,7 +73,7 @@ from vocab.strategy import (
     parallel_axes,
     sequence_chunks,
 )
-from vocab.targets import Target
+from vocab.targets import ANY_SHARDING, ShardingCaps, Target
 
 #: offload modes and the shardings they need: parameters are offloaded only where ZeRO-3 shards
 #: them (DeepSpeed's ``offload_param`` and FSDP2's CPU offload alike); optimizer offload goes with
@@ -106,9 +106,7 @@ class SpaceOptions:
     cp_modes: tuple[str, ...] = ("ring",)
     sequence_parallel: tuple[bool, ...] = (True,)  # for tp > 1 (SP never costs more here)
     # what a target adds (:func:`restrict`); the defaults restrict nothing
-    pp_shardings: tuple[str, ...] = SHARDINGS  # with pp > 1
-    hsdp_shardings: tuple[str, ...] = SHARDINGS  # with dp_replicate > 1 and dp_shard > 1
-    mp_shardings: tuple[str, ...] = SHARDINGS  # with dp > 1 beside pp, tp, cp or ep > 1
+    sharding_rules: ShardingCaps = ANY_SHARDING  # the target's: shardings with pp, HSDP, beside model parallelism
     offload_needs: tuple[tuple[str, tuple[str, ...]], ...] = OFFLOAD_NEEDS
     stage_rules: tuple[tuple[str, int, int | None], ...] = ()  # (schedule, min, max) stages per rank
     stage_split: str = "any"  # any | first_last | even (:func:`split_allowed`)
@@ -413,12 +411,9 @@ def restrict(space: SpaceOptions, target: Target) -> SpaceOptions:
     schedules = _keep(space.schedules, tuple(t.pipeline.schedules))
     sp = {"always": (True,), "never": (False,)}.get(t.tensor_parallel.sequence_parallel, space.sequence_parallel)
     rules = tuple((s, r.min, r.max) for s, r in t.pipeline.schedules.items() if (r.min, r.max) != (1, None))
-    narrow = dict(pp_shardings=_keep(space.pp_shardings, t.sharding.with_pp),
-                  hsdp_shardings=_keep(space.hsdp_shardings, t.sharding.with_hsdp),
-                  mp_shardings=_keep(space.mp_shardings, t.sharding.with_model_parallel))
     free = (t.sharding.per_layer and t.offload.per_layer and t.recompute.per_layer == "any"
             and t.recompute.scope == "units" and t.pipeline.stage_split == "any"
-            and all(set(shardings) <= set(x) for x in narrow.values()))
+            and not _narrowed(shardings, t.sharding))
     per_layer = space.per_layer and free
     return replace(
         space, pp=space.pp and t.has("pp") and bool(schedules), tp=space.tp and t.has("tp") and bool(tp_modes),
@@ -429,7 +424,7 @@ def restrict(space: SpaceOptions, target: Target) -> SpaceOptions:
         splits=space.splits if t.osdp_split and per_layer else (1,), per_layer=per_layer,
         stage_boundaries=space.stage_boundaries and per_layer, mix_stages=space.mix_stages and per_layer,
         schedules=schedules, tp_modes=tp_modes or ("megatron",), cp_modes=cp_modes or ("ring",),
-        sequence_parallel=sp, **narrow,
+        sequence_parallel=sp, sharding_rules=t.sharding,
         offload_needs=tuple((m, tuple(v)) for m, v in t.offload.needs.items()),
         stage_rules=rules, stage_split=t.pipeline.stage_split,
         recompute_blocks_only=t.recompute.scope == "blocks",
@@ -441,32 +436,28 @@ def _keep(values: tuple[str, ...], allowed: list[str] | tuple[str, ...]) -> tupl
     return tuple(v for v in values if v in allowed)
 
 
+def _narrowed(shardings: tuple[str, ...], rules: ShardingCaps) -> bool:
+    """Whether a rule of the mesh (a pipeline, replicas, data beside model parallelism) can narrow
+    ``shardings``."""
+    return not all(set(shardings) <= set(x) for x in (rules.with_pp, rules.with_hsdp, rules.with_model_parallel))
+
+
 def _rules(cfg: MeshConfig) -> tuple[bool, bool, bool, bool]:
-    """Whether a configuration has a pipeline, data-parallel replicas (HSDP, or DDP across replicas),
-    data parallelism beside model parallelism, and data parallelism without a shard group
-    (``dp_shard·cp == 1``: whatever the sharding, it runs as plain DDP)."""
+    """The facts of a configuration the sharding rules read (:meth:`ShardingCaps.limits`): a
+    pipeline, data-parallel replicas, data beside model parallelism, no shard group."""
     return (cfg.pp > 1, cfg.dp_replicate > 1,
             cfg.dp > 1 and max(cfg.pp, cfg.tp, cfg.cp, cfg.ep) > 1, cfg.dp > 1 and cfg.shard == 1)
 
 
 def mesh_shardings(opts: SpaceOptions, cfg: MeshConfig) -> tuple[str, ...]:
-    """The shardings a mesh configuration may take: those of the space, less what a pipeline, HSDP
-    or data parallelism beside model parallelism rules out; none where there is no shard group and
-    the rules rule out DDP, which every sharding then is."""
-    out = opts.shardings
-    pp, replicas, beside, plain = _rules(cfg)
-    rules = [r for applies, r in zip((pp, replicas, beside), (opts.pp_shardings, opts.hsdp_shardings,
-                                                               opts.mp_shardings), strict=True) if applies]
-    for allowed in rules:
-        out = _keep(out, allowed)
-    if plain and any("replicate" not in allowed for allowed in rules):
-        return ()
-    return out
+    """The shardings of the space a mesh configuration may take under the target's rules
+    (:meth:`vocab.targets.ShardingCaps.on_mesh`)."""
+    return opts.sharding_rules.on_mesh(cfg, opts.shardings)[0]
 
 
 def grid_mask(configs: list[MeshConfig], options: list[GridOption], opts: SpaceOptions) -> np.ndarray | None:
     """Which (configuration, uniform option) cells the space allows, shape (C, O); None: all."""
-    if all(set(opts.shardings) <= set(x) for x in (opts.pp_shardings, opts.hsdp_shardings, opts.mp_shardings)):
+    if not _narrowed(opts.shardings, opts.sharding_rules):
         return None
     rows: dict[tuple[bool, bool, bool, bool], np.ndarray] = {}
     for cfg in configs:

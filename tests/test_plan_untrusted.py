@@ -7,6 +7,7 @@ import importlib
 import json
 import os
 import pdb
+import re
 import subprocess
 import sys
 import tempfile
@@ -374,9 +375,11 @@ def test_report_json_refuses_nan() -> None:
     (lambda d: d["inputs"]["cluster"].update(nodes=2, world_size=8),
      "strategy: mesh spans 4 GPUs; inputs.cluster.world_size is 8"),
     (lambda d: d["inputs"]["workload"].update(global_batch=7),
-     "strategy: micro_batch x dp = 1 x 2 does not divide inputs.workload.global_batch 7"),
+     "strategy: mesh.dp, micro_batch: global batch 7 is not divisible by dp*micro_batch = 2*1 = 2 "
+     "(inputs.workload.global_batch)"),
     (lambda d: d["alternatives"][0]["strategy"].update(micro_batch=3),
-     "alternatives: 0.strategy.micro_batch x dp = 3 x 4 does not divide inputs.workload.global_batch 8"),
+     "alternatives: 0.strategy.mesh.dp, 0.strategy.micro_batch: global batch 8 is not divisible by "
+     "dp*micro_batch = 4*3 = 12 (inputs.workload.global_batch)"),
 ])
 def test_cross_field_rules(edit: Any, message: str, base: dict[str, Any], tmp_path: Path,
                            capsys: pytest.CaptureFixture[str]) -> None:
@@ -386,7 +389,7 @@ def test_cross_field_rules(edit: Any, message: str, base: dict[str, Any], tmp_pa
     edit(doc)
     f = tmp_path / "bad.json"
     f.write_text(json.dumps(doc))
-    with pytest.raises(PlanError, match="^" + "plan '.*' is not a valid plan: " + message.replace(".", r"\.")):
+    with pytest.raises(PlanError, match="^" + "plan '.*' is not a valid plan: " + re.escape(message)):
         load_plan(f)
     rc, out, err = run(["explain", str(f)], capsys)
     assert rc == 2 and out == "" and err.count("\n") == 1 and message in err

@@ -103,14 +103,22 @@ def test_restrict_keeps_what_the_target_runs() -> None:
     full = SPACES["full"]
     tt = restrict(full, load_target("torchtitan"))
     assert tt.shardings == ("replicate", "zero3", "zero3_keep") and tt.cp_modes == ("ring",) and not tt.per_layer
-    assert tt.tp_modes == ("megatron",) and tt.recompute_blocks_only and tt.mp_shardings == ("zero3", "zero3_keep")
+    assert tt.tp_modes == ("megatron",) and tt.recompute_blocks_only
+    beside_tp = dict(pp=1, dp_replicate=1, dp_shard=4, cp=1, tp=2, ep=1)
+    assert tt.sharding_rules.on_mesh(beside_tp, tt.shardings) == (
+        ("zero3", "zero3_keep"), "with data parallelism beside model parallelism")
+    # no shard group: every sharding is DDP, which torchtitan does not run beside tp
+    assert tt.sharding_rules.on_mesh({**beside_tp, "dp_replicate": 4, "dp_shard": 1}, tt.shardings)[0] == ()
     mg = restrict(full, load_target("megatron"))
     assert mg.shardings == ("replicate", "zero1") and mg.offloads == ("none", "optimizer") and mg.splits == (1,)
     assert mg.offload_needs == (("optimizer", ("zero1",)),) and mg.stage_split == "first_last"
     nt = restrict(full, load_target("nanotron"))
     assert not nt.cp and nt.recomputes == ("none",) and nt.schedules == ("1f1b",)
     ds = restrict(full, load_target("deepspeed"))
-    assert ds.sequence_parallel == (False,) and ds.cp_modes == ("ulysses",) and ds.pp_shardings == ("replicate", "zero1")
+    assert ds.sequence_parallel == (False,) and ds.cp_modes == ("ulysses",)
+    piped = dict(pp=2, dp_replicate=1, dp_shard=2, cp=1, tp=1, ep=1)
+    assert ds.sharding_rules.on_mesh(piped, ds.shardings) == (("replicate", "zero1"), "with pipeline parallelism")
+    assert ds.sharding_rules.on_mesh({**piped, "pp": 1}, ds.shardings) == (ds.shardings, "")
     sp = restrict(full, load_target("shardplan"))
     assert sp.cp and sp.cp_modes == ("ring", "ulysses") and sp.ep and sp.per_layer and sp.splits == (1, 2, 4)
     assert sp.tp_modes == ("megatron", "tsp") and sp.tsp_cp_modes == ("ring",) and full.tsp_cp_modes == ("ring", "ulysses")

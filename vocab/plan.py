@@ -32,6 +32,7 @@ from vocab.arguments import typed
 from vocab.errors import ShardplanError, describe_validation_error
 from vocab.io import canonical_json, decode_json, document_schema, read_text, validate_document, write_atomic
 from vocab.names import ACCELERATOR, HASH, MODEL_REF, RELEASE, SOLVER, unprintable_string
+from vocab.rules import batch_problem
 from vocab.strategy import Strategy, Workload
 from vocab.viewers import register_viewer, registered  # noqa: F401  (register_viewer: re-exported)
 
@@ -404,9 +405,9 @@ def _check_fits(s: Strategy, inp: PlanInputs, where: str) -> None:
     world, gb = inp.cluster.world_size, inp.workload.global_batch
     if s.mesh.world_size != world:
         raise _rule(f"{where}mesh spans {s.mesh.world_size} GPUs; inputs.cluster.world_size is {world}")
-    if gb % (s.mesh.dp * s.micro_batch):
-        raise _rule(f"{where}micro_batch x dp = {s.micro_batch} x {s.mesh.dp} does not divide "
-                    f"inputs.workload.global_batch {gb}")
+    problem = batch_problem(gb, s.mesh.dp, s.micro_batch)
+    if problem:
+        raise _rule(f"{where}mesh.dp, {where}micro_batch: {problem} (inputs.workload.global_batch)")
 
 
 def parse_plan(data: dict[str, Any] | str, origin: str = "plan") -> Plan:

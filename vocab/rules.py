@@ -194,13 +194,17 @@ def _ulysses(x: Subject) -> str | None:
     return f"Ulysses splits the {heads // m.tp} heads of a tp rank over cp={m.cp}: not divisible"
 
 
-def _batch(x: Subject) -> str | None:
-    s, gb = x.strategy, x.global_batch
-    m = s.mesh
-    if gb is None or divides(m.dp * s.micro_batch, gb):
+def batch_problem(global_batch: int | None, dp: int, micro_batch: int) -> str | None:
+    """Why a global batch cannot be cut into ``dp`` data-parallel shares of whole micro-batches
+    (None: it can, or no batch is given)."""
+    if global_batch is None or divides(dp * micro_batch, global_batch):
         return None
-    return (f"global batch {gb} is not divisible by dp*micro_batch = {m.dp}*{s.micro_batch} = "
-            f"{m.dp * s.micro_batch}")
+    return (f"global batch {global_batch} is not divisible by dp*micro_batch = {dp}*{micro_batch} = "
+            f"{dp * micro_batch}")
+
+
+def _batch(x: Subject) -> str | None:
+    return batch_problem(x.global_batch, x.strategy.mesh.dp, x.strategy.micro_batch)
 
 
 def _interleaved(x: Subject) -> str | None:

@@ -16,6 +16,7 @@ targets were recorded were searched with.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any, Literal
@@ -38,6 +39,7 @@ from vocab.strategy import (
     SELECTIVE_CHOICES,
     SHARDINGS,
     ZERO3_MASTER_CHOICES,
+    MeshFacts,
     Offload,
     Recompute,
     Schedule,
@@ -80,6 +82,39 @@ class ShardingCaps(_Strict):
     with_model_parallel: list[Sharding] = Field(
         ..., description="allowed with data parallelism beside pp, tp, cp or ep > 1")
     per_layer: bool = False
+
+    def __hash__(self) -> int:
+        return hash((tuple(self.modes), tuple(self.with_pp), tuple(self.with_hsdp), tuple(self.with_model_parallel),
+                     self.per_layer))
+
+    def limits(self, mesh: Mapping[str, int] | MeshFacts, replicas: bool = True) -> list[tuple[list[str], str]]:
+        """The sharding lists ``mesh``'s other axes hold a plan to, each with why: a pipeline
+        (``with_pp``), data-parallel replicas (``with_hsdp``; not when ``replicas`` is false) and data
+        parallelism beside model parallelism (``with_model_parallel``)."""
+        m = mesh.degrees() if isinstance(mesh, MeshFacts) else mesh
+        dp = m["dp_replicate"] * m["dp_shard"]
+        rules = ((m["pp"] > 1, self.with_pp, "with pipeline parallelism"),
+                 (replicas and m["dp_replicate"] > 1, self.with_hsdp, "across data-parallel replicas"),
+                 (dp > 1 and max(m["pp"], m["tp"], m["cp"], m["ep"]) > 1, self.with_model_parallel,
+                  "with data parallelism beside model parallelism"))
+        return [(list(allowed), why) for applies, allowed, why in rules if applies]
+
+    def on_mesh(self, mesh: Mapping[str, int] | MeshFacts, within: Sequence[str] | None = None,
+                replicas: bool = True, no_shard_group: bool = True) -> tuple[tuple[str, ...], str]:
+        """The shardings of ``within`` (default: every mode) the target runs on ``mesh``, and why,
+        when a rule of :meth:`limits` narrows them. Without a shard group (``dp_shard*cp == 1``) and
+        with data parallelism every sharding runs as plain DDP: none, where a rule excludes DDP
+        (``no_shard_group`` false: an export mends such a mesh itself)."""
+        m = mesh.degrees() if isinstance(mesh, MeshFacts) else mesh
+        out, why = tuple(within if within is not None else self.modes), ""
+        limits = self.limits(m, replicas)
+        for allowed, because in limits:
+            if not set(out) <= set(allowed):
+                out, why = tuple(v for v in out if v in allowed), why or because
+        plain = m["dp_replicate"] * m["dp_shard"] > 1 and m["dp_shard"] * m["cp"] == 1
+        if no_shard_group and plain and any("replicate" not in allowed for allowed, _ in limits):
+            return (), why or "without a shard group, where DDP is ruled out"
+        return out, why
 
 
 class TensorParallelCaps(_Strict):
@@ -229,14 +264,17 @@ def _problems(t: Target) -> list[str]:
     return out
 
 
+#: the sharding rules of no trainer: every sharding on every mesh
+ANY_SHARDING = ShardingCaps(modes=list(SHARDINGS), with_pp=list(SHARDINGS), with_hsdp=list(SHARDINGS),  # type: ignore[arg-type]
+                            with_model_parallel=list(SHARDINGS), per_layer=True)  # type: ignore[arg-type]
+
+
 def _any() -> Target:
-    everything = list(SHARDINGS)
     return Target(
         name=ANY, trainer="any", package="any", version="",
         sources=[Source(what="the whole plan vocabulary", where="vocab/strategy.py")],
         axes=list(AXES),  # type: ignore[arg-type]
-        sharding=ShardingCaps(modes=everything, with_pp=everything, with_hsdp=everything,  # type: ignore[arg-type]
-                              with_model_parallel=everything, per_layer=True),  # type: ignore[arg-type]
+        sharding=ANY_SHARDING,
         tensor_parallel=TensorParallelCaps(modes=["megatron", "tsp"], sequence_parallel="optional",
                                            kv_head_replication=True),
         context_parallel=["ring", "ulysses"],

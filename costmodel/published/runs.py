@@ -25,6 +25,7 @@ from profiler.models import presets
 from profiler.transformer import build_graph as _build_graph
 from vocab.errors import ShardplanError
 from vocab.io import read_text
+from vocab.rules import batch_problem
 from vocab.strategy import LayerStrategy, Mesh, Strategy, Workload
 
 #: the calibration tables shipped in the package (copies of the project's shared/calibration, see its README)
@@ -418,8 +419,8 @@ def _strategy(r: dict[str, str], rules: SourceRules, cfg: TransformerConfig, gpu
         else:
             mb = rules.micro_batch
             ctx.assumptions.append(f"micro-batch {mb} (not stated)")
-    if gb % (dp * mb):
-        return f"global batch {gb} is not a multiple of dp*micro_batch = {dp}*{mb}"
+    if problem := batch_problem(gb, dp, mb):
+        return problem
     if pp > 1 and sharding in ("zero3", "zero3_keep"):
         # torch.distributed.pipelining (torchtitan) and Llama 3 keep FSDP parameters gathered over the
         # step's micro-batches and reduce gradients once per step: ZeRO-1's traffic and memory.

@@ -10,6 +10,7 @@ import typer
 from planner.cli import app, console, guard, print_json
 from planner.options import Opt, Values, command, count_option, int_option, number_option
 from vocab.errors import ShardplanError
+from vocab.rules import batch_problem
 
 WATCHDOG_S = 300.0  # runtime.launch.WATCHDOG_S (not imported here: that would import torch at start-up)
 
@@ -19,11 +20,9 @@ def _settings(plan: Any, steps: int, seed: int, seq_len: int, global_batch: int)
     w = plan.inputs.workload
     s = TrainSettings(steps=steps, global_batch=global_batch or w.global_batch, seq_len=seq_len or w.seq_len, seed=seed)
     st = plan.strategy
-    if s.global_batch % st.mesh.dp:
-        raise ShardplanError(f"global batch {s.global_batch} is not divisible by the plan's data parallelism {st.mesh.dp}")
-    rows = s.global_batch // st.mesh.dp
-    if rows % st.micro_batch:
-        raise ShardplanError(f"{rows} samples per data-parallel rank are not a multiple of micro_batch {st.micro_batch}")
+    problem = batch_problem(s.global_batch, st.mesh.dp, st.micro_batch)
+    if problem:
+        raise ShardplanError(problem)
     return s
 
 

@@ -34,6 +34,7 @@ from vocab.arguments import typed
 from vocab.errors import UnknownNameError, shown
 from vocab.io import read_text, validate_document
 from vocab.plan import Plan, TargetRef
+from vocab.rules import batch_problem
 from vocab.strategy import Strategy, Workload, even_split
 from vocab.targets import WORKLOAD_BEHAVIOUR, Target, by_exporter, targets
 
@@ -180,9 +181,9 @@ def import_plan(path: str | Path, trainer: str | None = None, model: str | None 
     gb = found.get("global_batch", implied_batch)
     if gb is None:
         raise ConfigError(f"{origin} does not say the global batch")
-    if gb % (strategy.mesh.dp * strategy.micro_batch):
-        raise ConfigError(f"{origin}: global batch {gb} is not a multiple of micro-batch {strategy.micro_batch} x "
-                          f"{strategy.mesh.dp} data-parallel ranks")
+    problem = batch_problem(gb, strategy.mesh.dp, strategy.micro_batch)
+    if problem:
+        raise ConfigError(f"{origin}: {problem}")
     said = {f: found[f] for f in WORKLOAD_BEHAVIOUR if f in found}  # what the file says; else how the target runs
     w = _validated(Workload, {"seq_len": seq, "global_batch": gb, "precision": found.get("precision", "bf16"),
                               "moe_capacity_factor": found.get("moe_capacity_factor"),

@@ -179,23 +179,10 @@ def _outside_blocks(n: Nearest, t: Target) -> None:
     n.set_all("recompute", "none", others)
 
 
-def shardings_for(t: Target, mesh: dict[str, int]) -> tuple[list[str], str]:
-    """The shardings ``t`` allows on ``mesh`` and, when a rule beyond its modes narrows them, why."""
-    allowed, why = list(t.sharding.modes), ""
-    dp = mesh["dp_replicate"] * mesh["dp_shard"]
-    for applies, rule, because in (
-            (mesh["pp"] > 1, t.sharding.with_pp, "with pipeline parallelism"),
-            (dp > 1 and max(mesh["pp"], mesh["tp"], mesh["cp"], mesh["ep"]) > 1, t.sharding.with_model_parallel,
-             "with data parallelism beside model parallelism")):
-        if applies and not set(allowed) <= set(rule):
-            allowed, why = [v for v in allowed if v in rule], why or because
-    return allowed, why
-
-
 def _unit_fields(n: Nearest, t: Target) -> None:
     per_layer = {"sharding": t.sharding.per_layer, "recompute": t.recompute.per_layer != "none",
                  "offload": t.offload.per_layer}
-    shardings, why = shardings_for(t, n.mesh)
+    shardings, why = t.sharding.on_mesh(n.mesh, replicas=False, no_shard_group=False)  # both: _hsdp
     allowed = {"sharding": tuple(shardings), "recompute": tuple(t.recompute.modes), "offload": tuple(t.offload.modes)}
     for f in UNIT_FIELDS:
         if not per_layer[f]:
@@ -227,7 +214,7 @@ def _offload_needs(n: Nearest, t: Target, shardings: tuple[str, ...]) -> None:
 def _hsdp(n: Nearest, t: Target) -> None:
     """Data-parallel replicas (``dp_replicate > 1``) become one flat group where the target does not run
     them: with no shard group (``dp_shard = cp = 1``) every sharding is plain DDP, so where the target
-    rules DDP out (``shardings_for``: torchtitan beside model parallelism) the replicas become the shard
+    rules DDP out (``ShardingCaps.on_mesh``: torchtitan beside model parallelism) the replicas become the shard
     group, as :func:`solvers.space.mesh_shardings` rules such a mesh out of a search; otherwise where
     the target runs the shardings not across replicas (``sharding.with_hsdp``, or no ``dp_replicate``
     axis). Plain replicas without a shard group price the same either way: no loss."""
@@ -235,7 +222,7 @@ def _hsdp(n: Nearest, t: Target) -> None:
     if m["dp_replicate"] == 1:
         return
     flat = m["dp_replicate"] * m["dp_shard"]
-    if m["dp_shard"] * m["cp"] == 1 and "replicate" not in shardings_for(t, m)[0]:
+    if m["dp_shard"] * m["cp"] == 1 and not t.sharding.on_mesh(m, replicas=False)[0]:
         # no shard group: every sharding runs as DDP, which the target does not run beside this parallelism
         n.lose("DDP", f"dp_replicate={m['dp_replicate']} → dp_shard={flat} ({t.name} runs no DDP beside model "
                       "parallelism: its data parallelism is a shard group)", "DDP beside model parallelism")
