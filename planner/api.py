@@ -30,7 +30,7 @@ from profiler.hardware import Cluster, parse_cluster
 from profiler.models import load_model
 from solvers.hybrid import Progress, SearchControls, search
 from solvers.mip import SOLVERS
-from solvers.result import SearchResult, break_tie, finite_or_none, parallel_axes
+from solvers.result import SearchResult, break_tie, finite_or_none, parallel_axes, simpler_runner_up
 from solvers.space import SPACES, SpaceOptions, restrict
 from vocab.arguments import typed
 from vocab.errors import ShardplanError, shown
@@ -86,10 +86,12 @@ def search_plan(request: Request, progress: Progress | None = None, device: Devi
     ``grad_dtype`` and ``moe_dispatch`` default to how the target runs (and must be values it runs);
     ``moe_capacity_factor`` (dropless without) needs a target that drops tokens. Without
     ``memory_limit_gib`` a plan may use the GPU's memory less ``reserve`` (a fraction;
-    :data:`profiler.hardware.DEFAULT_RESERVE` by default), and records that limit. With ``tie_break``
-    (and a published-sweeps band for the accelerator), a runner-up within that band of the fastest
-    plan and with fewer parallel axes is the plan (:func:`solvers.result.break_tie`;
-    ``solver.options.tie_break`` records it, and the fastest stays the first alternative).
+    :data:`profiler.hardware.DEFAULT_RESERVE` by default), and records that limit. The plan is the
+    search's best; a runner-up within the published-sweeps band of it with fewer parallel axes is
+    named in ``solver.options.simpler_alternative``. With ``tie_break`` the fastest plan of fewest
+    axes within that band is the plan (:func:`solvers.result.break_tie`): ``solver.options.tie_break``
+    records it, its status is ``feasible`` with its gap to the bound, and the fastest stays the first
+    alternative.
     ``solver`` names the back-end of the integer programs (:data:`solvers.mip.SOLVERS`);
     ``degrees`` holds mesh axes at a degree (``{"tp": 4, "pp": 8}``), the rest of the space free;
     ``calibration`` is the user's cluster calibrated (``shardplan calibrate``) to price with, which
@@ -199,7 +201,16 @@ def _tie_break(r: Request, s: _Setting, res: SearchResult, w: Workload) -> Any:
     """The plan to recommend: the fastest, or with ``tie_break`` a runner-up within the published
     band of it with fewer parallel axes (recorded in ``res.options``)."""
     band = None if s.measured else error_band(s.cluster.accelerator.name, r.precision)
-    if not (r.tie_break and band is not None and "pair" in band):
+    if band is None or "pair" not in band:
+        return res.best
+    if not r.tie_break:
+        shown = [f for f in res.alternatives if f.strategy != res.best.strategy]  # the plan's alternatives
+        simpler = simpler_runner_up(res.best, shown, band["pair"])
+        if simpler is not None:
+            i, found = simpler
+            res.options["simpler_alternative"] = {
+                "alternative": i, "step_time_s": found.step_time_s, "pair_band": band["pair"], "slice": band["slice"],
+                "axes": parallel_axes(found.strategy), "fastest_axes": parallel_axes(res.best.strategy)}
         return res.best
 
     def search_axes(axes: int, cutoff: float) -> Any:
@@ -213,7 +224,8 @@ def _tie_break(r: Request, s: _Setting, res: SearchResult, w: Workload) -> Any:
     if chosen is not res.best:
         res.options["tie_break"] = {
             "fastest_step_time_s": res.best.step_time_s, "pair_band": band["pair"], "slice": band["slice"],
-            "axes": parallel_axes(chosen.strategy), "fastest_axes": parallel_axes(res.best.strategy)}
+            "axes": parallel_axes(chosen.strategy), "fastest_axes": parallel_axes(res.best.strategy),
+            "fastest_status": res.status}
     return chosen
 
 
@@ -242,11 +254,8 @@ def _document(r: Request, s: _Setting, res: SearchResult, w: Workload, chosen: A
         predicted=Predicted(**chosen.report.to_dict()),
         solver=SolverInfo(
             name="ilp" if exact_osdp else "hybrid",
-            status=res.status,  # type: ignore[arg-type]
             space=res.space,
-            objective=res.objective,
-            bound=res.bound,
-            gap=res.gap,
+            **_standing(res, chosen),
             time_s=0.0,
             candidates=res.candidates,
             options={
@@ -265,6 +274,17 @@ def _document(r: Request, s: _Setting, res: SearchResult, w: Workload, chosen: A
             for a in runners_up
         ],
     )
+
+
+def _standing(res: SearchResult, chosen: Any) -> dict[str, Any]:
+    """The solver's status, objective, bound and gap as they describe ``chosen``: the search's own
+    where it is the best plan; else (a tie-break's simpler plan) ``feasible``, its own step time,
+    and its gap to the search's bound."""
+    if chosen is res.best:
+        return {"status": res.status, "objective": res.objective, "bound": res.bound, "gap": res.gap}
+    step = chosen.step_time_s
+    gap = None if res.bound is None else max(0.0, (step - res.bound) / step)
+    return {"status": "feasible", "objective": step, "bound": res.bound, "gap": gap}
 
 
 @typed

@@ -112,8 +112,9 @@ class Request:
         "the back-end of the integer programs: highs (HiGHS, default) | scip (SCIP through OR-Tools MathOpt); "
         "docs/solvers.md", "--solver", default=DEFAULT_SOLVER)
     tie_break: bool = fact(
-        "among plans closer than the model can order (the published sweeps' band), recommend the one with the "
-        "fewest parallel axes (default), or always the fastest", "--tie-break/--fastest", default=True, cli=bool)
+        "the plan is the fastest (default); with --tie-break, the one with the fewest parallel axes among plans "
+        "closer to it than the model can order (the published sweeps' band), which is then not the optimum",
+        "--tie-break/--fastest", default=False, cli=bool)
     degrees: dict[str, int] | None = fact(
         "mesh axes held at a degree ({'tp': 4, 'pp': 8}), the rest of the space free", default=None)
 

@@ -5,7 +5,7 @@ memory limits, targets and spaces; one row per point, as a pandas DataFrame.
     df = sweep("llama3-70b", gpus=[256, 512, 1024], accelerator="h100", global_batch=[512, 1024],
                seq_len=8192, tokens=15e12, gpu_hour_cost=2.5)
 
-Every point is what ``shardplan plan`` answers for it (the same search, tie-break included); a
+Every point is what ``shardplan plan`` answers for it (the same search: its fastest plan); a
 point where no plan fits keeps its row, with the reason in ``status``. Points run in worker
 processes (``workers``; two by default where there are several points), the largest clusters
 first; each worker keeps one device model per cluster, so the points of a cluster share their

@@ -107,6 +107,19 @@ def parallel_axes(s: Strategy) -> int:
     return axes_above_one(m.pp, m.dp_replicate, m.dp_shard, m.cp, m.tp, m.ep)
 
 
+def simpler_runner_up(fastest: Found, runners_up: list[Found], pair: float) -> tuple[int, Found] | None:
+    """The runner-up (its index and plan) with the fewest parallel axes, fewer than ``fastest``'s,
+    among those within ``pair`` of its step time (the fastest of them at equal axes); None if none.
+    Read from the search's runners-up only: an offer, not an exact search (:func:`break_tie`)."""
+    cutoff = fastest.step_time_s * (1.0 + pair)
+    within = [(parallel_axes(f.strategy), f.step_time_s, i, f) for i, f in enumerate(runners_up)
+              if f.step_time_s <= cutoff and parallel_axes(f.strategy) < parallel_axes(fastest.strategy)]
+    if not within:
+        return None
+    _, _, i, found = min(within, key=lambda x: x[:3])
+    return i, found
+
+
 def break_tie(fastest: Found, pair: float, search_axes: Callable[[int, float], Found | None]) -> Found:
     """The plan to recommend: of the plans whose step time is within ``pair`` (the relative error of
     comparing two configurations of one job: the published sweeps' band) of the ``fastest``, the

@@ -149,7 +149,15 @@ def summary_table(planned: Any, wall_s: float) -> Table:
 
         row("tie-break", f"{axes_text(tie['axes'])} where the fastest plan has {tie['fastest_axes']}, "
                   f"within {tie['pair_band']:.1%} of its {tie['fastest_step_time_s']:.4g} s (the model cannot "
-                  f"order two plans closer than that on {tie['slice']})")
+                  f"order two plans closer than that on {tie['slice']}); the fastest is the runner-up")
+    simpler = sol.options.get("simpler_alternative")
+    if simpler:
+        from planner.explain import axes_text
+
+        slower, fewer = simpler["step_time_s"] / pred.step_time_s - 1, simpler["fastest_axes"] - simpler["axes"]
+        row("simpler", f"alternative {simpler['alternative'] + 1}: {slower:.1%} slower with {fewer} parallel "
+                       f"ax{'i' if fewer == 1 else 'e'}s fewer, within the {simpler['pair_band']:.1%} pair band of "
+                       f"{simpler['slice']} (--tie-break searches for the fastest plan of fewest axes)")
     if p.alternatives:
         r = p.alternatives[0]
         family = sol.options.get("alternative_families", [None])[0]
