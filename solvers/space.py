@@ -257,6 +257,7 @@ def mesh_configs(
     world = cluster.world_size
     blocks = graph.num_blocks
     heads = int(graph.config.get("heads", 0) or 0)
+    kv_heads = int(graph.config.get("kv_heads", 0) or 0)
     moe = bool(graph.config.get("experts", 0))
     for tp in tp_degrees(graph, cluster, world, opts.strict_tp) if opts.tp and (opts.tp_experts or not moe) else [1]:
         for pp in pp_degrees(graph, world // tp) if opts.pp else [1]:
@@ -279,7 +280,7 @@ def mesh_configs(
                                     for sp in sps:
                                         cpms = opts.cp_modes if tpm != "tsp" else opts.tsp_cp_modes
                                         for cpm in cpms if cp > 1 else ("ring",):
-                                            if cpm == "ulysses" and not ulysses_fits(tp, cp, heads):
+                                            if cpm == "ulysses" and not ulysses_fits(tp, cp, heads, kv_heads):
                                                 continue
                                             rot = opts.cp_rotate if cp > 1 and cpm == "ring" else "allgather"
                                             yield MeshConfig(

@@ -171,3 +171,17 @@ def test_estimate_refuses_a_graph_built_for_another_sequence_length() -> None:
                                              "trains seq_len 16: build the graph at the workload's sequence length$"):
         estimate(graph, parse_cluster("1xcpu"), Strategy(), Workload(seq_len=16, global_batch=8))
     estimate(graph, parse_cluster("1xcpu"), Strategy(), Workload(seq_len=32, global_batch=8))
+
+
+def test_ulysses_splits_the_kv_heads_of_a_tp_rank_too() -> None:
+    """Llama 3.1 405B's 8 KV heads: tp4 leaves 2 per rank, which cp=16 cannot split (Transformer
+    Engine's all-to-all CP asserts it); cp=2 can; a KV head replicated by tp counts once."""
+    shape = ModelShape(heads=128, kv_heads=8)
+    ulysses = {"cp_mode": "ulysses"}
+    assert problems(Subject(_s(mesh=Mesh(tp=4, cp=16), **ulysses), shape)) == [
+        "Ulysses splits the 2 KV heads of a tp rank over cp=16: not divisible (KV heads replicated across "
+        "context-parallel ranks are not run)"]
+    assert problems(Subject(_s(mesh=Mesh(tp=4, cp=2), **ulysses), shape)) == []
+    assert problems(Subject(_s(mesh=Mesh(tp=16, cp=2), **ulysses), shape))[0].startswith(
+        "Ulysses splits the 1 KV head of a tp rank over cp=2")
+    assert problems(Subject(_s(mesh=Mesh(tp=4, cp=16)), shape)) == []  # ring CP splits the sequence, not heads
