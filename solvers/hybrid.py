@@ -212,11 +212,17 @@ class _Search:
         gl = price_grid(self.graph, self.cluster, self.w, large_rows, self.lopts, memory_limit_gib=self.limit,
                         device=self.dev, large_ops=large_ops) if (large_rows and self.lopts) else None
         self.parts.append((live, gr, gl))
-        flat = step.ravel()
-        for f in np.argsort(flat, kind="stable")[:max(self.top_k, 1) + 2]:
-            if np.isfinite(flat[f]):
-                i, j = divmod(int(f), len(uopts))
-                self.pool.add(float(flat[f]), (0, int(live[i]), j), _grid_builder(gr, i, j, self.units), "grid")
+        # the pool keeps one plan per configuration: each row's best fitting option (the first of
+        # equal ones), then the rows that can place among the best keep + 1 meshes. (The best cells
+        # of the whole grid are often options of one mesh, which left the pool a mesh or two short.)
+        if step.shape[1]:
+            cols = np.argmin(step, axis=1)
+            best = step[np.arange(len(live)), cols]
+            for i in np.argsort(best, kind="stable")[:self.pool.keep + 1]:
+                if np.isfinite(best[i]):
+                    j = int(cols[i])
+                    self.pool.add(float(best[i]), (0, int(live[i]), j), _grid_builder(gr, int(i), j, self.units),
+                                  "grid")
         self.frontier = _pareto(self.frontier + _chunk_frontier(gr.memory_peak_gib, step, part))
 
     def solve_per_layer(self) -> None:
