@@ -3,10 +3,11 @@
     python benchmarks/mip_backends.py                  # the 70B / 1,024 H100 searches
     python benchmarks/mip_backends.py --rounds 3       # medians of alternating rounds
 
-Runs the searches once (HiGHS through highspy, the default) and keeps every model they solve: the
+Runs the searches once (MathOpt's HiGHS, the default) and keeps every model they solve: the
 OSDP programs of the meshes without a pipeline (``full`` space) and the stage MIPs of the
-pipelines (``staged`` space). Then solves each again with every back-end: ``highs`` (highspy),
-``scip`` (MathOpt's GSCIP) and, measured only, MathOpt's own HiGHS and CP-SAT. Per back-end and
+pipelines (``staged`` space). Then solves each again with every back-end: ``highs`` (MathOpt's
+HiGHS), ``highspy`` (HiGHS 1.16 directly), ``scip`` (MathOpt's GSCIP) and, measured only,
+MathOpt's CP-SAT. Per back-end and
 kind of program: total and largest seconds, and how many answers equal the default's (same status,
 and the same objective within 1e-9 where there is one); an answer that differs is wrong: every
 back-end is asked for a proven optimum.
@@ -28,7 +29,7 @@ from solvers.hybrid import search  # noqa: E402
 from solvers.mip import Model  # noqa: E402
 from vocab.strategy import Workload  # noqa: E402
 
-BACKENDS = ("highs", "scip", "mathopt-highs", "cp-sat")
+BACKENDS = ("highs", "highspy", "scip", "cp-sat")
 JOBS = {  # kind: (model, cluster, seq_len, global batch, space)
     "osdp": ("llama3-70b", "1024xh100", 8192, 1024, "full"),
     "stage MIP": ("llama3-70b", "1024xh100", 8192, 1024, "staged"),
@@ -59,13 +60,11 @@ def run(md: Model, args: tuple, kw: dict, backend: str) -> tuple[float, str, flo
     cutoff, presolve = kw.get("cutoff", cutoff), kw.get("presolve", presolve)
     t = time.perf_counter()
     try:
-        if backend == "highs":
-            md.solver = "highs"
+        if backend == "highspy":
+            md.solver = "highspy"
             status, _, obj, _ = md.solve(offset, time_limit, cutoff, presolve)
         else:
-            name = {"mathopt-highs": "highs", "scip": "scip", "cp-sat": "cp-sat"}[backend]
-            cut = cutoff if cutoff is not None else None
-            status, _, obj, _ = md.solve_mathopt(offset, time_limit, cut, presolve, solver=name)
+            status, _, obj, _ = md.solve_mathopt(offset, time_limit, cutoff, presolve, solver=backend)
     except Exception as e:  # noqa: BLE001 (a back-end that fails is a finding, not a crash)
         return time.perf_counter() - t, f"error: {type(e).__name__}", float("nan")
     return time.perf_counter() - t, status, obj

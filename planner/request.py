@@ -109,7 +109,8 @@ class Request:
         "seconds; the best plan so far, with its gap", "--time-limit", default=None, cli=float, make=positive_option)
     top_k: int = fact("runners-up to keep", "--top-k", default=5, cli=int, make=int_option, minimum=0, maximum=1000)
     solver: str = fact(
-        "the back-end of the integer programs: highs (HiGHS, default) | scip (SCIP through OR-Tools MathOpt); "
+        "the back-end of the integer programs, through OR-Tools MathOpt: highs (HiGHS, default) | scip (SCIP); or "
+        "highspy (HiGHS 1.16 called directly); "
         "docs/solvers.md", "--solver", default=DEFAULT_SOLVER)
     tie_break: bool = fact(
         "the plan is the fastest (default); with --tie-break, the one with the fewest parallel axes among plans "

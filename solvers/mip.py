@@ -1,6 +1,6 @@
 """The solvers' one mixed-integer model: every formulation (OSDP per layer, the stage MIP, the
 least-memory program) is written once against :class:`Model`, built as an OR-Tools MathOpt model
-and solved by HiGHS (default) or SCIP.
+and solved by its HiGHS (default) or SCIP.
 
 A formulation adds named columns (:meth:`Model.var`: cost, bounds, integrality and the name of
 the variable family, e.g. ``count`` or ``stage_time``) and rows (:meth:`Model.row`: coefficients,
@@ -12,18 +12,20 @@ primal values, the objective and a proven lower bound.
 
 Back-ends (``--solver``):
 
-* ``highs``: HiGHS 1.16 through ``highspy``, from the same columns and rows. The HiGHS that
-  MathOpt (OR-Tools 9.15) bundles is slower on the 70B searches' programs (``benchmarks/
-  mip_backends.py``, docs/solvers.md), so the default goes around it;
+* ``highs`` (default): the HiGHS that OR-Tools 9.15's MathOpt bundles (``SolverType.HIGHS``);
+* ``highspy``: HiGHS 1.16 through ``highspy``, from the same columns and rows, around OR-Tools:
+  measured faster on the stage MIPs (``benchmarks/mip_backends.py``, docs/solvers.md), an option;
 * ``scip``: SCIP through MathOpt (``SolverType.GSCIP``), with a warm start (:meth:`Model.hint`).
 
 CP-SAT (MathOpt's ``CP_SAT``) is measured but not offered: it reads the stage MIP's continuous
 columns (its transient caps, the clipped sync, stage times) as integers and answers "optimal"
 with wrong plans.
 
-A cutoff is what each back-end does best with it: HiGHS prunes with it (``objective_bound``);
-SCIP solves without it (MathOpt's Python layer in OR-Tools 9.15 cannot read SCIP's cutoff
-answer), and a plan that does not beat it reads as ``cutoff`` afterwards, the same answer.
+A cutoff is what each back-end does best with it: ``highspy`` prunes with it (``objective_bound``);
+MathOpt's HiGHS refuses ``cutoff_limit``, so the objective gets a row ``cost·x + offset <= cutoff``
+(family ``cutoff``: nothing at or above it is a plan); SCIP solves without it (MathOpt's Python
+layer in OR-Tools 9.15 cannot read SCIP's cutoff answer). A plan that does not beat it reads as
+``cutoff`` afterwards, the same answer on every back-end.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from typing import Any
 import numpy as np
 
 #: the back-ends ``--solver`` selects, by their names in the CLI
-SOLVERS = ("highs", "scip")
+SOLVERS = ("highs", "highspy", "scip")
 DEFAULT_SOLVER = "highs"
 #: the back-ends that start from a hint (:meth:`Model.hint`); HiGHS prunes with the cutoff instead
 HINTED = ("scip",)
@@ -49,7 +51,7 @@ def solver_type(name: str) -> Any:
     from ortools.math_opt.python import mathopt
 
     table = {"highs": mathopt.SolverType.HIGHS, "cp-sat": mathopt.SolverType.CP_SAT,
-             "scip": mathopt.SolverType.GSCIP}  # HiGHS and CP-SAT through MathOpt: measured only
+             "scip": mathopt.SolverType.GSCIP}  # CP-SAT: measured only
     if name not in table:
         raise ValueError(f"unknown MIP solver '{name}': choose one of {', '.join(SOLVERS)}")
     return table[name]
@@ -95,8 +97,9 @@ class Model:
         """A feasible point to start from (columns not given are left to the solver)."""
         self._hint = dict(values)
 
-    def build(self, offset: float) -> tuple[Any, list[Any]]:
-        """The MathOpt model (minimisation) and its variables, column by column."""
+    def build(self, offset: float, cutoff: float | None = None) -> tuple[Any, list[Any]]:
+        """The MathOpt model (minimisation) and its variables, column by column; with ``cutoff``, the
+        row ``cost·x + offset <= cutoff`` (family ``cutoff``)."""
         from ortools.math_opt.python import mathopt
 
         m = mathopt.Model(name=self.name)
@@ -113,6 +116,11 @@ class Model:
             for j, a in coefs.items():
                 if a:
                     con.set_coefficient(xs[j], a)
+        if cutoff is not None:
+            con = m.add_linear_constraint(ub=cutoff - offset, name="cutoff[0]")
+            for j, c in enumerate(self.cost):
+                if c:
+                    con.set_coefficient(xs[j], c)
         return m, xs
 
     def solve(
@@ -120,7 +128,7 @@ class Model:
     ) -> tuple[str, np.ndarray | None, float, float]:
         """(status, column values or None, objective, lower bound), minimising cost·x + offset."""
         cut = float(cutoff) if cutoff is not None and np.isfinite(cutoff) else None
-        if self.solver == "highs":
+        if self.solver == "highspy":
             return _solve_highs(self, offset, time_limit, cut, presolve)
         return self.solve_mathopt(offset, time_limit, cut, presolve)
 
@@ -131,7 +139,7 @@ class Model:
         from ortools.math_opt.python import mathopt
 
         name = solver or self.solver
-        m, xs = self.build(offset)
+        m, xs = self.build(offset, cutoff if name == "highs" else None)  # the others take none as a row
         params: dict[str, Any] = {"random_seed": 0}
         params["relative_gap_tolerance"], params["absolute_gap_tolerance"] = GAPS
         if time_limit is not None:

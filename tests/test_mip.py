@@ -1,4 +1,4 @@
-"""The MIP model every formulation shares (solvers.mip): named rows, two back-ends that agree with
+"""The MIP model every formulation shares (solvers.mip): named rows, three back-ends that agree with
 brute force, one cutoff vocabulary, warm starts."""
 
 from __future__ import annotations
@@ -103,5 +103,20 @@ def test_unknown_solver_is_one_clear_error() -> None:
 
     with pytest.raises(ValueError, match="unknown MIP solver 'cp-sat'"):
         Model("x", "cp-sat")
-    with pytest.raises(ShardplanError, match="unknown MIP solver 'glpk'; known: highs, scip"):
+    with pytest.raises(ShardplanError, match="unknown MIP solver 'glpk'; known: highs, highspy, scip"):
         plan("llama3-8b", "8xh100", 1024, 8, solver="glpk")
+
+
+def test_the_default_plan_solves_through_or_tools() -> None:
+    """The default back-end is OR-Tools MathOpt's HiGHS: a default plan of the 70B job imports
+    ortools and solves its OSDP programs with it (highspy is an option, never imported here)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from solvers.mip import Model; solved = []; solve = Model.solve_mathopt\n"
+            "def spy(self, *a, **k):\n    solved.append(self.solver); return solve(self, *a, **k)\n"
+            "Model.solve_mathopt = spy\n"
+            "import planner.api as a; a.plan('llama3-70b', '1024xh100', seq_len=8192, global_batch=512)\n"
+            "print(sorted(set(solved)), 'ortools' in sys.modules, 'highspy' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split("\n")[-2] == "['highs'] True False"
