@@ -34,6 +34,8 @@ MEGATRON_LM_FLAGS: dict[str, dict[str, Any]] = {
     "--swiglu": {"fields": ["gated_linear_unit", "activation_func"], "note": "gated_linear_unit=True, F.silu"},
     "--num-experts": {"fields": ["num_moe_experts"]},
     "--fp8-format": {"fields": ["fp8"]},
+    "--grad-reduce-in-bf16": {"fields": ["grad_reduce_in_fp32"],
+                              "note": "grad_reduce_in_fp32=False; with --bf16 and without it Megatron-LM sets it True"},
     "--disable-bias-linear": {"fields": ["add_bias_linear"], "note": "add_bias_linear=False"},
     "--micro-batch-size": {"fields": [], "note": "no core field: Megatron-LM batch argument"},
     "--global-batch-size": {"fields": [], "note": "no core field: Megatron-LM batch argument"},

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -17,5 +18,6 @@ def benchmark_script(name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", BENCHMARKS / f"{name}.py")
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up while the script runs
     spec.loader.exec_module(mod)
     return mod

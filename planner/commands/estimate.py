@@ -199,6 +199,9 @@ def price(r: PriceRequest, *, model_from_cli: bool = False, profile_from_plan: b
     graph = _graph(r, plan, w.seq_len, model_from_cli)
     s = plan.strategy if plan is not None else _strategy(r, graph, cluster)
     prof, notes = _profile(r.profile, plan, profile_from_plan)
+    if plan is None and target is not None:
+        s, scoped = blocks_scope(s, graph, target[0])
+        notes += scoped
     limit = r.memory_limit
     if limit is None and plan is not None:
         limit = plan.inputs.memory_limit_gib
@@ -214,6 +217,23 @@ def price(r: PriceRequest, *, model_from_cli: bool = False, profile_from_plan: b
         _check_expressible(target[0], graph, cluster, s, w, r.model or (plan.inputs.model if plan else ""), rep)
         rep["target"] = target[0].name
     return rep
+
+
+def blocks_scope(s: Any, graph: Any, t: Any) -> tuple[Any, list[str]]:
+    """``s`` as target ``t`` runs its ``--recompute``: where the target recomputes the transformer blocks
+    only (``recompute.scope: blocks``), the embedding and head recompute nothing, as a searched plan
+    (:func:`solvers.space.blocks_recompute`); and the note saying so (none where nothing changes)."""
+    from solvers.space import blocks_recompute
+
+    if t.recompute.scope != "blocks" or s.layers:
+        return s, []
+    scoped = blocks_recompute(s, [u for u, _ in graph.blocks()])
+    if scoped is s:
+        return s, []
+    outside = [x.unit for x in scoped.layers]
+    note = (f"--recompute {s.default.recompute} on {t.name} recomputes the transformer blocks; the "
+            f"{' and '.join(outside)} recompute nothing ({t.name} checkpoints transformer blocks only)")
+    return scoped, [note]
 
 
 def _cluster(r: PriceRequest, plan: Any) -> Any:

@@ -230,7 +230,8 @@ def render(n: Nearest, s: Strategy, cost: str) -> str:
     if any(v == "optimizer" for v in n.values("offload")):
         flags += [(K["optimizer_offload"], True), (K["optimizer_offload_fraction"], 1.0)]
     flags += [(K["micro_batch"], s.micro_batch), (K["global_batch"], w.global_batch), (K["seq_len"], w.seq_len),
-              (K["bf16"], True if w.precision != "fp32" else None)]
+              (K["bf16"], True if w.precision != "fp32" else None),
+              (K["grad_bf16"], True if w.precision != "fp32" and w.grad_dtype == "bf16" else None)]
     if w.precision == "fp8":
         flags.append((K["fp8"], MEGATRON_FP8_FORMAT))
     lines = [flag_line(f, v) for f, v in flags if f is not None and v is not None]

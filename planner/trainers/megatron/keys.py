@@ -31,6 +31,7 @@ MEGATRON: Final[dict[str, str | None]] = {
     "global_batch": "--global-batch-size",
     "seq_len": "--seq-length",
     "bf16": "--bf16",
+    "grad_bf16": "--grad-reduce-in-bf16",  # DistributedDataParallelConfig.grad_reduce_in_fp32=False
     "fp8": "--fp8-format",
     "optimizer_offload": "--optimizer-cpu-offload",
     "optimizer_offload_fraction": "--optimizer-offload-fraction",

@@ -3,7 +3,8 @@
 The text is split as ``shlex.split(text, comments=True)``: ``--flag value`` or a bare ``--flag``; a flag
 megatron-core's pinned release does not know is an error. Read: ``--seq-length``, ``--global-batch-size``
 (required) and ``--micro-batch-size`` (required); precision fp8 with ``--fp8-format e4m3|hybrid``, else
-bf16 with ``--bf16`` or ``--fp16``, else fp32. The mesh: ``--tensor-model-parallel-size``,
+bf16 with ``--bf16`` or ``--fp16``, else fp32; gradients reduced in bf16 with ``--grad-reduce-in-bf16``, else
+fp32 (Megatron-LM's ``--bf16`` sets ``grad_reduce_in_fp32``). The mesh: ``--tensor-model-parallel-size``,
 ``--pipeline-model-parallel-size``, ``--context-parallel-size``, ``--expert-model-parallel-size``, the
 data-parallel ranks ``world / (tp*pp*cp)`` all sharded, or ``--num-distributed-optimizer-instances N``
 replicas of ``dp / N``. ``--sequence-parallel`` (off when tp = 1); ``--cp-comm-type`` p2p (ring, K/V passed round
@@ -113,6 +114,8 @@ def workload(doc: Doc, origin: str) -> dict[str, Any]:
         raise ConfigError(f"{origin}: {_key('fp8')} {fp8!r} is not one of {', '.join(FP8_FORMATS)}")
     half = _on(doc, "bf16", origin) or FP16 in doc  # fp16 is priced as bf16: two bytes a value
     out["precision"] = "fp8" if fp8 is not None else "bf16" if half else "fp32"
+    if half and _on(doc, "grad_bf16", origin):  # else Megatron-LM's --bf16 reduces gradients in fp32
+        out["grad_dtype"] = "bf16"
     capacity = _str(doc, "moe_capacity", origin)
     if capacity is not None:
         try:

@@ -1,0 +1,43 @@
+"""``benchmarks/recipes.py``: NVIDIA's recipe rows mapped to a model, a cluster and a strategy, and what
+the megatron target says of them (a few rows; the whole table is the benchmark's)."""
+
+from __future__ import annotations
+
+from tests.benchmark_scripts import benchmark_script
+
+recipes = benchmark_script("recipes")
+ROWS = recipes.load_rows()
+
+
+def assessed(i: int):
+    return recipes.assess(recipes.map_row(i, ROWS[i]))
+
+
+def test_llama70b_on_h100_maps_to_the_preset_and_its_mesh() -> None:
+    r = ROWS[85]  # Llama 3.1 70B, 64 H100, TP4 PP4 CP2 VP5, dgxc-benchmarking
+    assert (r["model"], r["gpus"], r["tp"], r["pp"], r["cp"], r["vp"]) == ("Llama 3.1 70B", "64", "4", "4", "2", "5")
+    m = recipes.map_row(85, r)
+    assert not m.error and m.model == "llama3.1-70b"
+    assert m.cluster.accelerator.name == "h100-sxm" and m.cluster.world_size == 64
+    s = m.strategy
+    assert s.mesh.model_dump() == {"pp": 4, "dp_replicate": 1, "dp_shard": 2, "cp": 2, "tp": 4, "ep": 1}
+    assert (s.schedule, s.vpp, s.micro_batch, s.sequence_parallel) == ("interleaved", 5, 1, True)
+    assert (s.default.sharding, s.default.recompute) == ("zero1", "none")
+    assert m.workload.global_batch == 128 and m.workload.precision == "bf16"
+    assert assessed(85).reasons == []
+
+
+def test_scaled_down_405b_keeps_the_shape_with_fewer_layers() -> None:
+    m = recipes.map_row(97, ROWS[97])  # "Llama 3.1 405B" of 7 layers on 32 GPUs
+    assert m.model == "llama3.1-405b-7l"
+    assert (m.spec["layers"], m.spec["hidden"], m.spec["heads"], m.spec["kv_heads"]) == (7, 16384, 128, 8)
+    assert m.strategy.mesh.tp == 8 and m.strategy.mesh.cp == 2 and m.strategy.schedule == "1f1b"
+
+
+def test_known_refusals() -> None:
+    fsdp = assessed(0)  # Llama 3 70B with Megatron-FSDP: priced as ZeRO-3, which megatron-core 0.16.1 is not offered
+    assert fsdp.reasons == ["ZeRO-3"] and fsdp.mapped.strategy.default.sharding == "zero3"
+    assert assessed(1).reasons[0] == "precision MXFP8 (no such word: bf16, fp8, fp32)"
+    assert assessed(32).reasons == ["invalid: ep=32 must divide dp_shard*cp = 16 (expert ranks are data-parallel ranks)"]
+    nano = assessed(34)
+    assert nano.reasons[0].startswith("no model: Nemotron-3 Nano") and nano.peak_gib is None
