@@ -116,7 +116,8 @@ def _checked(r: Request) -> tuple[Target, SpaceOptions, dict[str, str], list[int
         raise ShardplanError(f"unknown search space '{r.space}'; known: {', '.join(SPACES)}")
     if r.precision not in PRECISIONS:
         raise ShardplanError(f"unknown precision '{r.precision}'; known: {', '.join(PRECISIONS)}")
-    asked = {"cross_entropy": r.cross_entropy, "grad_dtype": r.grad_dtype, "moe_dispatch": r.moe_dispatch}
+    asked = {"cross_entropy": r.cross_entropy, "grad_dtype": r.grad_dtype, "moe_dispatch": r.moe_dispatch,
+             "moe_overlap": r.moe_overlap}
     check_workload_choices(attention_kernel=r.attention_kernel, **{k: v for k, v in asked.items() if v is not None})
     t = load_target(r.target)
     behaved = target_behaviour(t, r.precision, **asked)

@@ -91,10 +91,14 @@ class Request:
     cross_entropy: str | None = fact(
         "eager (PyTorch F.cross_entropy) | fused (Megatron's kernel); default: how the target computes it",
         "--cross-entropy", default=None)
-    grad_dtype: str | None = fact("gradient buffers: fp32 | bf16; default: the target's", default=None)
+    grad_dtype: str | None = fact("gradient buffers and their reduction: fp32 | bf16 (the target must run it); "
+                                  "default: the target's", "--grad-dtype", default=None)
     moe_dispatch: str | None = fact(
         "alltoall (NCCL all-to-all) | dedup (DeepEP: one copy per node; the target must offer it); default: the "
         "target's", "--moe-dispatch", default=None)
+    moe_overlap: str | None = fact(
+        "none | 1f1b (EP all-to-alls hidden under the paired micro-batch's compute, where the schedule allows: "
+        "Megatron's --overlap-moe-expert-parallel-comm); default: the target's", "--moe-overlap", default=None)
     moe_capacity_factor: float | None = fact(
         "tokens each expert takes, as a multiple of its mean (the rest dropped; Megatron-LM); default: dropless",
         "--moe-capacity-factor", default=None, cli=float, make=positive_option)
