@@ -74,6 +74,12 @@ class _Setting:
     device: DeviceModel
     limit: float
     measured: bool
+    headroom: float = 0.0  # GiB a plan leaves free below ``limit`` (the request's ``headroom_gib``)
+
+    @property
+    def fit_limit(self) -> float:
+        """The memory a searched plan may use: the limit less the headroom."""
+        return self.limit - self.headroom
 
 
 @typed
@@ -101,7 +107,7 @@ def search_plan(request: Request, progress: Progress | None = None, device: Devi
     graph = load_model(request.model, request.seq_len)
     cl, limit = _cluster(request)
     dev, cl, measured = _device(request, cl, device)
-    setting = _Setting(t, opts, behaved, graph, cl, dev, limit, measured)
+    setting = _Setting(t, opts, behaved, graph, cl, dev, limit, measured, _headroom(request, limit))
     res, w, by_batch = _best(request, setting, batches, progress)
     chosen = _tie_break(request, setting, res, w)
     return Planned(_document(request, setting, res, w, chosen, by_batch), res, graph, cl, by_batch)
@@ -153,6 +159,17 @@ def _cluster(r: Request) -> tuple[Cluster, float]:
     return cl, r.memory_limit_gib if r.memory_limit_gib is not None else cl.memory_bytes / GIB
 
 
+def _headroom(r: Request, limit: float) -> float:
+    """The request's headroom in GiB (0 without one): at least 0 and below the memory limit."""
+    h = r.headroom_gib
+    if h is None:
+        return 0.0
+    if not (math.isfinite(h) and 0 <= h < limit):
+        raise ShardplanError(f"headroom must be at least 0 GiB and below the {limit:.2f} GiB memory limit, "
+                             f"got {shown(h)} GiB")
+    return float(h)
+
+
 def _device(r: Request, cl: Cluster, device: DeviceModel | None) -> tuple[DeviceModel, Cluster, bool]:
     """The device model to price with (a calibration's, a measured profile's, ``device`` where it is
     of this cluster, else the spec sheet's), the cluster it prices, and whether a profile was measured."""
@@ -183,7 +200,7 @@ def _best(r: Request, s: _Setting, batches: list[int], progress: Progress | None
                      attention_kernel=r.attention_kernel,  # type: ignore[arg-type]
                      moe_capacity_factor=r.moe_capacity_factor, **s.behaved)
         try:
-            res = search(s.graph, s.cluster, w, s.opts, s.limit, s.device, r.time_limit, r.top_k, progress,
+            res = search(s.graph, s.cluster, w, s.opts, s.fit_limit, s.device, r.time_limit, r.top_k, progress,
                          SearchControls(solver=r.solver))
         except ShardplanError as e:
             if len(batches) == 1:
@@ -216,7 +233,7 @@ def _tie_break(r: Request, s: _Setting, res: SearchResult, w: Workload) -> Any:
 
     def search_axes(axes: int, cutoff: float) -> Any:
         try:
-            return search(s.graph, s.cluster, w, s.opts.with_(max_axes=axes), s.limit, s.device, r.time_limit, 0,
+            return search(s.graph, s.cluster, w, s.opts.with_(max_axes=axes), s.fit_limit, s.device, r.time_limit, 0,
                           controls=SearchControls(cutoff=cutoff, solver=r.solver, frontier_plans=False)).best
         except ShardplanError:
             return None
@@ -236,7 +253,9 @@ def _document(r: Request, s: _Setting, res: SearchResult, w: Workload, chosen: A
     runners_up = [f for f in [res.best, *res.alternatives] if f.strategy != chosen.strategy]
     exact_osdp = r.space == "osdp" and s.opts.per_layer  # the OSDP chain, solved twice
     if exact_osdp:
-        res.options.update(_dp_check(s.graph, s.device, res, w, s.limit, s.opts))
+        res.options.update(_dp_check(s.graph, s.device, res, w, s.fit_limit, s.opts))
+    if s.headroom:
+        res.options["headroom_gib"] = s.headroom
     if len(by_batch) > 1:
         res.options["samples_per_s_by_global_batch"] = {str(k): v for k, v in sorted(by_batch.items())}
     return Plan(
@@ -246,7 +265,7 @@ def _document(r: Request, s: _Setting, res: SearchResult, w: Workload, chosen: A
             model_graph=graph_record(r.model, s.graph),
             cluster=ClusterRef(**s.cluster.to_dict()),
             workload=w,
-            memory_limit_gib=s.limit,
+            memory_limit_gib=s.fit_limit,
             profile=str(r.profile) if r.profile is not None else None,
             target=TargetRef(name=s.target.name, version=s.target.version or None),
             calibration=CalibrationRef(**r.calibration.ref()) if r.calibration is not None else None,

@@ -79,10 +79,15 @@ def device_gib(plan: Plan) -> float:
 
 
 def headroom_text(plan: Plan) -> str:
-    """How the plan's memory limit sits in the device: ``device 79.65 GiB, 5% reserved``."""
+    """How the plan's memory limit sits in the device: ``device 79.65 GiB, 5% reserved``, and the
+    headroom the search kept below the limit it was given (``solver.options.headroom_gib``):
+    ``device 79.65 GiB, 5% reserved, 4 GiB headroom``."""
     device, limit = device_gib(plan), memory_limit_gib(plan)
     if limit > device * (1 + 1e-12):
         return f"above the device's {device:.2f} GiB"
+    kept = float(plan.solver.options.get("headroom_gib", 0.0) or 0.0)
+    if kept:
+        return f"device {device:.2f} GiB, {1 - (limit + kept) / device:.0%} reserved, {kept:.4g} GiB headroom"
     return f"device {device:.2f} GiB, {1 - limit / device:.0%} reserved"
 
 

@@ -77,6 +77,9 @@ class Request:
     reserve: float | None = fact(
         "fraction of each GPU's memory no plan may use (default: profiler.hardware.DEFAULT_RESERVE); "
         "not with memory_limit_gib", default=None)
+    headroom_gib: float | None = fact(
+        "GiB of the memory limit each GPU keeps free, for the memory model's error (default 0): plans are "
+        "searched under the limit less it, and the plan records it", "--headroom", default=None, cli=float)
     # ---- the search
     space: str = fact(
         "fsdp | osdp | megatron | hybrid | full | staged (hybrid, every unit of a pipeline its own sharding, "

@@ -170,7 +170,7 @@ def summary_table(planned: Any, wall_s: float) -> Table:
 
 #: ``shardplan plan``'s options: the fields of a request (:mod:`planner.request`), then where the plan goes
 PLAN_OPTIONS = (
-    *(option(name) for name in ("model", "cluster", "seq_len", "global_batch", "memory_limit_gib")),
+    *(option(name) for name in ("model", "cluster", "seq_len", "global_batch", "memory_limit_gib", "headroom_gib")),
     Opt("reserve", float, number_option(
         None, "--reserve", minimum=0.0, maximum=90.0,
         help="percent of each GPU's memory no plan may use (default 5: workspaces and allocator slack the "
@@ -183,7 +183,7 @@ PLAN_OPTIONS = (
     Opt("as_json", bool, typer.Option(False, "--json", help="print the plan JSON instead of the summary")),
 )
 #: the fields of a request the command line gives as they are (the others are read: see :func:`cli_request`)
-AS_GIVEN = ("model", "cluster", "seq_len", "memory_limit_gib", "space", "precision", "attention_kernel", "target",
+AS_GIVEN = ("model", "cluster", "seq_len", "memory_limit_gib", "headroom_gib", "space", "precision", "attention_kernel", "target",
             "cross_entropy", "grad_dtype", "moe_dispatch", "moe_overlap", "moe_capacity_factor", "profile", "time_limit", "top_k", "solver",
             "tie_break")
 
