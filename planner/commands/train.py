@@ -10,12 +10,13 @@ import typer
 from planner.cli import app, console, guard, print_json
 from planner.options import Opt, Values, command, count_option, int_option, number_option
 from vocab.errors import ShardplanError
-from vocab.rules import batch_problem
 
 WATCHDOG_S = 300.0  # runtime.launch.WATCHDOG_S (not imported here: that would import torch at start-up)
 
+
 def _settings(plan: Any, steps: int, seed: int, seq_len: int, global_batch: int) -> Any:
     from runtime.train import TrainSettings
+    from vocab.rules import batch_problem  # not at start-up: pydantic
 
     w = plan.inputs.workload
     s = TrainSettings(steps=steps, global_batch=global_batch or w.global_batch, seq_len=seq_len or w.seq_len, seed=seed)
