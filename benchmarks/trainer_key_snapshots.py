@@ -143,8 +143,32 @@ def deepspeed() -> Path:
 
 
 def _nanotron_config() -> Any:
-    """nanotron 0.4 has an import cycle (nanotron.config -> ... -> nanotron.logging -> nanotron.config.config):
-    import it with a stand-in nanotron.logging, then import the real one."""
+    """``nanotron.config`` of nanotron 0.4, imported around the release's import cycle.
+
+    As installed (``pip install --no-deps nanotron==0.4``), ``import nanotron.config`` fails, and so does
+    every other way in (``nanotron.logging``, ``nanotron.trainer``, ``nanotron.parallel.pipeline_parallel``,
+    any ``nanotron.config.*`` module: no import order helps, no extra installs a fix): the package's
+    module-level imports close a cycle, ``nanotron/config/config.py:13`` -> ``config/lighteval_config.py:5``
+    -> ``config/parallelism_config.py:4`` -> ``config/utils_config.py:8`` ->
+    ``parallel/pipeline_parallel/__init__.py:1`` -> ``parallel/pipeline_parallel/engine.py:6`` ->
+    ``nanotron/logging.py:38`` (``from nanotron.config.config import LoggingArgs``), with
+    ``config.config`` still half-initialised: ``ImportError: cannot import name 'LoggingArgs' from
+    partially initialized module 'nanotron.config.config'``.
+
+    What is stubbed: ``nanotron.logging`` alone, for the duration of ``import nanotron.config``, by a
+    module whose every attribute (``get_logger``, ``log_rank``, ``warn_once``, ``human_format``, ...) is a
+    function returning the standard ``logging.getLogger("nanotron")``; then the stub is dropped and the
+    real ``nanotron.logging`` imported. The modules imported meanwhile keep what they took from the stub
+    (``config.config``'s ``logger``, ``log_rank`` in ``pipeline_parallel/engine.py``, ``optim/zero.py``,
+    ``models/base.py``, ``parallel/tied_parameters.py``): their log calls log nothing, or log to a plain
+    logger. Every class and function of ``nanotron.config`` is the release's own.
+
+    So the check proves that nanotron 0.4's own ``get_config_from_file`` (dacite ``from_dict`` with
+    ``strict=True``: unknown keys and wrong types refused; the enum and dtype hooks; the dataclasses'
+    ``__post_init__`` checks) accepts the file, and the key snapshot is the release's ``Config`` field
+    tree. It does not prove that nanotron runs the file: ``nanotron.trainer`` is not imported (beyond the
+    cycle it needs ``flash_attn``, not installed), no model is built, no process group started, and the
+    logging the stubbed modules would do is not exercised."""
     import logging
     import types
 

@@ -101,10 +101,15 @@ class PlanViewMixin:
 
         return plot(self._plan, kind, ax)
 
-    def export(self, target: str) -> Exported:
-        from planner.trainers import export
+    def export(self, target: str, nearest: bool = False) -> Exported:
+        """The plan as ``target``'s configuration, refused as ``shardplan export`` refuses it (a
+        :class:`ShardplanError`, the same line): where the target cannot express the plan, unless
+        ``nearest`` (then the nearest plan it can, re-priced), and where the plan as the target runs it
+        does not fit the memory limit, even with ``nearest``. :func:`planner.trainers.export` gives the
+        mapping without refusing anything."""
+        from planner.trainers import checked_export
 
-        return export(self._plan, target)
+        return checked_export(self._plan, target, nearest=nearest)
 
     def compare(self, *others: Plan | PlanViewMixin, names: list[str] | None = None) -> pd.DataFrame:
         """This plan next to others: a DataFrame, rows that differ first."""

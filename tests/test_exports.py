@@ -1,6 +1,7 @@
 """shardplan export: each target parses (tomllib, json, yaml, shlex, ast) with the plan's values; what a
-target cannot express is refused on the command line, or (--nearest, and in the API) mapped to the
-nearest plan and reported with its re-priced cost."""
+target cannot express is refused on the command line and by ``Plan.export``, or (``--nearest``,
+``nearest=True``; ``planner.trainers.export`` always) mapped to the nearest plan and reported with its
+re-priced cost; a nearest plan that does not fit is refused by both."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from planner.trainers.nanotron.keys import NANOTRON
 from planner.trainers.python.keys import PYTHON
 from planner.trainers.torchtitan.keys import TORCHTITAN
 from tests.test_explain import make_plan
+from vocab.errors import ShardplanError
 from vocab.plan import Plan, parse_plan
 from vocab.strategy import Strategy
 
@@ -252,6 +254,33 @@ def test_cli_export_refuses_a_nearest_plan_that_does_not_fit(tmp_path: Path) -> 
     r = runner.invoke(app, ["export", str(src), "--to", "nanotron", "--nearest", "-o", str(tmp_path / "n.yaml")])
     assert r.exit_code == 2 and not (tmp_path / "n.yaml").exists()
     assert "nanotron 0.4: the nearest plan it can express needs" in r.stderr and "GiB limit; nothing written" in r.stderr
+
+
+@pytest.mark.parametrize("nearest", [False, True])
+def test_api_export_refuses_what_the_cli_refuses(tmp_path: Path, nearest: bool) -> None:
+    """``Plan.export`` / ``PlanView.export`` refuse the plan ``shardplan export`` refuses, with its line:
+    one nanotron cannot express (ZeRO-3), and, with ``nearest``, whose nearest plan does not fit."""
+    from planner.notebook import PlanView
+
+    plan = make_plan({"mesh": {"dp_shard": 16}, "default": {"sharding": "zero3"}}, seq_len=8192, global_batch=64)
+    src = _plan_file(tmp_path, plan)
+    r = runner.invoke(app, ["export", str(src), "--to", "nanotron", *(["--nearest"] if nearest else [])])
+    assert r.exit_code == 2 and r.stdout == ""
+    line = r.stderr.strip().removeprefix("error: ")
+    assert line.count("\n") == 0
+    assert ("GiB limit; nothing written" in line) == nearest and ("cannot express" in line) != nearest
+    for api in (plan.export, PlanView(plan).export):
+        with pytest.raises(ShardplanError) as refused:
+            api("nanotron", nearest=nearest)
+        assert str(refused.value) == line
+
+
+def test_api_export_gives_the_nearest_plan_only_when_asked() -> None:
+    plan = make_plan(MIXED)
+    with pytest.raises(ShardplanError, match="^megatron-core 0.16.1 cannot express: .*--nearest exports"):
+        plan.export("megatron")
+    e = plan.export("megatron", nearest=True)
+    assert not e.exact and e.repriced is not None and flags(e.text)["--tensor-model-parallel-size"] == "2"
 
 
 def test_cli_export_nearest_warns_on_stderr_and_writes_atomically(tmp_path: Path) -> None:

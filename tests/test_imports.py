@@ -112,6 +112,55 @@ def test_torchtitan_defaults_follow_the_release(tmp_path: Path) -> None:
     assert generated_sizes(4, 32, 1, 1, "x") == [8, 9, 8, 7] and generated_sizes(1, 32, 1, 1, "x") == [32]
 
 
+def _job_toml(tmp_path: Path, model: str, section: str) -> Path:
+    cfg = tmp_path / "job.toml"
+    cfg.write_text(inputs_line(model, {"accelerator": "h100", "nodes": 2, "gpus_per_node": 8}).join(["# ", "\n"])
+                   + section + '[parallelism]\ntensor_parallel_degree = 8\n[training]\nseq_len = 2048\n')
+    return cfg
+
+
+def test_torchtitan_flavor_of_another_model_is_refused(tmp_path: Path) -> None:
+    """A ``[model]`` flavor that is a preset of another shape than the model priced (the header's or
+    ``--model``) is one line naming both; the same shape (Llama 3 and 3.1) or an unknown flavor passes."""
+    cfg = _job_toml(tmp_path, "llama3-70b", '[model]\nname = "llama3"\nflavor = "8B"\n')
+    with pytest.raises(ConfigError) as err:
+        import_plan(cfg)
+    line = str(err.value)
+    assert "\n" not in line and line.startswith("'job.toml': [model] name 'llama3' flavor '8B' trains llama3.1-8b")
+    assert "but the model being priced is llama3-70b (80 layers, hidden 8192)" in line and "--model" in line
+    with pytest.raises(ConfigError, match="trains llama3.1-8b .* priced is llama3-70b"):
+        import_plan(_job_toml(tmp_path, "llama3-8b", '[model]\nflavor = "8B"\n'), model="llama3-70b")
+    assert import_plan(cfg, model="llama3-8b").inputs.model == "llama3-8b"  # Llama 3 8B: the 3.1 flavor's shape
+    assert import_plan(cfg, model="meta-llama/Meta-Llama-3-8B").strategy.mesh.tp == 8  # an id a preset lists
+    for section in ('[model]\nflavor = "debugmodel"\n', '[model]\nname = "mine"\nflavor = "8B"\n', ""):
+        assert import_plan(_job_toml(tmp_path, "llama3-70b", section)).inputs.model == "llama3-70b"  # not checked
+
+
+def test_torchtitan_flavors_are_the_pinned_releases() -> None:
+    """Each flavor mapped to a preset has the preset's layers and width in the installed torchtitan
+    (its model files read as text: importing torchtitan's models needs torchdata)."""
+    import ast
+    import importlib.util
+
+    from planner.trainers.torchtitan.keys import TORCHTITAN_FLAVORS
+    from profiler.models import preset
+
+    spec = importlib.util.find_spec("torchtitan")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("torchtitan is not installed (tests/trainers.txt)")
+    root = Path(next(iter(spec.submodule_search_locations))) / "models"
+    for (family, flavor), name in TORCHTITAN_FLAVORS.items():
+        tree = ast.parse((root / family / "__init__.py").read_text())
+        table = next(n.value for n in ast.walk(tree) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Dict)
+                     and any(isinstance(k, ast.Constant) and k.value == flavor for k in n.value.keys))
+        call = next(v for k, v in zip(table.keys, table.values, strict=True)
+                    if isinstance(k, ast.Constant) and k.value == flavor)
+        given = {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords if kw.arg in ("n_layers", "dim")}
+        cfg = preset(name)
+        assert given.get("n_layers") == cfg.layers, (family, flavor)
+        assert given.get("dim", cfg.hidden) == cfg.hidden, (family, flavor)  # gpt_oss leaves dim to its default
+
+
 def test_python_script_round_trip(tmp_path: Path) -> None:
     p = search("llama3-8b", "16xh100", 2048, 64)
     back = round_trip(p, "shardplan", tmp_path)

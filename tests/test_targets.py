@@ -307,11 +307,15 @@ def test_plans_record_the_targets_kernels() -> None:
 
 
 def test_plans_record_the_targets_moe_dispatch_and_overlap() -> None:
-    """A plan for Megatron-LM is priced with its all-to-all overlap and records it (schema 1.5); a
-    1.4 document was priced with a plain all-to-all and may name no other; one without the fields
-    reads as that."""
+    """A plan for Megatron-LM is priced without its all-to-all overlap unless asked (Megatron's
+    overlap_moe_expert_parallel_comm is off by default) and records what it was priced with (schema
+    1.5); a 1.4 document was priced with a plain all-to-all and may name no other; one without the
+    fields reads as that."""
     p = searched("megatron", "gpt2")
-    assert (p.inputs.workload.moe_dispatch, p.inputs.workload.moe_overlap) == ("alltoall", "1f1b")
+    assert (p.inputs.workload.moe_dispatch, p.inputs.workload.moe_overlap) == ("alltoall", "none")
+    model, cluster, seq, batch, limit = CASES["gpt2"]
+    p = plan(model, cluster, seq, batch, memory_limit_gib=limit, target="megatron", top_k=1, moe_overlap="1f1b")
+    assert p.inputs.workload.moe_overlap == "1f1b"
     doc = json.loads(p.to_json())
     with pytest.raises(PlanError, match="moe_overlap '1f1b' need schema_version 1.5"):
         parse_plan({**doc, "schema_version": "1.4"})

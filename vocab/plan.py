@@ -392,9 +392,10 @@ class Plan(_Doc):
         """A matplotlib figure: ``memory``, ``timeline``, ``layers`` or ``pareto``."""
         return self.view().plot(kind, ax=ax)
 
-    def export(self, target: str) -> Any:
-        """The plan for ``torchtitan``, ``megatron``, ``deepspeed``, ``nanotron`` or ``python``."""
-        return self.view().export(target)
+    def export(self, target: str, nearest: bool = False) -> Any:
+        """The plan for ``torchtitan``, ``megatron``, ``deepspeed``, ``nanotron`` or ``python``, refused as
+        ``shardplan export`` refuses it (``nearest`` is its ``--nearest``)."""
+        return self.view().export(target, nearest=nearest)
 
     def _repr_html_(self) -> str:
         return self.view()._repr_html_()

@@ -149,7 +149,7 @@ def export_cmd(
 ) -> None:
     """Write a plan as a framework's configuration; refuse (exit 2) what the target cannot express."""
     from planner.reprice import command_line_files, opening
-    from planner.trainers import check_target, export, refusal
+    from planner.trainers import check_target, checked_export
     from vocab.io import check_writable, write_atomic
     from vocab.plan import load_plan
 
@@ -159,10 +159,7 @@ def export_cmd(
     doc = load_plan(plan)
     files, notes = command_line_files(doc, profile, profile_from_plan, model)
     with opening(files):
-        result = export(doc, target, _cli_graph(model, doc))
-    problem = refusal(result, nearest)
-    if problem is not None:
-        raise ShardplanError(problem)
+        result = checked_export(doc, target, _cli_graph(model, doc), nearest)
     for i, line in enumerate(result.warnings()):
         err_console.print(literal(("warning: " if i == 0 else "") + line), soft_wrap=True)
     for note in [*notes, *result.notes] if result.repriced is not None else result.notes:

@@ -8,7 +8,8 @@ Export (``shardplan export``): each trainer's ``export`` writes for the target w
 every exporter shares is :mod:`planner.trainers.exporting`. :func:`export` maps the plan to the nearest
 plan the target can express and, where that differs, re-prices it with the cost model; :func:`refusal`
 says why such an export is not written: the plan uses what the target lacks (unless the nearest plan is
-asked for), or the nearest plan does not fit.
+asked for), or the nearest plan does not fit; :func:`checked_export` is the two together, the one rule
+``shardplan export`` and ``Plan.export`` (``PlanView.export``) both apply.
 
 Import (``shardplan import``): each trainer's ``read`` decodes its files (what every importer shares
 is :mod:`planner.trainers.reading`). The model and the cluster come from ``--model`` and
@@ -31,7 +32,7 @@ from planner.trainers.exporting import Exported, Loss, change_lines, normalize
 from planner.trainers.reading import INPUTS_TAG, ConfigError, Context, read_inputs
 from profiler.graph import LayerGraph
 from vocab.arguments import typed
-from vocab.errors import UnknownNameError, shown
+from vocab.errors import ShardplanError, UnknownNameError, shown
 from vocab.io import read_text, validate_document
 from vocab.plan import Plan, TargetRef
 from vocab.rules import batch_problem
@@ -109,6 +110,19 @@ def refusal(e: Exported, nearest: bool = False) -> str | None:
         return (f"{e.tool_version}: {what} needs {r.variant['memory_peak_gib']:.1f} GiB per GPU, over the "
                 f"{r.variant['memory_limit_gib']:.1f} GiB limit; nothing written")
     return None
+
+
+@typed
+def checked_export(plan: Plan, target: str, graph: LayerGraph | None = None, nearest: bool = False) -> Exported:
+    """:func:`export`, refused as ``shardplan export`` refuses it: a :class:`ShardplanError` with
+    :func:`refusal`'s line where the plan uses what the target lacks (unless ``nearest``: then the nearest
+    plan it can express) or where the plan as the target runs it does not fit. The command line and
+    ``Plan.export`` both call this, so the two refuse the same plans with the same message."""
+    e = export(plan, target, graph)
+    problem = refusal(e, nearest)
+    if problem is not None:
+        raise ShardplanError(problem)
+    return e
 
 
 @typed
@@ -221,5 +235,6 @@ def _mesh_text(s: Strategy) -> str:
     return " ".join(f"{k}={v}" for k, v in s.mesh.axes().items() if v > 1) or "one GPU"
 
 
-__all__ = ["IMPORTERS", "TARGETS", "TRAINERS", "ConfigError", "Context", "Exported", "check_target", "export",
+__all__ = ["IMPORTERS", "TARGETS", "TRAINERS", "ConfigError", "Context", "Exported", "check_target", "checked_export",
+           "export",
            "import_plan", "importer_for", "lacks", "refusal", "target_of"]

@@ -40,7 +40,22 @@ TORCHTITAN: Final[dict[str, str | None]] = {
     "cpu_offload": "enable_cpu_offload",  # FSDP2 CPUOffloadPolicy: parameters, gradients, optimizer
     "mp_param": "mixed_precision_param",
     "model": "model",  # [model]
+    "model_name": "name",  # the model family (torchtitan's default: "llama3")
+    "flavor": "flavor",  # its size within the family (torchtitan's default: "debugmodel")
     "converters": "converters",  # ["float8"] turns on float8 training
+}
+TORCHTITAN_MODEL_DEFAULT: Final = "llama3"  # [model] name when the file leaves it out
+#: torchtitan 0.2.2's model flavors that are a preset of shardplan, by ([model] name, flavor); an import
+#: refuses a file whose flavor is not the model it prices. torchtitan's ``llama3`` flavors are Llama 3.1
+#: (rope scaling); their layers are the Llama 3 presets' too. Sources, in the pinned release:
+#: torchtitan/models/llama3/__init__.py ``llama3_args``, deepseek_v3/__init__.py ``deepseekv3_args``,
+#: qwen3/__init__.py ``qwen3_args``, gpt_oss/__init__.py ``gptoss_configs``. A flavor not listed here
+#: (``debugmodel``, llama4, the smaller qwen3 and deepseek_v3 ones, a family of one's own) is not checked.
+TORCHTITAN_FLAVORS: Final[dict[tuple[str, str], str]] = {
+    ("llama3", "8B"): "llama3.1-8b", ("llama3", "8B_flex"): "llama3.1-8b", ("llama3", "8B_varlen"): "llama3.1-8b",
+    ("llama3", "70B"): "llama3.1-70b", ("llama3", "405B"): "llama3.1-405b",
+    ("deepseek_v3", "671B"): "deepseek-v3", ("qwen3", "235B-A22B"): "qwen3-235b-a22b",
+    ("gpt_oss", "20b"): "gpt-oss-20b", ("gpt_oss", "120b"): "gpt-oss-120b",
 }
 TORCHTITAN_SCHEDULES: Final = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B",
                                "zb": "InterleavedZeroBubble"}

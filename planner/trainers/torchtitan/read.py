@@ -10,7 +10,9 @@ is on with TP; context parallelism is ring attention. ``[activation_checkpoint]`
 transformer blocks: ``full``, ``selective`` with ``selective_ac_option = "op"``, or full on every N-th
 block a pipeline rank builds (``"N"``). ``training.enable_cpu_offload`` offloads parameters.
 ``expert_parallel_comm_backend`` ``deepep`` is the de-duplicated MoE dispatch (``standard``: an
-all-to-all).
+all-to-all). ``[model]`` ``name`` and ``flavor`` are the model the file trains: where they are a preset
+(``TORCHTITAN_FLAVORS``) whose layers differ from the model being priced (``--model`` or the header's),
+the file is refused; a flavor that is no preset, or a file without one, is not checked.
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ from planner.trainers.reading import ConfigError, Context, count, refuse_unknown
 from planner.trainers.torchtitan.keys import TORCHTITAN as K
 from planner.trainers.torchtitan.keys import (
     TORCHTITAN_CP_ROTATE,
+    TORCHTITAN_FLAVORS,
     TORCHTITAN_FLOAT8,
     TORCHTITAN_FQN,
+    TORCHTITAN_MODEL_DEFAULT,
     TORCHTITAN_SCHEDULES,
 )
 from vocab.digits import is_digits
@@ -74,8 +78,35 @@ def workload(doc: dict[str, Any], origin: str) -> dict[str, Any]:
     return out
 
 
+#: the layer shape a flavor and the priced model must share
+SHAPE = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "experts", "moe_ffn_hidden")
+
+
+def check_flavor(doc: dict[str, Any], ctx: Context) -> None:
+    """Refuse a ``[model]`` flavor that is a known preset of another shape than the model being priced."""
+    from profiler.models import preset
+
+    name = _get(doc, "model", "model_name", TORCHTITAN_MODEL_DEFAULT)
+    flavor = _get(doc, "model", "flavor", None)
+    known = TORCHTITAN_FLAVORS.get((name, flavor)) if isinstance(name, str) and isinstance(flavor, str) else None
+    if known is None or not all(k in ctx.config for k in SHAPE):  # a traced module has no such keys: unchecked
+        return
+    trained = preset(known).to_dict()
+    if all(trained.get(k) == ctx.config.get(k) for k in SHAPE):
+        return
+
+    def shape(c: dict[str, Any]) -> str:
+        return f"{c.get('layers')} layers, hidden {c.get('hidden')}"
+
+    priced = ctx.config.get("name") or "the model given"
+    raise ConfigError(f"{ctx.origin}: [model] {K['model_name']} {name!r} flavor {flavor!r} trains {known} "
+                      f"({shape(trained)}), but the model being priced is {priced} ({shape(ctx.config)}); give "
+                      "--model for the model the file trains")
+
+
 def strategy(doc: dict[str, Any], ctx: Context) -> dict[str, Any]:
     o = ctx.origin
+    check_flavor(doc, ctx)
     par = doc.get(str(K["parallelism"]), {})
 
     def degree(key: str, default: int = 1) -> int:
