@@ -12,11 +12,13 @@ from planner.trainers.exporting import Nearest, collapse, header
 from planner.trainers.torchtitan.keys import (
     TORCHTITAN,
     TORCHTITAN_CP_ROTATE,
+    TORCHTITAN_FLAVORS,
     TORCHTITAN_FLOAT8,
     TORCHTITAN_FQN,
     TORCHTITAN_RESHARD,
     TORCHTITAN_SCHEDULES,
 )
+from planner.trainers.torchtitan.read import SHAPE
 from vocab.strategy import Strategy
 
 SUFFIX = ".toml"
@@ -99,7 +101,31 @@ def render(n: Nearest, s: Strategy, cost: str) -> str:
         (K["local_batch"], s.micro_batch * (n_mb if m.pp > 1 else 1)), (K["global_batch"], w.global_batch),
         (K["seq_len"], w.seq_len), (K["mp_param"], "bfloat16"), (K["cpu_offload"], offload),
     ]
-    doc = {str(K["parallelism"]): _table(par), str(K["ac"]): _table(ac), str(K["training"]): _table(train)}
+    model = model_keys(n)
     if w.precision == "fp8":
-        doc[str(K["model"])] = _table([(K["converters"], [TORCHTITAN_FLOAT8])])
+        model.append((K["converters"], [TORCHTITAN_FLOAT8]))
+    doc = {str(K["parallelism"]): _table(par), str(K["ac"]): _table(ac), str(K["training"]): _table(train)}
+    if model:
+        doc[str(K["model"])] = _table(model)
     return header(n.plan, n.label, n.losses, cost) + "\n" + tomli_w.dumps(doc)
+
+
+def model_keys(n: Nearest) -> list[tuple[str | None, Any]]:
+    """``[model]`` ``name`` and ``flavor`` of torchtitan's model of the plan's layer shape
+    (:data:`TORCHTITAN_FLAVORS`, the same shape the import checks); none, with a note, where the plan's
+    model is no preset or torchtitan has no flavor of its shape (torchtitan would train its default
+    ``debugmodel``)."""
+    from profiler.models import preset
+    from vocab.errors import ShardplanError
+
+    name = n.plan.inputs.model
+    try:
+        mine = preset(name).to_dict()
+    except ShardplanError:
+        mine = None
+    for (family, flavor), known in TORCHTITAN_FLAVORS.items():
+        if mine is not None and all(preset(known).to_dict().get(k) == mine.get(k) for k in SHAPE):
+            return [(TORCHTITAN["model_name"], family), (TORCHTITAN["flavor"], flavor)]
+    n.notes.append(f"[model] names no flavor: {n.label} has none of {name}'s shape; set "
+                   "[model] name and flavor (and hf_assets_path) to your model before training")
+    return []

@@ -1,0 +1,29 @@
+"""A torchtitan export names the model it trains ([model] name and flavor) where torchtitan has a
+flavor of the plan's layer shape, and says so where it has none (torchtitan would train its
+``debugmodel``); torchtitan's own ConfigManager reads the section and the import reads it back."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from planner.trainers import export
+from tests.test_explain import make_plan
+from tests.trainer_loaders import trainer_loader
+
+FSDP = {"mesh": {"dp_shard": 16}, "default": {"sharding": "zero3"}}
+
+
+def test_a_preset_with_a_flavor_names_it(tmp_path: Path) -> None:
+    e = export(make_plan(FSDP, model="llama3-8b", zero3_master="parameter"), "torchtitan")
+    assert tomllib.loads(e.text)["model"] == {"name": "llama3", "flavor": "8B"}
+    assert not any("[model] names no flavor" in x for x in e.notes)
+    load = trainer_loader("torchtitan")
+    assert load is not None
+    load(e, tmp_path)
+
+
+def test_a_model_without_a_flavor_gets_a_note() -> None:
+    e = export(make_plan(FSDP, model="gpt2", zero3_master="parameter"), "torchtitan")
+    assert "model" not in tomllib.loads(e.text)
+    assert any(x.startswith("[model] names no flavor: torchtitan 0.2.2 has none of gpt2's shape") for x in e.notes)
