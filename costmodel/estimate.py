@@ -38,7 +38,7 @@ def check(graph: LayerGraph, cluster: Cluster, s: Strategy, w: Workload) -> int:
     if graph.seq_len != w.seq_len:
         raise ShardplanError(f"the layer graph of {graph.model_id} is built for seq_len {graph.seq_len}, the workload "
                              f"trains seq_len {w.seq_len}: build the graph at the workload's sequence length")
-    require(Subject(s, model_shape(graph), w.seq_len, w.global_batch, cluster.world_size))
+    require(Subject(s, model_shape(graph), w.seq_len, w.global_batch, cluster.world_size, bare_end_stages=True))
     return s.num_microbatches(w.global_batch)
 
 

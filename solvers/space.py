@@ -8,7 +8,9 @@ heads divide it) and stays inside one node; expert parallelism divides the exper
 divisible by ``2·cp`` (``2·cp·tp`` under TSP); micro-batch sizes divide the per-replica batch; a pipeline gets at least
 ``pp`` micro-batches (``torch.distributed.pipelining`` refuses fewer), interleaved schedules a
 multiple of ``pp`` and as many virtual stages as divide the layers evenly (or two,
-split as evenly as possible, as Llama 3 405B and Megatron's weak-scaling runs do).
+split as evenly as possible, as Llama 3 405B and Megatron's weak-scaling runs do; where the target's
+layer split lets the first and last stage hold the embedding or the loss alone, as Megatron's does,
+the layers with those two counted as layers, as NVIDIA's recipes split Llama-3.1 405B's 126).
 
 Named spaces (:data:`SPACES`):
 
@@ -73,7 +75,7 @@ from vocab.strategy import (
     parallel_axes,
     sequence_chunks,
 )
-from vocab.targets import ANY_SHARDING, ShardingCaps, Target
+from vocab.targets import ANY_SHARDING, BARE_END_STAGES, ShardingCaps, Target, split_problem
 
 #: offload modes and the shardings they need: parameters are offloaded only where ZeRO-3 shards
 #: them (DeepSpeed's ``offload_param`` and FSDP2's CPU offload alike); optimizer offload goes with
@@ -109,7 +111,7 @@ class SpaceOptions:
     sharding_rules: ShardingCaps = ANY_SHARDING  # the target's: shardings with pp, HSDP, beside model parallelism
     offload_needs: tuple[tuple[str, tuple[str, ...]], ...] = OFFLOAD_NEEDS
     stage_rules: tuple[tuple[str, int, int | None], ...] = ()  # (schedule, min, max) stages per rank
-    stage_split: str = "any"  # any | first_last | even (:func:`split_allowed`)
+    stage_split: str = "any"  # any | first_last | even | layout (:func:`split_allowed`)
     recompute_blocks_only: bool = False  # the embedding and the head never recompute
     strict_tp: bool = False  # tp divides the KV heads and the FFN width (no KV-head replication)
     tp_experts: bool = True  # tp > 1 for mixture-of-experts models
@@ -215,39 +217,44 @@ def micro_batches(global_batch: int, dp: int, opts: SpaceOptions) -> Iterator[in
     yield from sizes[: opts.max_micro_batch_sizes]
 
 
-def schedules(pp: int, n_mb: int, blocks: int, opts: SpaceOptions) -> Iterator[tuple[str, int]]:
-    """(schedule, vpp); one entry when there is no pipeline."""
+def schedules(pp: int, n_mb: int, blocks: int, opts: SpaceOptions, tail: int = 0) -> Iterator[tuple[str, int]]:
+    """(schedule, vpp); one entry when there is no pipeline. Interleaved: the virtual stages per rank
+    over which the layers split evenly, counting the embedding and the loss as layers where the target's
+    split lets a stage hold them alone (Megatron's ``account_for_*_in_pipeline_split``), and always 2;
+    ``tail``: the model's last blocks that are MTP layers (:func:`vocab.targets.split_problem`)."""
     if pp == 1:
         yield "1f1b", 1
         return
     if not pipeline_fed(pp, n_mb):
         return
+    bare = BARE_END_STAGES.get(opts.stage_split, 0)
     for s in opts.schedules:
         if s == "interleaved":
             if not divides(pp, n_mb):
                 continue
-            for v in range(2, opts.max_vpp + 1):  # Megatron's rule (layers divide evenly), and always 2
-                if stages_fit(pp * v, blocks) and (blocks % (pp * v) == 0 or v == 2) and stages_allowed(s, pp, v, blocks, opts):
+            for v in range(2, opts.max_vpp + 1):
+                even = any((blocks + a) % (pp * v) == 0 for a in range(bare + 1))
+                if (stages_fit(pp * v, blocks, bare) and (even or v == 2)
+                        and stages_allowed(s, pp, v, blocks, opts, tail)):
                     yield s, v
-        elif s != "gpipe" and stages_allowed(s, pp, 1, blocks, opts):
+        elif s != "gpipe" and stages_allowed(s, pp, 1, blocks, opts, tail):
             yield s, 1
 
 
-def stages_allowed(schedule: str, pp: int, vpp: int, blocks: int, opts: SpaceOptions) -> bool:
+def stages_allowed(schedule: str, pp: int, vpp: int, blocks: int, opts: SpaceOptions, tail: int = 0) -> bool:
     """Whether a target runs ``schedule`` with ``vpp`` stages per rank and the even split of
-    ``blocks`` layers (:meth:`Strategy.stage_layout` without ``stage_layers``)."""
+    ``blocks`` layers (:meth:`Strategy.stage_layout` without ``stage_layers``), by its layer-split rule
+    (:func:`vocab.targets.split_problem`)."""
     for name, lo, hi in opts.stage_rules:
         if name == schedule and (vpp < lo or (hi is not None and vpp > hi)):
             return False
-    return opts.stage_split != "first_last" or split_allowed(even_split(blocks, pp * vpp), pp, opts.stage_split)
+    return split_allowed(even_split(blocks, pp * vpp), pp, opts.stage_split, tail)
 
 
-def split_allowed(sizes: list[int], pp: int, rule: str) -> bool:
-    """``first_last``: with one stage per rank the middle stages are equal (the first and last may
-    differ), with more every virtual stage is; ``even`` and ``any`` take the even split."""
-    if rule != "first_last" or len(set(sizes)) <= 1:
-        return True
-    return len(sizes) == pp and len(set(sizes[1:-1])) <= 1
+def split_allowed(sizes: list[int], pp: int, rule: str, tail: int = 0) -> bool:
+    """Whether a target with layer-split ``rule`` runs ``sizes`` (:func:`vocab.targets.split_problem`:
+    the one rule the export's nearest-plan check asks too)."""
+    return split_problem(rule, sizes, pp, tail) is None
 
 
 def mesh_configs(
@@ -259,6 +266,7 @@ def mesh_configs(
     heads = int(graph.config.get("heads", 0) or 0)
     kv_heads = int(graph.config.get("kv_heads", 0) or 0)
     moe = bool(graph.config.get("experts", 0))
+    tail = int(graph.config.get("mtp_layers", 0) or 0)
     for tp in tp_degrees(graph, cluster, world, opts.strict_tp) if opts.tp and (opts.tp_experts or not moe) else [1]:
         for pp in pp_degrees(graph, world // tp) if opts.pp else [1]:
             for cp in cp_degrees(w.seq_len, world // (tp * pp)) if opts.cp else [1]:
@@ -272,7 +280,7 @@ def mesh_configs(
                             continue
                         for b in micro_batches(w.global_batch, dp, opts):
                             n_mb = num_microbatches(w.global_batch, dp, b)
-                            for sched, vpp in schedules(pp, n_mb, blocks, opts):
+                            for sched, vpp in schedules(pp, n_mb, blocks, opts, tail):
                                 for tpm in opts.tp_modes if tp > 1 else ("megatron",):
                                     if tpm == "tsp" and not divides(sequence_chunks(cp, tp, True), w.seq_len):
                                         continue
@@ -296,7 +304,7 @@ def mesh_list(graph: LayerGraph, cluster: Cluster, w: Workload, opts: SpaceOptio
     global batch and space (a sweep's points and the tie-break's searches share it); a space
     narrowed by ``max_axes`` filters the whole list, in its order."""
     c = graph.config
-    shape = tuple(int(c.get(k, 0) or 0) for k in ("heads", "kv_heads", "ffn_hidden", "experts"))
+    shape = tuple(int(c.get(k, 0) or 0) for k in ("heads", "kv_heads", "ffn_hidden", "experts", "mtp_layers"))
     key = (shape, graph.num_blocks, cluster.gpus_per_node, cluster.world_size, w.seq_len, w.global_batch,
            opts.with_(max_axes=None))
     if key not in _MESHES:

@@ -94,7 +94,9 @@ def _megatron(e: Exported, where: Path) -> None:
         tc["add_bias_linear"] = False
     pp = tc.get("pipeline_model_parallel_size", 1)
     if "--num-layers-per-virtual-pipeline-stage" in f:
-        tc["virtual_pipeline_model_parallel_size"] = tc["num_layers"] // pp // int(
+        counted = tc["num_layers"] + sum(1 for k in ("--account-for-embedding-in-pipeline-split",
+                                                   "--account-for-loss-in-pipeline-split") if k in f)
+        tc["virtual_pipeline_model_parallel_size"] = counted // pp // int(  # Megatron-LM arguments.py:924-941
             f["--num-layers-per-virtual-pipeline-stage"])  # type: ignore[arg-type]
     if "--decoder-first-pipeline-num-layers" in f:
         tc["num_layers_in_first_pipeline_stage"] = int(f["--decoder-first-pipeline-num-layers"])  # type: ignore[arg-type]

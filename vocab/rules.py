@@ -9,7 +9,9 @@ tensor parallelism divides the KV heads and the FFN width: no KV-head replicatio
 (tensor parallelism beside mixture-of-experts blocks), ``pipelining`` (at least ``pp``
 micro-batches, which ``torch.distributed.pipelining`` needs) and ``sp_tokens`` (sequence
 parallelism splits each context-parallel rank's tokens evenly over ``tp``, as the runtime cuts them;
-the cost model prices fractions of tokens, and the search spaces offer them). A fact it does not know (a size of
+the cost model prices fractions of tokens, and the search spaces offer them) and ``bare_end_stages``
+(the first and last virtual stage may hold only the embedding or the loss, as Megatron's pipeline
+layout lets them: the cost model prices such stages; the runtime builds none). A fact it does not know (a size of
 0, blocks, a workload or ranks of None) breaks no rule.
 """
 
@@ -52,6 +54,7 @@ class Subject:
     tp_experts: bool = True
     pipelining: bool = False
     sp_tokens: bool = False
+    bare_end_stages: bool = False  # the first and last virtual stage may hold the embedding or the loss alone
 
 
 # ---- predicates: what the rules and the search spaces' generators test ---------------------------
@@ -79,9 +82,10 @@ def ulysses_fits(tp: int, cp: int, heads: int, kv_heads: int = 0) -> bool:
     return divides(cp, heads // tp) and (kv_rank == 0 or divides(cp, kv_rank))
 
 
-def stages_fit(stages: int, blocks: int) -> bool:
-    """Whether a model of ``blocks`` transformer blocks has a block for each of ``stages`` virtual stages."""
-    return stages <= max(blocks, 1)
+def stages_fit(stages: int, blocks: int, bare_ends: int = 0) -> bool:
+    """Whether a model of ``blocks`` transformer blocks has a block for each of ``stages`` virtual stages,
+    but ``bare_ends`` (0 to 2) end stages that may hold only the embedding or the loss."""
+    return stages <= max(blocks, 1) + bare_ends
 
 
 def pipeline_fed(pp: int, n_mb: int) -> bool:
@@ -149,7 +153,7 @@ def _ep_ranks(x: Subject) -> str | None:
 
 def _stages(x: Subject) -> str | None:
     s, blocks = x.strategy, x.model.blocks
-    if blocks is None or stages_fit(s.num_stages, blocks):
+    if blocks is None or stages_fit(s.num_stages, blocks, 2 if x.bare_end_stages else 0):
         return None
     return f"pp*vpp = {s.mesh.pp}*{s.vpp} = {s.num_stages} stages for only {blocks} layers"
 

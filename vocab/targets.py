@@ -44,6 +44,7 @@ from vocab.strategy import (
     Recompute,
     Schedule,
     Sharding,
+    even_split,
 )
 
 TARGETS_DIR = Path(__file__).parent / "targets"
@@ -135,11 +136,65 @@ class StageRule(_Strict):
     max: int | None = Field(None, ge=1)
 
 
+StageSplit = Literal["any", "first_last", "even", "layout"]
+#: virtual stages a layer split may have beyond the blocks: ``layout`` lets the first and the last hold
+#: the embedding or the loss alone (no transformer block)
+BARE_END_STAGES: dict[str, int] = {"layout": 2}
+
+
+def split_problem(rule: str, sizes: Sequence[int], pp: int, tail: int = 0) -> str | None:
+    """Why a trainer whose layer split is ``rule`` cannot run ``sizes`` (blocks per virtual stage, in
+    order, over ``pp`` ranks: virtual stage ``k`` on rank ``k mod pp``), or None where it can. The
+    embedding is on the first virtual stage and the loss on the last; ``tail``: the model's last blocks
+    that are multi-token-prediction layers (they must sit in one virtual stage).
+
+    - ``even``: the trainer's even split only (:func:`vocab.strategy.even_split`);
+    - ``any``: every stage its own count, at least one block each;
+    - ``first_last``: with one stage per rank the middle stages are equal (the first and last may
+      differ), with more every virtual stage is;
+    - ``layout``: any count per virtual stage, 0 included (a stage may hold only the embedding or the
+      loss, or nothing), as Megatron's ``pipeline_model_parallel_layout`` places layers; the MTP
+      layers together in the last virtual stage of a rank (megatron-core 0.16.1
+      ``transformer/pipeline_parallel_layer_layout.py:85-150``). Its counting flags give subsets:
+      ``account_for_embedding/loss_in_pipeline_split`` (the embedding and the loss count as layers, all
+      virtual stages then equal: ``transformer/transformer_block.py:146-200``) and
+      ``num_layers_in_first/last_pipeline_stage`` (``transformer_block.py:102-145``).
+    """
+    sizes, n = list(sizes), len(sizes)
+    blocks = sum(sizes)
+    if n <= 1 or rule == "layout" and not tail:
+        return None
+    if rule == "layout":
+        starts = [sum(sizes[:k]) for k in range(n)]
+        held = {k for k in range(n) for b in range(blocks - tail, blocks) if starts[k] <= b < starts[k] + sizes[k]}
+        if len(held) > 1 or min(held) < n - pp:
+            return (f"the {tail} MTP layer(s) not together in the last virtual stage of a pipeline rank "
+                    f"({sizes})")
+        return None
+    if min(sizes) < 1:
+        return f"a pipeline stage with no transformer layer ({sizes})"
+    if rule == "even":
+        return None if sizes == even_split(blocks, n) else f"uneven pipeline stages ({sizes})"
+    if rule == "any" or len(set(sizes)) == 1:
+        return None
+    if rule == "first_last" and n > pp:
+        return f"interleaved virtual stages of unequal layer counts ({blocks} layers over {n})"
+    if rule == "first_last" and len(set(sizes[1:-1])) > 1:
+        return "uneven middle pipeline stages"
+    return None
+
+
 class PipelineCaps(_Strict):
     schedules: dict[Schedule, StageRule] = Field(default_factory=dict, description="empty: no pipeline")
-    stage_split: Literal["any", "first_last", "even"] = Field(
+    stage_split: StageSplit = Field(
         "even", description="any: every stage its own layer count; first_last: the middle stages equal, "
-        "virtual stages all equal; even: the trainer's even split only")
+        "virtual stages all equal; even: the trainer's even split only; layout: any count per virtual "
+        "stage, 0 included (the first and last may hold only the embedding or the loss: "
+        ":func:`split_problem`)")
+
+    def split_problem(self, sizes: Sequence[int], pp: int, tail: int = 0) -> str | None:
+        """:func:`split_problem` under this trainer's rule."""
+        return split_problem(self.stage_split, sizes, pp, tail)
 
 
 class RecomputeCaps(_Strict):

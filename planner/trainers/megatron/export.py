@@ -36,6 +36,7 @@ from planner.trainers.megatron.keys import (
 )
 from vocab.errors import ShardplanError
 from vocab.strategy import Strategy, Workload
+from vocab.targets import load_target
 
 SUFFIX = ".args"
 
@@ -131,37 +132,79 @@ def _overlap(n: Nearest) -> None:
         n.workload["moe_overlap"] = "none"
 
 
+def _mtp(n: Nearest) -> int:
+    """The plan's model's multi-token-prediction layers (its last blocks; 0 where its config is not loadable)."""
+    try:
+        return int(plan_graph(n.plan).config.get("mtp_layers", 0) or 0)
+    except (ShardplanError, ImportError, OSError):
+        return 0
+
+
 def _stages(n: Nearest) -> None:
-    """Megatron splits layers evenly, or with a different first and last stage (pp > 1, vpp 1)."""
-    p, blocks = n.mesh["pp"], len(n.blocks)
+    """Megatron places any number of layers on each virtual stage (the target's layer-split rule,
+    :func:`vocab.targets.split_problem`, which the search asks too); the MTP layers it refuses elsewhere
+    than together in the last virtual stage of a rank are moved into the last virtual stage."""
+    p = n.mesh["pp"]
     if p == 1:
         return
-    v = n.fields["vpp"]
-    sizes = n.stage_sizes()
-    if v > 1:
-        if len(set(sizes)) == 1:
-            return
-        if blocks % (p * v) == 0:
-            n.lose("uneven virtual stages", f"{sizes} → {blocks // (p * v)} layers each (Megatron's "
-                                            "interleaving needs equal virtual stages)")
-            n.fields["stage_layers"] = None
-            return
-        n.lose("schedule", f"interleaved → 1f1b ({blocks} layers do not split evenly over pp*vpp = {p * v})",
-               f"interleaved virtual stages of unequal layer counts ({blocks} layers over {p * v})")
-        n.fields.update(schedule="1f1b", vpp=1, stage_layers=None)
-        sizes = n.stage_sizes()
-    if len(set(sizes)) == 1:
+    rule, tail, sizes = load_target("megatron").pipeline, _mtp(n), n.stage_sizes()
+    problem = rule.split_problem(sizes, p, tail)
+    if problem is None:
         return
-    if p == 2 or len(set(sizes[1:-1])) == 1:
-        n.extra["first_last"] = (sizes[0], sizes[-1])
-        n.fields["stage_layers"] = sizes
-        return
-    mid = blocks // p
-    new = [blocks - mid * (p - 1)] + [mid] * (p - 1)
-    n.lose("uneven pipeline stages", f"{sizes} → {new} (Megatron varies only the first and last stage)",
-           "uneven middle pipeline stages")
+    new, short = list(sizes), tail - sizes[-1]
+    new[-1] = max(tail, sizes[-1])
+    for k in range(len(new) - 2, -1, -1):  # the blocks the last stage takes, from the stages before it
+        take = min(short, new[k]) if short > 0 else 0
+        new[k], short = new[k] - take, short - take
+    n.lose("pipeline stages", f"{sizes} → {new} (Megatron's pipeline layout keeps the MTP layers together in "
+                              "the last virtual stage of a rank)", problem)
     n.fields["stage_layers"] = new
-    n.extra["first_last"] = (new[0], new[-1])
+
+
+#: the counting flags' forms: (embedding counted, loss counted)
+_ACCOUNTED = ((1, 1), (1, 0), (0, 1))
+
+
+def split_flags(sizes: list[int], pp: int, vpp: int, mtp: int = 0) -> list[tuple[str | None, object]]:
+    """Megatron-LM's flags for ``sizes`` transformer blocks per virtual stage (the last ``mtp`` of them MTP
+    layers), the narrowest that place them: none (an even split), ``--num-layers-per-virtual-pipeline-stage``
+    (equal virtual stages), ``--decoder-first/last-pipeline-num-layers`` (one stage per rank, the middle
+    ones equal), ``--account-for-embedding/loss-in-pipeline-split`` (the embedding and the loss counted as
+    layers, with ``--num-layers-per-virtual-pipeline-stage`` counting them too: Megatron-LM
+    arguments.py:921-941), else ``--pipeline-model-parallel-layout`` (any split)."""
+    K, n = MEGATRON, len(sizes)
+    dec = [*sizes[:-1], sizes[-1] - mtp] if sizes[-1] >= mtp else None  # the decoder's layers (MTP on the last)
+    if dec is not None and len(set(dec)) == 1:
+        return [(K["vpp_layers"], dec[0])] if vpp > 1 else []
+    if dec is not None and vpp == 1 and min(dec[0], dec[-1]) > 0 and len(set(dec[1:-1])) <= 1:
+        return [(K["first_stage_layers"], dec[0])] + ([(K["last_stage_layers"], dec[-1])] if pp > 2 else [])
+    for e, loss in _ACCOUNTED if dec is not None else ():
+        k, rest = divmod(sum(dec) + e + loss, n)
+        if not rest and dec == [k - e] + [k] * (n - 2) + [k - loss]:
+            return [(K["account_embedding"], True if e else None), (K["account_loss"], True if loss else None),
+                    (K["vpp_layers"], k if vpp > 1 else None)]
+    return [(K["layout"], layout_text(sizes, mtp))]
+
+
+def layout_text(sizes: list[int], mtp: int = 0) -> str:
+    """``--pipeline-model-parallel-layout``: ``E`` the embedding, ``t`` a transformer layer, ``m`` an MTP
+    layer, ``L`` the loss, ``|`` between virtual stages (in order: rank 0's first, rank 1's first, ...),
+    ``(s|)*n`` a stage repeated, ``t*n`` a layer repeated (megatron-core 0.16.1
+    transformer/pipeline_parallel_layer_layout.py:283-320)."""
+    blocks, start, stages = sum(sizes), 0, []
+    for i, size in enumerate(sizes):
+        dec = max(0, min(start + size, blocks - mtp) - start)
+        text = "".join(c if k == 1 else f"{c}*{k}" for c, k in (("t", dec), ("m", size - dec)) if k)
+        stages.append(("E" if i == 0 else "") + text + ("L" if i == len(sizes) - 1 else ""))
+        start += size
+    out, i = "", 0
+    while i < len(stages) - 1:
+        j = i
+        while j + 1 < len(stages) - 1 and stages[j + 1] == stages[i]:
+            j += 1
+        out += f"({stages[i]}|)*{j - i + 1}" if j > i else f"{stages[i]}|"
+        i = j + 1
+    return out + stages[-1]
 
 
 def _recompute(n: Nearest) -> None:
@@ -197,13 +240,8 @@ def render(n: Nearest, s: Strategy, cost: str) -> str:
     mtp = n.extra.get("mtp_layers", 0)
     flags: list[tuple[str | None, object]] = [(K["num_layers"], len(n.blocks) - mtp or None),
                                              *n.extra.get("shape", []), (K["tp"], m.tp), (K["pp"], m.pp)]
-    sizes = s.stage_layout(len(n.blocks))
-    if s.vpp > 1:
-        flags.append((K["vpp_layers"], sizes[0]))
-    elif "first_last" in n.extra and len(set(sizes)) > 1:
-        flags.append((K["first_stage_layers"], n.extra["first_last"][0]))
-        if m.pp > 2:
-            flags.append((K["last_stage_layers"], n.extra["first_last"][1] - mtp))
+    if m.pp > 1:
+        flags += split_flags(s.stage_layout(len(n.blocks)), m.pp, s.vpp, mtp)
     flags += [(K["cp"], m.cp)]
     if m.cp > 1:
         flags.append((K["cp_comm"], MEGATRON_CP_COMM[(s.cp_mode, s.cp_rotate if s.cp_mode == "ring" else "allgather")]))

@@ -18,6 +18,9 @@ MEGATRON: Final[dict[str, str | None]] = {
     "vpp_layers": "--num-layers-per-virtual-pipeline-stage",
     "first_stage_layers": "--decoder-first-pipeline-num-layers",
     "last_stage_layers": "--decoder-last-pipeline-num-layers",
+    "account_embedding": "--account-for-embedding-in-pipeline-split",  # TransformerConfig fields as flags
+    "account_loss": "--account-for-loss-in-pipeline-split",
+    "layout": "--pipeline-model-parallel-layout",
     "cp": "--context-parallel-size",
     "cp_comm": "--cp-comm-type",
     "ep": "--expert-model-parallel-size",

@@ -10,7 +10,9 @@ data-parallel ranks ``world / (tp*pp*cp)`` all sharded, or ``--num-distributed-o
 replicas of ``dp / N``. ``--sequence-parallel`` (off when tp = 1); ``--cp-comm-type`` p2p (ring, K/V passed round
 it: ``cp_rotate`` alltoall), all_gather (ring, K/V all-gathered) or a2a (Ulysses). Interleaved 1F1B with ``--num-layers-per-virtual-pipeline-stage L``: ``vpp = layers / (pp*L)``;
 else 1F1B, with ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers`` (the
-other stages share the rest evenly). ZeRO-1 with ``--use-distributed-optimizer``, DDP otherwise;
+other stages share the rest evenly); ``--account-for-embedding-in-pipeline-split`` /
+``--account-for-loss-in-pipeline-split`` count the embedding and the loss as layers (the first and last
+virtual stage one fewer); ``--pipeline-model-parallel-layout`` gives each virtual stage's layers. ZeRO-1 with ``--use-distributed-optimizer``, DDP otherwise;
 ``--optimizer-cpu-offload`` (fraction 1.0) offloads the optimizer. Blocks only recompute:
 ``--recompute-granularity selective`` (all), ``full`` with ``--recompute-method uniform`` (all) or
 ``block`` with ``--recompute-num-layers k`` (the first k of every virtual stage). With expert
@@ -21,6 +23,7 @@ be the model's block count; other shape and overlap flags are accepted and not r
 
 from __future__ import annotations
 
+import re
 import shlex
 from typing import Any
 
@@ -36,9 +39,7 @@ FP8_FORMATS = ("e4m3", "hybrid")
 RECOMPUTE_METHODS = ("uniform", "block")
 FP16 = "--fp16"  # not in keys.MEGATRON: the exporter never writes it
 #: flags the pinned release knows whose plans are not priced here
-UNPRICED = ("--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
-            "--pipeline-model-parallel-layout", "--use-megatron-fsdp", "--use-custom-fsdp",
-            "--virtual-pipeline-model-parallel-size")
+UNPRICED = ("--use-megatron-fsdp", "--use-custom-fsdp", "--virtual-pipeline-model-parallel-size")
 
 Doc = dict[str, list[str]]  # flag -> the values after it ([] for a bare flag)
 
@@ -199,34 +200,100 @@ def _pipeline(doc: Doc, fields: dict[str, Any], ctx: Context) -> None:
     o, pp, blocks = ctx.origin, fields["mesh"]["pp"], ctx.blocks
     per_virtual = _int(doc, "vpp_layers", o)
     first, last = _int(doc, "first_stage_layers", o, minimum=0), _int(doc, "last_stage_layers", o, minimum=0)
+    ends = (int(_on(doc, "account_embedding", o)), int(_on(doc, "account_loss", o)))
+    layout = _str(doc, "layout", o)
     if pp == 1:
         given = [_key(k) for k, v in (("vpp_layers", per_virtual), ("first_stage_layers", first),
-                                      ("last_stage_layers", last)) if v is not None]
+                                      ("last_stage_layers", last), ("layout", layout)) if v is not None]
         if given:
             raise ConfigError(f"{o}: {', '.join(given)} needs {_key('pp')} > 1")
         return
+    if layout is not None:  # every other split flag is refused beside it (transformer_config.py:1307-1324)
+        given = [_key(k) for k, v in (("vpp_layers", per_virtual), ("first_stage_layers", first),
+                                      ("last_stage_layers", last), ("account_embedding", ends[0] or None),
+                                      ("account_loss", ends[1] or None)) if v is not None]
+        if given:
+            raise ConfigError(f"{o}: {_key('layout')} cannot be combined with {', '.join(given)}")
+        sizes = layout_sizes(layout, pp, blocks, o)
+        vpp = len(sizes) // pp
+        fields.update(schedule="interleaved" if vpp > 1 else "1f1b", vpp=vpp, stage_layers=sizes)
+        return
+    if any(ends) and (first is not None or last is not None):  # transformer_config.py:1294-1304
+        raise ConfigError(f"{o}: {_key('account_embedding')} / {_key('account_loss')} cannot be combined with "
+                          "uneven first/last stages")
+    counted = blocks + sum(ends)  # the embedding and the loss counted as layers (arguments.py:928-933)
     if per_virtual is not None:
         if first is not None or last is not None:
             raise ConfigError(f"{o}: {_key('vpp_layers')} cannot be combined with uneven first/last stages")
-        if blocks % (pp * per_virtual):
-            raise ConfigError(f"{o}: {blocks} layers do not split into {_key('vpp_layers')} {per_virtual} "
+        if counted % (pp * per_virtual):
+            raise ConfigError(f"{o}: {counted} layers do not split into {_key('vpp_layers')} {per_virtual} "
                               f"over {pp} pipeline ranks")
-        vpp = blocks // (pp * per_virtual)
+        vpp = counted // (pp * per_virtual)
         fields.update(schedule="interleaved" if vpp > 1 else "1f1b", vpp=vpp)
+        _accounted(fields, ends, per_virtual, pp * vpp, o)
         return
     if first is None and last is None:
-        if blocks % pp:
-            raise ConfigError(f"{o}: {blocks} layers do not split evenly over {_key('pp')} {pp} (give "
+        if counted % pp:
+            raise ConfigError(f"{o}: {counted} layers do not split evenly over {_key('pp')} {pp} (give "
                               f"{_key('first_stage_layers')} or {_key('last_stage_layers')})")
+        _accounted(fields, ends, counted // pp, pp, o)
         return
-    ends = [n for n in (first, last) if n is not None]
-    others, rest = pp - len(ends), blocks - sum(ends)
+    ends_given = [n for n in (first, last) if n is not None]
+    others, rest = pp - len(ends_given), blocks - sum(ends_given)
     if rest < 0 or (others == 0 and rest) or (others and rest % others):
         raise ConfigError(f"{o}: {blocks} layers do not split over {pp} stages with {'-' if first is None else first} on "
                           f"the first and {'-' if last is None else last} on the last, the others equal")
     mid = rest // others if others else 0
     fields["stage_layers"] = [first if first is not None else mid, *[mid] * (pp - 2),
                               last if last is not None else mid]
+
+
+def _accounted(fields: dict[str, Any], ends: tuple[int, int], k: int, n: int, origin: str) -> None:
+    """``k`` layers on each of ``n`` virtual stages, the embedding and the loss among them where
+    counted: the first and last stage that many blocks fewer (transformer_block.py:187-200)."""
+    if not any(ends):
+        return
+    if k - max(ends) < 0 or n == 1 and k < sum(ends):
+        raise ConfigError(f"{origin}: not enough layers in the first or last virtual pipeline stage")
+    sizes = [k] * n
+    sizes[0] -= ends[0]
+    sizes[-1] -= ends[1]
+    fields["stage_layers"] = sizes
+
+
+#: Megatron's layout string: ``(s)*n`` and ``x*n`` unrolled, commas cosmetic
+#: (megatron-core 0.16.1 transformer/pipeline_parallel_layer_layout.py:283-320)
+_REPEATS = (re.compile(r"\(([^)]+)\)\*(\d+)"), re.compile(r"(.)\*(\d+)"))
+_LAYOUT_MAX = 1 << 16
+
+
+def layout_sizes(text: str, pp: int, blocks: int, origin: str) -> list[int]:
+    """Transformer blocks (decoder and MTP layers) per virtual stage of a ``--pipeline-model-parallel-layout``:
+    the embedding first in the first stage and the loss last in the last, as the cost model places them
+    (pipeline_parallel_layer_layout.py:85-150)."""
+    flag, s = _key("layout"), text.replace(",", "")
+    for pattern in _REPEATS:
+        for m in pattern.finditer(s):
+            if len(m.group(2)) > 6 or len(m.group(1)) * int(m.group(2)) > _LAYOUT_MAX:
+                raise ConfigError(f"{origin}: {flag} {text!r} unrolls to more than {_LAYOUT_MAX} layers")
+        s = pattern.sub(lambda m: m.group(1) * int(m.group(2)), s)
+        if len(s) > _LAYOUT_MAX:
+            raise ConfigError(f"{origin}: {flag} {text!r} unrolls to more than {_LAYOUT_MAX} layers")
+    stages = s.split("|")
+    bad = sorted(set(s) - set("ELtm|"))
+    if bad:
+        raise ConfigError(f"{origin}: {flag} {text!r} has {', '.join(map(repr, bad))}: E, L, t, m and | are known")
+    if len(stages) % pp:
+        raise ConfigError(f"{origin}: {flag} has {len(stages)} stages, not a multiple of {_key('pp')} {pp}")
+    if s.count("E") != 1 or not stages[0].startswith("E") or s.count("L") != 1 or not stages[-1].endswith("L"):
+        raise ConfigError(f"{origin}: {flag} {text!r}: the embedding (E) must open the first stage and the loss (L) "
+                          "close the last, once each, as shardplan prices them")
+    if "m" in s and "t" in s[s.index("m"):]:
+        raise ConfigError(f"{origin}: {flag} {text!r}: decoder layers must be placed before MTP layers")
+    sizes = [st.count("t") + st.count("m") for st in stages]
+    if sum(sizes) != blocks:
+        raise ConfigError(f"{origin}: {flag} places {sum(sizes)} layers, not the model's {blocks}")
+    return sizes
 
 
 def _recompute(doc: Doc, fields: dict[str, Any], ctx: Context) -> list[str]:
