@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from costmodel.constants import CostConstants  # noqa: E402
-from costmodel.published.fit import fit, fit_rows  # noqa: E402
+from costmodel.published.fit import fit_constants, fit_rows  # noqa: E402
 from costmodel.published.runs import default_csv_path, load_published  # noqa: E402
 from costmodel.published.validate import MIN_ROWS, Summary, source_label, summarize, validate  # noqa: E402
 
@@ -63,7 +63,7 @@ def main() -> int:
     out: dict = {}
     spec = validate(rows, skipped, lambda acc: CostConstants())
     t0 = time.time()
-    result = fit(rows)
+    result = fit_constants(rows)  # the constants `shardplan fit` writes (its bands: table 3's refits)
     fitted = validate(rows, skipped, result.constants())
     out["spec_defaults"] = spec.to_dict()
     out["in_sample"] = fitted.to_dict()
@@ -77,7 +77,7 @@ def main() -> int:
         for src in [s.source for s in fitted.sources if s.rows >= MIN_ROWS]:
             others = [r for r in rows if r.source != src]
             mine = [r for r in rows if r.source == src]
-            rep = validate(mine, [], fit(others).constants())
+            rep = validate(mine, [], fit_constants(others).constants())
             held += rep.sources
             preds += rep.predictions
         loso_all = summarize("overall (held-out predictions pooled)", preds)

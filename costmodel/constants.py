@@ -20,6 +20,11 @@ from vocab.errors import ShardplanError
 CONSTANTS_PATH = Path(__file__).parent / "data" / "constants.yaml"
 
 
+def held_out_path(constants_path: Path) -> Path:
+    """Where ``shardplan fit`` writes the leave-one-source-out predictions beside a constants file."""
+    return constants_path.with_name(constants_path.stem + ".held_out.csv")
+
+
 @dataclass(frozen=True)
 class CostConstants:
     """Constants of the cost model.
@@ -157,15 +162,26 @@ def _overrides_file() -> dict[str, Any]:
         return yaml.safe_load(f) or {}
 
 
-def error_band(accelerator: str, precision: str) -> dict[str, float] | None:
-    """The error band of step-time predictions on ``accelerator`` at ``precision`` (``rows``, and
-    ``low`` and ``high``: the 10th and 90th percentiles of published over predicted step time,
-    less 1, on the published runs the constants were fitted on), from the narrowest slice of the
-    constants file that has one; None when the file has none."""
-    bands = _overrides_file().get("error_bands", {})
-    for key in (f"{accelerator}/{precision}", accelerator, "all"):
+def error_band(accelerator: str, precision: str) -> dict[str, Any] | None:
+    """The error band of step-time predictions on ``accelerator`` at ``precision`` from the narrowest
+    slice of the constants file that has one (``accelerator/precision``, ``accelerator``, ``all``):
+    ``slice``, ``rows``, ``sources``, ``low`` and ``high`` (the 10th and 90th percentiles of
+    published over predicted step time, less 1, on the published rows each predicted by constants
+    fitted without its source) and ``pair``; and, where the slice is wider than asked, ``asked``
+    (``accelerator/precision``) with ``asked_rows``: the held-out rows there (0: no run on the
+    accelerator at that precision was fitted; ``accelerator_rows`` 0: none on the accelerator at
+    all). None when the file has no bands."""
+    data = _overrides_file()
+    bands = data.get("error_bands", {})
+    asked = f"{accelerator}/{precision}"
+    for key in (asked, accelerator, "all"):
         if key in bands:
-            return {"slice": key, **bands[key]}
+            band = {"slice": key, **bands[key]}
+            if key != asked and "held_out_rows" in data:
+                seen = data["held_out_rows"]
+                band.update(asked=asked, asked_rows=int(seen.get(asked, 0)),
+                            accelerator_rows=sum(int(n) for k, n in seen.items() if k.split("/")[0] == accelerator))
+            return band
     return None
 
 

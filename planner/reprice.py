@@ -124,15 +124,28 @@ def _is_cpu(name: str, find: Any) -> bool:
 
 
 def band_text(band: dict[str, Any] | None) -> str:
-    """``likely 7.4-8.2 s (published runs on h100-sxm/bf16: 10th-90th percentile, 120 rows)``, or for a
-    calibrated plan ``likely 7.4-8.2 s (calibration cluster.yaml: its 5 runs, after the fit)``."""
+    """``likely 7.4-8.2 s (published runs on h100-sxm/bf16, each source held out of the fit:
+    10th-90th percentile, 120 rows)``, naming the slice the band is from and, where it is wider than
+    the plan's accelerator and precision, why (too few rows there, or no run there was fitted: the
+    band is then other accelerators', not widened); for a calibrated plan ``likely 7.4-8.2 s
+    (calibration cluster.yaml: its 5 runs, after the fit)``."""
     if band is None:
         return ""
     lo, hi = band["range_s"]
     if "calibration" in band:
         return f"likely {lo:.4g}-{hi:.4g} s (calibration {band['calibration']}: its {band['rows']} runs, after the fit)"
-    return (f"likely {lo:.4g}-{hi:.4g} s (published runs on {band['slice']}: 10th-90th percentile, "
-            f"{band['rows']} rows)")
+    where = "all accelerators" if band["slice"] == "all" else band["slice"]
+    why = ""
+    if "asked" in band:
+        acc = band["asked"].split("/")[0]
+        if not band.get("accelerator_rows"):
+            why = f"; no run on {acc} was fitted: other accelerators' band, not widened"
+        elif not band.get("asked_rows"):
+            why = f"; no run on {band['asked']} was fitted"
+        else:
+            why = f"; {band['asked_rows']} on {band['asked']}, too few for a band"
+    return (f"likely {lo:.4g}-{hi:.4g} s (published runs on {where}, each source held out of the fit: "
+            f"10th-90th percentile, {band['rows']} rows{why})")
 
 
 def plan_band(plan: Plan) -> dict[str, Any] | None:

@@ -221,8 +221,8 @@ def test_sweeps_bias_and_misfits(tmp_path: Path) -> None:
 
 def test_error_bands_per_slice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Bands are the 10th-90th percentiles of the signed step-time errors per slice (every row, the
-    accelerator, the accelerator at a precision), slices of under ten rows left to the wider one; a
-    prediction's band scales its step time, and a measured profile has none."""
+    accelerator, the accelerator at a precision), slices of under ten rows or one source left to the
+    wider one; a prediction's band scales its step time, and a measured profile has none."""
     import math
 
     import costmodel.constants as constants
@@ -230,12 +230,16 @@ def test_error_bands_per_slice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     from planner.reprice import band_text, step_band
 
     sweep = [{**MPT, "micro_batch": str(mb)} for mb in (1, 2, 4, 8, 16, 32)]
-    rows, _ = load_published(_csv(tmp_path / "r.csv", [*sweep[:5], *[{**s, "gpus": "16", "dp": "16"} for s in sweep]]))
+    other = {"source": MPT["source"] + " (a second source)", "gpus": "16", "dp": "16"}
+    rows, _ = load_published(_csv(tmp_path / "r.csv", [*sweep[:5], *[{**s, **other} for s in sweep]]))
     assert len({r.key for r in rows}) == 11
     preds = [_pred(r, 100.0 + i, 100.0) for i, r in enumerate(rows)]  # errors 0%, 1%, ..., 10%
     bands = error_bands(preds)
     assert set(bands) == {"all", "a100-80gb", "a100-80gb/bf16"}
-    assert bands["all"]["rows"] == 11 and bands["all"]["low"] == pytest.approx(0.01)
+    assert bands["all"]["rows"] == 11 and bands["all"]["sources"] == 2 and bands["all"]["low"] == pytest.approx(0.01)
+    one_source, _ = load_published(_csv(tmp_path / "one.csv", [*sweep[:5], *[{**s, "gpus": "16", "dp": "16"}
+                                                                            for s in sweep]]))
+    assert error_bands([_pred(r, 100.0 + i, 100.0) for i, r in enumerate(one_source)]) == {}
     assert bands["all"]["high"] == pytest.approx(0.09)
     # two sweeps (8 and 16 GPUs) of 5 and 6 runs: 10 + 15 pairs, each off by the log of its ratio
     pairs = sorted(abs(math.log((100 + i) / (100 + j))) for grp in (range(5), range(5, 11))
@@ -249,4 +253,50 @@ def test_error_bands_per_slice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert b is not None and b["slice"] == "h100-sxm" and b["range_s"] == pytest.approx([1.9, 2.1])
     assert step_band(2.0, "a100-80gb", "bf16")["slice"] == "all"
     assert step_band(2.0, "h100-sxm", "bf16", measured=True) is None
-    assert band_text(b) == "likely 1.9-2.1 s (published runs on h100-sxm: 10th-90th percentile, 50 rows)"
+    assert band_text(b) == ("likely 1.9-2.1 s (published runs on h100-sxm, each source held out of the fit: "
+                            "10th-90th percentile, 50 rows)")
+    monkeypatch.setattr(constants, "_overrides_file", lambda: {
+        "error_bands": {"all": {"rows": 300, "low": -0.1, "high": 0.2}, "h100-sxm": {"rows": 50, "low": -0.05, "high": 0.05}},
+        "held_out_rows": {"h100-sxm/bf16": 5, "h200/fp8": 2}})
+    assert band_text(step_band(2.0, "h100-sxm", "bf16")).endswith("50 rows; 5 on h100-sxm/bf16, too few for a band)")
+    assert band_text(step_band(2.0, "h200", "fp8")).endswith("300 rows; 2 on h200/fp8, too few for a band)")
+    assert band_text(step_band(2.0, "h100-sxm", "fp8")).endswith("50 rows; no run on h100-sxm/fp8 was fitted)")
+    assert band_text(step_band(2.0, "b200", "bf16")) == (
+        "likely 1.8-2.4 s (published runs on all accelerators, each source held out of the fit: 10th-90th "
+        "percentile, 300 rows; no run on b200 was fitted: other accelerators' band, not widened)")
+
+
+def test_stored_bands_cover_their_held_out_rows() -> None:
+    """The constants file's bands are the 10th-90th percentiles of the leave-one-source-out errors
+    that ``shardplan fit`` wrote beside it: each band holds 70-90% of its slice's held-out rows (the
+    exact counts, from the data), and a plan on an accelerator no published run was fitted on says so."""
+    import yaml
+
+    from costmodel.constants import CONSTANTS_PATH, held_out_path
+    from costmodel.published.fit import band_coverage, band_slices, error_bands, read_held_out
+    from planner.reprice import band_text, step_band
+
+    stored = yaml.safe_load(CONSTANTS_PATH.read_text())
+    held = read_held_out(held_out_path(CONSTANTS_PATH))
+    bands = stored["error_bands"]
+    coverage = {}
+    for key, band in bands.items():
+        mine = [h for h in held if key in band_slices(h)]
+        assert (band["rows"], band["sources"]) == (len(mine), len({h.source for h in mine})), key
+        inside, n = band_coverage(band, mine)
+        assert 0.70 * n <= inside <= 0.90 * n, (key, inside, n)
+        coverage[key] = (inside, n)
+    assert coverage == HELD_OUT_COVERAGE
+    again = error_bands(held)
+    assert set(again) == set(bands)
+    for key, band in again.items():
+        assert [round(band[f], 4) for f in ("low", "high", "pair")] == [bands[key][f] for f in ("low", "high", "pair")]
+    for acc in ("b200", "gb200"):
+        text = band_text(step_band(4.0, acc, "bf16"))
+        assert "published runs on all accelerators" in text and f"no run on {acc} was fitted" in text, text
+
+
+#: (rows inside the band, rows) per slice of the stored bands on their held-out rows
+HELD_OUT_COVERAGE: dict[str, tuple[int, int]] = {
+    "all": (266, 336), "a100-80gb": (117, 147), "a100-80gb/bf16": (117, 147), "h100-sxm": (149, 187),
+    "h100-sxm/bf16": (120, 150), "h100-sxm/fp8": (30, 37)}

@@ -12,7 +12,11 @@ is measured, not fitted (:class:`CostConstants`)."""
 
 from __future__ import annotations
 
+import csv
+import hashlib
+import io
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +27,7 @@ import yaml
 
 from costmodel.constants import CONSTANTS_PATH, CostConstants
 from costmodel.published.runs import TIME_METRICS, PublishedRow
-from costmodel.published.validate import ConstantsFor, predict, source_label, sweep_runs
+from costmodel.published.validate import ConstantsFor, predict, source_label
 from costmodel.report import GIB
 from vocab.errors import ShardplanError
 
@@ -45,7 +49,9 @@ TIME_BOUNDS: dict[str, tuple[float, float]] = {
 #: made held-out sources worse (leave-one-source-out), so they stay global.
 HARDWARE = ("gemm_scale",)
 MIN_RUNS, MIN_SOURCES = 10, 2
-BAND_MIN_ROWS = 10  # an error band rests on at least this many published rows
+#: an error band rests on at least this many held-out published rows, from at least this many
+#: sources; a slice with fewer is left to the wider one (accelerator and precision, accelerator, all)
+BAND_MIN_ROWS, BAND_MIN_SOURCES = 10, 2
 HUBER_DELTA = 0.10  # log-ratio scale beyond which a residual counts linearly, not quadratically
 
 
@@ -61,7 +67,8 @@ class FitResult:
     default: dict[str, float]
     accelerators: dict[str, dict[str, float]] = field(default_factory=dict)
     support: dict[str, dict[str, Any]] = field(default_factory=dict)  # section -> rows, runs, sources
-    bands: dict[str, dict[str, float]] = field(default_factory=dict)  # slice -> rows, low, high
+    bands: dict[str, dict[str, float]] = field(default_factory=dict)  # slice -> rows, sources, low, high, pair
+    held_out: list[HeldOut] = field(default_factory=list)  # the leave-one-source-out predictions banded
 
     def constants(self, base: CostConstants | None = None) -> ConstantsFor:
         base = base or CostConstants()
@@ -83,8 +90,13 @@ class FitResult:
             "accelerators": {a: section(a, c) for a, c in sorted(self.accelerators.items())},
         }
         if self.bands:
-            out["error_bands"] = {k: {"rows": int(v["rows"]), **{f: round(v[f], 4) for f in ("low", "high", "pair")}}
+            out["error_bands"] = {k: {"rows": int(v["rows"]), "sources": int(v["sources"]),
+                                      **{f: round(v[f], 4) for f in ("low", "high", "pair")}}
                                   for k, v in sorted(self.bands.items())}
+        if self.held_out:
+            # every accelerator and precision with held-out rows, banded or not: what a band's text
+            # says of the slice it was asked for (too few rows, or no run at all)
+            out["held_out_rows"] = dict(sorted(Counter(h.slice for h in self.held_out).items()))
         return out
 
 
@@ -253,47 +265,174 @@ def fit_memory(rows: Sequence[PublishedRow], constants: ConstantsFor) -> tuple[d
     return {"fragmentation": frag}, {**support, "memory_fitted": True}
 
 
-def fit(rows: Sequence[PublishedRow], base: CostConstants | None = None) -> FitResult:
-    """Time constants, then memory constants, on the A/B rows of ``rows``; then the error bands of
-    the fitted model (:func:`error_bands`)."""
+def fit_constants(rows: Sequence[PublishedRow], base: CostConstants | None = None) -> FitResult:
+    """Time constants, then memory constants, on the A/B rows of ``rows`` (no bands)."""
     result = fit_time(rows, base)
     mem, sup = fit_memory(rows, result.constants(base))
     result.default.update(mem)
     result.support.setdefault("default", {}).update(sup)
-    preds, _ = predict([r for r in fit_rows(rows) if r.metric in TIME_METRICS], result.constants(base))
-    result.bands = error_bands(preds)
     return result
+
+
+def fit(rows: Sequence[PublishedRow], base: CostConstants | None = None, jobs: int = 1) -> FitResult:
+    """Time constants, then memory constants, on the A/B rows of ``rows``; then the error bands of
+    the model on runs it was not fitted on: each source's rows predicted by constants fitted on the
+    other sources (:func:`held_out_predictions`, ``jobs`` refits at a time), their errors banded per
+    slice (:func:`error_bands`)."""
+    result = fit_constants(rows, base)
+    result.held_out = held_out_predictions(rows, base, jobs)
+    result.bands = error_bands(result.held_out)
+    return result
+
+
+def _held_out_source(args: tuple[Sequence[PublishedRow], str, CostConstants | None]) -> list[HeldOut]:
+    rows, source, base = args
+    others = [r for r in rows if r.source != source]
+    mine = [r for r in fit_rows(rows) if r.source == source and r.metric in TIME_METRICS]
+    if not mine or not _runs(fit_rows(others)):
+        return []
+    preds, _ = predict(mine, fit_constants(others, base).constants(base))
+    return held_out_records(preds)
+
+
+def held_out_predictions(rows: Sequence[PublishedRow], base: CostConstants | None = None,
+                         jobs: int = 1) -> list[HeldOut]:
+    """Leave one source out: every source's time-like A/B rows predicted by the constants that
+    :func:`fit_constants` fits on the other sources' rows (one refit per source; ``jobs`` of them
+    in parallel processes). A source alone in ``rows`` has nothing to be fitted on and no held-out
+    rows. Deterministic: each refit is, and the records come back in source order."""
+    sources = sorted({r.source for r in fit_rows(rows) if r.metric in TIME_METRICS})
+    tasks = [(rows, s, base) for s in sources]
+    if jobs > 1 and len(tasks) > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(max_workers=min(jobs, len(tasks))) as pool:
+            parts = list(pool.map(_held_out_source, tasks))
+    else:
+        parts = [_held_out_source(t) for t in tasks]
+    return [h for part in parts for h in part]
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """One time-like published row as a prediction of constants fitted without its source: what a
+    band is computed from, and what ``shardplan fit`` writes beside the constants
+    (:func:`write_held_out`)."""
+
+    row: int  # line in the published-runs CSV
+    source: str
+    model: str
+    accelerator: str
+    precision: str
+    gpus: int
+    run: str  # equal for the rows of one run (a digest of ``PublishedRow.key``)
+    published_tps: float
+    predicted_tps: float
+
+    @property
+    def time_error(self) -> float:
+        """Published over predicted step time, less 1 (``Prediction.time_error``)."""
+        return self.published_tps / self.predicted_tps - 1.0
+
+    @property
+    def slice(self) -> str:
+        return f"{self.accelerator}/{self.precision}"
+
+    @property
+    def sweep(self) -> tuple:
+        """``validate.sweep_key``: one source's model on one cluster."""
+        return (self.source, self.model, self.accelerator, self.gpus)
+
+
+HELD_OUT_FIELDS = ("row", "source", "model", "accelerator", "precision", "gpus", "run", "published_tps",
+                   "predicted_tps")
+
+
+def held_out_records(preds: Sequence[Any]) -> list[HeldOut]:
+    """:class:`HeldOut` records of the time-like predictions of ``preds`` (``validate.Prediction``)."""
+    out = []
+    for p in preds:
+        if p.time_error is None:
+            continue
+        r = p.row
+        out.append(HeldOut(r.row, r.source, r.model, r.cluster.accelerator.name, r.workload.precision,
+                           r.cluster.world_size, hashlib.sha1(repr(r.key).encode()).hexdigest()[:12],
+                           float(p.published_tps), float(p.predicted_tps)))
+    return out
+
+
+def band_slices(h: HeldOut) -> tuple[str, str, str]:
+    """The slices a row belongs to, widest first: ``all``, its accelerator, accelerator/precision."""
+    return ("all", h.accelerator, h.slice)
 
 
 def error_bands(preds: Sequence[Any], low_q: float = 10.0, high_q: float = 90.0) -> dict[str, dict[str, float]]:
     """Per slice — every row (``all``), per accelerator, per accelerator and precision
-    (``h100-sxm/fp8``) — the 10th and 90th percentiles of the signed step-time error
-    (``Prediction.time_error``: the published time over the predicted, less 1), and ``pair``: the
+    (``h100-sxm/fp8``) — the 10th and 90th percentiles of the signed step-time error (the published
+    time over the predicted, less 1) of ``preds`` (:class:`HeldOut` records, or
+    ``validate.Prediction``: :func:`fit` gives the leave-one-source-out ones), and ``pair``: the
     90th percentile of the error of the ratio of two runs of one sweep (one model on one cluster,
     the configuration apart), the band within which two plans' predicted times are not told apart
-    (their shared errors cancel); slices of fewer than ``BAND_MIN_ROWS`` rows (or pairs) are left to
-    the wider one."""
-    slices: dict[str, list[float]] = {}
-    runs: dict[str, dict[tuple, list[Any]]] = {}
-    for p in preds:
-        e = p.time_error
-        if e is None:
+    (their shared errors cancel; a sweep is one source's, so both runs of a pair were predicted
+    with the same held-out constants). Slices of fewer than ``BAND_MIN_ROWS`` rows or
+    ``BAND_MIN_SOURCES`` sources are left to the wider one; a slice of fewer than ``BAND_MIN_ROWS``
+    pairs takes ``high - low`` as its pair band."""
+    recs = [p if isinstance(p, HeldOut) else None for p in preds]
+    if any(r is None for r in recs):
+        recs = held_out_records(preds)
+    slices: dict[str, list[HeldOut]] = {}
+    for h in recs:
+        for key in band_slices(h):
+            slices.setdefault(key, []).append(h)
+    out: dict[str, dict[str, float]] = {}
+    for k, hs in slices.items():
+        n_src = len({h.source for h in hs})
+        if len(hs) < BAND_MIN_ROWS or n_src < BAND_MIN_SOURCES:
             continue
-        acc = p.row.cluster.accelerator.name
-        for key in ("all", acc, f"{acc}/{p.row.workload.precision}"):
-            slices.setdefault(key, []).append(e)
-            runs.setdefault(key, {}).setdefault(p.row.key, []).append(p)
-    out = {k: {"rows": len(v), "low": float(np.percentile(v, low_q)), "high": float(np.percentile(v, high_q))}
-           for k, v in slices.items() if len(v) >= BAND_MIN_ROWS}
-    for k, band in out.items():
-        pairs = _pair_errors(runs[k])
-        band["pair"] = float(np.percentile(pairs, high_q)) if len(pairs) >= BAND_MIN_ROWS else band["high"] - band["low"]
+        errs = [h.time_error for h in hs]
+        low, high = float(np.percentile(errs, low_q)), float(np.percentile(errs, high_q))
+        pairs = _pair_errors(hs)
+        pair = float(np.percentile(pairs, high_q)) if len(pairs) >= BAND_MIN_ROWS else high - low
+        out[k] = {"rows": len(hs), "sources": n_src, "low": low, "high": high, "pair": pair}
     return out
 
 
-def _pair_errors(runs: dict[tuple, list[Any]]) -> list[float]:
-    """|log(predicted ratio / published ratio)| of every pair of distinct runs of one sweep."""
-    return [abs(math.log(qa / qb) - math.log(pa / pb)) for (pa, qa), (pb, qb) in sweep_runs(runs)]
+def _pair_errors(recs: Sequence[HeldOut]) -> list[float]:
+    """|log(predicted ratio / published ratio)| of every pair of distinct runs of one sweep (a run's
+    published throughput: the mean over its rows)."""
+    runs: dict[str, list[HeldOut]] = {}
+    for h in recs:
+        runs.setdefault(h.run, []).append(h)
+    sweeps: dict[tuple, list[tuple[float, float]]] = {}
+    for hs in runs.values():
+        sweeps.setdefault(hs[0].sweep, []).append((float(np.mean([h.published_tps for h in hs])), hs[0].predicted_tps))
+    return [abs(math.log(qa / qb) - math.log(pa / pb))
+            for members in sweeps.values() for i, (pa, qa) in enumerate(members) for pb, qb in members[i + 1:]]
+
+
+def band_coverage(band: dict[str, float], recs: Sequence[HeldOut]) -> tuple[int, int]:
+    """(rows whose error lies within ``band``'s low and high, rows): how often the band held."""
+    inside = sum(band["low"] <= h.time_error <= band["high"] for h in recs)
+    return inside, len(recs)
+
+
+def write_held_out(recs: Sequence[HeldOut], path: str | Path) -> Path:
+    """The held-out predictions as CSV (:data:`HELD_OUT_FIELDS`), in source and row order."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(HELD_OUT_FIELDS)
+    for h in sorted(recs, key=lambda h: (h.source, h.row)):
+        w.writerow([h.row, h.source, h.model, h.accelerator, h.precision, h.gpus, h.run,
+                    repr(h.published_tps), repr(h.predicted_tps)])
+    p = Path(path)
+    p.write_text(buf.getvalue())
+    return p
+
+
+def read_held_out(path: str | Path) -> list[HeldOut]:
+    with Path(path).open(newline="") as f:
+        return [HeldOut(int(d["row"]), d["source"], d["model"], d["accelerator"], d["precision"], int(d["gpus"]),
+                        d["run"], float(d["published_tps"]), float(d["predicted_tps"])) for d in csv.DictReader(f)]
 
 
 def write_constants(result: FitResult, path: str | Path = CONSTANTS_PATH, header: str = "") -> Path:

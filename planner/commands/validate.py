@@ -117,21 +117,29 @@ def fit_cmd(
     output: Path = typer.Option(None, "--output", "-o", help="constants file to write "
                                 "(default: costmodel/data/constants.yaml)"),
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
+    jobs: int = typer.Option(1, "--jobs", "-j", min=1, max=64,
+                             help="leave-one-source-out refits run at a time (processes)"),
 ) -> None:
-    """Fit the cost constants on the A/B rows (globally, then per accelerator) and write them."""
-    from costmodel.constants import CONSTANTS_PATH
-    from costmodel.published.fit import fit, write_constants
+    """Fit the cost constants on the A/B rows (globally, then per accelerator) and write them, with
+    the error bands of the runs held out: each source predicted by constants fitted on the others
+    (their predictions go to the constants file's name with ``.held_out.csv``)."""
+    from costmodel.constants import CONSTANTS_PATH, held_out_path
+    from costmodel.published.fit import fit, write_constants, write_held_out
     from costmodel.published.validate import validate
 
     out = check_writable(output or CONSTANTS_PATH, "output")
     published, skipped = _load([csv_path] if csv_path else [])
     if not published:
         raise ShardplanError("no usable rows to fit on")
-    result = fit(published)
+    result = fit(published, jobs=jobs)
     header = ("# Written by `shardplan fit` from the published runs (reliability A/B rows only).\n"
-              "# Each section lists the rows, distinct runs and sources its constants were fitted on.")
+              "# Each section lists the rows, distinct runs and sources its constants were fitted on.\n"
+              "# error_bands: per slice, the 10th-90th percentile of the step-time error of the rows held\n"
+              "# out (each source predicted by constants fitted on the other sources; the predictions are\n"
+              f"# in {held_out_path(out).name}); held_out_rows: those rows per accelerator and precision.")
     try:
         write_constants(result, out, header)
+        write_held_out(result.held_out, held_out_path(out))
     except OSError as e:
         raise ShardplanError(f"cannot write '{out}': {e.strerror}") from None
     report = validate(published, skipped, result.constants())
