@@ -15,13 +15,14 @@ as the megatron target runs it. Then, per row:
   export --to megatron`` names it (:func:`planner.trainers.lacks`: the nearest-plan mapping and the
   Megatron exporter's own adjustments), or the validity rule the row breaks
   (:func:`costmodel.estimate.check`), or what the row asks that the plan vocabulary has no word for
-  (MXFP8, NVFP4, a model with no preset);
+  (a model with no preset), or cannot price (NVFP4: no FP4 throughput in the hardware data);
 - **fits**: the predicted peak memory against the whole device (the planner's 5% reserve is a policy,
   not physics);
 - **step**: the predicted step time.
 
-A row whose precision or sharding has no word is still priced with the nearest one (MXFP8 and NVFP4 as
-fp8, Megatron-FSDP as ZeRO-3), so that its memory and time are shown; the reason stays on the row.
+MXFP8 rows are priced as ``mxfp8`` (fp8 GEMMs, block-scale bytes in the casts); NVFP4 rows are not
+priced. A row whose sharding has no word is still priced with the nearest one (Megatron-FSDP as
+ZeRO-3), so that its memory and time are shown; the reason stays on the row.
 What a recipe leaves unstated is assumed and listed: the distributed optimizer (ZeRO-1) where
 Megatron-FSDP is not used, no recomputation, sequence parallelism with tp > 1, dropless routing.
 """
@@ -50,7 +51,7 @@ from planner.trainers import lacks  # noqa: E402
 from profiler.hardware import Cluster, parse_cluster  # noqa: E402
 from profiler.models import load_model, presets  # noqa: E402
 from vocab.errors import ShardplanError, first_line  # noqa: E402
-from vocab.strategy import LayerStrategy, Mesh, Strategy, Workload  # noqa: E402
+from vocab.strategy import UNPRICED_PRECISIONS, LayerStrategy, Mesh, Strategy, Workload  # noqa: E402
 from vocab.targets import load_target  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,11 +79,10 @@ NO_MODEL = {"nemotron3nano": "Nemotron-3 Nano is a hybrid Mamba-Transformer MoE:
             "kimik2": "Kimi K2 has no preset (a DeepSeek-V3-like MoE)"}
 #: the recipe's gpu_type (its first word, lower case) -> the accelerator file
 ACCELERATORS = {"h100-sxm5-80gb": "h100-sxm", "gb200": "gb200", "gb300": "gb300", "b200": "b200", "b300": "b300"}
-#: the recipe's precision -> the workload's, and the reason where the vocabulary has no such word
+#: the recipe's precision -> the workload's ("": not priced, for the reason given)
 PRECISIONS = {"bf16": ("bf16", ""), "fp8": ("fp8", ""), "fp8-cs": ("fp8", ""),
-              "mxfp8": ("fp8", "precision MXFP8 (no such word: bf16, fp8, fp32)"),
-              "fp8-mx": ("fp8", "precision MXFP8 (no such word: bf16, fp8, fp32)"),
-              "nvfp4": ("fp8", "precision NVFP4 (no such word: bf16, fp8, fp32)")}
+              "mxfp8": ("mxfp8", ""), "fp8-mx": ("mxfp8", ""),
+              "nvfp4": ("", f"nvfp4: {UNPRICED_PRECISIONS['nvfp4']}")}
 
 
 @dataclass
@@ -220,9 +220,6 @@ def _workload(m: Mapped) -> None:
     if not precision:
         m.error = reason
         return
-    if reason:
-        m.reasons.append(reason)
-        m.assumptions.append(f"{r['precision']} priced as fp8")
     behaviour = load_target(TARGET).behaviour.workload(grad_dtype=GRAD_DTYPE["value"])
     m.workload = Workload(seq_len=int(r["seq_len"]), global_batch=int(r["global_batch"]), precision=precision,
                           **behaviour)  # type: ignore[arg-type]
@@ -349,7 +346,8 @@ def doc_section(results: list[Result], other: list[Result] | None = None) -> str
             "the vocabulary; \"fits\": the predicted peak within the whole device. Unstated settings are assumed: "
             f"the distributed optimizer unless Megatron-FSDP, no recomputation, sequence parallelism with tp > 1, "
             f"gradients reduced in {GRAD_DTYPE['value']}; "
-            "MXFP8 and NVFP4 are priced as fp8 and Megatron-FSDP as ZeRO-3 (the reason stays on the row). "
+            "MXFP8 is priced as mxfp8 (fp8 GEMMs, the block scales' bytes in the casts), NVFP4 is not priced "
+            "(no FP4 throughput in the hardware data), Megatron-FSDP as ZeRO-3 (the reason stays on the row). "
             "`tests/test_recipes.py` checks the mapping of a few rows."
             + (f" With fp32 gradients (`--grad-dtype fp32`, what a search for megatron prices) "
                f"{counts_line(other)}." if other is not None else ""))

@@ -18,6 +18,7 @@ from costmodel.configs import AxisGroup
 from costmodel.constants import CostConstants, constants_for
 from profiler.hardware import Cluster
 from vocab.errors import ShardplanError
+from vocab.strategy import FP8_PRECISIONS
 
 if TYPE_CHECKING:  # the profile document belongs to the profiler
     from profiler.profile_schema import Profile
@@ -116,9 +117,9 @@ class DeviceModel:
         return self.acc.hbm_tbps * 1e12 * self.c.memory_efficiency
 
     def fp8_gemms(self, precision: str) -> bool:
-        """Whether GEMMs of ``precision`` run in fp8 on this accelerator (one without fp8 runs them
-        in bf16)."""
-        return precision == "fp8" and bool(self.acc.peak_tflops.get("fp8"))
+        """Whether GEMMs of ``precision`` (fp8, or mxfp8: block-scaled fp8 at the fp8 rate) run in fp8
+        on this accelerator (one without fp8 runs them in bf16)."""
+        return precision in FP8_PRECISIONS and bool(self.acc.peak_tflops.get("fp8"))
 
     def attention_rate(self, kernel: str = "auto") -> float:
         """Achieved forward FLOP/s of the flash-attention ``kernel`` in training."""

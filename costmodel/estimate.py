@@ -34,10 +34,14 @@ if TYPE_CHECKING:
 
 def check(graph: LayerGraph, cluster: Cluster, s: Strategy, w: Workload) -> int:
     """Raise :class:`ShardplanError` naming the first constraint ``s`` breaks (:data:`vocab.rules.RULES`),
-    or that ``graph`` and ``w`` disagree on the sequence length; return micro-batches."""
+    or that ``graph`` and ``w`` disagree on the sequence length, or a precision the accelerator cannot
+    run (:meth:`profiler.hardware.Accelerator.precision_problem`); return micro-batches."""
     if graph.seq_len != w.seq_len:
         raise ShardplanError(f"the layer graph of {graph.model_id} is built for seq_len {graph.seq_len}, the workload "
                              f"trains seq_len {w.seq_len}: build the graph at the workload's sequence length")
+    why = cluster.accelerator.precision_problem(w.precision)
+    if why:
+        raise ShardplanError(why)
     require(Subject(s, model_shape(graph), w.seq_len, w.global_batch, cluster.world_size, bare_end_stages=True))
     return s.num_microbatches(w.global_batch)
 

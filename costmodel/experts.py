@@ -37,7 +37,7 @@ import numpy as np
 
 from costmodel.configs import AxisGroup
 from costmodel.device import DeviceModel
-from costmodel.kernels import FP8_CAST_BYTES, fp8_cast_elements
+from costmodel.kernels import fp8_cast_bytes, fp8_cast_elements
 from profiler.graph import LayerNode
 
 #: rows per tile of a Hopper grouped GEMM (CUTLASS and cuBLAS grouped kernels tile M by 128)
@@ -105,24 +105,27 @@ def grouped_gemm_time(dev: DeviceModel, rows: float, groups: float, cols: float,
 
 
 def expert_times(n: LayerNode, dev: DeviceModel, tokens: float, ep: float, tdiv: float, gemm_precision: str,
-                 fp8_casts: bool, kernels: str, capacity: float | None = None) -> tuple[float, float]:
+                 fp8_casts: bool, kernels: str, capacity: float | None = None, cast_precision: str = "fp8"
+                 ) -> tuple[float, float]:
     """(forward, backward) seconds of the routed experts of one MoE layer on the slowest rank, for
     ``tokens`` tokens through the layer on it (all of the micro-batch's under TP, which splits
     every expert's FFN width ``tdiv`` ways): the grouped GEMMs of its ``E/ep`` experts (the input
-    projection(s), then the output one), their fp8 casts where ``fp8_casts``, and the permutations;
+    projection(s), then the output one), their fp8 casts where ``fp8_casts`` (with the block scales where
+    ``cast_precision`` is ``mxfp8``: :func:`costmodel.kernels.fp8_cast_bytes`), and the permutations;
     ``capacity``: the workload's capacity factor (:func:`load_imbalance`)."""
     h, f, e, k, mats = moe_dims(n)
     local = max(1.0, e / ep)
     rows = tokens * k * float(load_imbalance(dev, ep, capacity)) / local  # per local expert, on the slowest rank
     fwd = bwd = 0.0
+    cast_bytes = fp8_cast_bytes(kernels, cast_precision)
     for cols, depth in (((mats - 1) * f / tdiv, h), (h, f / tdiv)):
         fwd += grouped_gemm_time(dev, rows, local, cols, depth, gemm_precision)
         bwd += grouped_gemm_time(dev, rows, local, cols, depth, gemm_precision, backward=True)
         if fp8_casts:
             shape = (rows, cols, depth)
             ef, eb = fp8_cast_elements(shape)
-            fwd += dev.memory_time(local * ef * FP8_CAST_BYTES[kernels], "elementwise")
-            bwd += dev.memory_time(local * eb * FP8_CAST_BYTES[kernels], "elementwise")
+            fwd += dev.memory_time(local * ef * cast_bytes, "elementwise")
+            bwd += dev.memory_time(local * eb * cast_bytes, "elementwise")
     pf, pb = permute_times(dev, h, k, tokens, kernels)
     return fwd + pf, bwd + pb
 

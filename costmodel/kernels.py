@@ -20,6 +20,7 @@ counted too and are the same either way).
 from __future__ import annotations
 
 from profiler.graph import LayerNode
+from vocab.strategy import FP8_PRECISIONS
 
 #: counted bytes per element, (forward, backward): eager ATen ops (``profiler.kernel_traffic``)
 EAGER_BYTES = {
@@ -54,6 +55,15 @@ RESIDUAL_BYTES = (6.0, 6.0)
 #: that, but a compiled model fuses the amax into the op that makes the tensor. Forward casts the
 #: input and the weight, backward the output gradient (``fp8_cast_elements``).
 FP8_CAST_BYTES = {"eager": 27.0, "fused": 4.0}
+#: MXFP8 (OCP Microscaling Formats v1.0, section 5: one shared E8M0 scale, 8 bits, per block of 32
+#: values) scales each block of 32 values along a GEMM's reduction dimension. The quantize kernel
+#: writes, beside each orientation of the fp8 data, one scale byte per 32 values; a tensor feeds one
+#: forward and one backward GEMM that reduce over its two different dimensions, so both orientations
+#: and both sets of scales are written (Transformer Engine's MXFP8 tensors hold rowwise and columnwise
+#: data and scales; torchao's MX linear casts along dim 0 and dim 1): 2/32 bytes more per element
+#: cast than a per-tensor fp8 cast. Everything else of an mxfp8 GEMM is priced as fp8's.
+MX_BLOCK = 32
+MX_SCALE_BYTES = 2.0 / MX_BLOCK
 #: the graph's minimal forward bytes per element, which ``mem_bytes`` counts (16-bit activations)
 MINIMAL_BYTES = {"rmsnorm": 4.0, "layernorm": 4.0, "swiglu": 6.0, "gelu": 4.0, "cross_entropy": 8.0,
                  "dropout": 5.0}
@@ -93,8 +103,14 @@ def fp8_cast_elements(shape: tuple[float, float, float]) -> tuple[float, float]:
     return m * k + n * k, m * n
 
 
+def fp8_cast_bytes(kernels: str, precision: str) -> float:
+    """Bytes per element a cast to fp8 moves under ``kernels`` (:data:`FP8_CAST_BYTES`), with the
+    block scales of ``mxfp8`` (:data:`MX_SCALE_BYTES`)."""
+    return FP8_CAST_BYTES[kernels] + (MX_SCALE_BYTES if precision == "mxfp8" else 0.0)
+
+
 def fp8_runs(n: LayerNode, precision: str) -> bool:
-    """Whether the GEMMs of ``n`` run in fp8: every linear layer of an fp8 run except the output
-    layer (the LM head), which torchtitan's float8 converter (``filter_fqns = ["output"]``) and
-    Megatron's Transformer Engine layers both keep in 16 bits."""
-    return precision == "fp8" and not (n.kind == "linear" and n.tp == "vocab")
+    """Whether the GEMMs of ``n`` run in fp8: every linear layer of an fp8 or mxfp8 run except the
+    output layer (the LM head), which torchtitan's float8 and MX converters (``filter_fqns =
+    ["output"]``) and Megatron's Transformer Engine layers all keep in 16 bits."""
+    return precision in FP8_PRECISIONS and not (n.kind == "linear" and n.tp == "vocab")

@@ -11,9 +11,9 @@ from costmodel.configs import ConfigArrays
 from costmodel.device import DeviceModel
 from costmodel.experts import expert_times, tokens_per_sample
 from costmodel.host import with_dtensor
-from costmodel.kernels import FP8_CAST_BYTES, fp8_cast_elements, fp8_runs, traffic
+from costmodel.kernels import fp8_cast_bytes, fp8_cast_elements, fp8_runs, traffic
 from profiler.graph import LayerNode
-from vocab.strategy import Workload
+from vocab.strategy import FP8_PRECISIONS, Workload
 
 F = np.ndarray
 GEMM_KINDS = ("linear", "router", "experts")
@@ -134,17 +134,19 @@ def _one_shape(n: LayerNode, dev: DeviceModel, sc: float, cl: float, td: float, 
     flops = n.fwd_flops * sc
     if n.kind in GEMM_KINDS:
         fp8 = fp8_runs(n, prec) and dev.fp8_gemms(prec)
-        gprec = "bf16" if prec == "fp8" and not fp8 else prec
+        # an mxfp8 GEMM runs at the fp8 rate on the fp8 operands: priced as fp8's, its scales in its casts
+        gprec = ("fp8" if fp8 else "bf16") if prec in FP8_PRECISIONS else prec
+        cast = fp8_cast_bytes(w.kernels, prec)
         if n.kind == "experts":
             return expert_times(n, dev, tokens_per_sample(n) * sc * td, ep, td, gprec, fp8, w.kernels,
-                                w.moe_capacity_factor)
+                                w.moe_capacity_factor, cast_precision=prec)
         shape = gemm_shape(n, sc * td, td, cl)
         fwd = dev.gemm_time(flops / cl, gprec, cl, shape=shape)
         bwd = dev.gemm_time(flops / cl, gprec, cl, backward=True, shape=shape)
         if fp8 and shape is not None:  # the casts, where the GEMMs really run in fp8
             ef, eb = fp8_cast_elements(shape)
-            fwd += cl * dev.memory_time(ef * FP8_CAST_BYTES[w.kernels], "elementwise")
-            bwd += cl * dev.memory_time(eb * FP8_CAST_BYTES[w.kernels], "elementwise")
+            fwd += cl * dev.memory_time(ef * cast, "elementwise")
+            bwd += cl * dev.memory_time(eb * cast, "elementwise")
         return fwd, bwd
     if n.kind == "attention":
         return attention_times(n, dev, flops, n.mem_bytes * sc * act_width(n, prec), prec, w.attention_kernel, cl)

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 F = np.ndarray
 #: bytes per parameter by precision: (compute copy, gradient, optimizer incl. fp32 master), with the
 #: ZeRO paper's 16-bit gradients; :func:`state_bytes` applies the workload's gradient dtype
-STATE_BYTES = {"bf16": (2, 2, 12), "fp8": (2, 2, 12), "fp32": (4, 4, 8)}
+STATE_BYTES = {"bf16": (2, 2, 12), "fp8": (2, 2, 12), "mxfp8": (2, 2, 12), "fp32": (4, 4, 8)}
 #: bytes of optimizer state a host-side Adam step streams per parameter: fp32 master, two moments,
 #: gradient (priced at ``CostConstants.host_adam_bytes_per_s``)
 HOST_ADAM_STATE_BYTES = 16

@@ -45,10 +45,8 @@ from vocab.plan import (
     SolverInfo,
     TargetRef,
 )
-from vocab.strategy import WORKLOAD_CHOICES, Workload, check_workload_choices
+from vocab.strategy import WORKLOAD_CHOICES, Workload, check_precision, check_workload_choices
 from vocab.targets import Target, load_target
-
-PRECISIONS = ("bf16", "fp8", "fp32")
 
 
 @dataclass
@@ -120,8 +118,7 @@ def _checked(r: Request) -> tuple[Target, SpaceOptions, dict[str, str], list[int
         raise ShardplanError(f"unknown MIP solver '{r.solver}'; known: {', '.join(SOLVERS)}")
     if r.space not in SPACES:
         raise ShardplanError(f"unknown search space '{r.space}'; known: {', '.join(SPACES)}")
-    if r.precision not in PRECISIONS:
-        raise ShardplanError(f"unknown precision '{r.precision}'; known: {', '.join(PRECISIONS)}")
+    check_precision(r.precision)
     asked = {"cross_entropy": r.cross_entropy, "grad_dtype": r.grad_dtype, "moe_dispatch": r.moe_dispatch,
              "moe_overlap": r.moe_overlap}
     check_workload_choices(attention_kernel=r.attention_kernel, **{k: v for k, v in asked.items() if v is not None})
@@ -152,6 +149,9 @@ def _checked(r: Request) -> tuple[Target, SpaceOptions, dict[str, str], list[int
 def _cluster(r: Request) -> tuple[Cluster, float]:
     """The request's cluster (its memory less ``reserve``) and the per-GPU memory limit in GiB."""
     cl = parse_cluster(r.cluster)
+    why = cl.accelerator.precision_problem(r.precision)
+    if why:
+        raise ShardplanError(why)
     if r.reserve is not None:
         if r.memory_limit_gib is not None:
             raise ShardplanError("give a memory limit or a reserve, not both")
@@ -323,10 +323,13 @@ def plan(model: Any, cluster: str | dict[str, Any] | Cluster, seq_len: int, glob
 def target_behaviour(t: Target, precision: str, **asked: str | None) -> dict[str, str]:
     """The workload fields a search for ``t`` prices with (:data:`vocab.targets.WORKLOAD_BEHAVIOUR`):
     the values asked for (``cross_entropy``, ``grad_dtype``, ``moe_dispatch``...), which ``t`` must
-    run, or the target's own; fp8 needs a target that trains in fp8."""
+    run, or the target's own; fp8 needs a target that trains in fp8, mxfp8 one that trains in MXFP8."""
     if precision == "fp8" and not t.fp8:
         raise ShardplanError(f"the {t.name} target ({t.label}) has no fp8 training; use --precision bf16 or "
                              "another --target")
+    if precision == "mxfp8" and not t.mxfp8:
+        raise ShardplanError(f"the {t.name} target ({t.label}) has no mxfp8 training; use --precision fp8 or bf16, "
+                             "or another --target")
     for field, value in asked.items():
         allowed = getattr(t.behaviour, field)
         if value is not None and value not in allowed:

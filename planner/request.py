@@ -84,7 +84,7 @@ class Request:
     space: str = fact(
         "fsdp | osdp | megatron | hybrid | full | staged (hybrid, every unit of a pipeline its own sharding, "
         "exact, slower)", "--space", default="full")
-    precision: str = fact("bf16 | fp8", "--precision", default="bf16")
+    precision: str = fact("bf16 | fp8 | mxfp8 (block-scaled fp8: Blackwell) | fp32", "--precision", default="bf16")
     attention_kernel: str = fact(
         "auto | flash2 (FlashAttention-2, SDPA) | flash3 (Hopper-native)", "--attention-kernel", default="auto")
     # ---- the trainer, and how it runs what the workload leaves open

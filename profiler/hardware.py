@@ -16,12 +16,13 @@ from functools import cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError, model_validator
 
 from profiler.model_config import describe_fields, shown
 from vocab.errors import ShardplanError, UnknownNameError
 from vocab.io import decode_json, decode_yaml, read_text
 from vocab.limits import MAX_GPUS
+from vocab.strategy import FP8_PRECISIONS
 
 ACCELERATOR_DIR = Path(__file__).parent / "data" / "accelerators"
 DTYPES = ("fp32", "tf32", "bf16", "fp8")
@@ -103,6 +104,7 @@ class _AcceleratorDoc(_Strict):
     attention_efficiency: dict[Literal["flash2", "flash3"], Fraction] | None = None
     cores_per_node: Annotated[int, Field(ge=0, le=MAX_WORLD_SIZE)] = 0
     cost_constants: dict[StrictStr, Annotated[float, Field(ge=0.0, le=MAX_COST_CONSTANT)]] | None = None
+    mx_formats: StrictBool = False
     vendor: StrictStr = ""
     aliases: list[StrictStr] = []
     sources: dict[StrictStr, StrictStr] = {}
@@ -172,6 +174,9 @@ class Accelerator:
             ``min(1, cores / (ranks per node · t))`` of its measured speed.
         cost_constants: physics of this device that overrides fitted cost constants (e.g. no
             communication/computation overlap on a CPU, where gloo runs on the compute cores).
+        mx_formats: its tensor cores run the OCP Microscaling (MX) formats, block-scaled fp8 (MXFP8:
+            E4M3 values, one 8-bit exponent scale per 32) at the fp8 rate (Blackwell); False: a
+            precision ``mxfp8`` is refused on it.
         sources: where each group of numbers comes from.
     """
 
@@ -191,6 +196,7 @@ class Accelerator:
     cost_constants: dict[str, float] = field(default_factory=dict)
     memory_reported_mib: float = 0.0
     host_memory_gb: float = 0.0
+    mx_formats: bool = False
     vendor: str = ""
     aliases: tuple[str, ...] = ()
     sources: dict[str, str] = field(default_factory=dict)
@@ -230,9 +236,18 @@ class Accelerator:
         """Bytes of one device: what the driver reports, else the vendor's label as 1e9-byte GB."""
         return self.memory_reported_mib * 2**20 if self.memory_reported_mib else self.hbm_gb * 1e9
 
+    def precision_problem(self, precision: str) -> str | None:
+        """Why this accelerator cannot train in ``precision`` (one line), or None: ``mxfp8`` needs
+        tensor cores that run the MX formats (:attr:`mx_formats`)."""
+        if precision == "mxfp8" and not self.mx_formats:
+            return (f"mxfp8: {self.name} has no MX (block-scaled fp8) tensor cores (its accelerator file does not "
+                    "set mx_formats: true); use --precision fp8 or bf16")
+        return None
+
     def peak_flops(self, dtype: str) -> float:
-        """Dense peak in FLOP/s for ``dtype``; fp8 falls back to bf16 where unsupported."""
-        v = self.peak_tflops.get(dtype, 0.0) or self.peak_tflops["bf16"]
+        """Dense peak in FLOP/s for ``dtype``; fp8 falls back to bf16 where unsupported. ``mxfp8`` is
+        fp8 at the fp8 peak (block-scaled tensor cores run it at the fp8 rate)."""
+        v = self.peak_tflops.get("fp8" if dtype in FP8_PRECISIONS else dtype, 0.0) or self.peak_tflops["bf16"]
         return v * 1e12
 
     @classmethod

@@ -37,7 +37,10 @@ def test_scaled_down_405b_keeps_the_shape_with_fewer_layers() -> None:
 def test_known_refusals() -> None:
     fsdp = assessed(0)  # Llama 3 70B with Megatron-FSDP: priced as ZeRO-3, which megatron-core 0.16.1 is not offered
     assert fsdp.reasons == ["ZeRO-3"] and fsdp.mapped.strategy.default.sharding == "zero3"
-    assert assessed(1).reasons[0] == "precision MXFP8 (no such word: bf16, fp8, fp32)"
+    mx = assessed(1)  # Llama 3 70B on GB300 in MXFP8: priced as mxfp8, nothing to refuse for it
+    assert mx.mapped.workload.precision == "mxfp8" and not any("MXFP8" in r for r in mx.reasons)
+    fp4 = assessed(2)  # the same in NVFP4: a named refusal, not priced
+    assert fp4.reasons == ["nvfp4: no FP4 throughput in the hardware data (hardware.csv)"] and fp4.peak_gib is None
     assert assessed(32).reasons == ["invalid: ep=32 must divide dp_shard*cp = 16 (expert ranks are data-parallel ranks)"]
     nano = assessed(34)
     assert nano.reasons[0].startswith("no model: Nemotron-3 Nano") and nano.peak_gib is None

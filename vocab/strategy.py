@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from vocab.errors import ShardplanError
 from vocab.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_SEQ_LEN
@@ -47,6 +47,15 @@ Recompute = Literal["none", "selective", "full"]
 Offload = Literal["none", "optimizer", "params"]
 Schedule = Literal["gpipe", "1f1b", "interleaved", "zb"]
 AttentionKernel = Literal["auto", "flash2", "flash3"]
+Precision = Literal["bf16", "fp8", "mxfp8", "fp32"]
+#: the precisions a workload trains in: bf16 mixed precision, its GEMMs in fp8 with a scale per tensor
+#: (``fp8``) or with a shared 8-bit exponent per 32-element block (``mxfp8``, the OCP Microscaling
+#: format, which needs block-scaled tensor cores: an accelerator file's ``mx_formats``), or fp32 throughout
+PRECISIONS = ("bf16", "fp8", "mxfp8", "fp32")
+#: the precisions whose GEMMs run in fp8 (E4M3), priced alike but for the block scales' bytes
+FP8_PRECISIONS = ("fp8", "mxfp8")
+#: precisions the trainers run that the cost model cannot price, and why (a named refusal)
+UNPRICED_PRECISIONS = {"nvfp4": "no FP4 throughput in the hardware data (hardware.csv)"}
 CROSS_ENTROPY_CHOICES = ("eager", "fused")
 GRAD_DTYPE_CHOICES = ("fp32", "bf16")
 RECV_BUFFER_CHOICES = ("per_micro_batch", "one", "none")
@@ -70,6 +79,15 @@ WORKLOAD_CHOICES = {"attention_kernel": ("attention kernel", ATTENTION_KERNEL_CH
 #: of the log-softmax and the outgoing one (2x); a fused kernel (Megatron's vocab-parallel
 #: cross-entropy, Liger, a compiled loss) writes the gradient in place and holds the bf16 logits (1/2).
 LOSS_BUFFER = {"eager": 2.0, "fused": 0.5}
+
+
+def check_precision(precision: str) -> None:
+    """One line for a precision the vocabulary has no word for, or one it names but cannot price
+    (:data:`UNPRICED_PRECISIONS`)."""
+    if precision in UNPRICED_PRECISIONS:
+        raise ShardplanError(f"{precision}: {UNPRICED_PRECISIONS[precision]}")
+    if precision not in PRECISIONS:
+        raise ShardplanError(f"unknown precision '{precision}'; known: {', '.join(PRECISIONS)}")
 
 
 def check_workload_choices(**values: str) -> None:
@@ -241,8 +259,10 @@ class Workload(_Strict):
 
     seq_len: int = Field(..., ge=1, le=MAX_SEQ_LEN)
     global_batch: int = Field(..., ge=1, le=MAX_GLOBAL_BATCH, description="samples (sequences) per optimizer step")
-    precision: Literal["bf16", "fp8", "fp32"] = Field(
-        "bf16", description="bf16/fp8 mixed precision (fp32 master weights and Adam), or fp32 throughout"
+    precision: Precision = Field(
+        "bf16", description="bf16/fp8 mixed precision (fp32 master weights and Adam; fp8: E4M3 GEMMs with a scale "
+        "per tensor; mxfp8: E4M3 GEMMs with an 8-bit exponent scale per 32-element block, OCP MX, Blackwell), or "
+        "fp32 throughout"
     )
     attention_kernel: AttentionKernel = Field(
         "auto", description="flash2: FlashAttention-2 / PyTorch SDPA; flash3: Hopper-native (FlashAttention-3, "
@@ -298,6 +318,13 @@ class Workload(_Strict):
         "rest recomputed) or gemms (this runtime: the outputs of every weight GEMM and collective kept, the "
         "rest, attention included, recomputed)"
     )
+
+    @field_validator("precision", mode="before")
+    @classmethod
+    def _priced(cls, value: Any) -> Any:
+        if isinstance(value, str) and value in UNPRICED_PRECISIONS:
+            raise ValueError(f"{value}: {UNPRICED_PRECISIONS[value]}")
+        return value
 
     @property
     def loss_buffer(self) -> float:

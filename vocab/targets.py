@@ -4,7 +4,7 @@ A target file (``vocab/targets/<name>.yaml``) names the trainer, its pinned rele
 in that release that say what it can express: the mesh axes, the sharding modes (overall, with a
 pipeline, with HSDP, beside model parallelism), tensor and context parallelism, the pipeline
 schedules with their stage-count rules and how layers may be split over stages, recomputation,
-offload, per-layer choices, OSDP operator splitting and fp8; and how it behaves where the cost model
+offload, per-layer choices, OSDP operator splitting, fp8 and mxfp8; and how it behaves where the cost model
 has a choice (the cross-entropy kernel and the gradient dtype). Adding a target, or a newer release,
 is adding or editing a file. Files are validated once, strictly (unknown keys, wrong types and
 inconsistent rules are refused, naming the file).
@@ -267,6 +267,8 @@ class Target(_Strict):
     offload: OffloadCaps
     osdp_split: bool = False
     fp8: bool = False
+    mxfp8: bool = Field(False, description="it trains with MXFP8 GEMMs (fp8 with an 8-bit exponent scale per "
+                        "32-element block, OCP MX) on accelerators that run them")
     moe_capacity: bool = Field(False, description="it can cap the tokens each expert takes (a capacity factor, "
                                "dropping the rest); false: dropless MoE only")
     behaviour: Behaviour
@@ -337,7 +339,7 @@ def _any() -> Target:
         recompute=RecomputeCaps(modes=list(RECOMPUTES), scope="units", per_layer="any"),  # type: ignore[arg-type]
         offload=OffloadCaps(modes=list(OFFLOADS), needs={"params": ["zero3", "zero3_keep"]},  # type: ignore[arg-type]
                             per_layer=True),
-        osdp_split=True, fp8=True, moe_capacity=True,
+        osdp_split=True, fp8=True, mxfp8=True, moe_capacity=True,
         behaviour=Behaviour(cross_entropy=list(CROSS_ENTROPY_CHOICES),  # type: ignore[arg-type]
                             grad_dtype=list(GRAD_DTYPE_CHOICES),  # type: ignore[arg-type]
                             recv_buffers=list(RECV_BUFFER_CHOICES),  # type: ignore[arg-type]

@@ -112,12 +112,13 @@ def _pydantic_message(e: Exception) -> str:
 
 def _precheck(cfg: dict[str, Any], r: PriceRequest, blocks: int) -> None:
     """The constraints a flag can break on its own, named with their values (before any arithmetic)."""
-    from vocab.strategy import RECOMPUTES, SCHEDULES
+    from vocab.strategy import RECOMPUTES, SCHEDULES, check_precision
 
+    if r.precision is not None:
+        check_precision(r.precision)
     for key, known in (
         ("schedule", SCHEDULES),
         ("recompute", RECOMPUTES),
-        ("precision", ("bf16", "fp8", "fp32")),
         ("tp_mode", ("megatron", "tsp")),
         ("cp_mode", ("ring", "ulysses")),
     ):
@@ -256,7 +257,7 @@ def _workload(r: PriceRequest, plan: Any) -> tuple[Any, tuple[Any, dict[str, str
     the default) and the target with the workload fields it prices with (None without ``--target``)."""
     from pydantic import ValidationError
 
-    from vocab.strategy import Workload, check_workload_choices
+    from vocab.strategy import Workload, check_precision, check_workload_choices
     from vocab.targets import WORKLOAD_BEHAVIOUR
 
     wl = plan.inputs.workload if plan else None
@@ -265,6 +266,7 @@ def _workload(r: PriceRequest, plan: Any) -> tuple[Any, tuple[Any, dict[str, str
     if not seq or not gb:
         raise ShardplanError("give --seq-len and --global-batch (or --plan)")
     precision = r.precision or (wl.precision if wl else "bf16")
+    check_precision(precision)
     kernel = r.attention_kernel or (wl.attention_kernel if wl else "auto")
     asked = {f: getattr(r, f) for f in ASKED}
     check_workload_choices(attention_kernel=kernel, **{f: v for f, v in asked.items() if v is not None})

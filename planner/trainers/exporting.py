@@ -6,7 +6,7 @@ target cannot vary (collapsed to the most memory-saving value the plan uses, so 
 plan still fits where the plan did), values the target lacks (the next more memory-saving one it
 has; sharding also by what a pipeline and data parallelism beside model parallelism allow, and by
 what an offload needs), HSDP, schedule and its stages per rank, uneven stages, context and expert
-parallelism, TSP, sequence parallelism, fp8; then the target's behaviour (cross-entropy kernel,
+parallelism, TSP, sequence parallelism, fp8 and mxfp8; then the target's behaviour (cross-entropy kernel,
 gradient dtype, pipeline receive buffers), which is re-priced but not something the target lacks. A
 target module may then adjust further (``adjust``) before rendering.
 """
@@ -311,6 +311,10 @@ def _tensor_parallel(n: Nearest, t: Target) -> None:
 
 def _precision(n: Nearest, t: Target) -> None:
     w = n.workload
+    if w["precision"] == "mxfp8" and not t.mxfp8:
+        to = "fp8" if t.fp8 else "bf16"
+        n.lose("mxfp8", f"mxfp8 → {to} ({t.name} has no mxfp8 training)")
+        w["precision"] = to
     if w["precision"] == "fp8" and not t.fp8:
         n.lose("fp8", f"fp8 → bf16 ({t.name} has no fp8 training)")
         w["precision"] = "bf16"

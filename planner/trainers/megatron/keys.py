@@ -36,6 +36,8 @@ MEGATRON: Final[dict[str, str | None]] = {
     "bf16": "--bf16",
     "grad_bf16": "--grad-reduce-in-bf16",  # DistributedDataParallelConfig.grad_reduce_in_fp32=False
     "fp8": "--fp8-format",
+    "fp8_recipe": "--fp8-recipe",  # TransformerConfig.fp8_recipe as a flag (arguments.py:2290)
+    "fp4": "--fp4-format",  # TransformerConfig.fp4 (arg_names, transformer_config.py:510-511): NVFP4, not priced
     "optimizer_offload": "--optimizer-cpu-offload",
     "optimizer_offload_fraction": "--optimizer-offload-fraction",
     "overlap_grad": "--overlap-grad-reduce",
@@ -84,3 +86,8 @@ MEGATRON_POSITION: Final = {"rope": "rope", "learned": "learned_absolute", "none
 #: (cp_mode, cp_rotate) -> --cp-comm-type (a Ulysses plan's rotate is unused: allgather)
 MEGATRON_CP_COMM: Final = {("ring", "allgather"): "all_gather", ("ring", "alltoall"): "p2p", ("ulysses", "allgather"): "a2a"}
 MEGATRON_FP8_FORMAT: Final = "hybrid"
+#: MXFP8: --fp8-recipe mxfp8 (megatron-core 0.16.1 transformer_config.py:436, Fp8Recipe.mxfp8 in
+#: megatron/core/enums.py:25) with E4M3 values throughout (--fp8-format e4m3, transformer_config.py:429-433)
+MEGATRON_MXFP8: Final = {"format": "e4m3", "recipe": "mxfp8"}
+#: the recipes of --fp8-recipe (transformer_config.py:436): all but mxfp8 are priced as fp8
+MEGATRON_FP8_RECIPES: Final = ("tensorwise", "delayed", "mxfp8", "blockwise", "custom")

@@ -2,7 +2,8 @@
 
 The text is split as ``shlex.split(text, comments=True)``: ``--flag value`` or a bare ``--flag``; a flag
 megatron-core's pinned release does not know is an error. Read: ``--seq-length``, ``--global-batch-size``
-(required) and ``--micro-batch-size`` (required); precision fp8 with ``--fp8-format e4m3|hybrid``, else
+(required) and ``--micro-batch-size`` (required); precision fp8 with ``--fp8-format e4m3|hybrid`` (mxfp8 with
+``--fp8-recipe mxfp8``; ``--fp4-format``, NVFP4, is refused: no FP4 throughput to price it with), else
 bf16 with ``--bf16`` or ``--fp16``, else fp32; gradients reduced in bf16 with ``--grad-reduce-in-bf16``, else
 fp32 (Megatron-LM's ``--bf16`` sets ``grad_reduce_in_fp32``). The mesh: ``--tensor-model-parallel-size``,
 ``--pipeline-model-parallel-size``, ``--context-parallel-size``, ``--expert-model-parallel-size``, the
@@ -28,9 +29,10 @@ import shlex
 from typing import Any
 
 from planner.trainers.megatron.keys import MEGATRON as K
-from planner.trainers.megatron.keys import MEGATRON_CP_COMM
+from planner.trainers.megatron.keys import MEGATRON_CP_COMM, MEGATRON_FP8_RECIPES, MEGATRON_MXFP8
 from planner.trainers.reading import ConfigError, Context, refuse_unknown, unit_choices
 from vocab.digits import read_float, read_int
+from vocab.strategy import UNPRICED_PRECISIONS
 from vocab.targets import by_exporter, key_snapshot
 
 SUFFIXES = (".args",)
@@ -63,6 +65,8 @@ def parse(text: str, origin: str) -> Doc:
             raise ConfigError(f"{origin}: {tok!r} follows no --flag")
         else:
             doc[flag].append(tok)
+    if _key("fp4") in doc:  # a flag of the release (TransformerConfig.fp4) the snapshot's table lacks
+        raise ConfigError(f"{origin}: {_key('fp4')}: nvfp4: {UNPRICED_PRECISIONS['nvfp4']}")
     t = by_exporter("megatron")
     snap = key_snapshot(t)
     fields = {f for names in snap["classes"].values() for f in names}
@@ -113,8 +117,12 @@ def workload(doc: Doc, origin: str) -> dict[str, Any]:
     fp8 = _str(doc, "fp8", origin)
     if fp8 is not None and fp8 not in FP8_FORMATS:
         raise ConfigError(f"{origin}: {_key('fp8')} {fp8!r} is not one of {', '.join(FP8_FORMATS)}")
+    recipe = _str(doc, "fp8_recipe", origin)
+    if recipe is not None and recipe not in MEGATRON_FP8_RECIPES:
+        raise ConfigError(f"{origin}: {_key('fp8_recipe')} {recipe!r} is not one of {', '.join(MEGATRON_FP8_RECIPES)}")
     half = _on(doc, "bf16", origin) or FP16 in doc  # fp16 is priced as bf16: two bytes a value
-    out["precision"] = "fp8" if fp8 is not None else "bf16" if half else "fp32"
+    mx = recipe == MEGATRON_MXFP8["recipe"]  # the recipe without --fp8-format trains in 16 bits
+    out["precision"] = ("mxfp8" if mx else "fp8") if fp8 is not None else "bf16" if half else "fp32"
     if half and _on(doc, "grad_bf16", origin):  # else Megatron-LM's --bf16 reduces gradients in fp32
         out["grad_dtype"] = "bf16"
     capacity = _str(doc, "moe_capacity", origin)

@@ -15,6 +15,7 @@ from planner.trainers.torchtitan.keys import (
     TORCHTITAN_FLAVORS,
     TORCHTITAN_FLOAT8,
     TORCHTITAN_FQN,
+    TORCHTITAN_MX,
     TORCHTITAN_RESHARD,
     TORCHTITAN_SCHEDULES,
 )
@@ -102,8 +103,8 @@ def render(n: Nearest, s: Strategy, cost: str) -> str:
         (K["seq_len"], w.seq_len), (K["mp_param"], "bfloat16"), (K["cpu_offload"], offload),
     ]
     model = model_keys(n)
-    if w.precision == "fp8":
-        model.append((K["converters"], [TORCHTITAN_FLOAT8]))
+    if w.precision in ("fp8", "mxfp8"):
+        model.append((K["converters"], [TORCHTITAN_FLOAT8 if w.precision == "fp8" else TORCHTITAN_MX]))
     doc = {str(K["parallelism"]): _table(par), str(K["ac"]): _table(ac), str(K["training"]): _table(train)}
     if model:
         doc[str(K["model"])] = _table(model)

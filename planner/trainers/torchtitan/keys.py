@@ -62,4 +62,7 @@ TORCHTITAN_SCHEDULES: Final = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": 
 TORCHTITAN_RESHARD: Final = {"zero3": "always", "zero3_keep": "never"}
 TORCHTITAN_CP_ROTATE: Final = {"allgather": "allgather", "alltoall": "alltoall"}  # the plan's cp_rotate
 TORCHTITAN_FLOAT8: Final = "float8"
+#: MXFP8 Linear layers: the converter torchtitan 0.2.2 registers (components/quantization/mx.py:171), its
+#: [quantize.linear.mx] defaults (recipe mxfp8_cublas, the output layer left out: job_config.py:767-790)
+TORCHTITAN_MX: Final = "quantize.linear.mx"
 TORCHTITAN_FQN: Final = {"embedding": ["tok_embeddings"], "block": "layers.{i}", "head": ["norm", "output"]}

@@ -12,7 +12,8 @@ block a pipeline rank builds (``"N"``). ``training.enable_cpu_offload`` offloads
 ``expert_parallel_comm_backend`` ``deepep`` is the de-duplicated MoE dispatch (``standard``: an
 all-to-all). ``[model]`` ``name`` and ``flavor`` are the model the file trains: where they are a preset
 (``TORCHTITAN_FLAVORS``) whose layers differ from the model being priced (``--model`` or the header's),
-the file is refused; a flavor that is no preset, or a file without one, is not checked.
+the file is refused; a flavor that is no preset, or a file without one, is not checked. ``[model]``
+``converters`` holding ``float8`` is fp8, ``quantize.linear.mx`` (torchao's MXLinear) mxfp8.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from planner.trainers.torchtitan.keys import (
     TORCHTITAN_FLOAT8,
     TORCHTITAN_FQN,
     TORCHTITAN_MODEL_DEFAULT,
+    TORCHTITAN_MX,
     TORCHTITAN_SCHEDULES,
 )
 from vocab.digits import is_digits
@@ -69,8 +71,11 @@ def workload(doc: dict[str, Any], origin: str) -> dict[str, Any]:
         raise ConfigError(f"{origin}: training.mixed_precision_param {precision!r} is not one of "
                           f"{', '.join(PRECISIONS)}")
     out["precision"] = PRECISIONS[precision]
-    if TORCHTITAN_FLOAT8 in _get(doc, "model", "converters", []):
+    converters = _get(doc, "model", "converters", [])
+    if TORCHTITAN_FLOAT8 in converters:
         out["precision"] = "fp8"
+    elif TORCHTITAN_MX in converters:
+        out["precision"] = "mxfp8"
     backend = _get(doc, "parallelism", "ep_backend", "standard")
     if backend not in ("standard", "deepep"):
         raise ConfigError(f"{origin}: parallelism.{K['ep_backend']} {backend!r} is not standard or deepep")
