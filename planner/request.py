@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from planner.options import Opt, count_option, int_option, positive_option
+from planner.options import Opt, count_option, int_option, number_option, positive_option
 from vocab.arguments import describe, matches
 from vocab.errors import ShardplanError
 
@@ -79,7 +79,8 @@ class Request:
         "not with memory_limit_gib", default=None)
     headroom_gib: float | None = fact(
         "GiB of the memory limit each GPU keeps free, for the memory model's error (default 0): plans are "
-        "searched under the limit less it, and the plan records it", "--headroom", default=None, cli=float)
+        "searched under the limit less it, and the plan records it", "--headroom", default=None, cli=float,
+        make=number_option, minimum=0.0)
     # ---- the search
     space: str = fact(
         "fsdp | osdp | megatron | hybrid | full | staged (hybrid, every unit of a pipeline its own sharding, "

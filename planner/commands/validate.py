@@ -14,6 +14,7 @@ from rich.table import Table
 
 from planner.cli import app, console, err_console, guard, print_json
 from planner.layout import literal
+from planner.options import count_option
 from vocab.errors import ShardplanError
 from vocab.io import check_writable
 
@@ -117,7 +118,7 @@ def fit_cmd(
     output: Path = typer.Option(None, "--output", "-o", help="constants file to write "
                                 "(default: costmodel/data/constants.yaml)"),
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
-    jobs: int = typer.Option(1, "--jobs", "-j", min=1, max=64,
+    jobs: int = count_option(1, "--jobs", "-j", maximum=64,
                              help="leave-one-source-out refits run at a time (processes)"),
 ) -> None:
     """Fit the cost constants on the A/B rows (globally, then per accelerator) and write them, with
