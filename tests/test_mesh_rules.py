@@ -103,6 +103,11 @@ CASES: dict[str, tuple[Subject, str]] = {
                               "a pipeline of 4 stages needs at least 4 micro-batches per step "
                               "(torch.distributed.pipelining refuses fewer): global batch 2 / data-parallel 1 / "
                               "micro-batch 1 gives 2"),
+    "zb_selective": (Subject(_s(mesh=Mesh(pp=2), schedule="zb", layers=[LayerStrategy(unit="layers.1", recompute="selective")]),
+                             pipelining=True),
+                     "the zero-bubble schedule (zb) with selective recomputation: torch.distributed.pipelining's "
+                     "split backward (input, then weight gradients) recomputes a selectively checkpointed region "
+                     "with inputs that no longer match its saved outputs; use full recomputation or another schedule"),
     "units": (Subject(_s(layers=[LayerStrategy(unit="layers.9")]), ModelShape(has_unit={"layers.0"}.__contains__)),
               "layer strategies name units the model does not have: ['layers.9']"),
 }

@@ -239,6 +239,17 @@ def _pipeline_fed(x: Subject) -> str | None:
             f"{m.dp} / micro-batch {s.micro_batch} gives {n}")
 
 
+def _zb_selective(x: Subject) -> str | None:
+    s = x.strategy
+    if not x.pipelining or s.schedule != "zb" or s.mesh.pp == 1:
+        return None
+    if all(ls.recompute != "selective" for ls in [s.default, *s.layers]):
+        return None
+    return ("the zero-bubble schedule (zb) with selective recomputation: torch.distributed.pipelining's split "
+            "backward (input, then weight gradients) recomputes a selectively checkpointed region with inputs "
+            "that no longer match its saved outputs; use full recomputation or another schedule")
+
+
 def _units(x: Subject) -> str | None:
     has = x.model.has_unit
     unknown = [ls.unit for ls in x.strategy.layers if has is not None and not has(ls.unit)]
@@ -276,6 +287,7 @@ RULES: tuple[Rule, ...] = (
     Rule("batch", _batch),
     Rule("interleaved_microbatches", _interleaved),
     Rule("pipeline_microbatches", _pipeline_fed),
+    Rule("zb_selective", _zb_selective),
     Rule("units", _units),
 )
 
