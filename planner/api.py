@@ -271,7 +271,7 @@ def _document(r: Request, s: _Setting, res: SearchResult, w: Workload, chosen: A
             calibration=CalibrationRef(**r.calibration.ref()) if r.calibration is not None else None,
         ),
         strategy=chosen.strategy,
-        predicted=Predicted(**chosen.report.to_dict()),
+        predicted=Predicted(**_predicted(s, chosen, w)),
         solver=SolverInfo(
             name="ilp" if exact_osdp else "hybrid",
             space=res.space,
@@ -294,6 +294,17 @@ def _document(r: Request, s: _Setting, res: SearchResult, w: Workload, chosen: A
             for a in runners_up
         ],
     )
+
+
+def _predicted(s: _Setting, chosen: Any, w: Workload) -> dict[str, Any]:
+    """The plan's report, with a note where its fp8 or MXFP8 prices slower than bf16 would."""
+    from planner.low_precision import slower_than_bf16
+
+    rep = chosen.report.to_dict()
+    slower = slower_than_bf16(s.graph, s.cluster, chosen.strategy, w, rep["step_time_s"], device=s.device)
+    if slower:
+        rep["notes"] = [*rep.get("notes", []), slower]
+    return rep
 
 
 def _standing(res: SearchResult, chosen: Any) -> dict[str, Any]:
