@@ -41,7 +41,9 @@ MIXED = {"mesh": {"pp": 2, "dp_replicate": 2, "dp_shard": 2, "tp": 2}, "schedule
          "default": {"sharding": "zero3", "recompute": "selective"},
          "layers": [{"unit": "layers.0", "sharding": "zero2", "recompute": "full"},
                     {"unit": "layers.1", "sharding": "zero3", "recompute": "full", "split": 4}]}
-UNSPLIT = {**MIXED, "layers": [{**x, "split": 1} for x in MIXED["layers"]]}  # what the runtime runs
+#: what the runtime runs: 1F1B (not zero bubble with selective recomputation: rule zb_selective)
+RUNNABLE = {**MIXED, "schedule": "1f1b"}
+UNSPLIT = {**RUNNABLE, "layers": [{**x, "split": 1} for x in MIXED["layers"]]}
 FUSED = {"cross_entropy": "fused", "recv_buffers": "none", "kernels": "fused"}
 TT = {"zero3_master": "parameter"}  # FSDP2 (torchtitan, the runtime): the fp32 shard is the master  # how Megatron-LM and nanotron run the loss, buffers, kernels
 
@@ -231,7 +233,7 @@ def _plan_file(tmp_path: Path, plan: Plan) -> Path:
 
 
 def test_the_runtime_runs_operator_splits() -> None:
-    e = export(make_plan(MIXED), "shardplan")
+    e = export(make_plan(RUNNABLE), "shardplan")
     assert e.target == "python" and "OSDP operator splitting" not in [x.what for x in e.losses]
     assert any(ls.split > 1 for ls in e.strategy.layers) and refusal(e) is None
 
