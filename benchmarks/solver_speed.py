@@ -5,6 +5,7 @@
     python benchmarks/solver_speed.py --rounds 3   # medians of 3 rounds
     python benchmarks/solver_speed.py --space staged  # every unit of a pipeline its own sharding
     python benchmarks/solver_speed.py --against /tmp/old  # side by side with another checkout
+    python benchmarks/solver_speed.py --targets --rounds 3  # the plan command per case and target
 
 Per case: the search (``solvers.hybrid.search``, in this process) and the whole ``shardplan plan``
 command (a fresh process: start-up, search, tie-break, writing the plan), medians of ``--rounds``.
@@ -137,12 +138,13 @@ def _probe(root: Path, case: tuple, space: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _command(root: Path, case: tuple, space: str, default_limit: bool = False) -> float:
+def _command(root: Path, case: tuple, space: str, default_limit: bool = False, target: str | None = None) -> float:
     """Wall seconds of the whole ``shardplan plan`` command (start-up, search, writing the plan);
     ``default_limit``: the command's own memory limit, else the accelerator's label (one limit for
-    checkouts whose defaults differ)."""
+    checkouts whose defaults differ); ``target``: ``--target`` (else the default)."""
     model, cluster, seq, gb = case[:4]
     limit = [] if default_limit else ["--memory-limit", str(parse_cluster(cluster).accelerator.hbm_gb * 1e9 / 2**30)]
+    limit += ["--target", target] if target else []
     with tempfile.TemporaryDirectory() as tmp:
         t = time.perf_counter()
         subprocess.run([sys.executable, "-m", "planner.cli", "plan", "--model", model, "--cluster", cluster,
@@ -182,6 +184,27 @@ def compare(other: Path, names: list[str], space: str, rounds: int) -> None:
 STARTUP_TARGET = 0.3
 
 
+def per_target(names: list[str], targets: list[str], rounds: int) -> None:
+    """The whole ``plan`` command per case and target (medians of ``rounds`` fresh processes, the
+    targets' order alternating round by round), as a markdown table; a case none of whose plans fits
+    a target is ``no plan``."""
+    print(f"| case | {' | '.join(targets)} |")
+    print("|---|" + "---:|" * len(targets))
+    for name in names:
+        walls: dict[str, list[float]] = {t: [] for t in targets}
+        for k in range(rounds):
+            for t in (targets if k % 2 == 0 else targets[::-1]):
+                try:
+                    walls[t].append(_command(ROOT, CASES[name], "full", default_limit=True, target=t))
+                except subprocess.CalledProcessError:
+                    walls[t].append(float("nan"))
+        cells = []
+        for t in targets:
+            w = statistics.median(walls[t])
+            cells.append("no plan" if w != w else f"{w:.2f}" + ("" if w <= COMMAND_TARGET else " (over)"))
+        print(f"| {name} | {' | '.join(cells)} |")
+
+
 def startup(rounds: int) -> None:
     """Wall seconds of ``shardplan --help`` and ``shardplan models`` in fresh processes."""
     import shutil
@@ -207,9 +230,14 @@ def main() -> None:
     ap.add_argument("--against", type=Path, help="another checkout to compare with, side by side")
     ap.add_argument("--rounds", type=int, default=1, help="rounds (medians); with --against, alternating order")
     ap.add_argument("--startup", action="store_true", help="only the start-up of --help and models")
+    ap.add_argument("--targets", nargs="*", help="only the whole plan command per case and target (a table)")
     a = ap.parse_args()
     if a.startup:
         startup(a.rounds)
+        return
+    if a.targets is not None:
+        per_target(a.cases, a.targets or ["shardplan", "any", "torchtitan", "megatron", "deepspeed", "nanotron"],
+                   a.rounds)
         return
     if a.against:
         compare(a.against.resolve(), a.cases, a.space, a.rounds)

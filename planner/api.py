@@ -216,14 +216,15 @@ def _best(r: Request, s: _Setting, batches: list[int], progress: Progress | None
 
 
 def _tie_break(r: Request, s: _Setting, res: SearchResult, w: Workload) -> Any:
-    """The plan to recommend: the fastest, or with ``tie_break`` a runner-up within the published
-    band of it with fewer parallel axes (recorded in ``res.options``)."""
+    """The plan to recommend: the fastest (naming a runner-up within the published pair band of it
+    with fewer parallel axes, if there is one), or with ``tie_break`` the fastest plan of fewest axes
+    within that band (recorded in ``res.options``)."""
     band = None if s.measured else error_band(s.cluster.accelerator.name, r.precision)
     if band is None or "pair" not in band:
         return res.best
     if not r.tie_break:
-        shown = [f for f in res.alternatives if f.strategy != res.best.strategy]  # the plan's alternatives
-        simpler = simpler_runner_up(res.best, shown, band["pair"])
+        listed = [f for f in res.alternatives if f.strategy != res.best.strategy]  # the plan's alternatives
+        simpler = simpler_runner_up(res.best, listed, band["pair"])
         if simpler is not None:
             i, found = simpler
             res.options["simpler_alternative"] = {
