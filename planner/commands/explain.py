@@ -66,6 +66,9 @@ def explain_cmd(
     calibration: Path | None = typer.Option(None, "--calibration", help="price the plan and its runners-up with "
                                             "this calibration of your cluster (shardplan calibrate) first"),
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
+    compare_with: Path | None = typer.Option(
+        None, "--compare-with", help="a trainer's configuration (torchtitan TOML, Megatron-LM arguments, "
+        "DeepSpeed JSON, nanotron YAML) priced beside the plan: its model, cluster, sequence length and limit"),
 ) -> None:
     """Explain a plan: mesh on the nodes, schedule, per-stage memory, step time, solver, vs runner-up."""
     from planner.explain import explain_data, render_explain
@@ -78,10 +81,19 @@ def explain_cmd(
 
         doc = calibrated_plan(doc, load_calibration(calibration))
     data = explain_data(doc)
+    if compare_with is not None:
+        from planner.compare_config import compared_config
+
+        data["compared_with"] = compared_config(doc, compare_with)
     if as_json:
         _print_json(data)
     else:
         render_explain(data, console)
+        if compare_with is not None:
+            c = data["compared_with"]
+            console.print(literal(f"compared with {c['file']} ({c['target']}): {c['mesh']}, step {c['step_time_s']:.4g} s "
+                                  f"(global batch {c['global_batch']}), {c['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU, "
+                                  f"{c['memory_peak_gib']:.1f} GiB: {c['verdict']}"))
 
 
 def _names(paths: list[Path]) -> list[str]:

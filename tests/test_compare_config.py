@@ -1,0 +1,52 @@
+"""``explain PLAN --compare-with CONFIG``: a trainer's configuration priced beside the plan, for the
+plan's model, cluster, sequence length and limit, on the configuration's own trainer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+import planner.commands  # noqa: F401  (registers the commands)
+from planner.api import plan
+from planner.cli import app
+from planner.trainers import import_plan
+
+runner = CliRunner()
+ARGS = ["--tensor-model-parallel-size 2", "--pipeline-model-parallel-size 2", "--micro-batch-size 1",
+        "--global-batch-size 32", "--seq-length 2048", "--bf16", "--use-distributed-optimizer", "--sequence-parallel"]
+
+
+def _files(tmp_path: Path, target: str) -> tuple[Path, Path]:
+    p = plan("llama3-8b", "16xh100", seq_len=2048, global_batch=32, target=target, top_k=1)
+    p.save(tmp_path / "plan.json")
+    (tmp_path / "recipe.args").write_text("\n".join(ARGS) + "\n")
+    return tmp_path / "plan.json", tmp_path / "recipe.args"
+
+
+def test_the_configuration_is_priced_beside_the_plan(tmp_path: Path) -> None:
+    doc, recipe = _files(tmp_path, "megatron")
+    r = runner.invoke(app, ["explain", str(doc), "--compare-with", str(recipe), "--json"])
+    assert r.exit_code == 0, r.output
+    c = json.loads(r.stdout)["compared_with"]
+    alone = import_plan(recipe, model="llama3-8b", cluster="16xh100", seq_len=2048)
+    assert c["target"] == "megatron" and c["mesh"] == "pp=2 dp_shard=4 tp=2 (SP)"
+    assert c["step_time_s"] == alone.predicted.step_time_s and c["fits"]
+    mine = json.loads(doc.read_text())["predicted"]["tokens_per_s_per_gpu"]
+    assert c["throughput_ratio"] == mine / alone.predicted.tokens_per_s_per_gpu >= 1.0  # the search's optimum
+    assert c["verdict"].startswith(f"this plan trains {c['throughput_ratio']:.2f}x the configuration's")
+
+
+def test_a_plan_for_another_target_says_so(tmp_path: Path) -> None:
+    doc, recipe = _files(tmp_path, "shardplan")
+    r = runner.invoke(app, ["explain", str(doc), "--compare-with", str(recipe)])
+    assert r.exit_code == 0, r.output
+    assert "priced as megatron runs it, the plan as shardplan does" in " ".join(r.stdout.split())
+
+
+def test_a_configuration_that_does_not_parse_is_one_line(tmp_path: Path) -> None:
+    doc, recipe = _files(tmp_path, "megatron")
+    recipe.write_text("--no-such-flag 3\n")
+    r = runner.invoke(app, ["explain", str(doc), "--compare-with", str(recipe)])
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith("error: ")
