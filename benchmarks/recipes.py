@@ -278,6 +278,46 @@ def run(indices: list[int] | None = None, model: str | None = None) -> list[Resu
     return [assess(map_row(i, rows[i])) for i in chosen if not model or model.lower() in rows[i]["model"].lower()]
 
 
+def planned(x: Result) -> tuple[float, str] | None:
+    """``plan --target megatron`` for the row's job (same model, GPUs, sequence length, global batch,
+    precision and gradient dtype; the whole device as the limit, where the row fits): the planned step
+    and its mesh; None where the row does not run as written or does not fit."""
+    from planner.api import search_plan
+    from planner.compare import mesh_text
+    from planner.request import Request
+
+    m = x.mapped
+    if not x.expressible or not x.fits or m.workload is None or m.cluster is None:
+        return None
+    w = m.workload
+    p = search_plan(Request(m.spec, m.cluster, w.seq_len, w.global_batch, memory_limit_gib=x.device_gib,
+                            precision=w.precision, grad_dtype=w.grad_dtype, target=TARGET, top_k=0)).plan
+    s = p.strategy
+    return p.predicted.step_time_s, f"{mesh_text(s)} mb{s.micro_batch} {s.schedule}" + (
+        f"/vpp{s.vpp}" if s.vpp > 1 else "")
+
+
+def plan_table(results: list[Result]) -> str:
+    """Each row that runs as written and fits, against the plan searched for its job; then the count of
+    rows the plan is no slower than, and the ratios."""
+    out = ["| # | model | GPUs | recipe step (s) | planned step (s) | recipe / planned | plan |", "|---:|---|---|---:|---:|---:|---|"]
+    ratios = []
+    for x in results:
+        got = planned(x)
+        if got is None or x.step_s is None:
+            continue
+        step, mesh = got
+        ratios.append(x.step_s / step)
+        r = x.mapped.row
+        out.append(f"| {x.mapped.index} | {x.mapped.model} | {r['gpus']}x {r['gpu_type'].split()[0]} | {x.step_s:.3f} | "
+                   f"{step:.3f} | {ratios[-1]:.3f} | {mesh} |")
+    if ratios:
+        ratios.sort()
+        out.append(f"\n{len(ratios)} recipes planned; the plan is no slower in {sum(q >= 1 - 1e-9 for q in ratios)}; "
+                   f"recipe / planned: min {ratios[0]:.3f}, median {ratios[len(ratios) // 2]:.3f}, max {ratios[-1]:.3f}")
+    return "\n".join(out)
+
+
 # ---- tables ---------------------------------------------------------------------------------------
 
 def _mesh(r: dict[str, str]) -> str:
@@ -383,9 +423,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--grad-dtype", choices=("bf16", "fp32"), default="bf16",
                     help="gradient buffers and their reduction (default bf16, as the performance recipes run)")
     ap.add_argument("--write-docs", action="store_true", help="put the summary into docs/validation.md")
+    ap.add_argument("--plan", action="store_true", help="also plan each job for megatron and compare (minutes)")
     a = ap.parse_args(argv)
     GRAD_DTYPE["value"] = a.grad_dtype
     results = run(_indices(a.rows) if a.rows else None, a.model)
+    if a.plan:
+        print(plan_table(results))
+        return
     print(row_table(results))
     print()
     print(summary(results))
