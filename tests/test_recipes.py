@@ -44,3 +44,11 @@ def test_known_refusals() -> None:
     assert assessed(32).reasons == ["invalid: ep=32 must divide dp_shard*cp = 16 (expert ranks are data-parallel ranks)"]
     nano = assessed(34)
     assert nano.reasons[0].startswith("no model: Nemotron-3 Nano") and nano.peak_gib is None
+
+
+def test_the_plan_for_a_recipes_job_is_no_slower_than_the_recipe() -> None:
+    """Llama 3.1 70B on 64 H100 (row 85): the recipe is in the megatron search's space (whole device as
+    the limit), so the plan searched for the job prices no slower than the recipe."""
+    x = assessed(85)
+    step, mesh = recipes.planned(x)
+    assert x.step_s is not None and step <= x.step_s and mesh.startswith("pp=")
