@@ -52,3 +52,18 @@ def test_the_plan_for_a_recipes_job_is_no_slower_than_the_recipe() -> None:
     x = assessed(85)
     step, mesh = recipes.planned(x)
     assert x.step_s is not None and step <= x.step_s and mesh.startswith("pp=")
+
+
+def test_a_published_moe_row_maps_as_a_recipe() -> None:
+    """benchmarks/moe_runs.py: a moe_runs.csv row (DeepSeek-V3 without MTP, 256 GB200, FP8-MX, VP=4 in its
+    notes) becomes the recipe mapping's inputs: the preset without its MTP layer, the mesh, mxfp8."""
+    import csv
+
+    moe = benchmark_script("moe_runs")
+    rows = [r for r in csv.DictReader(moe.CSV.open()) if r["metric"] == "tokens_per_s_per_gpu"]
+    r = next(r for r in rows if r["model"] == "DeepSeekV3 (w/o MTP)" and r["precision"] == "FP8-MX"
+             and r["gpu_type"].startswith("GB200"))
+    m = recipes.map_row(0, moe.recipe_row(r))
+    assert not m.error and m.model == "deepseek-v3 (no MTP)" and m.spec["mtp_layers"] == 0
+    assert m.strategy.mesh.model_dump() == {"pp": 8, "dp_replicate": 1, "dp_shard": 32, "cp": 1, "tp": 1, "ep": 32}
+    assert (m.strategy.schedule, m.strategy.vpp, m.workload.precision) == ("interleaved", 4, "mxfp8")
