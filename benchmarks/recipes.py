@@ -210,7 +210,7 @@ def _strategy(m: Mapped) -> None:
 
 
 #: the gradient dtype the rows are priced with (``--grad-dtype``): NVIDIA's performance recipes reduce
-#: gradients in bf16 (issue 40; megatron-core's own default, grad_reduce_in_fp32=False)
+#: gradients in bf16 (megatron-core's own default, grad_reduce_in_fp32=False)
 GRAD_DTYPE = {"value": "bf16"}
 
 

@@ -1,4 +1,4 @@
-"""Megatron's layer split over (virtual) pipeline stages (issue 40): the target's rule
+"""Megatron's layer split over (virtual) pipeline stages: the target's rule
 (:func:`vocab.targets.split_problem`, ``stage_split: layout``), the flags the export writes for it,
 checked against megatron-core's own functions, the import reading them back to the same price, and the
 search yielding interleaved meshes whose virtual stages hold unequal layer counts."""

@@ -1,4 +1,4 @@
-"""What NVIDIA's recipes need of the megatron target (issue 40): gradients reduced in bf16, and
+"""What NVIDIA's recipes need of the megatron target: gradients reduced in bf16, and
 ``estimate --recompute full`` meaning full recomputation of the transformer blocks."""
 
 from __future__ import annotations

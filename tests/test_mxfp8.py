@@ -1,4 +1,4 @@
-"""MXFP8 (issue 40): fp8 GEMMs with an 8-bit exponent scale per 32-element block, priced as fp8 plus the
+"""MXFP8: fp8 GEMMs with an 8-bit exponent scale per 32-element block, priced as fp8 plus the
 block scales' bytes in the casts, on accelerators whose file says ``mx_formats``; refused on Hopper; exported
 to and imported from Megatron-LM (``--fp8-recipe mxfp8``) and torchtitan (``quantize.linear.mx``); the plan
 schema 1.8 that names it. NVFP4 is a named refusal (no FP4 throughput in the hardware data)."""

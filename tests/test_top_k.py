@@ -1,7 +1,6 @@
 """``--top-k``: the runners-up are the next best distinct mesh configurations of the target's space,
-each at its best plan, in order of step time (issue 42: the uniform grid let only the best few
-cells of each chunk into the pool, often options of one mesh, and the frontier's plans filled the
-rest).
+each at its best plan, in order of step time (not the best few cells of each chunk of the uniform
+grid, which are often options of one mesh).
 
 The brute force prices every mesh configuration of the space with every uniform option at once
 (:func:`costmodel.vectorized.price_grid`, the space's own :func:`solvers.space.mesh_list`,
@@ -37,8 +36,8 @@ from vocab.targets import load_target
 
 K = 5
 TRAINERS = ("torchtitan", "megatron", "deepspeed", "nanotron")
-#: (model, cluster, seq_len, global batch): a small job, and the 70B job of issue 42 (where the
-#: deepspeed target lost three runner-ups to 62.6/33.6/12.2 s frontier plans)
+#: (model, cluster, seq_len, global batch): a small job, and the 70B job (where a pool of the best
+#: cells alone leaves the deepspeed target three runner-ups short)
 JOBS = [("llama3-8b", "16xh100", 4096, 64), ("llama3-70b", "1024xh100", 8192, 512)]
 
 
