@@ -69,17 +69,27 @@ def kv_heads_fit(tp: int, kv_heads: int, strict: bool = False) -> bool:
     return divides(tp, kv_heads) or (not strict and tp % kv_heads == 0)
 
 
-def ulysses_fits(tp: int, cp: int, heads: int, kv_heads: int = 0) -> bool:
-    """Whether Ulysses can split the query heads and the KV heads of a tensor-parallel rank over
-    ``cp`` ranks (a KV head that ``tp`` replicates counts once per rank). Transformer Engine's
+def ulysses_problem(tp: int, cp: int, heads: int, kv_heads: int = 0) -> str | None:
+    """Why Ulysses cannot split the query heads or the KV heads of a tensor-parallel rank over ``cp``
+    ranks (a KV head that ``tp`` replicates counts once per rank), or None. Transformer Engine's
     all-to-all context parallelism (``cp_comm_type="a2a"``) asserts both divisible by the CP size;
     DeepSpeed's Ulysses scatters the head dimension of Q, K and V alike. Splitting fewer KV heads would
     replicate them across the CP group, which nothing here prices. Where ``tp`` does not divide the
     heads, rule ``tp_heads`` refuses the strategy; ``kv_heads`` 0: not known."""
     if not divides(tp, heads):
-        return True
+        return None
+    if not divides(cp, heads // tp):
+        return f"Ulysses splits the {heads // tp} heads of a tp rank over cp={cp}: not divisible"
     kv_rank = (kv_heads // tp if divides(tp, kv_heads) else 1) if kv_heads else 0
-    return divides(cp, heads // tp) and (kv_rank == 0 or divides(cp, kv_rank))
+    if kv_rank == 0 or divides(cp, kv_rank):
+        return None
+    return (f"Ulysses splits the {kv_rank} KV head{'s' if kv_rank != 1 else ''} of a tp rank over cp={cp}: "
+            "not divisible (KV heads replicated across context-parallel ranks are not run)")
+
+
+def ulysses_fits(tp: int, cp: int, heads: int, kv_heads: int = 0) -> bool:
+    """Whether Ulysses can split a tensor-parallel rank's heads over ``cp`` ranks (:func:`ulysses_problem`)."""
+    return ulysses_problem(tp, cp, heads, kv_heads) is None
 
 
 def stages_fit(stages: int, blocks: int, bare_ends: int = 0) -> bool:
@@ -198,15 +208,10 @@ def _tsp_alone(x: Subject) -> str | None:
 
 
 def _ulysses(x: Subject) -> str | None:
-    s, heads, kv = x.strategy, x.model.heads, x.model.kv_heads
-    m = s.mesh
-    if s.cp_mode != "ulysses" or m.cp == 1 or ulysses_fits(m.tp, m.cp, heads, kv):
+    s, m = x.strategy, x.strategy.mesh
+    if s.cp_mode != "ulysses" or m.cp == 1:
         return None
-    if not divides(m.cp, heads // m.tp):
-        return f"Ulysses splits the {heads // m.tp} heads of a tp rank over cp={m.cp}: not divisible"
-    kv_rank = kv // m.tp if divides(m.tp, kv) else 1
-    return (f"Ulysses splits the {kv_rank} KV head{'s' if kv_rank != 1 else ''} of a tp rank over cp={m.cp}: "
-            "not divisible (KV heads replicated across context-parallel ranks are not run)")
+    return ulysses_problem(m.tp, m.cp, x.model.heads, x.model.kv_heads)
 
 
 def batch_problem(global_batch: int | None, dp: int, micro_batch: int) -> str | None:
