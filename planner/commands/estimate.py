@@ -112,10 +112,8 @@ def _pydantic_message(e: Exception) -> str:
 
 def _precheck(cfg: dict[str, Any], r: PriceRequest, blocks: int) -> None:
     """The constraints a flag can break on its own, named with their values (before any arithmetic)."""
-    from vocab.strategy import RECOMPUTES, SCHEDULES, check_precision
+    from vocab.strategy import RECOMPUTES, SCHEDULES
 
-    if r.precision is not None:
-        check_precision(r.precision)
     for key, known in (
         ("schedule", SCHEDULES),
         ("recompute", RECOMPUTES),
