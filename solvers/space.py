@@ -75,7 +75,7 @@ from vocab.strategy import (
     parallel_axes,
     sequence_chunks,
 )
-from vocab.targets import ANY_SHARDING, BARE_END_STAGES, ShardingCaps, Target, split_problem
+from vocab.targets import ANY_SHARDING, BARE_END_STAGES, ShardingCaps, Target, sharding_facts, split_problem
 
 #: offload modes and the shardings they need: parameters are offloaded only where ZeRO-3 shards
 #: them (DeepSpeed's ``offload_param`` and FSDP2's CPU offload alike); optimizer offload goes with
@@ -451,13 +451,6 @@ def _narrowed(shardings: tuple[str, ...], rules: ShardingCaps) -> bool:
     return not all(set(shardings) <= set(x) for x in (rules.with_pp, rules.with_hsdp, rules.with_model_parallel))
 
 
-def _rules(cfg: MeshConfig) -> tuple[bool, bool, bool, bool]:
-    """The facts of a configuration the sharding rules read (:meth:`ShardingCaps.limits`): a
-    pipeline, data-parallel replicas, data beside model parallelism, no shard group."""
-    return (cfg.pp > 1, cfg.dp_replicate > 1,
-            cfg.dp > 1 and max(cfg.pp, cfg.tp, cfg.cp, cfg.ep) > 1, cfg.dp > 1 and cfg.shard == 1)
-
-
 def mesh_shardings(opts: SpaceOptions, cfg: MeshConfig) -> tuple[str, ...]:
     """The shardings of the space a mesh configuration may take under the target's rules
     (:meth:`vocab.targets.ShardingCaps.on_mesh`)."""
@@ -469,12 +462,12 @@ def grid_mask(configs: list[MeshConfig], options: list[GridOption], opts: SpaceO
     if not _narrowed(opts.shardings, opts.sharding_rules):
         return None
     rows: dict[tuple[bool, bool, bool, bool], np.ndarray] = {}
-    for cfg in configs:
-        key = _rules(cfg)
+    keys = [sharding_facts(cfg) for cfg in configs]
+    for cfg, key in zip(configs, keys, strict=True):
         if key not in rows:
             allowed = mesh_shardings(opts, cfg)
             rows[key] = np.array([o.sharding in allowed for o in options], bool)
-    return np.array([rows[_rules(c)] for c in configs], bool).reshape(len(configs), len(options))
+    return np.array([rows[k] for k in keys], bool).reshape(len(configs), len(options))
 
 
 def blocks_recompute(s: Strategy, units: list[str]) -> Strategy:

@@ -73,6 +73,18 @@ class Source(_Strict):
     where: str = Field(..., min_length=1, description="file:line or file (symbol) in the pinned release")
 
 
+def sharding_facts(mesh: Mapping[str, int] | MeshFacts) -> tuple[bool, bool, bool, bool]:
+    """What of a mesh the sharding rules read: a pipeline, data-parallel replicas, data parallelism
+    beside model parallelism (pp, tp, cp or ep), and data parallelism without a shard group
+    (``dp_shard*cp == 1``: every sharding then runs as plain DDP)."""
+    if isinstance(mesh, MeshFacts):  # attributes, not a dict: the search asks this of every configuration
+        pp, dpr, dps, cp, tp, ep = mesh.pp, mesh.dp_replicate, mesh.dp_shard, mesh.cp, mesh.tp, mesh.ep
+    else:
+        pp, dpr, dps, cp, tp, ep = (mesh[a] for a in ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep"))
+    dp = dpr * dps
+    return pp > 1, dpr > 1, dp > 1 and max(pp, tp, cp, ep) > 1, dp > 1 and dps * cp == 1
+
+
 class ShardingCaps(_Strict):
     """Sharding modes (``vocab.strategy.SHARDINGS``) overall and where other axes restrict them."""
 
@@ -92,12 +104,10 @@ class ShardingCaps(_Strict):
         """The sharding lists ``mesh``'s other axes hold a plan to, each with why: a pipeline
         (``with_pp``), data-parallel replicas (``with_hsdp``; not when ``replicas`` is false) and data
         parallelism beside model parallelism (``with_model_parallel``)."""
-        m = mesh.degrees() if isinstance(mesh, MeshFacts) else mesh
-        dp = m["dp_replicate"] * m["dp_shard"]
-        rules = ((m["pp"] > 1, self.with_pp, "with pipeline parallelism"),
-                 (replicas and m["dp_replicate"] > 1, self.with_hsdp, "across data-parallel replicas"),
-                 (dp > 1 and max(m["pp"], m["tp"], m["cp"], m["ep"]) > 1, self.with_model_parallel,
-                  "with data parallelism beside model parallelism"))
+        piped, replicated, beside, _ = sharding_facts(mesh)
+        rules = ((piped, self.with_pp, "with pipeline parallelism"),
+                 (replicas and replicated, self.with_hsdp, "across data-parallel replicas"),
+                 (beside, self.with_model_parallel, "with data parallelism beside model parallelism"))
         return [(list(allowed), why) for applies, allowed, why in rules if applies]
 
     def on_mesh(self, mesh: Mapping[str, int] | MeshFacts, within: Sequence[str] | None = None,
@@ -106,14 +116,12 @@ class ShardingCaps(_Strict):
         when a rule of :meth:`limits` narrows them. Without a shard group (``dp_shard*cp == 1``) and
         with data parallelism every sharding runs as plain DDP: none, where a rule excludes DDP
         (``no_shard_group`` false: an export mends such a mesh itself)."""
-        m = mesh.degrees() if isinstance(mesh, MeshFacts) else mesh
         out, why = tuple(within if within is not None else self.modes), ""
-        limits = self.limits(m, replicas)
+        limits = self.limits(mesh, replicas)
         for allowed, because in limits:
             if not set(out) <= set(allowed):
                 out, why = tuple(v for v in out if v in allowed), why or because
-        plain = m["dp_replicate"] * m["dp_shard"] > 1 and m["dp_shard"] * m["cp"] == 1
-        if no_shard_group and plain and any("replicate" not in allowed for allowed, _ in limits):
+        if no_shard_group and sharding_facts(mesh)[3] and any("replicate" not in allowed for allowed, _ in limits):
             return (), why or "without a shard group, where DDP is ruled out"
         return out, why
 
