@@ -12,14 +12,13 @@ from planner.trainers.exporting import Nearest, collapse, header
 from planner.trainers.torchtitan.keys import (
     TORCHTITAN,
     TORCHTITAN_CP_ROTATE,
-    TORCHTITAN_FLAVORS,
     TORCHTITAN_FLOAT8,
     TORCHTITAN_FQN,
     TORCHTITAN_MX,
     TORCHTITAN_RESHARD,
     TORCHTITAN_SCHEDULES,
 )
-from planner.trainers.torchtitan.read import SHAPE
+from planner.trainers.torchtitan.read import flavor_of
 from vocab.strategy import Strategy
 
 SUFFIX = ".toml"
@@ -121,12 +120,11 @@ def model_keys(n: Nearest) -> list[tuple[str | None, Any]]:
 
     name = n.plan.inputs.model
     try:
-        mine = preset(name).to_dict()
+        found = flavor_of(preset(name).to_dict())
     except ShardplanError:
-        mine = None
-    for (family, flavor), known in TORCHTITAN_FLAVORS.items():
-        if mine is not None and all(preset(known).to_dict().get(k) == mine.get(k) for k in SHAPE):
-            return [(TORCHTITAN["model_name"], family), (TORCHTITAN["flavor"], flavor)]
+        found = None
+    if found is not None:
+        return [(TORCHTITAN["model_name"], found[0]), (TORCHTITAN["flavor"], found[1])]
     n.notes.append(f"[model] names no flavor: {n.label} has none of {name}'s shape; set "
                    "[model] name and flavor (and hf_assets_path) to your model before training")
     return []

@@ -87,6 +87,19 @@ def workload(doc: dict[str, Any], origin: str) -> dict[str, Any]:
 SHAPE = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "experts", "moe_ffn_hidden")
 
 
+def same_shape(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two model configs have the same layer shape (:data:`SHAPE`)."""
+    return all(a.get(k) == b.get(k) for k in SHAPE)
+
+
+def flavor_of(config: dict[str, Any]) -> tuple[str, str] | None:
+    """torchtitan's ``([model] name, flavor)`` of a model config's layer shape (:data:`TORCHTITAN_FLAVORS`,
+    the first listed), or None where it has none."""
+    from profiler.models import preset
+
+    return next((k for k, known in TORCHTITAN_FLAVORS.items() if same_shape(preset(known).to_dict(), config)), None)
+
+
 def check_flavor(doc: dict[str, Any], ctx: Context) -> None:
     """Refuse a ``[model]`` flavor that is a known preset of another shape than the model being priced."""
     from profiler.models import preset
@@ -97,7 +110,7 @@ def check_flavor(doc: dict[str, Any], ctx: Context) -> None:
     if known is None or not all(k in ctx.config for k in SHAPE):  # a traced module has no such keys: unchecked
         return
     trained = preset(known).to_dict()
-    if all(trained.get(k) == ctx.config.get(k) for k in SHAPE):
+    if same_shape(trained, ctx.config):
         return
 
     def shape(c: dict[str, Any]) -> str:
