@@ -336,12 +336,11 @@ def target_behaviour(t: Target, precision: str, **asked: str | None) -> dict[str
     """The workload fields a search for ``t`` prices with (:data:`vocab.targets.WORKLOAD_BEHAVIOUR`):
     the values asked for (``cross_entropy``, ``grad_dtype``, ``moe_dispatch``...), which ``t`` must
     run, or the target's own; fp8 needs a target that trains in fp8, mxfp8 one that trains in MXFP8."""
-    if precision == "fp8" and not t.fp8:
-        raise ShardplanError(f"the {t.name} target ({t.label}) has no fp8 training; use --precision bf16 or "
-                             "another --target")
-    if precision == "mxfp8" and not t.mxfp8:
-        raise ShardplanError(f"the {t.name} target ({t.label}) has no mxfp8 training; use --precision fp8 or bf16, "
-                             "or another --target")
+    trains = {"fp8": t.fp8, "mxfp8": t.mxfp8}
+    if not trains.get(precision, True):
+        instead = [p for p in ("fp8", "bf16") if p != precision and trains.get(p, True)]
+        raise ShardplanError(f"the {t.name} target ({t.label}) has no {precision} training; use --precision "
+                             f"{' or '.join(instead)}, or another --target")
     for field, value in asked.items():
         allowed = getattr(t.behaviour, field)
         if value is not None and value not in allowed:
