@@ -27,3 +27,26 @@ def test_a_model_without_a_flavor_gets_a_note() -> None:
     e = export(make_plan(FSDP, model="gpt2", zero3_master="parameter"), "torchtitan")
     assert "model" not in tomllib.loads(e.text)
     assert any(x.startswith("[model] names no flavor: torchtitan 0.2.2 has none of gpt2's shape") for x in e.notes)
+
+
+def test_exported_converters_are_ones_torchtitan_registers() -> None:
+    """torchtitan builds every name of model.converters from its registry (a name it does not register
+    is a KeyError when the model is built): fp8 and mxfp8 exports name registered converters, and the
+    import refuses a name torchtitan does not register."""
+    import pytest
+
+    from planner.trainers import ConfigError
+    from planner.trainers.torchtitan.keys import TORCHTITAN_CONVERTERS
+    from planner.trainers.torchtitan.read import workload
+
+    pytest.importorskip("torchao")
+    import torchtitan.components.quantization.float8  # noqa: F401  (registers its converters)
+    import torchtitan.components.quantization.mx  # noqa: F401
+    from torchtitan.protocols.model_converter import _registry_model_converter_cls as registry
+
+    assert set(TORCHTITAN_CONVERTERS) == set(registry)
+    fp8 = export(make_plan(FSDP, model="llama3-8b", zero3_master="parameter", precision="fp8"), "torchtitan")
+    assert tomllib.loads(fp8.text)["model"]["converters"] == ["quantize.linear.float8"]
+    assert workload(tomllib.loads(fp8.text), "'x'")["precision"] == "fp8"
+    with pytest.raises(ConfigError, match=r"^'x': model.converters \['float8'\]: torchtitan registers only "):
+        workload({"model": {"converters": ["float8"]}}, "'x'")

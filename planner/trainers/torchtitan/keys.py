@@ -42,7 +42,7 @@ TORCHTITAN: Final[dict[str, str | None]] = {
     "model": "model",  # [model]
     "model_name": "name",  # the model family (torchtitan's default: "llama3")
     "flavor": "flavor",  # its size within the family (torchtitan's default: "debugmodel")
-    "converters": "converters",  # ["float8"] turns on float8 training
+    "converters": "converters",  # ["quantize.linear.float8"] turns on float8 training
 }
 TORCHTITAN_MODEL_DEFAULT: Final = "llama3"  # [model] name when the file leaves it out
 #: torchtitan 0.2.2's model flavors that are a preset of shardplan, by ([model] name, flavor); an import
@@ -61,8 +61,13 @@ TORCHTITAN_SCHEDULES: Final = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": 
                                "zb": "InterleavedZeroBubble"}
 TORCHTITAN_RESHARD: Final = {"zero3": "always", "zero3_keep": "never"}
 TORCHTITAN_CP_ROTATE: Final = {"allgather": "allgather", "alltoall": "alltoall"}  # the plan's cp_rotate
-TORCHTITAN_FLOAT8: Final = "float8"
+#: float8 Linear layers: the converter torchtitan 0.2.2 registers (components/quantization/float8.py:238;
+#: model_converter.py:61-63 looks every name of model.converters up in that registry)
+TORCHTITAN_FLOAT8: Final = "quantize.linear.float8"
 #: MXFP8 Linear layers: the converter torchtitan 0.2.2 registers (components/quantization/mx.py:171), its
 #: [quantize.linear.mx] defaults (recipe mxfp8_cublas, the output layer left out: job_config.py:767-790)
 TORCHTITAN_MX: Final = "quantize.linear.mx"
+#: every converter name torchtitan 0.2.2 registers (float8.py:238-239, mx.py:171-172); the grouped-GEMM
+#: ones convert MoE experts beside their Linear converter
+TORCHTITAN_CONVERTERS: Final = (TORCHTITAN_FLOAT8, "quantize.grouped_mm.float8", TORCHTITAN_MX, "quantize.grouped_mm.mx")
 TORCHTITAN_FQN: Final = {"embedding": ["tok_embeddings"], "block": "layers.{i}", "head": ["norm", "output"]}

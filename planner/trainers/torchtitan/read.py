@@ -13,7 +13,7 @@ block a pipeline rank builds (``"N"``). ``training.enable_cpu_offload`` offloads
 all-to-all). ``[model]`` ``name`` and ``flavor`` are the model the file trains: where they are a preset
 (``TORCHTITAN_FLAVORS``) whose layers differ from the model being priced (``--model`` or the header's),
 the file is refused; a flavor that is no preset, or a file without one, is not checked. ``[model]``
-``converters`` holding ``float8`` is fp8, ``quantize.linear.mx`` (torchao's MXLinear) mxfp8.
+``converters`` (names torchtitan registers: ``TORCHTITAN_CONVERTERS``; others are refused) holding ``quantize.linear.float8`` is fp8, ``quantize.linear.mx`` (torchao's MXLinear) mxfp8.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import Any
 from planner.trainers.reading import ConfigError, Context, count, refuse_unknown, unit_choices, unknown_keys
 from planner.trainers.torchtitan.keys import TORCHTITAN as K
 from planner.trainers.torchtitan.keys import (
+    TORCHTITAN_CONVERTERS,
     TORCHTITAN_CP_ROTATE,
     TORCHTITAN_FLAVORS,
     TORCHTITAN_FLOAT8,
@@ -72,6 +73,10 @@ def workload(doc: dict[str, Any], origin: str) -> dict[str, Any]:
                           f"{', '.join(PRECISIONS)}")
     out["precision"] = PRECISIONS[precision]
     converters = _get(doc, "model", "converters", [])
+    unknown = [c for c in converters if c not in TORCHTITAN_CONVERTERS] if isinstance(converters, list) else [converters]
+    if unknown:
+        raise ConfigError(f"{origin}: model.converters {unknown!r}: torchtitan registers only "
+                          f"{', '.join(TORCHTITAN_CONVERTERS)}")
     if TORCHTITAN_FLOAT8 in converters:
         out["precision"] = "fp8"
     elif TORCHTITAN_MX in converters:
