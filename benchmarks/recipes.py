@@ -21,8 +21,7 @@ as the megatron target runs it. Then, per row:
 - **step**: the predicted step time.
 
 MXFP8 rows are priced as ``mxfp8`` (fp8 GEMMs, block-scale bytes in the casts); NVFP4 rows are not
-priced. A row whose sharding has no word is still priced with the nearest one (Megatron-FSDP as
-ZeRO-3), so that its memory and time are shown; the reason stays on the row.
+priced. Megatron-FSDP rows are ZeRO-3 (``--use-megatron-fsdp``, optim_grads_params).
 What a recipe leaves unstated is assumed and listed: the distributed optimizer (ZeRO-1) where
 Megatron-FSDP is not used, no recomputation, sequence parallelism with tp > 1, dropless routing.
 """
@@ -193,7 +192,7 @@ def _strategy(m: Mapped) -> None:
     sharding_text = r["sharding"]
     if sharding_text.lower().startswith("megatron-fsdp"):
         sharding = "zero3"
-        m.assumptions.append("Megatron-FSDP priced as ZeRO-3")
+        m.assumptions.append("Megatron-FSDP (ZeRO-3, optim_grads_params)")
     else:
         sharding = "zero1"
         m.assumptions.append("distributed optimizer (ZeRO-1; not stated)")
@@ -387,7 +386,7 @@ def doc_section(results: list[Result], other: list[Result] | None = None) -> str
             f"the distributed optimizer unless Megatron-FSDP, no recomputation, sequence parallelism with tp > 1, "
             f"gradients reduced in {GRAD_DTYPE['value']}; "
             "MXFP8 is priced as mxfp8 (fp8 GEMMs, the block scales' bytes in the casts), NVFP4 is not priced "
-            "(no FP4 throughput in the hardware data), Megatron-FSDP as ZeRO-3 (the reason stays on the row). "
+            "(no FP4 throughput in the hardware data), Megatron-FSDP is ZeRO-3 (optim_grads_params). "
             "`tests/test_recipes.py` checks the mapping of a few rows."
             + (f" With fp32 gradients (`--grad-dtype fp32`, what a search for megatron prices) "
                f"{counts_line(other)}." if other is not None else ""))

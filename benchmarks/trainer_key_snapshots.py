@@ -47,6 +47,8 @@ MEGATRON_LM_FLAGS: dict[str, dict[str, Any]] = {
     "--group-query-attention": {"fields": [], "note": "no core field: enables --num-query-groups"},
     "--vocab-size": {"fields": [], "note": "no core field: GPTModel(vocab_size=), padded by Megatron-LM"},
     "--use-mcore-models": {"fields": [], "note": "no core field: Megatron-LM model choice"},
+    "--ckpt-format": {"fields": [], "note": "no core field: Megatron-LM checkpoint argument (fsdp_dtensor with "
+                                           "--use-megatron-fsdp)"},
 }
 
 

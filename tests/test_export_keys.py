@@ -47,7 +47,8 @@ def plans(target: str) -> tuple[Plan, ...]:
     out += [make_plan({"mesh": {"pp": 2, "dp_shard": 4, "tp": 2}, "micro_batch": 1, **full}),
             make_plan({"mesh": {"pp": 2, "dp_shard": 8}, "default": {"sharding": "zero1"},
                        "layers": [{"unit": f"layers.{i}", "sharding": "zero1", "recompute": "full"}
-                                  for i in range(1, 32, 2)]})]
+                                  for i in range(1, 32, 2)]}),
+            make_plan({"mesh": {"dp_replicate": 2, "dp_shard": 8}, "default": {"sharding": "zero3"}})]
     return tuple(out)
 
 

@@ -73,6 +73,12 @@ CASES: dict[str, tuple[Callable[[], Plan], tuple[str, ...]]] = {
         ("--expert-model-parallel-size 4", "--pipeline-model-parallel-size 2")),
     "fp8-ddp": (lambda: made("llama3-8b", {"mesh": {"dp_shard": 8, "tp": 2}}, precision="fp8"),
                 ("--fp8-format hybrid",)),
+    "megatron-fsdp": (lambda: made("llama3-8b", {"mesh": {"dp_shard": 16}, "default": {"sharding": "zero3"}}),
+                      ("--use-megatron-fsdp", "--data-parallel-sharding-strategy optim_grads_params",
+                       "--ckpt-format fsdp_dtensor", "--overlap-param-gather")),
+    "megatron-fsdp-hsdp": (
+        lambda: made("llama3-8b", {"mesh": {"dp_replicate": 2, "dp_shard": 8}, "default": {"sharding": "zero3"}}),
+        ("--use-megatron-fsdp", "--num-distributed-optimizer-instances 2")),
 }
 
 
@@ -100,8 +106,8 @@ def test_round_trip_gives_the_step_time_back(name: str, tmp_path: Path) -> None:
         s.mesh.world_size, s.mesh.tp, s.mesh.pp, s.mesh.cp, s.mesh.ep, s.mesh.dp)
     assert (b.schedule, b.vpp, b.micro_batch, b.cp_mode, b.sequence_parallel) == (
         s.schedule, s.vpp, s.micro_batch, s.cp_mode, s.sequence_parallel)
-    if s.default.sharding == "zero1":  # the distributed optimizer's instances are the replicas
-        assert (b.mesh.dp_replicate, b.default.sharding) == (s.mesh.dp_replicate, "zero1")
+    if s.default.sharding in ("zero1", "zero3"):  # the distributed optimizer's instances are the replicas
+        assert (b.mesh.dp_replicate, b.default.sharding) == (s.mesh.dp_replicate, s.default.sharding)
     w, bw = p.inputs.workload, back.inputs.workload
     assert (bw.seq_len, bw.global_batch, bw.precision) == (w.seq_len, w.global_batch, w.precision)
     assert back.inputs.target.name == "megatron"
@@ -145,7 +151,9 @@ def edited(drop: tuple[str, ...] = (), add: tuple[str, ...] = ()) -> str:
                                            "--num-layers-per-virtual-pipeline-stage 4"),
      "12 layers do not split into --num-layers-per-virtual-pipeline-stage 4 over 2 pipeline ranks"),
     ((), ("--fp8-format e5m2",), "--fp8-format 'e5m2' is not one of e4m3, hybrid"),
-    ((), ("--use-megatron-fsdp",), "--use-megatron-fsdp is not priced"),
+    ((), ("--use-custom-fsdp",), "--use-custom-fsdp is not priced"),
+    ((), ("--use-megatron-fsdp", "--data-parallel-sharding-strategy optim_grads"),
+     "--data-parallel-sharding-strategy 'optim_grads' is not priced; accepted: optim_grads_params (ZeRO-3)"),
     ((), ("--seq-length 'unclosed",), "is not a list of command-line flags"),
 ])
 def test_flags_that_make_no_plan_are_one_clear_error(drop: tuple[str, ...], add: tuple[str, ...], message: str,

@@ -60,5 +60,9 @@ def test_estimate_full_recompute_on_megatron_is_of_the_blocks() -> None:
 
 
 def test_estimate_still_refuses_what_megatron_lacks() -> None:
-    with pytest.raises(ShardplanError, match="cannot express: ZeRO-3"):
-        price_args({**JOB, "zero": 3, "target": "megatron", "recompute": "full"})
+    with pytest.raises(ShardplanError, match="cannot express: ZeRO-2"):
+        price_args({**JOB, "zero": 2, "target": "megatron", "recompute": "full"})
+    # Megatron-FSDP (ZeRO-3) runs on data-parallel meshes; beside tensor parallelism it is not offered
+    assert price_args({**JOB, "zero": 3, "target": "megatron", "recompute": "full"})["fits"]
+    with pytest.raises(ShardplanError, match="cannot express: ZeRO-3 with data parallelism beside model parallelism"):
+        price_args({**JOB, "zero": 3, "tp": 2, "target": "megatron"})

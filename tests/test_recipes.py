@@ -35,8 +35,8 @@ def test_scaled_down_405b_keeps_the_shape_with_fewer_layers() -> None:
 
 
 def test_known_refusals() -> None:
-    fsdp = assessed(0)  # Llama 3 70B with Megatron-FSDP: priced as ZeRO-3, which megatron-core 0.16.1 is not offered
-    assert fsdp.reasons == ["ZeRO-3"] and fsdp.mapped.strategy.default.sharding == "zero3"
+    fsdp = assessed(0)  # Llama 3 70B with Megatron-FSDP on 64 GB300: ZeRO-3, which the megatron target runs
+    assert fsdp.reasons == [] and fsdp.mapped.strategy.default.sharding == "zero3"
     mx = assessed(1)  # Llama 3 70B on GB300 in MXFP8: priced as mxfp8, nothing to refuse for it
     assert mx.mapped.workload.precision == "mxfp8" and not any("MXFP8" in r for r in mx.reasons)
     fp4 = assessed(2)  # the same in NVFP4: a named refusal, not priced

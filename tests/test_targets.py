@@ -110,7 +110,11 @@ def test_restrict_keeps_what_the_target_runs() -> None:
     # no shard group: every sharding is DDP, which torchtitan does not run beside tp
     assert tt.sharding_rules.on_mesh({**beside_tp, "dp_replicate": 4, "dp_shard": 1}, tt.shardings)[0] == ()
     mg = restrict(full, load_target("megatron"))
-    assert mg.shardings == ("replicate", "zero1") and mg.offloads == ("none", "optimizer") and mg.splits == (1,)
+    assert mg.shardings == ("replicate", "zero1", "zero3") and mg.offloads == ("none", "optimizer") and mg.splits == (1,)
+    # Megatron-FSDP on data-parallel meshes only; its HSDP (distributed-optimizer instances) included
+    assert mg.sharding_rules.on_mesh(beside_tp, mg.shardings) == (("replicate", "zero1"),
+                                                                  "with data parallelism beside model parallelism")
+    assert mg.sharding_rules.on_mesh({**beside_tp, "tp": 1, "dp_replicate": 2}, mg.shardings)[0] == ("zero1", "zero3")
     assert mg.offload_needs == (("optimizer", ("zero1",)),) and mg.stage_split == "layout"
     nt = restrict(full, load_target("nanotron"))
     assert not nt.cp and nt.recomputes == ("none",) and nt.schedules == ("1f1b",)
@@ -123,8 +127,9 @@ def test_restrict_keeps_what_the_target_runs() -> None:
     assert sp.cp and sp.cp_modes == ("ring", "ulysses") and sp.ep and sp.per_layer and sp.splits == (1, 2, 4)
     assert sp.tp_modes == ("megatron", "tsp") and sp.tsp_cp_modes == ("ring",) and full.tsp_cp_modes == ("ring", "ulysses")
     assert sp.strict_tp and not sp.tp_experts and tt.tp_experts
-    with pytest.raises(ShardplanError, match="the 'fsdp' space and the megatron target .* share no sharding"):
-        restrict(SPACES["fsdp"], load_target("megatron"))
+    assert restrict(SPACES["fsdp"], load_target("megatron")).shardings == ("zero3",)  # Megatron-FSDP
+    with pytest.raises(ShardplanError, match="the 'fsdp' space and the nanotron target .* share no sharding"):
+        restrict(SPACES["fsdp"], load_target("nanotron"))
 
 
 def test_stage_count_rules_and_layer_splits() -> None:

@@ -11,8 +11,8 @@ parses with ``shlex.split(text, comments=True)``; in bash::
 The model's shape comes from the plan's model (its recorded layer graph, preset or config file). The
 overlap flags are those the price assumes: the cost model hides the data-parallel gradient reduction
 (``dp_overlap``) and the distributed optimizer's parameter all-gather (``fsdp_overlap``) under compute,
-so ``--overlap-grad-reduce`` and, with the distributed optimizer, ``--overlap-param-gather`` are always
-set; ``--tp-comm-overlap`` only where the accelerator's cost constants hide TP collectives
+so ``--overlap-grad-reduce`` and, with the distributed optimizer or Megatron-FSDP (ZeRO-3: its
+per-layer gathers), ``--overlap-param-gather`` are always set; ``--tp-comm-overlap`` only where the accelerator's cost constants hide TP collectives
 (``tp_overlap`` > 0) and sequence parallelism is on.
 """
 
@@ -31,6 +31,7 @@ from planner.trainers.megatron.keys import (
     MEGATRON,
     MEGATRON_CP_COMM,
     MEGATRON_FP8_FORMAT,
+    MEGATRON_FSDP,
     MEGATRON_MXFP8,
     MEGATRON_NORM,
     MEGATRON_POSITION,
@@ -47,6 +48,8 @@ def adjust(n: Nearest) -> None:
     _recompute(n)
     _overlap(n)
     _shape(n)
+    if "zero3" in (n.values("sharding") if n.units else []):
+        n.notes.append("Megatron-FSDP: leave CUDA_DEVICE_MAX_CONNECTIONS unset or above 1 (Megatron-LM asserts it)")
 
 
 def _shape(n: Nearest) -> None:
@@ -236,6 +239,22 @@ def _recompute(n: Nearest) -> None:
         n.extra["recompute_block"] = k
 
 
+def _sharding(shard: str, replicas: int) -> list[tuple[str, object]]:
+    """The data-parallel flags: DDP, the distributed optimizer (ZeRO-1) or Megatron-FSDP (ZeRO-3), the
+    last two sharded within an instance of ``replicas`` (HSDP); the overlaps the price assumes."""
+    K = MEGATRON
+    if shard == "replicate":
+        return [(K["overlap_grad"], True)]
+    out: list[tuple[str, object]] = [(K["dist_opt"], True)]
+    if shard == "zero3":
+        out += [(K["megatron_fsdp"], True), (K["fsdp_strategy"], MEGATRON_FSDP["strategy"]),
+                (K["ckpt_format"], MEGATRON_FSDP["ckpt_format"])]
+    out += [(K["overlap_grad"], True), (K["overlap_param"], True)]
+    if replicas > 1:
+        out.append((K["dist_opt_instances"], replicas))
+    return out
+
+
 def render(n: Nearest, s: Strategy, cost: str) -> str:
     K, m, w = MEGATRON, s.mesh, n.workload_model()
     mtp = n.extra.get("mtp_layers", 0)
@@ -250,13 +269,7 @@ def render(n: Nearest, s: Strategy, cost: str) -> str:
     if m.ep > 1:
         flags += _dispatch(w, m.pp, s.vpp, n.values("recompute", n.blocks))
     flags.append((K["moe_capacity"], w.moe_capacity_factor))
-    shard = n.values("sharding")[0] if n.units else s.default.sharding
-    if shard == "zero1":
-        flags += [(K["dist_opt"], True), (K["overlap_grad"], True), (K["overlap_param"], True)]
-        if m.dp_replicate > 1:
-            flags.append((K["dist_opt_instances"], m.dp_replicate))
-    else:
-        flags.append((K["overlap_grad"], True))
+    flags += _sharding(n.values("sharding")[0] if n.units else s.default.sharding, m.dp_replicate)
     if m.tp > 1 and s.sequence_parallel and constants_for(n.plan.inputs.cluster.accelerator).tp_overlap > 0:
         flags.append((K["tp_overlap"], True))
     rec = {n.choice[u]["recompute"] for u in n.blocks} - {"none"}

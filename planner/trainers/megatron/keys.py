@@ -26,7 +26,10 @@ MEGATRON: Final[dict[str, str | None]] = {
     "ep": "--expert-model-parallel-size",
     "sp": "--sequence-parallel",
     "dist_opt": "--use-distributed-optimizer",
-    "dist_opt_instances": "--num-distributed-optimizer-instances",  # ZeRO-1 sharded within dp_shard
+    "dist_opt_instances": "--num-distributed-optimizer-instances",  # ZeRO-1 / Megatron-FSDP sharded within dp_shard
+    "megatron_fsdp": "--use-megatron-fsdp",  # DistributedDataParallelConfig.use_megatron_fsdp
+    "fsdp_strategy": "--data-parallel-sharding-strategy",
+    "ckpt_format": "--ckpt-format",  # Megatron-LM checkpoint argument: fsdp_dtensor with Megatron-FSDP
     "recompute_granularity": "--recompute-granularity",
     "recompute_method": "--recompute-method",
     "recompute_num_layers": "--recompute-num-layers",
@@ -91,3 +94,7 @@ MEGATRON_FP8_FORMAT: Final = "hybrid"
 MEGATRON_MXFP8: Final = {"format": "e4m3", "recipe": "mxfp8"}
 #: the recipes of --fp8-recipe (transformer_config.py:436): all but mxfp8 are priced as fp8
 MEGATRON_FP8_RECIPES: Final = ("tensorwise", "delayed", "mxfp8", "blockwise", "custom")
+#: Megatron-FSDP as ZeRO-3: parameters, gradients and optimizer states sharded (optim_grads_params;
+#: distributed_data_parallel_config.py:79), with the checkpoint format Megatron-LM requires of it
+#: (arguments.py:1146, megatron-core 0.19.2 wheel)
+MEGATRON_FSDP: Final = {"strategy": "optim_grads_params", "ckpt_format": "fsdp_dtensor"}

@@ -13,7 +13,9 @@ it: ``cp_rotate`` alltoall), all_gather (ring, K/V all-gathered) or a2a (Ulysses
 else 1F1B, with ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers`` (the
 other stages share the rest evenly); ``--account-for-embedding-in-pipeline-split`` /
 ``--account-for-loss-in-pipeline-split`` count the embedding and the loss as layers (the first and last
-virtual stage one fewer); ``--pipeline-model-parallel-layout`` gives each virtual stage's layers. ZeRO-1 with ``--use-distributed-optimizer``, DDP otherwise;
+virtual stage one fewer); ``--pipeline-model-parallel-layout`` gives each virtual stage's layers. ZeRO-3 with ``--use-megatron-fsdp``
+(``--data-parallel-sharding-strategy optim_grads_params``, its default; other strategies are refused), ZeRO-1 with
+``--use-distributed-optimizer``, DDP otherwise;
 ``--optimizer-cpu-offload`` (fraction 1.0) offloads the optimizer. Blocks only recompute:
 ``--recompute-granularity selective`` (all), ``full`` with ``--recompute-method uniform`` (all) or
 ``block`` with ``--recompute-num-layers k`` (the first k of every virtual stage). With expert
@@ -29,7 +31,7 @@ import shlex
 from typing import Any
 
 from planner.trainers.megatron.keys import MEGATRON as K
-from planner.trainers.megatron.keys import MEGATRON_CP_COMM, MEGATRON_FP8_RECIPES, MEGATRON_MXFP8
+from planner.trainers.megatron.keys import MEGATRON_CP_COMM, MEGATRON_FP8_RECIPES, MEGATRON_FSDP, MEGATRON_MXFP8
 from planner.trainers.reading import ConfigError, Context, refuse_unknown, unit_choices
 from vocab.digits import read_float, read_int
 from vocab.strategy import UNPRICED_PRECISIONS
@@ -41,7 +43,7 @@ FP8_FORMATS = ("e4m3", "hybrid")
 RECOMPUTE_METHODS = ("uniform", "block")
 FP16 = "--fp16"  # not in keys.MEGATRON: the exporter never writes it
 #: flags the pinned release knows whose plans are not priced here
-UNPRICED = ("--use-megatron-fsdp", "--use-custom-fsdp", "--virtual-pipeline-model-parallel-size")
+UNPRICED = ("--use-custom-fsdp", "--virtual-pipeline-model-parallel-size")
 
 Doc = dict[str, list[str]]  # flag -> the values after it ([] for a bare flag)
 
@@ -173,7 +175,8 @@ def strategy(doc: Doc, ctx: Context) -> dict[str, Any]:
     dp, rest = divmod(ctx.world, tp * pp * cp)
     if rest or not dp:
         raise ConfigError(f"{o}: tp {tp} x pp {pp} x cp {cp} does not divide the cluster's {ctx.world} GPUs")
-    dist_opt = _on(doc, "dist_opt", o)
+    fsdp = _megatron_fsdp(doc, o)
+    dist_opt = _on(doc, "dist_opt", o) or fsdp  # Megatron-LM turns the distributed optimizer on with it
     replicas = _int(doc, "dist_opt_instances", o, 1) or 1
     if replicas > 1 and not dist_opt:
         raise ConfigError(f"{o}: {_key('dist_opt_instances')} needs {_key('dist_opt')}")
@@ -199,9 +202,21 @@ def strategy(doc: Doc, ctx: Context) -> dict[str, Any]:
     if offload and not whole:
         raise ConfigError(f"{o}: {_key('optimizer_offload_fraction')} {fraction!r} is not priced (1.0 is)")
     recompute = dict(zip([u for u in ctx.units if u.startswith("layers.")], _recompute(doc, fields, ctx), strict=True))
-    fields.update(unit_choices(ctx.units, recompute, "zero1" if dist_opt else "replicate",
-                               "optimizer" if offload else "none"))
+    sharding = "zero3" if fsdp else "zero1" if dist_opt else "replicate"
+    fields.update(unit_choices(ctx.units, recompute, sharding, "optimizer" if offload else "none"))
     return fields
+
+
+def _megatron_fsdp(doc: Doc, o: str) -> bool:
+    """Whether the flags ask for Megatron-FSDP, in the one strategy priced (ZeRO-3: ``optim_grads_params``,
+    Megatron-LM's default)."""
+    strategy = _str(doc, "fsdp_strategy", o)
+    if not _on(doc, "megatron_fsdp", o):
+        return False
+    if strategy not in (None, MEGATRON_FSDP["strategy"]):
+        raise ConfigError(f"{o}: {_key('fsdp_strategy')} {strategy!r} is not priced; accepted: "
+                          f"{MEGATRON_FSDP['strategy']} (ZeRO-3)")
+    return True
 
 
 def _pipeline(doc: Doc, fields: dict[str, Any], ctx: Context) -> None:
