@@ -63,7 +63,7 @@ GIB = 1024**3
 #: the recipe's model name (lower case, spaces and punctuation dropped) -> the preset of that model
 PRESETS = {"llama38b": "llama3-8b", "llama370b": "llama3-70b", "llama3.18b": "llama3.1-8b",
            "llama3.170b": "llama3.1-70b", "llama3.1405b": "llama3.1-405b", "deepseekv3": "deepseek-v3",
-           "gptoss120b": "gpt-oss-120b", "qwen3235ba22b": "qwen3-235b-a22b"}
+           "gptoss120b": "gpt-oss-120b", "qwen3235ba22b": "qwen3-235b-a22b", "kimik2": "kimi-k2"}
 #: models with no preset, built from their Hugging Face config.json values (as recalled, not read from
 #: a file in this repository): a dict of :class:`profiler.model_config.TransformerConfig` fields
 BUILT: dict[str, dict[str, Any]] = {
@@ -74,8 +74,7 @@ BUILT: dict[str, dict[str, Any]] = {
 }
 #: models the layer graph cannot build, and why
 NO_MODEL = {"nemotron3nano": "Nemotron-3 Nano is a hybrid Mamba-Transformer MoE: no Mamba layers in the graph",
-            "nemotron3super": "Nemotron-3 Super is a hybrid Mamba-Transformer MoE: no Mamba layers in the graph",
-            "kimik2": "Kimi K2 has no preset (a DeepSeek-V3-like MoE)"}
+            "nemotron3super": "Nemotron-3 Super is a hybrid Mamba-Transformer MoE: no Mamba layers in the graph"}
 #: the recipe's gpu_type (its first word, lower case) -> the accelerator file
 ACCELERATORS = {"h100-sxm5-80gb": "h100-sxm", "gb200": "gb200", "gb300": "gb300", "b200": "b200", "b300": "b300"}
 #: the recipe's precision -> the workload's ("": not priced, for the reason given)

@@ -161,6 +161,7 @@ def test_version_and_help_import_no_heavy_module() -> None:
     ("gpt2", "gpt2"),
     ("openai-community/gpt2-xl", "gpt2-xl"),
     ("deepseek-ai/DeepSeek-V3", "deepseek-v3"),
+    ("moonshotai/Kimi-K2-Instruct", "kimi-k2"),
     ("google/gemma-2-9b", "gemma2-9b"),
     ("META-LLAMA/meta-llama-3-70b", "llama3-70b"),
     (" qwen/qwen3-235b-a22b ", "qwen3-235b-a22b"),

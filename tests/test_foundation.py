@@ -65,7 +65,7 @@ def test_preset_names_are_short_lowercase_and_cover_the_families() -> None:
     names = set(presets())
     for n in ("gpt2", "gpt2-xl", "gpt3-175b", "gpt3-1t", "llama2-70b", "llama3-8b", "llama3-70b",
               "llama3.1-405b", "mixtral-8x7b", "mixtral-8x22b", "qwen3-235b-a22b", "bert-large", "vit-l-16",
-              "deepseek-v3", "gemma2-9b", "gpt-oss-120b", "mistral-7b"):
+              "deepseek-v3", "kimi-k2", "gemma2-9b", "gpt-oss-120b", "mistral-7b"):
         assert n in names
     assert all(n == n.lower() and " " not in n for n in names)
 

@@ -42,6 +42,8 @@ def test_known_refusals() -> None:
     fp4 = assessed(2)  # the same in NVFP4: a named refusal, not priced
     assert fp4.reasons == ["nvfp4: no FP4 throughput in the hardware data (hardware.csv)"] and fp4.peak_gib is None
     assert assessed(32).reasons == ["invalid: ep=32 must divide dp_shard*cp = 16 (expert ranks are data-parallel ranks)"]
+    kimi = assessed(33)  # Kimi K2 on 256 GB300: the preset; 61 layers over pp4 x vp4 in Megatron's layout
+    assert kimi.mapped.model == "kimi-k2" and kimi.reasons == [] and kimi.step_s is not None
     nano = assessed(34)
     assert nano.reasons[0].startswith("no model: Nemotron-3 Nano") and nano.peak_gib is None
 
