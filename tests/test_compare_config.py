@@ -50,3 +50,12 @@ def test_a_configuration_that_does_not_parse_is_one_line(tmp_path: Path) -> None
     recipe.write_text("--no-such-flag 3\n")
     r = runner.invoke(app, ["explain", str(doc), "--compare-with", str(recipe)])
     assert r.exit_code == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith("error: ")
+
+
+def test_a_configuration_of_no_known_suffix_names_the_suffixes(tmp_path: Path) -> None:
+    doc, recipe = _files(tmp_path, "megatron")
+    other = recipe.with_suffix(".cfg")
+    other.write_text(recipe.read_text())
+    r = runner.invoke(app, ["explain", str(doc), "--compare-with", str(other)])
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1
+    assert "from its suffix: .toml (torchtitan), .args (megatron)" in r.stderr

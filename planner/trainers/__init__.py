@@ -138,8 +138,9 @@ def importer_for(path: Path, trainer: str | None) -> str:
     for name in IMPORTERS:
         if path.suffix.lower() in _module(name).SUFFIXES:
             return name
-    raise ConfigError(f"cannot tell the trainer of '{path.name}' from its suffix: give --from "
-                      f"{'|'.join([*IMPORTERS[:-1], 'shardplan'])}")
+    known = ", ".join(f"{'/'.join(_module(n).SUFFIXES)} ({'shardplan' if n == 'python' else n})" for n in IMPORTERS)
+    raise ConfigError(f"cannot tell the trainer of '{path.name}' from its suffix: {known}; shardplan import "
+                      f"also takes --from {'|'.join([*IMPORTERS[:-1], 'shardplan'])}")
 
 
 def _module(name: str) -> Any:
