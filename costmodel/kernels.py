@@ -19,6 +19,10 @@ counted too and are the same either way).
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
+
 from profiler.graph import LayerNode
 from vocab.strategy import FP8_PRECISIONS
 
@@ -114,3 +118,17 @@ def fp8_runs(n: LayerNode, precision: str) -> bool:
     output layer (the LM head), which torchtitan's float8 and MX converters (``filter_fqns =
     ["output"]``) and Megatron's Transformer Engine layers all keep in 16 bits."""
     return precision in FP8_PRECISIONS and not (n.kind == "linear" and n.tp == "vocab")
+
+
+def experts_low_precision(precision: str, mode: str, pp: Any, cp: Any) -> Any:
+    """Where an fp8 or mxfp8 run's grouped expert GEMMs run in that precision, per configuration
+    (``vocab.strategy.Workload.low_precision_experts``): ``always`` (Transformer Engine's GroupedLinear),
+    ``float8_unpiped`` (torchtitan 0.2.2's converters: ``quantize.grouped_mm.mx`` on every mesh,
+    ``quantize.grouped_mm.float8`` only where pp = cp = 1, components/quantization/float8.py:193-198
+    asserting it) or ``never`` (bf16 experts)."""
+    shape = np.broadcast(np.asarray(pp), np.asarray(cp)).shape
+    if precision not in FP8_PRECISIONS or mode == "never":
+        return np.zeros(shape, dtype=bool)
+    if mode == "always" or precision == "mxfp8":
+        return np.ones(shape, dtype=bool)
+    return (np.asarray(pp) == 1) & (np.asarray(cp) == 1)

@@ -11,7 +11,7 @@ from costmodel.configs import ConfigArrays
 from costmodel.device import DeviceModel
 from costmodel.experts import expert_times, tokens_per_sample
 from costmodel.host import with_dtensor
-from costmodel.kernels import fp8_cast_bytes, fp8_cast_elements, fp8_runs, traffic
+from costmodel.kernels import experts_low_precision, fp8_cast_bytes, fp8_cast_elements, fp8_runs, traffic
 from profiler.graph import LayerNode
 from vocab.strategy import FP8_PRECISIONS, Workload
 
@@ -126,14 +126,15 @@ def attention_times(n: LayerNode, dev: DeviceModel, flops: float, nbytes: float,
             dev.attention_time(flops, n.causal, True, kernel, shape=shape))
 
 
-def _one_shape(n: LayerNode, dev: DeviceModel, sc: float, cl: float, td: float, ep: float, w: Workload
-               ) -> tuple[float, float]:
+def _one_shape(n: LayerNode, dev: DeviceModel, sc: float, cl: float, td: float, ep: float, w: Workload,
+               low: bool = True) -> tuple[float, float]:
     """Forward and backward seconds of ``n`` at ``sc`` samples of its work per rank, in ``cl``
-    calls, with TP dividing it ``td`` ways (and, for experts, EP ``ep``)."""
+    calls, with TP dividing it ``td`` ways (and, for experts, EP ``ep``, in the run's precision where
+    ``low``: :func:`costmodel.kernels.experts_low_precision`, else in bf16)."""
     prec = w.precision
     flops = n.fwd_flops * sc
     if n.kind in GEMM_KINDS:
-        fp8 = fp8_runs(n, prec) and dev.fp8_gemms(prec)
+        fp8 = fp8_runs(n, prec) and dev.fp8_gemms(prec) and (low or n.kind != "experts")
         # an mxfp8 GEMM runs at the fp8 rate on the fp8 operands: priced as fp8's, its scales in its casts
         gprec = ("fp8" if fp8 else "bf16") if prec in FP8_PRECISIONS else prec
         cast = fp8_cast_bytes(w.kernels, prec)
@@ -168,7 +169,11 @@ def node_times(n: LayerNode, dev: DeviceModel, cfg: ConfigArrays, w: Workload, t
     if n.kind == "attention":  # one call; a ring rank's queries are the sequence over the cp ranks,
         calls = np.where(cfg.ulysses, 1.0, cfg.cp)  # Ulysses' the whole sequence (for 1/cp of the heads)
     ep = cfg.ep if n.kind == "experts" else np.ones(cfg.size)  # the experts' tokens and load depend on ep
-    keys = np.stack([scale, calls, np.broadcast_to(tdiv, scale.shape), ep])
+    low = np.ones(cfg.size)  # and their precision on the mesh (1: the run's)
+    if n.kind == "experts":
+        low = np.broadcast_to(experts_low_precision(w.precision, w.low_precision_experts, cfg.pp, cfg.cp),
+                              scale.shape).astype(float)
+    keys = np.stack([scale, calls, np.broadcast_to(tdiv, scale.shape), ep, low])
     if cfg.size == 1:  # one configuration: nothing to share
         uniq, inv = keys, np.zeros(1, dtype=int)
     elif n.kind == "experts":
@@ -176,8 +181,8 @@ def node_times(n: LayerNode, dev: DeviceModel, cfg: ConfigArrays, w: Workload, t
     else:  # one sortable complex key per (scale, calls, TP division; whole numbers): faster than unique rows
         uniq_c, inv = np.unique(scale + 1j * (keys[1] * TDIV_RANGE + keys[2]), return_inverse=True)
         calls_u, tdiv_u = np.divmod(uniq_c.imag, TDIV_RANGE)
-        uniq = np.stack([uniq_c.real, calls_u, tdiv_u, np.ones(len(uniq_c))])
-    fb = np.array([_one_shape(n, dev, sc, cl, td, e, w) for sc, cl, td, e in uniq.T]).reshape(-1, 2)
+        uniq = np.stack([uniq_c.real, calls_u, tdiv_u, np.ones(len(uniq_c)), np.ones(len(uniq_c))])
+    fb = np.array([_one_shape(n, dev, sc, cl, td, e, w, bool(lo)) for sc, cl, td, e, lo in uniq.T]).reshape(-1, 2)
     inv = inv.reshape(-1)
     f, b = fb[inv, 0], fb[inv, 1]
     return with_dtensor(n, dev, f, b, (cfg.tp > 1) & ~cfg.tsp, cfg.sequence_parallel, split)

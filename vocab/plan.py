@@ -36,7 +36,7 @@ from vocab.rules import batch_problem
 from vocab.strategy import Strategy, Workload
 from vocab.viewers import register_viewer, registered  # noqa: F401  (register_viewer: re-exported)
 
-SCHEMA_VERSION = "1.8"
+SCHEMA_VERSION = "1.9"
 #: versions this shardplan reads: 1.1 added ``inputs.model_graph`` (a 1.0 document is a 1.1 one without
 #: it); 1.2 added ``inputs.target`` (a 1.0 or 1.1 document is one searched for the target ``any``); 1.3
 #: added ``workload.recv_buffers`` (older documents keep torch's per-micro-batch buffers); 1.4 added
@@ -45,8 +45,9 @@ SCHEMA_VERSION = "1.8"
 #: ``workload.moe_capacity_factor`` (older documents were priced with an all-to-all, not overlapped, dropless);
 #: 1.6 added ``workload.selective`` (older documents were priced with the attention core recomputed); 1.7 added
 #: ``inputs.calibration`` (older documents were priced without a calibration of the user's cluster); 1.8
-#: added the precision ``mxfp8`` to ``workload.precision`` (older documents name bf16, fp8 or fp32)
-READABLE_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "1.6", "1.7", "1.8")
+#: added the precision ``mxfp8`` to ``workload.precision`` (older documents name bf16, fp8 or fp32); 1.9 added
+#: ``workload.low_precision_experts`` (older documents were priced with an fp8 run's experts in fp8 on every mesh)
+READABLE_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "1.6", "1.7", "1.8", "1.9")
 #: the target a document records when it names none: the whole plan vocabulary (``vocab.targets``)
 ANY_TARGET = "any"
 SCHEMA_PATH = Path(__file__).parent / "plan.schema.json"
@@ -297,7 +298,7 @@ class Alternative(_Doc):
 # What the plan was made for, the strategy, the cost model's prediction, the solver, runners-up. (No
 # docstring: it would become the schema's description.)
 class Plan(_Doc):
-    schema_version: Literal["1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "1.6", "1.7", "1.8"] = SCHEMA_VERSION
+    schema_version: Literal["1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "1.6", "1.7", "1.8", "1.9"] = SCHEMA_VERSION
     inputs: PlanInputs
     strategy: Strategy
     predicted: Predicted
@@ -344,6 +345,9 @@ class Plan(_Doc):
             raise _rule("inputs.calibration needs schema_version 1.7 (older plans were priced without a calibration)")
         if version in (*older, "1.5", "1.6", "1.7") and inp.workload.precision == "mxfp8":
             raise _rule("workload.precision 'mxfp8' needs schema_version 1.8 (older plans name bf16, fp8 or fp32)")
+        if version in (*older, "1.5", "1.6", "1.7", "1.8") and inp.workload.low_precision_experts != "always":
+            raise _rule(f"workload.low_precision_experts '{inp.workload.low_precision_experts}' needs schema_version "
+                        "1.9 (older plans were priced with an fp8 run's experts in fp8 on every mesh)")
         if version != "1.0" and inp.model_graph is None and names_factory(inp.model):
             raise _rule(f"model '{inp.model}' names a factory, which a plan never imports: the plan must record "
                         "its layer graph (inputs.model_graph), as 'shardplan plan' does")

@@ -64,6 +64,7 @@ ZERO3_MASTER_CHOICES = ("optimizer", "parameter")
 MOE_DISPATCH_CHOICES = ("alltoall", "dedup")
 MOE_OVERLAP_CHOICES = ("none", "1f1b")
 SELECTIVE_CHOICES = ("attention", "op", "gemms")
+LOW_PRECISION_EXPERTS_CHOICES = ("always", "float8_unpiped", "never")
 #: the workload's kernel and buffer choices: field -> (what a message calls it, accepted values)
 WORKLOAD_CHOICES = {"attention_kernel": ("attention kernel", ATTENTION_KERNEL_CHOICES),
                     "cross_entropy": ("cross-entropy", CROSS_ENTROPY_CHOICES),
@@ -73,7 +74,8 @@ WORKLOAD_CHOICES = {"attention_kernel": ("attention kernel", ATTENTION_KERNEL_CH
                     "zero3_master": ("ZeRO-3 master weights", ZERO3_MASTER_CHOICES),
                     "moe_dispatch": ("MoE token dispatch", MOE_DISPATCH_CHOICES),
                     "moe_overlap": ("MoE all-to-all overlap", MOE_OVERLAP_CHOICES),
-                    "selective": ("selective recomputation", SELECTIVE_CHOICES)}
+                    "selective": ("selective recomputation", SELECTIVE_CHOICES),
+                    "low_precision_experts": ("low-precision experts", LOW_PRECISION_EXPERTS_CHOICES)}
 #: Transient memory of the loss beside the fp32 softmax it keeps, as a multiple of that softmax:
 #: PyTorch eager ``F.cross_entropy(logits.float())`` holds, in its backward, the incoming gradient
 #: of the log-softmax and the outgoing one (2x); a fused kernel (Megatron's vocab-parallel
@@ -317,6 +319,12 @@ class Workload(_Strict):
         "op-level policy: the outputs of every other weight GEMM, of attention and of reduce-scatters kept, the "
         "rest recomputed) or gemms (this runtime: the outputs of every weight GEMM and collective kept, the "
         "rest, attention included, recomputed)"
+    )
+    low_precision_experts: Literal["always", "float8_unpiped", "never"] = Field(
+        "always", description="where an fp8 or mxfp8 run's mixture-of-experts grouped GEMMs run in that precision: "
+        "always (Transformer Engine's GroupedLinear: Megatron-LM), float8_unpiped (torchtitan's grouped-GEMM "
+        "converters: mxfp8 on every mesh, fp8 only without pipeline and context parallelism, which its float8 one "
+        "refuses; elsewhere the experts run in bf16) or never (no grouped-GEMM converter: bf16 experts)"
     )
 
     @field_validator("precision", mode="before")

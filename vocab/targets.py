@@ -30,6 +30,7 @@ from vocab.strategy import (
     CROSS_ENTROPY_CHOICES,
     GRAD_DTYPE_CHOICES,
     KERNEL_CHOICES,
+    LOW_PRECISION_EXPERTS_CHOICES,
     MOE_DISPATCH_CHOICES,
     MOE_OVERLAP_CHOICES,
     OFFLOADS,
@@ -221,7 +222,7 @@ class OffloadCaps(_Strict):
 
 #: the workload fields a target's behaviour sets (``Behaviour``: the values it runs)
 WORKLOAD_BEHAVIOUR = ("cross_entropy", "grad_dtype", "recv_buffers", "kernels", "zero3_master", "moe_dispatch",
-                      "moe_overlap", "selective")
+                      "moe_overlap", "selective", "low_precision_experts")
 
 
 def _runs(default: str, what: str) -> Any:
@@ -250,6 +251,8 @@ class Behaviour(_Strict):
         "none", "whether its expert-parallel all-to-alls hide under compute (vocab.strategy.Workload.moe_overlap)")
     selective: list[Literal["attention", "op", "gemms"]] = _runs(
         "attention", "what its selective recomputation keeps (vocab.strategy.Workload.selective)")
+    low_precision_experts: list[Literal["always", "float8_unpiped", "never"]] = _runs(
+        "always", "where an fp8/mxfp8 run's expert GEMMs run in it (vocab.strategy.Workload.low_precision_experts)")
 
     def workload(self, **asked: str | None) -> dict[str, str]:
         """The workload fields a plan for the target is priced with: the value asked for of each
@@ -355,7 +358,8 @@ def _any() -> Target:
                             zero3_master=list(ZERO3_MASTER_CHOICES),  # type: ignore[arg-type]
                             moe_dispatch=list(MOE_DISPATCH_CHOICES),  # type: ignore[arg-type]
                             moe_overlap=list(MOE_OVERLAP_CHOICES),  # type: ignore[arg-type]
-                            selective=list(SELECTIVE_CHOICES)),  # type: ignore[arg-type]
+                            selective=list(SELECTIVE_CHOICES),  # type: ignore[arg-type]
+                            low_precision_experts=list(LOW_PRECISION_EXPERTS_CHOICES)),  # type: ignore[arg-type]
         notes=["no trainer: every choice of the plan vocabulary; plans of schema 1.0 and 1.1 read as this target"],
     )
 

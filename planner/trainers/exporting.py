@@ -20,7 +20,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from planner.compare import describe_diff, diff_strategies, label_units, unit_choices
-from planner.reprice import Repriced, block_index
+from costmodel.kernels import experts_low_precision
+from planner.reprice import Repriced, block_index, plan_graph
 from planner.trainers.reading import inputs_line
 from vocab.errors import ShardplanError
 from vocab.names import escape_unprintable
@@ -309,6 +310,15 @@ def _tensor_parallel(n: Nearest, t: Target) -> None:
         n.fields["sequence_parallel"] = True
 
 
+def _experts_differ(n: Nearest, mine: str, theirs: str) -> bool:
+    """Whether the plan's model has experts that two ``low_precision_experts`` values run in different
+    precisions on its mesh (:func:`costmodel.kernels.experts_low_precision`)."""
+    prec, pp, cp = n.workload["precision"], n.mesh["pp"], n.mesh["cp"]
+    if bool(experts_low_precision(prec, mine, pp, cp)) == bool(experts_low_precision(prec, theirs, pp, cp)):
+        return False
+    return any(x.kind == "experts" for x in plan_graph(n.plan).nodes)
+
+
 def _precision(n: Nearest, t: Target) -> None:
     w = n.workload
     if w["precision"] == "mxfp8" and not t.mxfp8:
@@ -327,6 +337,8 @@ def _precision(n: Nearest, t: Target) -> None:
         w["moe_capacity_factor"] = None
     if "selective" not in n.values("recompute"):  # no selective recomputation: what its policy keeps changes nothing
         w["selective"] = t.behaviour.selective[0]
+    if not _experts_differ(n, w["low_precision_experts"], t.behaviour.low_precision_experts[0]):
+        w["low_precision_experts"] = t.behaviour.low_precision_experts[0]  # experts in one precision either way
     rotate = t.behaviour.cp_rotate
     if n.mesh["cp"] > 1 and n.fields["cp_mode"] == "ring" and n.fields["cp_rotate"] not in rotate:
         n.behave("ring rotation", f"{n.fields['cp_rotate']} → {rotate[0]} (how {t.name} moves K/V round its ring)")

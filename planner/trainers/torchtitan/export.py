@@ -7,19 +7,22 @@ from typing import Any
 
 import tomli_w
 
-from planner.reprice import block_index
+from costmodel.kernels import experts_low_precision
+from planner.reprice import block_index, plan_graph
 from planner.trainers.exporting import Nearest, collapse, header
 from planner.trainers.torchtitan.keys import (
     TORCHTITAN,
     TORCHTITAN_CP_ROTATE,
+    TORCHTITAN_EXPERTS_FQN,
     TORCHTITAN_FLOAT8,
     TORCHTITAN_FQN,
+    TORCHTITAN_GROUPED,
     TORCHTITAN_MX,
     TORCHTITAN_RESHARD,
     TORCHTITAN_SCHEDULES,
 )
 from planner.trainers.torchtitan.read import flavor_of
-from vocab.strategy import Strategy
+from vocab.strategy import Strategy, Workload
 
 SUFFIX = ".toml"
 
@@ -102,12 +105,29 @@ def render(n: Nearest, s: Strategy, cost: str) -> str:
         (K["seq_len"], w.seq_len), (K["mp_param"], "bfloat16"), (K["cpu_offload"], offload),
     ]
     model = model_keys(n)
+    grouped = _grouped_converter(n, w, m.pp, m.cp)
     if w.precision in ("fp8", "mxfp8"):
-        model.append((K["converters"], [TORCHTITAN_FLOAT8 if w.precision == "fp8" else TORCHTITAN_MX]))
+        model.append((K["converters"], [TORCHTITAN_FLOAT8 if w.precision == "fp8" else TORCHTITAN_MX,
+                                        *([TORCHTITAN_GROUPED[w.precision][1]] if grouped else [])]))
     doc = {str(K["parallelism"]): _table(par), str(K["ac"]): _table(ac), str(K["training"]): _table(train)}
     if model:
         doc[str(K["model"])] = _table(model)
+    if grouped:
+        doc[str(K["quantize"])] = {str(K["grouped_mm"]): {TORCHTITAN_GROUPED[w.precision][0]: {
+            str(K["grouped_fqns"]): [TORCHTITAN_EXPERTS_FQN]}}}
     return header(n.plan, n.label, n.losses, cost) + "\n" + tomli_w.dumps(doc)
+
+
+def _grouped_converter(n: Nearest, w: Workload, pp: int, cp: int) -> bool:
+    """Whether the experts' grouped-GEMM converter is written: an fp8/mxfp8 plan of a model with experts
+    whose price runs them in that precision on this mesh (:func:`costmodel.kernels.experts_low_precision`)."""
+    if w.precision not in ("fp8", "mxfp8") or not any(b.kind == "experts" for b in plan_graph(n.plan).nodes):
+        return False
+    if not bool(experts_low_precision(w.precision, w.low_precision_experts, pp, cp)):
+        return False
+    n.notes.append(f"{TORCHTITAN_GROUPED[w.precision][1]} needs torchao's prototype MoE training "
+                   "(torchao.prototype.moe_training) and, for its speed, torch.compile")
+    return True
 
 
 def model_keys(n: Nearest) -> list[tuple[str | None, Any]]:

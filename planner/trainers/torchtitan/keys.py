@@ -43,6 +43,9 @@ TORCHTITAN: Final[dict[str, str | None]] = {
     "model_name": "name",  # the model family (torchtitan's default: "llama3")
     "flavor": "flavor",  # its size within the family (torchtitan's default: "debugmodel")
     "converters": "converters",  # ["quantize.linear.float8"] turns on float8 training
+    "quantize": "quantize",  # [quantize.grouped_mm.float8] / [quantize.grouped_mm.mx]: the experts' converters
+    "grouped_mm": "grouped_mm",
+    "grouped_fqns": "fqns",  # the modules whose 3-D expert weights they convert (a substring of the FQN)
 }
 TORCHTITAN_MODEL_DEFAULT: Final = "llama3"  # [model] name when the file leaves it out
 #: torchtitan 0.2.2's model flavors that are a preset of shardplan, by ([model] name, flavor); an import
@@ -67,6 +70,11 @@ TORCHTITAN_FLOAT8: Final = "quantize.linear.float8"
 #: MXFP8 Linear layers: the converter torchtitan 0.2.2 registers (components/quantization/mx.py:171), its
 #: [quantize.linear.mx] defaults (recipe mxfp8_cublas, the output layer left out: job_config.py:767-790)
 TORCHTITAN_MX: Final = "quantize.linear.mx"
+#: the experts' grouped-GEMM converters by precision: (the [quantize.grouped_mm] table, the converter name)
+#: (float8.py:176-239, mx.py:99-172; job_config.py:756-808), and the module they convert: GroupedExperts
+#: is ``moe.experts`` in every torchtitan MoE model (models/moe/moe.py:426)
+TORCHTITAN_GROUPED: Final = {"fp8": ("float8", "quantize.grouped_mm.float8"), "mxfp8": ("mx", "quantize.grouped_mm.mx")}
+TORCHTITAN_EXPERTS_FQN: Final = "experts"
 #: every converter name torchtitan 0.2.2 registers (float8.py:238-239, mx.py:171-172); the grouped-GEMM
 #: ones convert MoE experts beside their Linear converter
 TORCHTITAN_CONVERTERS: Final = (TORCHTITAN_FLOAT8, "quantize.grouped_mm.float8", TORCHTITAN_MX, "quantize.grouped_mm.mx")

@@ -30,6 +30,7 @@ from planner.trainers.torchtitan.keys import (
     TORCHTITAN_FLAVORS,
     TORCHTITAN_FLOAT8,
     TORCHTITAN_FQN,
+    TORCHTITAN_GROUPED,
     TORCHTITAN_MODEL_DEFAULT,
     TORCHTITAN_MX,
     TORCHTITAN_SCHEDULES,
@@ -81,11 +82,36 @@ def workload(doc: dict[str, Any], origin: str) -> dict[str, Any]:
         out["precision"] = "fp8"
     elif TORCHTITAN_MX in converters:
         out["precision"] = "mxfp8"
+    if out["precision"] in TORCHTITAN_GROUPED:
+        out["low_precision_experts"] = _grouped_experts(doc, converters, out["precision"], origin)
     backend = _get(doc, "parallelism", "ep_backend", "standard")
     if backend not in ("standard", "deepep"):
         raise ConfigError(f"{origin}: parallelism.{K['ep_backend']} {backend!r} is not standard or deepep")
     out["moe_dispatch"] = "dedup" if backend == "deepep" else "alltoall"
     return out
+
+
+def _grouped_experts(doc: dict[str, Any], converters: list[str], precision: str, origin: str) -> str:
+    """How an fp8/mxfp8 file runs the experts' grouped GEMMs: in that precision (``float8_unpiped``) where
+    its grouped-GEMM converter is listed with modules to convert, else in bf16 (``never``); the float8 one
+    with a pipeline or context parallelism, or another precision's, is refused as torchtitan refuses it."""
+    table, name = TORCHTITAN_GROUPED[precision]
+    other = [c for p, (_, c) in TORCHTITAN_GROUPED.items() if p != precision and c in converters]
+    if other:
+        raise ConfigError(f"{origin}: model.converters {other[0]!r} beside {precision}'s Linear converter is not priced")
+    if name not in converters:
+        return "never"
+    fqns: Any = doc
+    for key in (str(K["quantize"]), str(K["grouped_mm"]), table, str(K["grouped_fqns"])):
+        fqns = fqns.get(key) if isinstance(fqns, dict) else None
+    names = fqns.split(",") if isinstance(fqns, str) else fqns if isinstance(fqns, list) else []
+    if not [x for x in names if isinstance(x, str) and x.strip()]:
+        return "never"  # the converter converts the modules its fqns name: none
+    pp, cp = (_get(doc, "parallelism", key, 1) for key in ("pp", "cp"))
+    if precision == "fp8" and (pp != 1 or cp != 1):
+        raise ConfigError(f"{origin}: {name} with pipeline_parallel_degree {pp} and context_parallel_degree {cp}: "
+                          "torchtitan 0.2.2 asserts both are 1 (components/quantization/float8.py:193-198)")
+    return "float8_unpiped"
 
 
 #: the layer shape a flavor and the priced model must share
