@@ -19,8 +19,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from planner.compare import describe_diff, diff_strategies, label_units, unit_choices
 from costmodel.kernels import experts_low_precision
+from planner.compare import describe_diff, diff_strategies, label_units, unit_choices
 from planner.reprice import Repriced, block_index, plan_graph
 from planner.trainers.reading import inputs_line
 from vocab.errors import ShardplanError

@@ -31,7 +31,12 @@ import shlex
 from typing import Any
 
 from planner.trainers.megatron.keys import MEGATRON as K
-from planner.trainers.megatron.keys import MEGATRON_CP_COMM, MEGATRON_FP8_RECIPES, MEGATRON_FSDP, MEGATRON_MXFP8
+from planner.trainers.megatron.keys import (
+    MEGATRON_CP_COMM,
+    MEGATRON_FP8_RECIPES,
+    MEGATRON_FSDP,
+    MEGATRON_MXFP8,
+)
 from planner.trainers.reading import ConfigError, Context, refuse_unknown, unit_choices
 from vocab.digits import read_float, read_int
 from vocab.strategy import UNPRICED_PRECISIONS
