@@ -27,6 +27,7 @@ from vocab.errors import ShardplanError
 from vocab.io import read_text
 from vocab.rules import batch_problem
 from vocab.strategy import LayerStrategy, Mesh, Strategy, Workload
+from vocab.targets import load_target
 
 #: the calibration tables shipped in the package (copies of the project's shared/calibration, see its README)
 CALIBRATION_DIR = Path(__file__).resolve().parents[1] / "data" / "calibration"
@@ -49,6 +50,10 @@ class SourceRules:
     """
 
     key: str
+    #: the trainer's target (``vocab/targets/<name>.yaml``) whose behaviour prices the source's runs: its
+    #: loss, kernels, gradient dtype, receive buffers, ZeRO-3 master, ring rotation, selective policy and
+    #: MoE choices, as a plan for that target is priced; "" for a stack with no target (the fields below)
+    target: str = ""
     flops: str = "megatron"
     sharding: str = ""  # when the zero_stage/fsdp column is blank
     recompute: str = "none"  # when not stated
@@ -57,11 +62,10 @@ class SourceRules:
     vpp: int = 1  # virtual stages per rank when interleaved and not stated
     microbatches_per_stage: bool = False  # micro-batches default to the pp degree (torchtitan)
     attention_kernel: str = "auto"  # flash2 for PyTorch stacks (flash_attn 2, SDPA's flash backend)
-    cross_entropy: str = "eager"  # fused for Megatron-based stacks (vocab-parallel cross-entropy)
-    recv_buffers: str = "per_micro_batch"  # pipeline receive buffers (vocab.strategy.Workload)
+    # without a target: how the stack runs what the cost model has a knob for (vocab.strategy.Workload)
+    cross_entropy: str = "eager"  # fused for a fused loss kernel (flash-attn's, Megatron's vocab-parallel one)
     kernels: str = "eager"  # memory-bound kernels; a row whose notes say torch.compile runs fused ones
     zero3_master: str = "parameter"  # FSDP's sharded parameter is the fp32 master (DeepSpeed: "optimizer")
-    cp_rotate: str = "allgather"  # how a context-parallel ring moves K/V (torchtitan's default)
 
 
 SOURCE_RULES = (  # first match wins
@@ -72,19 +76,16 @@ SOURCE_RULES = (  # first match wins
     # "MFU per nanoGPT/PaLM method": 6·N (all parameters) + 12·L·h·s.
     SourceRules("PyTorch blog 'Maximizing training throughput", flops="6n_total", attention_kernel="flash2"),
     # torchtitan before 2024-10 counted every parameter (checked: 8B at 2904 tok/s -> MFU 0.568).
-    SourceRules("torchtitan docs/performance.md @04133643", flops="6n_total", attention_kernel="flash2"),
+    SourceRules("torchtitan docs/performance.md @04133643", target="torchtitan", flops="6n_total",
+                attention_kernel="flash2"),
     # torchtitan with PP: micro-batches default to the pp degree; interleaving splits each rank in 2.
-    SourceRules("pytorch/torchtitan", microbatches_per_stage=True, vpp=2, attention_kernel="flash2"),
+    SourceRules("pytorch/torchtitan", target="torchtitan", microbatches_per_stage=True, vpp=2,
+                attention_kernel="flash2"),
     # Megatron formula (checked: LLAMA2-7B 780 TFLOP/s at 16934 tok/s); mcore distributed optimizer.
-    # Megatron-core allocates a pipeline receive buffer per receive, freed with the activations.
-    # Megatron-core runs Transformer Engine's fused norms and fused bias-activation/dropout kernels.
-    # Megatron's cp_comm_type defaults to p2p: K/V blocks passed round the ring step by step.
-    SourceRules("NVIDIA/NeMo", sharding="zero1", cross_entropy="fused", recv_buffers="none", kernels="fused",
-                cp_rotate="alltoall"),
+    SourceRules("NVIDIA/NeMo", target="megatron", sharding="zero1"),
     # Megatron formula (checked: 1.7B 408.8 TFLOP/s = MFU 0.41 of 989); distributed optimizer implied,
     # interleaved pipeline (PP overlap is enabled, which Megatron implements for interleaving).
-    SourceRules("NVIDIA/Megatron-LM", sharding="zero1", schedule="interleaved", vpp=2, cross_entropy="fused",
-                recv_buffers="none", kernels="fused", cp_rotate="alltoall"),
+    SourceRules("NVIDIA/Megatron-LM", target="megatron", sharding="zero1", schedule="interleaved", vpp=2),
     # Table 4: BF16 MFU, formula not stated (Megatron's assumed); interleaved schedule per §3.3.2.
     # Section 3.3.2: all-gather based context parallelism (K/V gathered, then attention).
     SourceRules("Llama Team 'The Llama 3 Herd", schedule="interleaved", vpp=2, cross_entropy="fused",
@@ -116,6 +117,7 @@ class PublishedRow:
     workload: Workload
     flops: str  # the source's model-FLOPs convention (see SourceRules)
     assumptions: tuple[str, ...] = ()
+    target: str = ""  # the trainer's target it is priced as (SourceRules.target; "" none)
 
     @property
     def key(self) -> tuple:
@@ -211,13 +213,7 @@ def map_row(line: int, r: dict[str, str]) -> PublishedRow | Skipped:
     strategy, global_batch = strat
     prec = "fp8" if "fp8" in r["precision"].lower() else "bf16"
     workload = Workload(seq_len=seq, global_batch=global_batch, precision=prec, attention_kernel=rules.attention_kernel,
-                        cross_entropy=rules.cross_entropy,  # type: ignore[arg-type]
-                        recv_buffers=rules.recv_buffers,  # type: ignore[arg-type]
-                        kernels="fused" if "compile" in r["notes"].lower() else rules.kernels,  # type: ignore[arg-type]
-                        # the ZeRO paper's formula: a 16-bit parameter shard beside the optimizer's master
-                        zero3_master="optimizer" if analytic else rules.zero3_master,  # type: ignore[arg-type]
-                        grad_dtype="bf16" if analytic else "fp32",  # the ZeRO formula: 16-bit gradients
-                        selective="op" if ctx.op_sac else "attention")
+                        **behaviour(rules, "compile" in r["notes"].lower(), ctx.op_sac, analytic))
     if analytic:
         ctx.assumptions.append("16-bit gradients (the ZeRO paper's 2 + 2 + K bytes per parameter)")
     if rules.attention_kernel != "auto":
@@ -230,7 +226,30 @@ def map_row(line: int, r: dict[str, str]) -> PublishedRow | Skipped:
         return skip(f"mapped plan is invalid: {e}")
     rel = r["reliability"][:1].upper() if r["reliability"][:1].upper() in "ABC" else "?"
     return PublishedRow(line, r["source"], r["model"], metric, value, rel, cfg, cluster, strategy, workload,
-                        rules.flops, tuple(ctx.assumptions))
+                        rules.flops, tuple(ctx.assumptions), rules.target)
+
+
+def behaviour(rules: SourceRules, compiled: bool, op_sac: bool, analytic: bool) -> dict[str, str]:
+    """How the source's stack runs what the cost model has a knob for: its trainer's target's behaviour
+    (``vocab.targets.Behaviour.workload``) where the rules name one, else the rules' own values; over
+    either, what the row says (torch.compile: fused kernels; torchtitan's op-level selective policy)
+    and, for the ZeRO paper's analytic memory, its formula (a 16-bit parameter shard beside the
+    optimizer's master, 16-bit gradients)."""
+    said = {"kernels": "fused" if compiled else None, "selective": "op" if op_sac else None}
+    if rules.target:
+        out = load_target(rules.target).behaviour.workload(**said)
+    else:
+        out = {"cross_entropy": rules.cross_entropy, "kernels": said["kernels"] or rules.kernels,
+               "zero3_master": rules.zero3_master, "selective": said["selective"] or "attention"}
+    if analytic:
+        out.update(zero3_master="optimizer", grad_dtype="bf16")
+    return out
+
+
+def ring_rotation(rules: SourceRules) -> str:
+    """How the source's context-parallel ring moves K/V: its target's (Megatron's p2p passes blocks
+    round the ring: ``alltoall``), else all-gathered (torchtitan's default)."""
+    return load_target(rules.target).behaviour.cp_rotate[0] if rules.target else "allgather"
 
 
 # ---- model ---------------------------------------------------------------------------------
@@ -434,6 +453,6 @@ def _strategy(r: dict[str, str], rules: SourceRules, cfg: TransformerConfig, gpu
     try:
         return Strategy(mesh=Mesh(pp=pp, dp_shard=dp, cp=cp, tp=tp), micro_batch=mb, schedule=schedule,  # type: ignore[arg-type]
                         vpp=vpp, sequence_parallel=tp > 1, default=default, layers=layers,
-                        cp_rotate=rules.cp_rotate), gb  # type: ignore[arg-type]
+                        cp_rotate=ring_rotation(rules)), gb  # type: ignore[arg-type]
     except ValueError as e:
         return f"strategy invalid: {e}"

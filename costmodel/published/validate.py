@@ -208,6 +208,7 @@ class Summary:
     sweep_ordered: float | None = None  # the fraction of them the model orders as published
     metrics: dict[str, dict[str, float]] = field(default_factory=dict)
     meets_targets: bool | None = None
+    target: str = ""  # the trainer's target its runs are priced as (runs.SourceRules.target; "" none or mixed)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -276,7 +277,7 @@ def summarize(name: str, preds: Sequence[Prediction]) -> Summary:
         spearman=spearman(pub, pred), runs=len(runs), bias=_pct(signed, 50), misfits=misfits,
         sweep_pairs=n_pairs, sweep_ordered=n_ordered / n_pairs if n_pairs else None,
         memory_median_ape=_pct([p.ape for p in mem], 50), memory_p90_ape=_pct([p.ape for p in mem], 90),
-        metrics=metrics,
+        metrics=metrics, target=targets.pop() if len(targets := {p.row.target for p in preds}) == 1 else "",
     )
     if s.rows >= MIN_ROWS:
         checks = []
@@ -312,7 +313,7 @@ class ValidationReport:
         if rows:
             d["rows"] = [{"row": p.row.row, "source": p.row.source, "model": p.row.model,
                           "metric": p.row.metric, "published": p.row.value, "predicted": p.predicted,
-                          "ape": p.ape, "reliability": p.row.reliability,
+                          "ape": p.ape, "reliability": p.row.reliability, "target": p.row.target,
                           "assumptions": list(p.row.assumptions)} for p in self.predictions]
         return d
 

@@ -48,6 +48,7 @@ def render_validation(data: dict[str, Any], title: str = "cost model vs publishe
 
     t = Table(title=title)
     t.add_column("source", no_wrap=True, overflow="ellipsis", max_width=44)
+    t.add_column("priced as", no_wrap=True)
     for col in ("rows", "time", "median", "p90", "bias", "rho", "sweep", "nofit", "mem", "mem med", "targets"):
         t.add_column(col, justify="right", no_wrap=True)
     for s in [*data["sources"], data["overall"]]:
@@ -57,12 +58,13 @@ def render_validation(data: dict[str, Any], title: str = "cost model vs publishe
             ok = "–"
         sweep = f"{round(s['sweep_ordered'] * s['sweep_pairs'])}/{s['sweep_pairs']}" if s["sweep_pairs"] else "–"
         bias = "–" if s["bias"] is None else f"{100 * s['bias']:+.1f}%"
-        t.add_row(source_label(s["source"]), str(s["rows"]), str(s["time_rows"]), _pct(s["median_ape"]),
+        t.add_row(source_label(s["source"]), s.get("target") or "–", str(s["rows"]), str(s["time_rows"]), _pct(s["median_ape"]),
                   _pct(s["p90_ape"]), bias, _rho(s["spearman"]), sweep, str(len(s["misfits"])),
                   str(s["memory_rows"]), _pct(s["memory_median_ape"]), ok)
     console.print(t)
     tg = data["targets"]
-    console.print(f"median/p90: absolute % error of time-like metrics; bias: median signed step-time error "
+    console.print(f"priced as: the trainer's target whose behaviour prices the source's runs (– a stack with "
+                  f"no target: the source's own rules); median/p90: absolute % error of time-like metrics; bias: median signed step-time error "
                   f"(+: predicted too slow); rho: Spearman of throughput within the source; sweep: pairs of one "
                   f"sweep > 5% apart ordered right; nofit: runs predicted above the device's memory; mem med: "
                   f"median absolute % error of memory. Targets per source with >= {tg['min_rows']} rows: "
