@@ -37,6 +37,8 @@ from typing import Any
 
 import numpy as np
 
+from vocab.interrupts import held_interrupts
+
 #: the back-ends ``--solver`` selects, by their names in the CLI
 SOLVERS = ("highs", "highspy", "scip")
 DEFAULT_SOLVER = "highs"
@@ -46,9 +48,17 @@ HINTED = ("scip",)
 GAPS = (1e-10, 1e-12)
 
 
+def _mathopt() -> Any:
+    """OR-Tools' MathOpt, imported with Ctrl-C held back: protobuf's descriptor pool, which it loads,
+    would print a ``KeyboardInterrupt`` raised in its callbacks and go on (:mod:`vocab.interrupts`)."""
+    with held_interrupts():
+        from ortools.math_opt.python import mathopt
+    return mathopt
+
+
 def solver_type(name: str) -> Any:
     """MathOpt's ``SolverType`` of a back-end name (``ValueError`` for an unknown one)."""
-    from ortools.math_opt.python import mathopt
+    mathopt = _mathopt()
 
     table = {"highs": mathopt.SolverType.HIGHS, "cp-sat": mathopt.SolverType.CP_SAT,
              "scip": mathopt.SolverType.GSCIP}  # CP-SAT: measured only
@@ -100,7 +110,7 @@ class Model:
     def build(self, offset: float, cutoff: float | None = None) -> tuple[Any, list[Any]]:
         """The MathOpt model (minimisation) and its variables, column by column; with ``cutoff``, the
         row ``cost·x + offset <= cutoff`` (family ``cutoff``)."""
-        from ortools.math_opt.python import mathopt
+        mathopt = _mathopt()
 
         m = mathopt.Model(name=self.name)
         xs = [m.add_variable(lb=lo, ub=hi, is_integer=i, name=name)
@@ -136,7 +146,7 @@ class Model:
                       presolve: bool = True, solver: str | None = None) -> tuple[str, np.ndarray | None, float, float]:
         """:meth:`solve` through MathOpt with ``solver`` (this model's by default; ``highs`` and
         ``cp-sat`` here are MathOpt's own, which the benchmark measures)."""
-        from ortools.math_opt.python import mathopt
+        mathopt = _mathopt()
 
         name = solver or self.solver
         m, xs = self.build(offset, cutoff if name == "highs" else None)  # the others take none as a row
@@ -238,7 +248,7 @@ def _solve_highs(md: Model, offset: float, time_limit: float | None, cutoff: flo
 
 def _answer(res: Any, xs: list[Any], mip: bool, cutoff: float | None) -> tuple[str, np.ndarray | None, float, float]:
     """A MathOpt result in the solvers' vocabulary (see the module notes)."""
-    from ortools.math_opt.python import mathopt
+    mathopt = _mathopt()
 
     R = mathopt.TerminationReason
     reason = res.termination.reason
