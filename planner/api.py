@@ -298,13 +298,13 @@ def _document(r: Request, s: _Setting, res: SearchResult, w: Workload, chosen: A
 
 
 def _predicted(s: _Setting, chosen: Any, w: Workload) -> dict[str, Any]:
-    """The plan's report, with a note where its fp8 or MXFP8 prices slower than bf16 would."""
-    from planner.low_precision import slower_than_bf16
+    """The plan's report, with the notes of an fp8 or MXFP8 plan (:func:`planner.low_precision.low_precision_notes`)."""
+    from planner.low_precision import low_precision_notes
 
     rep = chosen.report.to_dict()
-    slower = slower_than_bf16(s.graph, s.cluster, chosen.strategy, w, rep["step_time_s"], device=s.device)
-    if slower:
-        rep["notes"] = [*rep.get("notes", []), slower]
+    notes = low_precision_notes(s.graph, s.cluster, chosen.strategy, w, rep["step_time_s"], device=s.device)
+    if notes:
+        rep["notes"] = [*rep.get("notes", []), *notes]
     return rep
 
 

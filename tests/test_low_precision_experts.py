@@ -108,3 +108,17 @@ def test_older_documents_were_priced_with_fp8_experts_everywhere() -> None:
         parse_plan(json.dumps(doc))
     doc["inputs"]["workload"]["low_precision_experts"] = "always"
     assert parse_plan(json.dumps(doc)).schema_version == "1.8"
+
+
+def test_estimate_says_the_experts_are_priced_in_bf16() -> None:
+    from planner.commands.estimate import price_args
+
+    job = dict(model="mixtral-8x7b", cluster="16xh100", seq_len=2048, global_batch=32, micro_batch=1, ep=8,
+               zero=3, target="torchtitan", precision="fp8")
+    piped = price_args({**job, "pp": 2, "dp_shard": 8})["notes"]
+    assert any(n.startswith("the experts' GEMMs are priced in bf16, the other GEMMs in fp8: the trainer's float8 "
+                            "grouped-GEMM converter runs only with pp = cp = 1 (pp=2, cp=1)") for n in piped)
+    flat = price_args({**job, "dp_shard": 16})["notes"]
+    assert not any("experts' GEMMs" in n for n in flat)
+    megatron = price_args({**job, "pp": 2, "dp_shard": 8, "zero": 1, "target": "megatron"})["notes"]
+    assert not any("experts' GEMMs" in n for n in megatron)

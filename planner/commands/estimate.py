@@ -207,10 +207,9 @@ def price(r: PriceRequest, *, model_from_cli: bool = False, profile_from_plan: b
     cal = _calibration(r.calibration, plan, prof)
     dev = cal.device(cluster) if cal is not None else None
     rep = estimate(graph, cluster, s, w, prof, float(limit) if limit is not None else None, dev).to_dict()
-    from planner.low_precision import slower_than_bf16
+    from planner.low_precision import low_precision_notes
 
-    slower = slower_than_bf16(graph, cluster, s, w, rep["step_time_s"], prof, dev)
-    rep["notes"] = [*rep.get("notes", []), *notes, *([slower] if slower else [])]
+    rep["notes"] = [*rep.get("notes", []), *notes, *low_precision_notes(graph, cluster, s, w, rep["step_time_s"], prof, dev)]
     rep["error_band"] = step_band(rep["step_time_s"], cluster.accelerator.name, w.precision, measured=prof is not None,
                                   calibration=cal.ref() if cal is not None else None)
     if cal is not None:
