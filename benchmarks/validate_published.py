@@ -7,6 +7,8 @@
 3. Leave-one-source-out: for each source with at least five usable rows, the constants are fitted
    on the other sources only and the held-out source is predicted — the honest estimate of how the
    model does on runs it was not fitted on.
+4. Table 3's held-out predictions pooled per target the sources are priced as (``SourceRules.target``:
+   megatron, torchtitan, or none).
 """
 
 from __future__ import annotations
@@ -84,6 +86,10 @@ def main() -> int:
         out["leave_one_source_out"] = {"sources": [s.to_dict() for s in held], "overall": loso_all.to_dict()}
         text += ["", table("3. leave-one-source-out (each source predicted by constants fitted on the others)",
                            held, loso_all)]
+        per_target = [summarize(name or "no target (the source's own rules)", [p for p in preds if p.row.target == name])
+                      for name in sorted({p.row.target for p in preds}, key=lambda x: (not x, x))]
+        out["leave_one_source_out"]["targets"] = [s.to_dict() for s in per_target]
+        text += ["", table("4. the held-out predictions of table 3 per target each source is priced as", per_target)]
     text += ["", *misfit_lines(fitted.sources),
              "", f"skipped rows: {len(fitted.skipped)} (see `shardplan validate` for the reasons)"]
     if args.json:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import shlex
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,23 @@ def test_megatron_flags_are_in_the_snapshot() -> None:
         for need in ("--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--normalization",
                      "--position-embedding-type", "--overlap-grad-reduce"):
             assert need in f
+
+
+def test_megatron_exports_parse_with_megatron_lms_parser() -> None:
+    """Every export is accepted by the definitions of Megatron-LM's own parser (recorded from its
+    arguments.py: benchmarks/megatron_lm_parser.py), types and choices included."""
+    from planner.trainers.megatron.parser import check_flags, recorded
+
+    assert recorded()["version"] == "0.19.2" and len(recorded()["actions"]) > 700
+    for i, text in enumerate(texts("megatron")):
+        doc: dict[str, list[str]] = {}
+        for tok in shlex.split(text, comments=True):
+            if tok.startswith("--"):
+                flag = tok
+                doc[flag] = []
+            else:
+                doc[flag].append(tok)
+        check_flags(doc, f"export {i}")
 
 
 def test_megatron_model_shape_flags() -> None:

@@ -125,7 +125,7 @@ def edited(drop: tuple[str, ...] = (), add: tuple[str, ...] = ()) -> str:
 @pytest.mark.parametrize(("drop", "add", "message"), [
     ((), ("--no-such-flag 3", "--bogus"), "megatron-core 0.16.1 has no key --no-such-flag, --bogus"),
     (("--tensor-model-parallel-size",), ("--tensor-model-parallel-size two",),
-     "--tensor-model-parallel-size must be an integer >= 1, got 'two'"),
+     "Megatron-LM 0.19.2's parser refuses it: argument --tensor-model-parallel-size: invalid int value: 'two'"),
     (("--micro-batch-size",), ("--micro-batch-size 0",), "--micro-batch-size must be an integer >= 1, got '0'"),
     (("--num-layers",), ("--num-layers 30",), "--num-layers 30 is not the model's 12 layers"),
     (("--global-batch-size",), (), "has no --global-batch-size"),
@@ -134,8 +134,9 @@ def edited(drop: tuple[str, ...] = (), add: tuple[str, ...] = ()) -> str:
     ((), ("--context-parallel-size 2", "--cp-comm-type a2a+p2p"),
      "--cp-comm-type 'a2a+p2p' is not priced; accepted: all_gather, p2p, a2a"),
     ((), ("--recompute-granularity full", "--recompute-method every"),
-     "--recompute-method uniform or block, got 'every'"),
-    ((), ("--recompute-granularity some",), "--recompute-granularity 'some' is not one of full, selective"),
+     "argument --recompute-method: invalid choice: 'every' (choose from 'uniform', 'block')"),
+    ((), ("--recompute-granularity some",),
+     "argument --recompute-granularity: invalid choice: 'some' (choose from 'full', 'selective')"),
     ((), ("--recompute-granularity full", "--recompute-method block"), "has no --recompute-num-layers"),
     (("--tensor-model-parallel-size",), ("--tensor-model-parallel-size 3",), "does not divide the cluster's 16 GPUs"),
     ((), ("--num-distributed-optimizer-instances 3",),
@@ -150,7 +151,7 @@ def edited(drop: tuple[str, ...] = (), add: tuple[str, ...] = ()) -> str:
     (("--pipeline-model-parallel-size",), ("--pipeline-model-parallel-size 2",
                                            "--num-layers-per-virtual-pipeline-stage 4"),
      "12 layers do not split into --num-layers-per-virtual-pipeline-stage 4 over 2 pipeline ranks"),
-    ((), ("--fp8-format e5m2",), "--fp8-format 'e5m2' is not one of e4m3, hybrid"),
+    ((), ("--fp8-format e5m2",), "argument --fp8-format: invalid choice: 'e5m2' (choose from 'e4m3', 'hybrid')"),
     ((), ("--use-custom-fsdp",), "--use-custom-fsdp is not priced"),
     ((), ("--use-megatron-fsdp", "--data-parallel-sharding-strategy optim_grads"),
      "--data-parallel-sharding-strategy 'optim_grads' is not priced; accepted: optim_grads_params (ZeRO-3)"),
@@ -237,3 +238,30 @@ def test_the_moe_dispatcher_and_overlap_are_read(drop: tuple[str, ...], add: tup
         return
     w = import_plan(path).inputs.workload
     assert (w.moe_dispatch, w.moe_overlap) == expect
+
+
+#: what a Megatron-LM launch script holds besides the plan: data, tokenizer, optimizer, schedule, logging,
+#: checkpoints and kernels (flags of Megatron-LM's parser that shardplan does not price)
+LAUNCH = ("--train-iters 500000", "--lr 3e-4", "--min-lr 3e-5", "--lr-decay-style cosine", "--lr-warmup-iters 2000",
+          "--weight-decay 0.1", "--clip-grad 1.0", "--adam-beta2 0.95", "--init-method-std 0.02",
+          "--tokenizer-type HuggingFaceTokenizer", "--tokenizer-model /models/llama3", "--data-path /data/corpus_text_document",
+          "--split 99,1,0", "--save /ckpt", "--load /ckpt", "--save-interval 1000", "--log-interval 10",
+          "--eval-interval 1000", "--eval-iters 10", "--norm-epsilon 1e-5", "--rotary-base 500000",
+          "--attention-softmax-in-fp32", "--distributed-backend nccl", "--no-masked-softmax-fusion",
+          "--transformer-impl transformer_engine", "--ckpt-format torch_dist")
+
+
+def test_a_launch_script_is_read_as_megatron_lm_parses_it(tmp_path: Path) -> None:
+    """Megatron-LM's own flags beyond the plan are accepted and not read; --recompute-activations is its
+    selective recomputation (arguments.py:589-590); a value the parser refuses is one line."""
+    p, e = exported("searched-gpt2")
+    path = tmp_path / "launch.args"
+    path.write_text(edited((), LAUNCH))
+    assert import_plan(path).predicted.step_time_s == pytest.approx(p.predicted.step_time_s, rel=1e-9)
+    path.write_text(edited((), (*LAUNCH, "--recompute-activations")))
+    back = import_plan(path)
+    assert {back.strategy.for_unit(f"layers.{i}").recompute for i in range(12)} == {"selective"}
+    path.write_text(edited((), ("--ckpt-format fsdp_tensor",)))
+    with pytest.raises(ConfigError, match=r"Megatron-LM 0.19.2's parser refuses it: argument --ckpt-format: "
+                                          r"invalid choice: 'fsdp_tensor'"):
+        import_plan(path)

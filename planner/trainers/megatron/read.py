@@ -1,7 +1,9 @@
 """Megatron-LM: ``pretrain_gpt.py`` flags (``export --to megatron``'s ``.args``) read back into a plan.
 
 The text is split as ``shlex.split(text, comments=True)``: ``--flag value`` or a bare ``--flag``; a flag
-megatron-core's pinned release does not know is an error. Read: ``--seq-length``, ``--global-batch-size``
+neither Megatron-LM's parser (:mod:`planner.trainers.megatron.parser`) nor megatron-core's pinned
+release knows is an error, and the flags the parser defines are parsed by it (value types, choices);
+those not listed here are accepted and not read (data, logging, checkpoints, optimizer settings). Read: ``--seq-length``, ``--global-batch-size``
 (required) and ``--micro-batch-size`` (required); precision fp8 with ``--fp8-format e4m3|hybrid`` (mxfp8 with
 ``--fp8-recipe mxfp8``; ``--fp4-format``, NVFP4, is refused: no FP4 throughput to price it with), else
 bf16 with ``--bf16`` or ``--fp16``, else fp32; gradients reduced in bf16 with ``--grad-reduce-in-bf16``, else
@@ -17,7 +19,7 @@ virtual stage one fewer); ``--pipeline-model-parallel-layout`` gives each virtua
 (``--data-parallel-sharding-strategy optim_grads_params``, its default; other strategies are refused), ZeRO-1 with
 ``--use-distributed-optimizer``, DDP otherwise;
 ``--optimizer-cpu-offload`` (fraction 1.0) offloads the optimizer. Blocks only recompute:
-``--recompute-granularity selective`` (all), ``full`` with ``--recompute-method uniform`` (all) or
+``--recompute-granularity selective`` (all; ``--recompute-activations`` alike), ``full`` with ``--recompute-method uniform`` (all) or
 ``block`` with ``--recompute-num-layers k`` (the first k of every virtual stage). With expert
 parallelism, ``--moe-token-dispatcher-type`` alltoall or flex (DeepEP: ``moe_dispatch`` dedup; the
 default allgather is refused) and ``--overlap-moe-expert-parallel-comm``; ``--moe-expert-capacity-factor``. ``--num-layers`` must
@@ -37,6 +39,7 @@ from planner.trainers.megatron.keys import (
     MEGATRON_FSDP,
     MEGATRON_MXFP8,
 )
+from planner.trainers.megatron.parser import check_flags, lm_flags
 from planner.trainers.reading import ConfigError, Context, refuse_unknown, unit_choices
 from vocab.digits import read_float, read_int
 from vocab.strategy import UNPRICED_PRECISIONS
@@ -47,6 +50,7 @@ CP_MODES = {v: k for k, v in MEGATRON_CP_COMM.items()}
 FP8_FORMATS = ("e4m3", "hybrid")
 RECOMPUTE_METHODS = ("uniform", "block")
 FP16 = "--fp16"  # not in keys.MEGATRON: the exporter never writes it
+RECOMPUTE_ACTIVATIONS = "--recompute-activations"  # Megatron-LM's selective recomputation, older spelling
 #: flags the pinned release knows whose plans are not priced here
 UNPRICED = ("--use-custom-fsdp", "--virtual-pipeline-model-parallel-size")
 
@@ -77,7 +81,10 @@ def parse(text: str, origin: str) -> Doc:
     t = by_exporter("megatron")
     snap = key_snapshot(t)
     fields = {f for names in snap["classes"].values() for f in names}
-    refuse_unknown([f for f in doc if f not in snap["lm_flags"] and f[2:].replace("-", "_") not in fields], t, origin)
+    parsed = lm_flags()
+    refuse_unknown([f for f in doc if f not in parsed and f not in snap["lm_flags"]
+                    and f[2:].replace("-", "_") not in fields], t, origin)
+    check_flags(doc, origin)
     unpriced = [f for f in UNPRICED if f in doc]
     if unpriced:
         raise ConfigError(f"{origin}: {', '.join(unpriced)} is not priced by shardplan")
@@ -328,6 +335,8 @@ def _recompute(doc: Doc, fields: dict[str, Any], ctx: Context) -> list[str]:
     """Each block's recompute, in order."""
     o = ctx.origin
     granularity = _str(doc, "recompute_granularity", o)
+    if granularity is None and RECOMPUTE_ACTIVATIONS in doc:  # Megatron-LM: selective (arguments.py:589-590)
+        granularity = "selective"
     if granularity is None:
         return ["none"] * ctx.blocks
     if granularity == "selective":
