@@ -52,6 +52,7 @@ def job_row(name: str, args: dict[str, Any], low: str) -> str:
 def recipe_count() -> tuple[int, int]:
     """(fp8/MXFP8 recipe rows the megatron target prices, those slower than the same plan in bf16)."""
     import recipes
+
     from costmodel.estimate import estimate
     from profiler.models import load_model
 
