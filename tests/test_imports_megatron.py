@@ -254,10 +254,16 @@ LAUNCH = ("--train-iters 500000", "--lr 3e-4", "--min-lr 3e-5", "--lr-decay-styl
 def test_a_launch_script_is_read_as_megatron_lm_parses_it(tmp_path: Path) -> None:
     """Megatron-LM's own flags beyond the plan are accepted and not read; --recompute-activations is its
     selective recomputation (arguments.py:589-590); a value the parser refuses is one line."""
+    from planner.trainers import read_config
+
     p, e = exported("searched-gpt2")
     path = tmp_path / "launch.args"
     path.write_text(edited((), LAUNCH))
-    assert import_plan(path).predicted.step_time_s == pytest.approx(p.predicted.step_time_s, rel=1e-9)
+    plan, unread = read_config(path)
+    assert plan.predicted.step_time_s == pytest.approx(p.predicted.step_time_s, rel=1e-9)
+    assert {x.split()[0] for x in LAUNCH} <= set(unread)  # named as not priced
+    assert not {"--tensor-model-parallel-size", "--micro-batch-size", "--hidden-size", "--bf16"} & set(unread)
+    assert main(["import", str(path)]) == 0
     path.write_text(edited((), (*LAUNCH, "--recompute-activations")))
     back = import_plan(path)
     assert {back.strategy.for_unit(f"layers.{i}").recompute for i in range(12)} == {"selective"}

@@ -34,7 +34,7 @@ def import_cmd(
     output: Path | None = typer.Option(None, "--output", "-o", help="write the plan JSON here"),
 ) -> None:
     """Read a trainer's configuration into a plan and price it (then explain, compare, or search a better one)."""
-    from planner.trainers import import_plan
+    from planner.trainers import read_config
     from vocab.io import check_writable
 
     if output is not None and output.suffix.lower() != ".json":
@@ -43,7 +43,7 @@ def import_cmd(
         check_writable(output, "-o")
     from planner.reprice import predicted_dict
 
-    plan = import_plan(config, trainer, model, cluster, seq_len, memory_limit, ep)
+    plan, unread = read_config(config, trainer, model, cluster, seq_len, memory_limit, ep)
     pr, s = predicted_dict(plan), plan.strategy
     mesh = " ".join(f"{k}={v}" for k, v in s.mesh.axes().items() if v > 1) + (f" ep={s.mesh.ep}" if s.mesh.ep > 1
                                                                                else "")
@@ -53,6 +53,9 @@ def import_cmd(
                           f"{s.micro_batch}, {s.schedule}{f'/vpp{s.vpp}' if s.vpp > 1 else ''}; predicted "
                           f"{pr['step_time_s']:.4g} s/step, {pr['memory_peak_gib']:.1f} GiB peak per GPU ({fits} "
                           f"{pr.get('memory_limit_gib', 0):.1f} GiB)"), soft_wrap=True)
+    if unread:
+        shown = ", ".join(unread[:10]) + (f" and {len(unread) - 10} more" if len(unread) > 10 else "")
+        err_console.print(literal(f"not priced (accepted, no price depends on them): {shown}"), soft_wrap=True)
     if output is not None:
         plan.save(output)
         err_console.print(literal(f"wrote {output}"), soft_wrap=True)

@@ -154,6 +154,15 @@ def import_plan(path: str | Path, trainer: str | None = None, model: str | None 
                 memory_limit_gib: float | None = None, ep: int | None = None) -> Plan:
     """The plan a trainer's configuration file runs, priced for that trainer's target; ``ep`` is the
     expert parallelism of a trainer whose file does not hold it (DeepSpeed sets it in the model code)."""
+    return read_config(path, trainer, model, cluster, seq_len, memory_limit_gib, ep)[0]
+
+
+@typed
+def read_config(path: str | Path, trainer: str | None = None, model: str | None = None,
+                cluster: str | dict[str, Any] | None = None, seq_len: int | None = None,
+                memory_limit_gib: float | None = None, ep: int | None = None) -> tuple[Plan, list[str]]:
+    """:func:`import_plan`'s plan, and the keys of the file that the trainer accepts and no price
+    depends on (where its importer says which: Megatron-LM's flags; else none listed)."""
     from planner.reprice import load_named_model, price
     from profiler.hardware import parse_cluster
 
@@ -204,8 +213,9 @@ def import_plan(path: str | Path, trainer: str | None = None, model: str | None 
                               "moe_capacity_factor": found.get("moe_capacity_factor"),
                               **t.behaviour.workload(**said)}, origin)
     plan = price(graph, cl, strategy, w, limit, model=model)
+    unread = mod.unread(doc) if hasattr(mod, "unread") else []
     return plan.model_copy(update={"inputs": plan.inputs.model_copy(
-        update={"target": TargetRef(name=t.name, version=t.version or None)})})
+        update={"target": TargetRef(name=t.name, version=t.version or None)})}), unread
 
 
 def _header_model(model: str | None, origin: str) -> str | None:
@@ -238,4 +248,4 @@ def _mesh_text(s: Strategy) -> str:
 
 __all__ = ["IMPORTERS", "TARGETS", "TRAINERS", "ConfigError", "Context", "Exported", "check_target", "checked_export",
            "export",
-           "import_plan", "importer_for", "lacks", "refusal", "target_of"]
+           "import_plan", "importer_for", "lacks", "read_config", "refusal", "target_of"]

@@ -3,7 +3,8 @@
 The text is split as ``shlex.split(text, comments=True)``: ``--flag value`` or a bare ``--flag``; a flag
 neither Megatron-LM's parser (:mod:`planner.trainers.megatron.parser`) nor megatron-core's pinned
 release knows is an error, and the flags the parser defines are parsed by it (value types, choices);
-those not listed here are accepted and not read (data, logging, checkpoints, optimizer settings). Read: ``--seq-length``, ``--global-batch-size``
+those not listed here are accepted and not read (data, logging, checkpoints, optimizer settings), and
+:func:`unread` names them. Read: ``--seq-length``, ``--global-batch-size``
 (required) and ``--micro-batch-size`` (required); precision fp8 with ``--fp8-format e4m3|hybrid`` (mxfp8 with
 ``--fp8-recipe mxfp8``; ``--fp4-format``, NVFP4, is refused: no FP4 throughput to price it with), else
 bf16 with ``--bf16`` or ``--fp16``, else fp32; gradients reduced in bf16 with ``--grad-reduce-in-bf16``, else
@@ -54,7 +55,29 @@ RECOMPUTE_ACTIVATIONS = "--recompute-activations"  # Megatron-LM's selective rec
 #: flags the pinned release knows whose plans are not priced here
 UNPRICED = ("--use-custom-fsdp", "--virtual-pipeline-model-parallel-size")
 
-Doc = dict[str, list[str]]  # flag -> the values after it ([] for a bare flag)
+class Doc(dict[str, list[str]]):
+    """Flag -> the values after it ([] for a bare flag), recording the flags the reader looks at."""
+
+    def __init__(self, flags: dict[str, list[str]] | None = None) -> None:
+        super().__init__(flags or {})
+        self.read: set[str] = set()
+
+    def __contains__(self, flag: object) -> bool:
+        self.read.add(str(flag))
+        return super().__contains__(flag)
+
+    def __getitem__(self, flag: str) -> list[str]:
+        self.read.add(flag)
+        return super().__getitem__(flag)
+
+    def get(self, flag: str, default: Any = None) -> Any:  # type: ignore[override]
+        self.read.add(flag)
+        return super().get(flag, default)
+
+
+def unread(doc: Doc) -> list[str]:
+    """The flags of ``doc`` no price depends on: accepted (Megatron-LM's parser knows them) and not read."""
+    return [f for f in dict.keys(doc) if f not in doc.read]
 
 
 def _key(name: str) -> str:
@@ -66,7 +89,7 @@ def parse(text: str, origin: str) -> Doc:
         tokens = shlex.split(text, comments=True)
     except ValueError as e:
         raise ConfigError(f"{origin} is not a list of command-line flags: {e}") from None
-    doc: Doc = {}
+    doc: dict[str, list[str]] = {}
     flag = None
     for tok in tokens:
         if tok.startswith("--"):
@@ -88,7 +111,7 @@ def parse(text: str, origin: str) -> Doc:
     unpriced = [f for f in UNPRICED if f in doc]
     if unpriced:
         raise ConfigError(f"{origin}: {', '.join(unpriced)} is not priced by shardplan")
-    return doc
+    return Doc(doc)
 
 
 def _on(doc: Doc, name: str, origin: str) -> bool:
