@@ -9,6 +9,8 @@
    model does on runs it was not fitted on.
 4. Table 3's held-out predictions pooled per target the sources are priced as (``SourceRules.target``:
    megatron, torchtitan, or none).
+5. How often the 10th-90th percentile error band of those held-out predictions (what ``plan`` prints)
+   contains the published step, per source and per target.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from costmodel.constants import CostConstants  # noqa: E402
-from costmodel.published.fit import fit_constants, fit_rows  # noqa: E402
+from costmodel.published.fit import band_slices, error_bands, fit_constants, fit_rows, held_out_records  # noqa: E402
 from costmodel.published.runs import default_csv_path, load_published  # noqa: E402
 from costmodel.published.validate import MIN_ROWS, Summary, source_label, summarize, validate  # noqa: E402
 
@@ -42,6 +44,34 @@ def table(title: str, sums: list[Summary], overall: Summary | None = None) -> st
                      f"{_signed(s.bias)} {rho} {sweep} {len(s.misfits):5d} {s.memory_rows:4d} "
                      f"{_pct(s.memory_median_ape)}  {ok}")
     return "\n".join(lines)
+
+
+def coverage_table(preds: list, sources: list[Summary], targets: list[Summary]) -> str:
+    """5. How often the error band held on the held-out rows: the 10th-90th percentile band of their
+    signed step-time errors (``fit.error_bands``, as ``shardplan fit`` writes them) of the narrowest
+    slice that has one (accelerator/precision, accelerator, all), per source and per target."""
+    bands = error_bands(preds)
+    recs = held_out_records(preds)
+
+    def inside(h: object) -> bool:
+        band = next(bands[k] for k in reversed(band_slices(h)) if k in bands)  # type: ignore[arg-type]
+        return band["low"] <= h.time_error <= band["high"]  # type: ignore[attr-defined]
+
+    lines = ["5. band coverage: held-out rows whose published step lies in the band `plan` prints (nominal 80%)",
+             f"{'group':44s} {'rows':>5s} {'inside':>7s}"]
+    groups = [(s.source, [h for h in recs if h.source == s.source]) for s in sources]
+    groups += [(s.source, [h for h, p in zip(recs, _timed(preds), strict=True) if (p.row.target or "") ==
+                           ("" if s.source.startswith("no target") else s.source)]) for s in targets]
+    for name, hs in [*groups, ("overall", recs)]:
+        if hs:
+            k = sum(map(inside, hs))
+            lines.append(f"{source_label(name):44s} {len(hs):5d} {100 * k / len(hs):6.1f}%")
+    return "\n".join(lines)
+
+
+def _timed(preds: list) -> list:
+    """The predictions with a step-time error: those ``held_out_records`` keeps, in its order."""
+    return [p for p in preds if p.time_error is not None]
 
 
 def _signed(x: float | None) -> str:
@@ -89,7 +119,8 @@ def main() -> int:
         per_target = [summarize(name or "no target (the source's own rules)", [p for p in preds if p.row.target == name])
                       for name in sorted({p.row.target for p in preds}, key=lambda x: (not x, x))]
         out["leave_one_source_out"]["targets"] = [s.to_dict() for s in per_target]
-        text += ["", table("4. the held-out predictions of table 3 per target each source is priced as", per_target)]
+        text += ["", table("4. the held-out predictions of table 3 per target each source is priced as", per_target),
+                 "", coverage_table(preds, held, per_target)]
     text += ["", *misfit_lines(fitted.sources),
              "", f"skipped rows: {len(fitted.skipped)} (see `shardplan validate` for the reasons)"]
     if args.json:
