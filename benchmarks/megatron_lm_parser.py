@@ -5,8 +5,8 @@
     python benchmarks/megatron_lm_parser.py /tmp/mc19/src
 
 Megatron-LM's ``pretrain_gpt.py`` flags are defined by ``megatron/training/arguments.py``
-(``add_megatron_arguments``), shipped with megatron-core from 0.17 on, which needs Python 3.12; its
-parser module loads on 3.11 once ``typing.override`` exists (a decorator that returns its function, as
+(``add_megatron_arguments``), in the megatron-core 0.19.2 wheel (the 0.16.1 wheel has no
+``megatron/training``), which needs Python 3.12; its parser module loads on 3.11 once ``typing.override`` exists (a decorator that returns its function, as
 on 3.12). The script builds that parser in a child process and writes every action: its option
 strings, destination, kind (store, store_true, ...), ``nargs``, value type (int, float, or str for any
 other conversion) and choices. ``planner.trainers.megatron.parser`` rebuilds an argparse parser from

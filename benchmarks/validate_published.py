@@ -28,6 +28,9 @@ from costmodel.published.fit import band_slices, error_bands, fit_constants, fit
 from costmodel.published.runs import default_csv_path, load_published  # noqa: E402
 from costmodel.published.validate import MIN_ROWS, Summary, source_label, summarize, validate  # noqa: E402
 
+#: the group of the sources priced with their own rules (no trainer's target)
+NO_TARGET = "no target (the source's own rules)"
+
 
 def _pct(x: float | None) -> str:
     return "     -" if x is None else f"{100 * x:5.1f}%"
@@ -46,7 +49,7 @@ def table(title: str, sums: list[Summary], overall: Summary | None = None) -> st
     return "\n".join(lines)
 
 
-def coverage_table(preds: list, sources: list[Summary], targets: list[Summary]) -> str:
+def coverage_table(preds: list, sources: list[Summary]) -> str:
     """5. How often the error band held on the held-out rows: the 10th-90th percentile band of their
     signed step-time errors (``fit.error_bands``, as ``shardplan fit`` writes them) of the narrowest
     slice that has one (accelerator/precision, accelerator, all), per source and per target."""
@@ -60,18 +63,14 @@ def coverage_table(preds: list, sources: list[Summary], targets: list[Summary]) 
     lines = ["5. band coverage: held-out rows whose published step lies in the band `plan` prints (nominal 80%)",
              f"{'group':44s} {'rows':>5s} {'inside':>7s}"]
     groups = [(s.source, [h for h in recs if h.source == s.source]) for s in sources]
-    groups += [(s.source, [h for h, p in zip(recs, _timed(preds), strict=True) if (p.row.target or "") ==
-                           ("" if s.source.startswith("no target") else s.source)]) for s in targets]
+    targets = [p.row.target for p in preds if p.time_error is not None]  # held_out_records' rows, in order
+    groups += [(name or NO_TARGET, [h for h, t in zip(recs, targets, strict=True) if t == name])
+               for name in sorted(set(targets), key=lambda x: (not x, x))]
     for name, hs in [*groups, ("overall", recs)]:
         if hs:
             k = sum(map(inside, hs))
             lines.append(f"{source_label(name):44s} {len(hs):5d} {100 * k / len(hs):6.1f}%")
     return "\n".join(lines)
-
-
-def _timed(preds: list) -> list:
-    """The predictions with a step-time error: those ``held_out_records`` keeps, in its order."""
-    return [p for p in preds if p.time_error is not None]
 
 
 def _signed(x: float | None) -> str:
@@ -116,11 +115,11 @@ def main() -> int:
         out["leave_one_source_out"] = {"sources": [s.to_dict() for s in held], "overall": loso_all.to_dict()}
         text += ["", table("3. leave-one-source-out (each source predicted by constants fitted on the others)",
                            held, loso_all)]
-        per_target = [summarize(name or "no target (the source's own rules)", [p for p in preds if p.row.target == name])
+        per_target = [summarize(name or NO_TARGET, [p for p in preds if p.row.target == name])
                       for name in sorted({p.row.target for p in preds}, key=lambda x: (not x, x))]
         out["leave_one_source_out"]["targets"] = [s.to_dict() for s in per_target]
         text += ["", table("4. the held-out predictions of table 3 per target each source is priced as", per_target),
-                 "", coverage_table(preds, held, per_target)]
+                 "", coverage_table(preds, held)]
     text += ["", *misfit_lines(fitted.sources),
              "", f"skipped rows: {len(fitted.skipped)} (see `shardplan validate` for the reasons)"]
     if args.json:

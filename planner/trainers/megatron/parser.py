@@ -18,8 +18,8 @@ from typing import Any
 
 from planner.trainers.reading import ConfigError
 
-#: the recorded parser: Megatron-LM's as shipped with megatron-core 0.19.2 (the first wheel with
-#: megatron/training; megatron-core 0.16.1's Megatron-LM tag defines the flags the exports write alike)
+#: the recorded parser: Megatron-LM's as shipped in the megatron-core 0.19.2 wheel (the pinned 0.16.1
+#: wheel has no megatron/training); a flag of 0.16.1 it lacks is checked against the key snapshot only
 PARSER_FILE = Path(__file__).resolve().parents[3] / "vocab" / "targets" / "keys" / "megatron_lm-0.19.2.json"
 TYPES = {"int": int, "float": float, "str": str}
 
