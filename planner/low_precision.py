@@ -42,7 +42,7 @@ def bf16_experts(graph: Any, s: Strategy, w: Workload) -> str | None:
     m = s.mesh
     if w.precision not in FP8_PRECISIONS or bool(experts_low_precision(w.precision, w.low_precision_experts, m.pp, m.cp)):
         return None
-    if not any(n.kind == "experts" for n in graph.nodes):
+    if not graph.has_experts:
         return None
     why = {"never": "no grouped-GEMM converter converts them",
            "float8_unpiped": "the trainer's float8 grouped-GEMM converter runs only with pp = cp = 1"}

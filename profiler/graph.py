@@ -159,6 +159,11 @@ class LayerGraph:
         return sum(n.act_saved_bytes for n in self.nodes)
 
     @property
+    def has_experts(self) -> bool:
+        """Whether the model has mixture-of-experts layers (an ``experts`` node)."""
+        return any(n.kind == "experts" for n in self.nodes)
+
+    @property
     def num_blocks(self) -> int:
         return len({n.block for n in self.nodes if n.block is not None})
 

@@ -316,7 +316,7 @@ def _experts_differ(n: Nearest, mine: str, theirs: str) -> bool:
     prec, pp, cp = n.workload["precision"], n.mesh["pp"], n.mesh["cp"]
     if bool(experts_low_precision(prec, mine, pp, cp)) == bool(experts_low_precision(prec, theirs, pp, cp)):
         return False
-    return any(x.kind == "experts" for x in plan_graph(n.plan).nodes)
+    return plan_graph(n.plan).has_experts
 
 
 def _precision(n: Nearest, t: Target) -> None:

@@ -40,10 +40,8 @@ def lm_parser() -> argparse.ArgumentParser:
     p = _Refusing(prog="pretrain_gpt.py", add_help=False, allow_abbrev=False, exit_on_error=False)
     for a in recorded()["actions"]:
         kw: dict[str, Any] = {"dest": a["dest"]}
-        if a["kind"] in ("store_true", "store_false", "count"):
-            kw["action"] = a["kind"]
-        elif a["nargs"] == 0:  # argparse.BooleanOptionalAction: --x and --no-x, neither takes a value
-            kw["action"] = "store_true"
+        if _takes_no_value(a):  # argparse.BooleanOptionalAction (nargs 0): --x and --no-x, both bare
+            kw["action"] = a["kind"] if a["kind"] in ("store_true", "store_false", "count") else "store_true"
         else:
             typ = TYPES[a["type"]]
             kw.update(type=typ, nargs=a["nargs"], action="append" if a["kind"] == "append" else "store")
@@ -59,11 +57,15 @@ def lm_flags() -> frozenset[str]:
     return frozenset(f for a in recorded()["actions"] for f in a["flags"])
 
 
+def _takes_no_value(a: dict[str, Any]) -> bool:
+    """Whether a recorded action is a bare flag (store_true, store_false, count, BooleanOptionalAction)."""
+    return a["kind"] in ("store_true", "store_false", "count") or a["nargs"] == 0
+
+
 @cache
 def _bare() -> frozenset[str]:
-    """The option strings that take no value (store_true, store_false, BooleanOptionalAction)."""
-    return frozenset(f for a in recorded()["actions"] if a["kind"] in ("store_true", "store_false", "count")
-                     or a["nargs"] == 0 for f in a["flags"])
+    """The option strings that take no value."""
+    return frozenset(f for a in recorded()["actions"] if _takes_no_value(a) for f in a["flags"])
 
 
 def check_flags(doc: dict[str, list[str]], origin: str) -> None:

@@ -22,7 +22,7 @@ from planner.trainers.torchtitan.keys import (
     TORCHTITAN_SCHEDULES,
 )
 from planner.trainers.torchtitan.read import flavor_of
-from vocab.strategy import Strategy, Workload
+from vocab.strategy import FP8_PRECISIONS, Strategy, Workload
 
 SUFFIX = ".toml"
 
@@ -121,7 +121,7 @@ def render(n: Nearest, s: Strategy, cost: str) -> str:
 def _grouped_converter(n: Nearest, w: Workload, pp: int, cp: int) -> bool:
     """Whether the experts' grouped-GEMM converter is written: an fp8/mxfp8 plan of a model with experts
     whose price runs them in that precision on this mesh (:func:`costmodel.kernels.experts_low_precision`)."""
-    if w.precision not in ("fp8", "mxfp8") or not any(b.kind == "experts" for b in plan_graph(n.plan).nodes):
+    if w.precision not in FP8_PRECISIONS or not plan_graph(n.plan).has_experts:
         return False
     if not bool(experts_low_precision(w.precision, w.low_precision_experts, pp, cp)):
         return False
