@@ -198,9 +198,14 @@ def _strategy(m: Mapped) -> None:
         sharding = "zero1"
         m.assumptions.append("distributed optimizer (ZeRO-1; not stated)")
     m.assumptions.append("no recomputation (not stated)")
+    etp = 0
+    if ep > 1 and (dp * cp) % ep and tp > 1:  # Megatron's default etp = tp cannot place ep: folded over tp
+        etp = 1
+        m.assumptions.append("expert-tensor parallelism 1, the expert ranks folded over tp (not stated; ep does "
+                             "not divide dp x cp)")
     default = LayerStrategy(sharding=sharding, recompute="none")  # type: ignore[arg-type]
     try:
-        m.strategy = Strategy(mesh=Mesh(pp=pp, dp_shard=dp, cp=cp, tp=tp, ep=ep), micro_batch=mb,
+        m.strategy = Strategy(mesh=Mesh(pp=pp, dp_shard=dp, cp=cp, tp=tp, ep=ep, etp=etp), micro_batch=mb,
                               schedule="interleaved" if pp > 1 and vp > 1 else "1f1b", vpp=vp if pp > 1 else 1,
                               sequence_parallel=tp > 1, default=default)
     except ValidationError as e:

@@ -19,8 +19,9 @@ from vocab.strategy import DEGREES, MeshConfig, MeshFacts, Strategy, num_microba
 
 F = np.ndarray
 #: the numeric columns of :class:`ConfigArrays`, as named by :class:`MeshConfig`: the mesh
-#: degrees, then the micro-batch size and the virtual stages per rank
-NUMBERS = (*DEGREES, "micro_batch", "vpp")
+#: degrees, the expert-tensor-parallel ranks (0: as tp), then the micro-batch size and the virtual
+#: stages per rank
+NUMBERS = (*DEGREES, "etp", "micro_batch", "vpp")
 #: the boolean columns of :class:`ConfigArrays`, each what a :class:`MeshConfig` says
 MODES: dict[str, Callable[[MeshConfig], bool]] = {
     "sequence_parallel": lambda c: c.sequence_parallel,
@@ -51,6 +52,7 @@ class ConfigArrays(MeshFacts):
     cp: F
     tp: F
     ep: F
+    etp: F
     micro_batch: F
     vpp: F
     schedule: np.ndarray  # object array of schedule names
@@ -82,7 +84,8 @@ class ConfigArrays(MeshFacts):
         """Micro-batches per step (:func:`vocab.strategy.num_microbatches`)."""
         return num_microbatches(global_batch, self.dp, self.micro_batch)
 
-    # ---- communication groups (global rank order: pp, dp_replicate, dp_shard, cp, tp) ----------
+    # ---- communication groups (global rank order: pp, dp_replicate, dp_shard, cp, tp; the experts'
+    # ranks of a stage replica in the order edp, ep, etp, etp innermost: Megatron's and torchtitan's) ---
     @property
     def tp_group(self) -> AxisGroup:
         return AxisGroup(self.tp, np.ones_like(self.tp))
@@ -98,12 +101,17 @@ class ConfigArrays(MeshFacts):
 
     @property
     def expert_shard_group(self) -> AxisGroup:
-        """The shard group over ep: what expert states are sharded over."""
-        return AxisGroup(self.expert_shard, self.tp * self.ep)
+        """What expert states are sharded over (:attr:`vocab.strategy.MeshFacts.expert_shard`)."""
+        return AxisGroup(self.expert_shard, self.expert_tp * self.ep)
 
     @property
     def ep_group(self) -> AxisGroup:
-        return AxisGroup(self.ep, self.tp)
+        return AxisGroup(self.ep, self.expert_tp)
+
+    @property
+    def expert_tp_group(self) -> AxisGroup:
+        """The ranks that split each expert's width (the tp group where ``etp`` is unset)."""
+        return AxisGroup(self.expert_tp, np.ones_like(self.tp))
 
     @property
     def replicate_group(self) -> AxisGroup:

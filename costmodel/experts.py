@@ -20,6 +20,13 @@ experts one GEMM call each, as this project's runtime runs them.
 Around the GEMMs the tokens are permuted into expert order and back (:data:`PERMUTE_ELEMENTS`):
 memory-bound copies that no FLOP count sees.
 
+Under tensor parallelism each rank dispatches its share of the tokens (sequence parallelism); the
+ranks that split every expert's width (``etp``: ``tp`` unless the mesh folds the experts over the
+tensor-parallel ranks) gather the routed copies after the dispatch and reduce-scatter the experts'
+outputs before the combine (:func:`expert_tp_time`). With ``etp = 1`` (MoE parallel folding) each
+rank runs whole experts on its own share, and the expert ranks are carved out of the tensor- and
+data-parallel ranks together.
+
 Across scale-up domains the dispatch is bound by the scale-out network. An all-to-all sends each
 routed copy whose expert lies in another domain; a de-duplicating dispatcher (DeepEP: DeepSeek-V3
 technical report, §3.2.2) sends a token once to every other domain that holds one of its experts
@@ -108,8 +115,8 @@ def expert_times(n: LayerNode, dev: DeviceModel, tokens: float, ep: float, tdiv:
                  fp8_casts: bool, kernels: str, capacity: float | None = None, cast_precision: str = "fp8"
                  ) -> tuple[float, float]:
     """(forward, backward) seconds of the routed experts of one MoE layer on the slowest rank, for
-    ``tokens`` tokens through the layer on it (all of the micro-batch's under TP, which splits
-    every expert's FFN width ``tdiv`` ways): the grouped GEMMs of its ``E/ep`` experts (the input
+    ``tokens`` tokens through the layer on it (a tensor-parallel rank's share gathered over the
+    ``tdiv`` expert-TP ranks, which split every expert's FFN width): the grouped GEMMs of its ``E/ep`` experts (the input
     projection(s), then the output one), their fp8 casts where ``fp8_casts`` (with the block scales where
     ``cast_precision`` is ``mxfp8``: :func:`costmodel.kernels.fp8_cast_bytes`), and the permutations;
     ``capacity``: the workload's capacity factor (:func:`load_imbalance`)."""
@@ -163,6 +170,19 @@ def remote_domains(experts: int, top_k: int, domains: int, groups: int = 0, grou
         return (domains - 1) * (1 - comb(groups - groups // domains, group_top_k) / comb(groups, group_top_k))
     per = experts // domains
     return (domains - 1) * (1 - comb(experts - per, top_k) / comb(experts, top_k))
+
+
+def expert_tp_time(dev: DeviceModel, nbytes: Any, group: AxisGroup) -> Any:
+    """Seconds of one pass of expert-tensor parallelism's collectives over ``group`` (the expert-TP
+    ranks), per configuration, where each rank received ``nbytes`` of routed copies from the
+    dispatch: the copies all-gathered over the group so that every rank runs its width of the
+    experts on all of them, and the outputs reduce-scattered back before the combine, each of the
+    gathered size (megatron-core 0.16.1 ``transformer/moe/token_dispatcher.py:691-699``,
+    ``MoEAlltoAllTokenDispatcher.dispatch_postprocess``: ``gather_from_sequence_parallel_region``
+    over the expert-TP group; ``:775-781``, ``combine_preprocess``: ``reduce_scatter_to_sequence_parallel_region``).
+    Backward runs the pair mirrored (a reduce-scatter and an all-gather). Nothing overlaps them."""
+    gathered = np.asarray(nbytes) * group.size
+    return dev.collective_time("all_gather", gathered, group) + dev.collective_time("reduce_scatter", gathered, group)
 
 
 def dispatch_time(dev: DeviceModel, nbytes: Any, group: AxisGroup, routing: tuple[int, int, int, int],

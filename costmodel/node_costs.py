@@ -69,8 +69,8 @@ def local_params(n: LayerNode, cfg: ConfigArrays) -> np.ndarray:
     params = np.full(len(tp), n.params, dtype=np.int64)
     if is_tied_head(n):  # a tied head's own copy
         params = np.where(cfg.pp > 1, int(n.dims.get("in", 0)) * int(n.dims.get("out", 0)), params)
-    if n.kind == "experts":
-        return params // (tp * cfg.ep.astype(np.int64))
+    if n.kind == "experts":  # each expert's width over the expert-TP ranks, the experts over ep
+        return params // (cfg.expert_tp.astype(np.int64) * cfg.ep.astype(np.int64))
     whole = n.tp in ("column", "heads") or (n.tp == "vocab" and n.kind != "embedding")
     out = np.where(cfg.tsp | whole, params // tp, params)
     if n.tp == "row" and not whole:
@@ -170,10 +170,14 @@ def node_times(n: LayerNode, dev: DeviceModel, cfg: ConfigArrays, w: Workload, t
         calls = np.where(cfg.ulysses, 1.0, cfg.cp)  # Ulysses' the whole sequence (for 1/cp of the heads)
     ep = cfg.ep if n.kind == "experts" else np.ones(cfg.size)  # the experts' tokens and load depend on ep
     low = np.ones(cfg.size)  # and their precision on the mesh (1: the run's)
+    split = np.broadcast_to(tdiv, scale.shape)
     if n.kind == "experts":
         low = np.broadcast_to(experts_low_precision(w.precision, w.low_precision_experts, cfg.pp, cfg.cp),
                               scale.shape).astype(float)
-    keys = np.stack([scale, calls, np.broadcast_to(tdiv, scale.shape), ep, low])
+        # a rank's share of the tokens (``scale``, over tp) gathered over the expert-TP ranks, each
+        # expert's width split over them (:func:`costmodel.experts.expert_times`)
+        split = np.broadcast_to(cfg.expert_tp, scale.shape)
+    keys = np.stack([scale, calls, split, ep, low])
     if cfg.size == 1:  # one configuration: nothing to share
         uniq, inv = keys, np.zeros(1, dtype=int)
     elif n.kind == "experts":

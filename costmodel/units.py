@@ -19,7 +19,7 @@ import numpy as np
 
 from costmodel.configs import AxisGroup, ConfigArrays
 from costmodel.device import DeviceModel
-from costmodel.experts import dispatch_time, load_imbalance, overlap_runs
+from costmodel.experts import dispatch_time, expert_tp_time, load_imbalance, overlap_runs
 from costmodel.gradients import (
     GATHER_BYTES,
     GRAD_REDUCE_BYTES,
@@ -449,6 +449,10 @@ class _Traffic:
             a2a = 2 * one * passes["ep"]
             paired = (self.w.moe_overlap == "1f1b") & overlap_runs(cfg.pp, cfg.vpp, passes["full"])
             comm_ep = np.where(experts, c.exposed(a2a, np.where(paired, compute, a2a * c.ep_overlap)), comm_ep)
+        gathered = (self.ep_bytes > 0) & (cfg.expert_tp > 1) & cfg.sequence_parallel & ~cfg.tsp
+        if gathered.any():  # expert TP: each rank's routed copies gathered over the expert-TP ranks, and back
+            received = self.ep_bytes * load_imbalance(dev, ep, self.w.moe_capacity_factor)
+            comm_ep = comm_ep + np.where(gathered, passes["ep"] * expert_tp_time(dev, received, cfg.expert_tp_group), 0.0)
         return {"comm_tp": comm_tp, "comm_cp": comm_cp, "comm_ep": comm_ep}
 
 

@@ -101,7 +101,7 @@ def mesh_text(s: Strategy) -> str:
     """The mesh as ``plan`` shows it: ``pp=2 dp_shard=8 tp=4 (SP)`` (degrees above 1, then sequence
     parallelism and the TP and CP modes that are not the defaults)."""
     m = s.mesh
-    parts = [f"{k}={v}" for k, v in m.axes().items() if v > 1] + ([f"ep={m.ep}"] if m.ep > 1 else [])
+    parts = [f"{k}={v}" for k, v in m.shown_degrees().items()]
     extra = []
     if s.sequence_parallel:
         extra.append("SP")
@@ -117,6 +117,7 @@ def short_strategy(s: Strategy) -> str:
     m = s.mesh
     axes = " ".join(f"{k}{v}" for k, v in (("pp", m.pp), ("dpr", m.dp_replicate), ("dp", m.dp_shard),
                                              ("cp", m.cp), ("tp", m.tp), ("ep", m.ep)) if v > 1) or "1 GPU"
+    axes += f" etp{m.etp}" if m.etp else ""
     mixed = any(ls.unit != "*" for ls in s.layers)
     d = s.default
     choice = "mixed" if mixed else f"{d.sharding} {d.recompute}" + (f" off:{d.offload}" if d.offload != "none" else "")

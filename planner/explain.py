@@ -58,7 +58,7 @@ def mesh_placement(plan: Plan) -> dict[str, Any]:
         n = getattr(m, name)
         if n == 1:
             continue
-        st = strides["cp"] if name == "ep" else strides[name]
+        st = m.expert_tp if name == "ep" else strides[name]  # the experts' ranks: edp, ep, etp (innermost)
         k = 1 if st >= domain else math.gcd(min(n, domain // st), n)
         if k == n:
             place = f"inside one {where}"
@@ -90,7 +90,8 @@ def schedule_info(plan: Plan) -> dict[str, Any]:
     if s.mesh.ep > 1:  # how the experts' all-to-alls run, as priced
         full = s.default.recompute == "full" or any(x.recompute == "full" for x in s.layers)
         hidden = w.moe_overlap == "1f1b" and bool(overlap_runs(s.mesh.pp, s.vpp, full))
-        out["moe"] = {"dispatch": w.moe_dispatch, "overlap": "1f1b" if hidden else "none"}
+        out["moe"] = {"dispatch": w.moe_dispatch, "overlap": "1f1b" if hidden else "none",
+                      "expert_tp": s.mesh.expert_tp, "folded": bool(s.mesh.etp and s.mesh.etp != s.mesh.tp)}
     if s.default.recompute == "selective" or any(x.recompute == "selective" for x in s.layers):
         out["selective"] = {"policy": w.selective, "keeps": SELECTIVE_KEEPS[w.selective]}
     return out
@@ -332,6 +333,7 @@ def _schedule_text(sc: dict[str, Any]) -> str:
                if sc.get("tp", 1) > 1 else "")
             + (f"; cp_mode {sc['cp_mode']}" if sc.get("cp", 1) > 1 else "")
             + (f"; MoE dispatch {sc['moe']['dispatch']}, all-to-all overlap {sc['moe']['overlap']}"
+               + (f", experts folded over tp (etp={sc['moe']['expert_tp']})" if sc["moe"]["folded"] else "")
                if "moe" in sc else "")
             + (f"; selective recomputation '{sc['selective']['policy']}': {sc['selective']['keeps']}"
                if "selective" in sc else ""))

@@ -64,7 +64,7 @@ def check(ad: ModelAdapter, strategy: Strategy, world_size: int, device: str, mo
     """
     problems = [model_problem] if model_problem else []
     problems += rule_problems(Subject(strategy, model_shape(ad), seq_len, global_batch, world_size,
-                                      "the process group's {} ranks", strict_tp=True, tp_experts=False,
+                                      "the process group's {} ranks", strict_tp=True, tp_experts=False, folding=False,
                                       pipelining=True, sp_tokens=True))
     problems += _runtime_problems(ad, strategy)
     if all(ad.has(ls.unit) for ls in strategy.layers):

@@ -115,6 +115,8 @@ class SpaceOptions:
     recompute_blocks_only: bool = False  # the embedding and the head never recompute
     strict_tp: bool = False  # tp divides the KV heads and the FFN width (no KV-head replication)
     tp_experts: bool = True  # tp > 1 for mixture-of-experts models
+    expert_folding: bool = False  # experts without TP beside tp > 1 (etp = 1, MoE parallel folding), where a target runs it
+    experts_need_sp: bool = False  # MoE blocks beside tp > 1 only with sequence parallelism
     tsp_cp_modes: tuple[str, ...] = ("ring", "ulysses")  # context-parallel modes beside TSP
     cp_rotate: str = "allgather"  # how the target's ring moves K/V (recorded in the plan, priced as it runs)
     max_axes: int | None = None  # meshes with at most this many degrees above 1 (the tie-break's searches)
@@ -203,6 +205,16 @@ def ep_degrees(graph: LayerGraph, shard: int) -> Iterator[int]:
     yield from (e for e in divisors(experts) if divides(e, shard))
 
 
+def expert_layouts(graph: LayerGraph, tp: int, shard: int, folding: bool) -> Iterator[tuple[int, int]]:
+    """(ep, etp) of the expert ranks: ``ep`` of :func:`ep_degrees` with the experts split over tp
+    (``etp`` 0), then, where ``folding`` and ``tp > 1``, every ``ep > 1`` dividing the experts and
+    ``tp·dp_shard·cp`` with whole experts on each rank (``etp`` 1: MoE parallel folding)."""
+    yield from ((e, 0) for e in ep_degrees(graph, shard))
+    experts = int(graph.config.get("experts", 0) or 0)
+    if folding and experts and tp > 1:
+        yield from ((e, 1) for e in divisors(experts) if e > 1 and divides(e, tp * shard))
+
+
 def dp_splits(dp: int, replicate: bool = True) -> Iterator[tuple[int, int]]:
     """(dp_replicate, dp_shard) with the given product."""
     for r in divisors(dp) if replicate else [1]:
@@ -272,7 +284,7 @@ def mesh_configs(
             for cp in cp_degrees(w.seq_len, world // (tp * pp)) if opts.cp else [1]:
                 dp = world // (tp * pp * cp)
                 for dpr, dps in dp_splits(dp, opts.dp_replicate):
-                    for ep in ep_degrees(graph, dps * cp) if opts.ep else [1]:
+                    for ep, etp in expert_layouts(graph, tp, dps * cp, opts.expert_folding) if opts.ep else [(1, 0)]:
                         if opts.max_axes is not None and axes_above_one(pp, dpr, dps, cp, tp, ep) > opts.max_axes:
                             continue
                         if opts.degrees and not _has_degrees(opts.degrees, pp=pp, dp_replicate=dpr, dp_shard=dps,
@@ -284,15 +296,17 @@ def mesh_configs(
                                 for tpm in opts.tp_modes if tp > 1 else ("megatron",):
                                     if tpm == "tsp" and not divides(sequence_chunks(cp, tp, True), w.seq_len):
                                         continue
+                                    if etp and tpm == "tsp":  # folding needs each tp rank's own tokens
+                                        continue
                                     sps = (False,) if tp == 1 or tpm == "tsp" else opts.sequence_parallel
-                                    for sp in sps:
+                                    for sp in sps if not (etp or moe and opts.experts_need_sp) else [v for v in sps if v]:
                                         cpms = opts.cp_modes if tpm != "tsp" else opts.tsp_cp_modes
                                         for cpm in cpms if cp > 1 else ("ring",):
                                             if cpm == "ulysses" and not ulysses_fits(tp, cp, heads, kv_heads):
                                                 continue
                                             rot = opts.cp_rotate if cp > 1 and cpm == "ring" else "allgather"
                                             yield MeshConfig(
-                                                pp, dpr, dps, cp, tp, ep, b, sched, vpp, sp, tpm, cpm, rot
+                                                pp, dpr, dps, cp, tp, ep, b, sched, vpp, sp, tpm, cpm, rot, etp
                                             )
 
 
@@ -438,6 +452,7 @@ def restrict(space: SpaceOptions, target: Target) -> SpaceOptions:
         stage_rules=rules, stage_split=t.pipeline.stage_split,
         recompute_blocks_only=t.recompute.scope == "blocks",
         strict_tp=not t.tensor_parallel.kv_head_replication, tp_experts=t.tensor_parallel.experts,
+        expert_folding=t.tensor_parallel.expert_folding, experts_need_sp=t.tensor_parallel.experts_need_sp,
         tsp_cp_modes=_keep(space.tsp_cp_modes, t.tensor_parallel.tsp_context), cp_rotate=t.behaviour.cp_rotate[0])
 
 

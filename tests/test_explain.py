@@ -206,8 +206,22 @@ def test_explain_says_how_the_experts_all_to_alls_run(mesh: dict[str, int], over
     s = {"mesh": mesh, "micro_batch": 1, "default": {"sharding": "zero1"}}
     p = make_plan(s, cluster="16xh100", seq_len=2048, global_batch=32, model="mixtral-8x7b", moe_overlap="1f1b",
                   moe_dispatch="dedup")
-    assert explain_data(p)["schedule"]["moe"] == {"dispatch": "dedup", "overlap": overlap}
+    assert explain_data(p)["schedule"]["moe"] == {"dispatch": "dedup", "overlap": overlap, "expert_tp": 1,
+                                                  "folded": False}
     assert "moe" not in explain_data(make_plan({"mesh": {"dp_shard": 16}}))["schedule"]
+
+
+def test_explain_says_where_the_experts_fold_over_tp(tmp_path: Path) -> None:
+    """A folded plan (etp=1 beside tp=2) says so, and places the ep groups on adjacent ranks."""
+    s = {"mesh": {"dp_shard": 8, "tp": 2, "ep": 8, "etp": 1}, "sequence_parallel": True}
+    p = make_plan(s, cluster="16xh100", seq_len=2048, global_batch=32, model="mixtral-8x7b")
+    assert explain_data(p)["schedule"]["moe"] == {"dispatch": "alltoall", "overlap": "none", "expert_tp": 1,
+                                                  "folded": True}
+    ep = next(a for a in mesh_placement(p)["axes"] if a["axis"] == "ep")
+    assert (ep["stride"], ep["example_group"]) == (1, "0, 1, 2, 3, ...")
+    p.save(tmp_path / "f.json")
+    r = runner.invoke(app, ["explain", str(tmp_path / "f.json")])
+    assert r.exit_code == 0 and "experts folded over tp (etp=1)" in " ".join(r.output.split())
 
 
 def test_explain_says_what_selective_recomputation_keeps(tmp_path: Path) -> None:

@@ -52,6 +52,24 @@ def test_every_form_of_a_mesh_derives_the_same_facts() -> None:
     assert [getattr(arrays, f).dtype for f in ("tp", "tsp")] == [np.dtype(float), np.dtype(bool)]
 
 
+def test_folded_expert_ranks_are_carved_from_tensor_and_data_parallel_ranks() -> None:
+    """etp unset: ep from dp_shard*cp, the experts split over tp; etp=1 (MoE parallel folding): the
+    etp*ep expert ranks from tp*dp_shard*cp, in the order (edp, ep, etp), etp innermost."""
+    default, folded = Mesh(tp=2, dp_shard=4, cp=2, ep=4), Mesh(tp=2, dp_shard=4, cp=2, ep=16, etp=1)
+    assert (default.expert_tp, default.expert_shard) == (2, 2)
+    assert (folded.expert_tp, folded.expert_shard) == (1, 1)
+    arrays = ConfigArrays.of([MeshConfig.of(Strategy(mesh=m, sequence_parallel=True)) for m in (default, folded)])
+    assert arrays.expert_tp.tolist() == [2.0, 1.0]
+    assert arrays.ep_group.stride.tolist() == [2.0, 1.0] and arrays.expert_shard_group.stride.tolist() == [8.0, 16.0]
+    assert arrays.expert_tp_group.size.tolist() == [2.0, 1.0]
+    assert "etp" not in default.model_dump() and folded.model_dump()["etp"] == 1
+    assert MeshConfig.of(Strategy(mesh=folded)).mesh == folded
+    with pytest.raises(ValueError, match=r"etp\*ep = 1\*32 must divide tp\*dp_shard\*cp = 16"):
+        Mesh(tp=2, dp_shard=4, cp=2, ep=32, etp=1)
+    with pytest.raises(ValueError, match="ep=16 must divide dp_shard\\*cp = 8"):
+        Mesh(tp=2, dp_shard=4, cp=2, ep=16)
+
+
 def test_sequence_chunks() -> None:
     assert [sequence_chunks(1), sequence_chunks(2), sequence_chunks(1, 4, True), sequence_chunks(2, 4, True)] == \
         [1, 4, 8, 16]
@@ -80,6 +98,9 @@ CASES: dict[str, tuple[Subject, str]] = {
     "ep_experts": (Subject(_s(mesh=Mesh(dp_shard=4, ep=4)), ModelShape(experts=6)), "ep=4 does not divide the 6 experts"),
     "ep_ranks": (Subject(Strategy.model_construct(mesh=Mesh.model_construct(dp_shard=3, ep=2)), ModelShape(experts=4)),
                  "ep=2 must divide dp_shard*cp = 3 (expert ranks are data-parallel ranks)"),
+    "etp": (Subject(_s(mesh=Mesh(tp=2, dp_shard=2, ep=4, etp=1)), ModelShape(experts=4)),
+            "etp=1 beside tp=2 needs Megatron tensor parallelism with sequence parallelism: each tensor-parallel "
+            "rank dispatches its own tokens to the experts"),
     "stages": (Subject(_s(mesh=Mesh(pp=4)), ModelShape(blocks=2)), "pp*vpp = 4*1 = 4 stages for only 2 layers"),
     "stage_layers": (Subject(_s(mesh=Mesh(pp=2), stage_layers=[1, 2]), ModelShape(blocks=4)),
                      "stage_layers [1, 2] sum to 3, the model has 4 layers"),

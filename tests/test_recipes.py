@@ -41,7 +41,9 @@ def test_known_refusals() -> None:
     assert mx.mapped.workload.precision == "mxfp8" and not any("MXFP8" in r for r in mx.reasons)
     fp4 = assessed(2)  # the same in NVFP4: a named refusal, not priced
     assert fp4.reasons == ["nvfp4: no FP4 throughput in the hardware data (hardware.csv)"] and fp4.peak_gib is None
-    assert assessed(32).reasons == ["invalid: ep=32 must divide dp_shard*cp = 16 (expert ranks are data-parallel ranks)"]
+    folded = assessed(32)  # Qwen3-235B tp2 pp8 ep32 on 256 H100: ep32 > dp 16, so the experts fold over tp
+    assert folded.reasons == [] and folded.mapped.strategy.mesh.etp == 1 and folded.fits
+    assert any("folded over tp" in a for a in folded.mapped.assumptions)
     kimi = assessed(33)  # Kimi K2 on 256 GB300: the preset; 61 layers over pp4 x vp4 in Megatron's layout
     assert kimi.mapped.model == "kimi-k2" and kimi.reasons == [] and kimi.step_s is not None
     nano = assessed(34)

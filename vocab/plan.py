@@ -36,7 +36,7 @@ from vocab.rules import batch_problem
 from vocab.strategy import Strategy, Workload
 from vocab.viewers import register_viewer, registered  # noqa: F401  (register_viewer: re-exported)
 
-SCHEMA_VERSION = "1.9"
+SCHEMA_VERSION = "1.10"
 #: versions this shardplan reads: 1.1 added ``inputs.model_graph`` (a 1.0 document is a 1.1 one without
 #: it); 1.2 added ``inputs.target`` (a 1.0 or 1.1 document is one searched for the target ``any``); 1.3
 #: added ``workload.recv_buffers`` (older documents keep torch's per-micro-batch buffers); 1.4 added
@@ -46,8 +46,9 @@ SCHEMA_VERSION = "1.9"
 #: 1.6 added ``workload.selective`` (older documents were priced with the attention core recomputed); 1.7 added
 #: ``inputs.calibration`` (older documents were priced without a calibration of the user's cluster); 1.8
 #: added the precision ``mxfp8`` to ``workload.precision`` (older documents name bf16, fp8 or fp32); 1.9 added
-#: ``workload.low_precision_experts`` (older documents were priced with an fp8 run's experts in fp8 on every mesh)
-READABLE_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "1.6", "1.7", "1.8", "1.9")
+#: ``workload.low_precision_experts`` (older documents were priced with an fp8 run's experts in fp8 on every mesh);
+#: 1.10 added ``strategy.mesh.etp`` (older documents split every expert over the tensor-parallel ranks)
+READABLE_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "1.6", "1.7", "1.8", "1.9", "1.10")
 #: the target a document records when it names none: the whole plan vocabulary (``vocab.targets``)
 ANY_TARGET = "any"
 SCHEMA_PATH = Path(__file__).parent / "plan.schema.json"
@@ -298,7 +299,7 @@ class Alternative(_Doc):
 # What the plan was made for, the strategy, the cost model's prediction, the solver, runners-up. (No
 # docstring: it would become the schema's description.)
 class Plan(_Doc):
-    schema_version: Literal["1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "1.6", "1.7", "1.8", "1.9"] = SCHEMA_VERSION
+    schema_version: Literal["1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "1.6", "1.7", "1.8", "1.9", "1.10"] = SCHEMA_VERSION
     inputs: PlanInputs
     strategy: Strategy
     predicted: Predicted
@@ -356,6 +357,9 @@ class Plan(_Doc):
     @field_validator("strategy")
     @classmethod
     def _strategy_fits(cls, s: Strategy, info: ValidationInfo) -> Strategy:
+        if s.mesh.etp and info.data.get("schema_version", SCHEMA_VERSION) in READABLE_VERSIONS[:-1]:
+            raise _rule("strategy.mesh.etp needs schema_version 1.10 (older plans split every expert over the "
+                        "tensor-parallel ranks)")
         inp = info.data.get("inputs")
         if isinstance(inp, PlanInputs):
             _check_fits(s, inp, "")

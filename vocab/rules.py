@@ -11,7 +11,9 @@ micro-batches, which ``torch.distributed.pipelining`` needs) and ``sp_tokens`` (
 parallelism splits each context-parallel rank's tokens evenly over ``tp``, as the runtime cuts them;
 the cost model prices fractions of tokens, and the search spaces offer them) and ``bare_end_stages``
 (the first and last virtual stage may hold only the embedding or the loss, as Megatron's pipeline
-layout lets them: the cost model prices such stages; the runtime builds none). A fact it does not know (a size of
+layout lets them: the cost model prices such stages; the runtime builds none) and ``folding``
+(expert-tensor parallelism other than ``tp``, MoE parallel folding: the cost model prices it; the
+runtime splits experts over ``tp`` only). A fact it does not know (a size of
 0, blocks, a workload or ranks of None) breaks no rule.
 """
 
@@ -21,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from vocab.errors import ShardplanError
-from vocab.strategy import Strategy, expert_ranks_message, sequence_chunks
+from vocab.strategy import Strategy, expert_ranks_problem, sequence_chunks
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,7 @@ class Subject:
     pipelining: bool = False
     sp_tokens: bool = False
     bare_end_stages: bool = False  # the first and last virtual stage may hold the embedding or the loss alone
+    folding: bool = True  # expert-tensor parallelism other than tp (MoE parallel folding) runs
 
 
 # ---- predicates: what the rules and the search spaces' generators test ---------------------------
@@ -157,8 +160,22 @@ def _ep_experts(x: Subject) -> str | None:
 
 
 def _ep_ranks(x: Subject) -> str | None:
-    m = x.strategy.mesh
-    return None if divides(m.ep, m.shard) else expert_ranks_message(m.ep, m.shard)
+    return expert_ranks_problem(x.strategy.mesh)
+
+
+def _etp(x: Subject) -> str | None:
+    s = x.strategy
+    m = s.mesh
+    if not m.etp or m.etp == m.tp and x.model.experts:
+        return None
+    if not x.model.experts:
+        return f"expert-tensor parallelism (etp={m.etp}) needs a mixture-of-experts model; {x.model.name} has no experts"
+    if not x.folding:
+        return f"etp={m.etp} beside tp={m.tp} (MoE parallel folding): the runtime splits experts over tp only"
+    if m.tp > 1 and (s.tp_mode == "tsp" or not s.sequence_parallel):
+        return (f"etp={m.etp} beside tp={m.tp} needs Megatron tensor parallelism with sequence parallelism: each "
+                "tensor-parallel rank dispatches its own tokens to the experts")
+    return None
 
 
 def _stages(x: Subject) -> str | None:
@@ -282,6 +299,7 @@ RULES: tuple[Rule, ...] = (
     Rule("ep_model", _ep_model),
     Rule("ep_experts", _ep_experts),
     Rule("ep_ranks", _ep_ranks),
+    Rule("etp", _etp),
     Rule("stages", _stages),
     Rule("stage_layers", _stage_layers),
     Rule("cp_sequence", _cp_sequence),

@@ -3,7 +3,10 @@
 The device mesh has named axes, outermost first: ``pp, dp_replicate, dp_shard, cp, tp``. Their
 product is the world size. ``ep`` (expert parallelism) is carved out of ``dp_shard × cp`` for the
 MoE layers, as in torchtitan: expert weights are split over ``ep`` ranks and sharded/replicated
-over the remaining ``dp_shard·cp/ep``.
+over the remaining ``dp_shard·cp/ep``. With ``etp`` set (MoE parallel folding: Megatron's
+``--expert-tensor-parallel-size``, torchtitan's ``expert_tensor_parallel_degree``) the expert ranks
+are carved out of ``tp × dp_shard × cp`` instead: ``etp`` ranks split each expert's width, ``ep``
+groups of them hold the experts, in the order ``(edp, ep, etp)`` with ``etp`` innermost.
 
 Per-layer choices (:class:`LayerStrategy`) apply to *units*: ``embedding``, ``layers.<i>``,
 ``head``, or any operator inside them (``layers.3.mlp.up``); the most specific unit wins and
@@ -161,6 +164,7 @@ class MeshFacts:
         cp: Any
         tp: Any
         ep: Any
+        etp: Any
 
     @property
     def world_size(self) -> Any:
@@ -179,9 +183,15 @@ class MeshFacts:
         return self.dp_shard * self.cp
 
     @property
+    def expert_tp(self) -> Any:
+        """Ranks that split each expert's FFN width: ``etp``, or ``tp`` where it is unset (0)."""
+        return self.etp + (self.etp == 0) * self.tp
+
+    @property
     def expert_shard(self) -> Any:
-        """Ranks of the group expert states are sharded over: the shard group over ``ep``."""
-        return self.shard // self.ep
+        """Ranks of the group expert states are sharded over: the ``tp·dp_shard·cp`` ranks of a stage
+        replica over ``etp·ep`` (the shard group over ``ep`` where ``etp`` is ``tp``)."""
+        return self.tp * self.shard // (self.expert_tp * self.ep)
 
     @property
     def dp_all(self) -> Any:
@@ -214,24 +224,41 @@ class Mesh(_Strict, MeshFacts):
     dp_shard: int = Field(1, ge=1, le=MAX_GPUS, description="ranks that ZeRO/FSDP shards states across")
     cp: int = Field(1, ge=1, le=MAX_GPUS, description="context-parallel ranks (sequence split in attention)")
     tp: int = Field(1, ge=1, le=MAX_GPUS, description="tensor-parallel ranks")
-    ep: int = Field(1, ge=1, le=MAX_GPUS, description="expert-parallel ranks, carved from dp_shard x cp")
+    ep: int = Field(1, ge=1, le=MAX_GPUS, description="expert-parallel ranks, carved from dp_shard x cp "
+                    "(from tp x dp_shard x cp where etp is set)")
+    etp: int = Field(0, ge=0, le=MAX_GPUS, exclude_if=lambda v: v == 0,
+                     description="expert-tensor-parallel ranks: 0 (the default) as tp; set, the expert ranks "
+                     "etp x ep are carved from tp x dp_shard x cp (MoE parallel folding)")
 
     @model_validator(mode="after")
     def _ep_fits(self) -> Mesh:
         if self.world_size > MAX_GPUS:
             raise ValueError(f"the mesh spans {self.world_size:,} GPUs; at most {MAX_GPUS:,} are supported")
-        if self.shard % self.ep:
-            raise ValueError(expert_ranks_message(self.ep, self.shard))
+        problem = expert_ranks_problem(self)
+        if problem:
+            raise ValueError(problem)
         return self
 
     def axes(self) -> dict[str, int]:
         """The degrees of the mesh axes (:data:`MESH_AXES`), without ``ep``."""
         return {a: getattr(self, a) for a in MESH_AXES}
 
+    def shown_degrees(self) -> dict[str, int]:
+        """The degrees a person sets, as a plan shows them: the axes and ``ep`` above 1, ``etp`` where set."""
+        shown = {a: v for a, v in self.degrees().items() if v > 1}
+        return shown | ({"etp": self.etp} if self.etp else {})
 
-def expert_ranks_message(ep: int, shard: int) -> str:
-    """Why ``ep`` ranks cannot be carved out of a shard group of ``shard`` ranks."""
-    return f"ep={ep} must divide dp_shard*cp = {shard} (expert ranks are data-parallel ranks)"
+
+def expert_ranks_problem(m: MeshFacts) -> str | None:
+    """Why the ``etp x ep`` expert ranks of mesh ``m`` cannot be carved out of its ranks, or None:
+    ``ep`` divides ``dp_shard*cp`` (``etp`` unset), ``etp*ep`` divides ``tp*dp_shard*cp`` (set)."""
+    if not m.etp:
+        return None if m.shard % m.ep == 0 else \
+            f"ep={m.ep} must divide dp_shard*cp = {m.shard} (expert ranks are data-parallel ranks)"
+    if (m.tp * m.shard) % (m.etp * m.ep):
+        return (f"etp*ep = {m.etp}*{m.ep} must divide tp*dp_shard*cp = {m.tp * m.shard} (folded expert ranks "
+                "are tensor- and data-parallel ranks)")
+    return None
 
 
 class LayerStrategy(_Strict):
@@ -453,17 +480,19 @@ class MeshConfig(MeshFacts):
     tp_mode: str = "megatron"
     cp_mode: str = "ring"
     cp_rotate: str = "allgather"  # how the target's ring moves K/V (costmodel.units._Traffic.ring)
+    etp: int = 0  # expert-tensor-parallel ranks (0: as tp; :attr:`Mesh.etp`)
 
     @classmethod
     def of(cls, s: Strategy) -> MeshConfig:
         """The mesh configuration a strategy uses."""
         return cls(**s.mesh.degrees(), micro_batch=s.micro_batch, schedule=s.schedule, vpp=s.vpp,
-                   sequence_parallel=s.sequence_parallel, tp_mode=s.tp_mode, cp_mode=s.cp_mode, cp_rotate=s.cp_rotate)
+                   sequence_parallel=s.sequence_parallel, tp_mode=s.tp_mode, cp_mode=s.cp_mode, cp_rotate=s.cp_rotate,
+                   etp=s.mesh.etp)
 
     @property
     def mesh(self) -> Mesh:
         """The degrees as a :class:`Mesh`."""
-        return Mesh(**self.degrees())
+        return Mesh(**self.degrees(), etp=self.etp)
 
     def num_microbatches(self, global_batch: int) -> int:
         """Micro-batches per step on each data-parallel rank (:func:`num_microbatches`)."""
@@ -495,6 +524,6 @@ class MeshConfig(MeshFacts):
         )
 
     def describe(self) -> str:
-        parts = [f"{k}{d}" for k, d in self.parallel_axes.items()]
+        parts = [f"{k}{d}" for k, d in self.parallel_axes.items()] + ([f"etp{self.etp}"] if self.etp else [])
         sched = f"{self.schedule}" + (f"/vpp{self.vpp}" if self.vpp > 1 else "")
         return f"{' '.join(parts) or 'single GPU'} mb{self.micro_batch} {sched}"

@@ -134,6 +134,10 @@ class TensorParallelCaps(_Strict):
         False, description="tp may exceed the KV heads (each copied to tp/kv ranks); else tp divides them "
         "and the FFN width")
     experts: bool = Field(True, description="tp splits mixture-of-experts blocks; false: no tp for MoE models")
+    experts_need_sp: bool = Field(False, description="mixture-of-experts blocks beside tp > 1 train only with "
+                                  "sequence parallelism")
+    expert_folding: bool = Field(False, description="the experts may run without tensor parallelism beside tp > 1 "
+                                 "(etp = 1), their ep ranks carved from tp x dp_shard x cp (MoE parallel folding)")
     tsp_context: list[CpMode] = Field(default_factory=lambda: ["ring", "ulysses"],
                                       description="context-parallel modes TSP runs beside (cp > 1)")
 

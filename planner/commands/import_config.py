@@ -45,8 +45,7 @@ def import_cmd(
 
     plan, unread = read_config(config, trainer, model, cluster, seq_len, memory_limit, ep)
     pr, s = predicted_dict(plan), plan.strategy
-    mesh = " ".join(f"{k}={v}" for k, v in s.mesh.axes().items() if v > 1) + (f" ep={s.mesh.ep}" if s.mesh.ep > 1
-                                                                               else "")
+    mesh = " ".join(f"{k}={v}" for k, v in s.mesh.shown_degrees().items())
     fits = "fits" if pr.get("fits", True) else "does NOT fit"
     t = plan.inputs.target
     console.print(literal(f"{config.name} ({t.name} {t.version or ''}): {mesh or 'one GPU'}, micro-batch "

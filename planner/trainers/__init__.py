@@ -243,7 +243,7 @@ def _validated(cls: Any, data: dict[str, Any], origin: str) -> Any:
 
 
 def _mesh_text(s: Strategy) -> str:
-    return " ".join(f"{k}={v}" for k, v in s.mesh.axes().items() if v > 1) or "one GPU"
+    return " ".join(f"{k}={v}" for k, v in s.mesh.shown_degrees().items()) or "one GPU"
 
 
 __all__ = ["IMPORTERS", "TARGETS", "TRAINERS", "ConfigError", "Context", "Exported", "check_target", "checked_export",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from math import gcd
 from typing import Any
 
 from pydantic import ValidationError
@@ -281,6 +282,13 @@ def _axes(n: Nearest, t: Target) -> None:
         n.lose("expert parallelism", f"ep={m['ep']} → 1 (every rank holds all experts; {t.name} has no expert "
                                      "parallelism)")
         m["ep"] = 1
+    etp = m.get("etp", 0)
+    if etp and etp != m["tp"] and (etp != 1 or not t.tensor_parallel.expert_folding or not t.has("ep")):
+        ep = gcd(m["ep"], m["dp_shard"] * m["cp"])
+        n.lose("MoE parallel folding", f"etp={etp} ep={m['ep']} → ep={ep}, the experts split over tp={m['tp']} "
+                                       f"({t.name} folds expert ranks over tp with etp=1 only, or not at all)",
+               f"expert-tensor parallelism etp={etp} beside tp={m['tp']}")
+        m["ep"], m["etp"] = ep, 0
 
 
 def _tensor_parallel(n: Nearest, t: Target) -> None:
@@ -307,6 +315,11 @@ def _tensor_parallel(n: Nearest, t: Target) -> None:
     elif tp and not n.fields["sequence_parallel"] and n.fields["tp_mode"] == "megatron" and sp_rule == "always":
         n.lose("sequence parallelism", f"off → on ({t.name} always shards the sequence with tensor parallelism)",
                "tensor parallelism without sequence parallelism")
+        n.fields["sequence_parallel"] = True
+    elif (tp and not n.fields["sequence_parallel"] and n.fields["tp_mode"] == "megatron"
+          and t.tensor_parallel.experts_need_sp and plan_graph(n.plan).has_experts):
+        n.lose("sequence parallelism", f"off → on ({t.name} trains mixture-of-experts blocks beside tensor "
+                                       "parallelism only with it)", "MoE with tensor parallelism without sequence parallelism")
         n.fields["sequence_parallel"] = True
 
 

@@ -265,7 +265,7 @@ def render(n: Nearest, s: Strategy, cost: str) -> str:
     flags += [(K["cp"], m.cp)]
     if m.cp > 1:
         flags.append((K["cp_comm"], MEGATRON_CP_COMM[(s.cp_mode, s.cp_rotate if s.cp_mode == "ring" else "allgather")]))
-    flags += [(K["ep"], m.ep), (K["sp"], True if s.sequence_parallel else None)]
+    flags += [(K["ep"], m.ep), (K["etp"], m.etp or None), (K["sp"], True if s.sequence_parallel else None)]
     if m.ep > 1:
         flags += _dispatch(w, m.pp, s.vpp, n.values("recompute", n.blocks))
     flags.append((K["moe_capacity"], w.moe_capacity_factor))

@@ -24,6 +24,7 @@ MEGATRON: Final[dict[str, str | None]] = {
     "cp": "--context-parallel-size",
     "cp_comm": "--cp-comm-type",
     "ep": "--expert-model-parallel-size",
+    "etp": "--expert-tensor-parallel-size",  # default: tp; 1 with tp > 1 folds the expert ranks over tp (MoE parallel folding)
     "sp": "--sequence-parallel",
     "dist_opt": "--use-distributed-optimizer",
     "dist_opt_instances": "--num-distributed-optimizer-instances",  # ZeRO-1 / Megatron-FSDP sharded within dp_shard

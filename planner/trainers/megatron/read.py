@@ -221,6 +221,9 @@ def strategy(doc: Doc, ctx: Context) -> dict[str, Any]:
         "mesh": {"pp": pp, "dp_replicate": replicas, "dp_shard": dp // replicas, "cp": cp, "tp": tp, "ep": ep},
         "micro_batch": _int(doc, "micro_batch", o, required=True),
         "sequence_parallel": _on(doc, "sp", o) and tp > 1}
+    etp = _int(doc, "etp", o, tp) or tp
+    if etp != tp:  # the expert ranks folded over the tensor-parallel ones
+        fields["mesh"]["etp"] = etp
     comm = _str(doc, "cp_comm", o) or "p2p"
     if comm not in CP_MODES:
         raise ConfigError(f"{o}: {_key('cp_comm')} {comm!r} is not priced; accepted: {', '.join(CP_MODES)}")

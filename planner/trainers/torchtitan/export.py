@@ -88,8 +88,8 @@ def render(n: Nearest, s: Strategy, cost: str) -> str:
     if m.cp > 1:
         par.append((K["cp_rotate"], TORCHTITAN_CP_ROTATE[s.cp_rotate]))
     par.append((K["ep"], m.ep))
-    if m.ep > 1:
-        par.append((K["ep_backend"], "deepep" if w.moe_dispatch == "dedup" else "standard"))
+    if m.ep > 1:  # written always: torchtitan's default (1) folds the expert ranks over tp
+        par += [(K["etp"], m.expert_tp), (K["ep_backend"], "deepep" if w.moe_dispatch == "dedup" else "standard")]
     rec = {s.for_unit(u).recompute for u in n.blocks} - {"none"}
     if "ac_every" in n.extra:
         ac = [(K["ac_mode"], "selective"), (K["ac_option"], str(n.extra["ac_every"]))]

@@ -29,6 +29,7 @@ TORCHTITAN: Final[dict[str, str | None]] = {
     "cp": "context_parallel_degree",
     "cp_rotate": "context_parallel_rotate_method",
     "ep": "expert_parallel_degree",
+    "etp": "expert_tensor_parallel_degree",  # tp, or 1 (the default: ep ranks folded over tp) where ep > 1
     "ep_backend": "expert_parallel_comm_backend",  # "standard" (all-to-all) | "deepep"
     "ac": "activation_checkpoint",  # [activation_checkpoint]
     "ac_mode": "mode",  # "none" | "selective" | "full"

@@ -10,7 +10,9 @@ is on with TP; context parallelism is ring attention. ``[activation_checkpoint]`
 transformer blocks: ``full``, ``selective`` with ``selective_ac_option = "op"``, or full on every N-th
 block a pipeline rank builds (``"N"``). ``training.enable_cpu_offload`` offloads parameters.
 ``expert_parallel_comm_backend`` ``deepep`` is the de-duplicated MoE dispatch (``standard``: an
-all-to-all). ``[model]`` ``name`` and ``flavor`` are the model the file trains: where they are a preset
+all-to-all). With ``ep > 1`` and ``tp > 1``, ``expert_tensor_parallel_degree`` ``1`` (torchtitan's
+default) folds the expert ranks over the tensor-parallel ones (``etp`` 1); ``tp`` splits the experts
+over tp. ``[model]`` ``name`` and ``flavor`` are the model the file trains: where they are a preset
 (``TORCHTITAN_FLAVORS``) whose layers differ from the model being priced (``--model`` or the header's),
 the file is refused; a flavor that is no preset, or a file without one, is not checked. ``[model]``
 ``converters`` (names torchtitan registers: ``TORCHTITAN_CONVERTERS``; others are refused) holding ``quantize.linear.float8`` is fp8, ``quantize.linear.mx`` (torchao's MXLinear) mxfp8.
@@ -171,6 +173,11 @@ def strategy(doc: dict[str, Any], ctx: Context) -> dict[str, Any]:
     dps = count(shard, f"parallelism.{K['dp_shard']}", o)
     fields: dict[str, Any] = {"mesh": {"pp": pp, "dp_replicate": dpr, "dp_shard": dps, "cp": cp, "tp": tp, "ep": ep},
                               "sequence_parallel": tp > 1}
+    etp = degree("etp")  # torchtitan's default 1: with ep > 1 and tp > 1 the expert ranks fold over tp
+    if ep > 1 and etp not in (1, tp):
+        raise ConfigError(f"{o}: parallelism.{K['etp']} {etp} is neither 1 nor tp {tp} (torchtitan runs no other)")
+    if ep > 1 and etp != tp:
+        fields["mesh"]["etp"] = etp
     if cp > 1:
         rotate = par.get(str(K["cp_rotate"]), "allgather")
         methods = {v: k for k, v in TORCHTITAN_CP_ROTATE.items()}
