@@ -170,14 +170,14 @@ def node_times(n: LayerNode, dev: DeviceModel, cfg: ConfigArrays, w: Workload, t
         calls = np.where(cfg.ulysses, 1.0, cfg.cp)  # Ulysses' the whole sequence (for 1/cp of the heads)
     ep = cfg.ep if n.kind == "experts" else np.ones(cfg.size)  # the experts' tokens and load depend on ep
     low = np.ones(cfg.size)  # and their precision on the mesh (1: the run's)
-    split = np.broadcast_to(tdiv, scale.shape)
+    width_div = np.broadcast_to(tdiv, scale.shape)
     if n.kind == "experts":
         low = np.broadcast_to(experts_low_precision(w.precision, w.low_precision_experts, cfg.pp, cfg.cp),
                               scale.shape).astype(float)
         # a rank's share of the tokens (``scale``, over tp) gathered over the expert-TP ranks, each
         # expert's width split over them (:func:`costmodel.experts.expert_times`)
-        split = np.broadcast_to(cfg.expert_tp, scale.shape)
-    keys = np.stack([scale, calls, split, ep, low])
+        width_div = np.broadcast_to(cfg.expert_tp, scale.shape)
+    keys = np.stack([scale, calls, width_div, ep, low])
     if cfg.size == 1:  # one configuration: nothing to share
         uniq, inv = keys, np.zeros(1, dtype=int)
     elif n.kind == "experts":

@@ -347,6 +347,7 @@ class _Traffic:
         tp, cp, b = cfg.tp, cfg.cp, cfg.micro_batch
         z = np.zeros(cfg.size)
         self.ep_bytes, self.kv_bytes = z, z
+        self.moe_in_bytes = 0.0  # the MoE layers' inputs (16-bit) of a micro-batch's tokens on a cp rank
         self.routing = (1, 1, 0, 0)  # experts, top-k, expert groups, groups chosen
         self.tp_msgs = self.sp_grads = self.sp_params = 0
         for n, a in zip(nodes, aw, strict=True):
@@ -355,9 +356,12 @@ class _Traffic:
                 # K and V of the whole sequence (2 bytes a value, ``a`` times that in fp32): every
                 # KV head under TSP (each rank attends all heads of its tokens), the rank's heads else
                 self.kv_bytes = self.kv_bytes + 2 * 2 * b * n.dims.get("seq", w.seq_len) * kv * a
-            if n.kind == "experts":
-                tok = b * w.seq_len / cp / np.where(cfg.sequence_parallel, tp, 1.0)
+            if n.kind == "experts":  # what each rank dispatches: its share of the tokens under sequence
+                # parallelism, all of them where the layer gathered them and splits the experts over tp
+                share = cfg.sequence_parallel & ((w.moe_tp == "dispatcher") | (cfg.expert_tp == 1))
+                tok = b * w.seq_len / cp / np.where(share, tp, 1.0)
                 self.ep_bytes = self.ep_bytes + 2 * tok * n.dims.get("top_k", 1) * n.dims.get("in", 0)
+                self.moe_in_bytes = self.moe_in_bytes + 2 * b * w.seq_len / cp * n.dims.get("in", 0)
                 self.routing = (int(n.dims.get("experts", 1)), int(n.dims.get("top_k", 1)),
                                 int(n.dims.get("groups", 0)), int(n.dims.get("group_top_k", 0)))
             if n.tp == "row" or (n.tp == "vocab" and n.kind in ("embedding", "linear")):
@@ -449,11 +453,27 @@ class _Traffic:
             a2a = 2 * one * passes["ep"]
             paired = (self.w.moe_overlap == "1f1b") & overlap_runs(cfg.pp, cfg.vpp, passes["full"])
             comm_ep = np.where(experts, c.exposed(a2a, np.where(paired, compute, a2a * c.ep_overlap)), comm_ep)
-        gathered = (self.ep_bytes > 0) & (cfg.expert_tp > 1) & cfg.sequence_parallel & ~cfg.tsp
-        if gathered.any():  # expert TP: each rank's routed copies gathered over the expert-TP ranks, and back
-            received = self.ep_bytes * load_imbalance(dev, ep, self.w.moe_capacity_factor)
-            comm_ep = comm_ep + np.where(gathered, passes["ep"] * expert_tp_time(dev, received, cfg.expert_tp_group), 0.0)
-        return {"comm_tp": comm_tp, "comm_cp": comm_cp, "comm_ep": comm_ep}
+        return {"comm_tp": comm_tp, "comm_cp": comm_cp, "comm_ep": comm_ep + self.expert_tp_comm(dev, passes)}
+
+    def expert_tp_comm(self, dev: DeviceModel, passes: dict[str, Any]) -> F:
+        """Seconds of a micro-batch's MoE collectives over tensor-parallel ranks under sequence
+        parallelism (``Workload.moe_tp``): ``dispatcher``, each rank's routed copies all-gathered over
+        the expert-TP ranks after the dispatch and reduce-scattered back
+        (:func:`costmodel.experts.expert_tp_time`); ``gathered``, the layer's input tokens all-gathered
+        over tp before routing and its output reduce-scattered (torchtitan's
+        ``PrepareModuleInputOutput``)."""
+        cfg, z = self.cfg, np.zeros(self.cfg.size)
+        sp = (self.ep_bytes > 0) & cfg.sequence_parallel & ~cfg.tsp
+        if self.w.moe_tp == "gathered":
+            if not (sp & (cfg.tp > 1)).any():
+                return z
+            t = dev.collective_time("all_gather", self.moe_in_bytes, cfg.tp_group)
+            t = t + dev.collective_time("reduce_scatter", self.moe_in_bytes, cfg.tp_group)
+            return np.where(sp & (cfg.tp > 1), passes["ep"] * t, 0.0)
+        if not (sp & (cfg.expert_tp > 1)).any():
+            return z
+        received = self.ep_bytes * load_imbalance(dev, cfg.ep, self.w.moe_capacity_factor)
+        return np.where(sp & (cfg.expert_tp > 1), passes["ep"] * expert_tp_time(dev, received, cfg.expert_tp_group), 0.0)
 
 
 def tsp_volumes(nodes: Sequence[LayerNode], cfg: ConfigArrays, w: Workload) -> tuple[F, F, F]:

@@ -68,9 +68,9 @@ def test_expert_parameters_per_rank_are_split_over_etp_times_ep() -> None:
     assert local_params(n, _cfg(tp=2, dp_shard=32, ep=8, etp=1))[0] == n.params // 8
 
 
-def _ep_comm(**mesh: int) -> float:
+def _ep_comm(moe_tp: str = "dispatcher", **mesh: int) -> float:
     cfg, n = _cfg(**mesh), _experts()
-    w = Workload(seq_len=SEQ, global_batch=64, kernels="fused")
+    w = Workload(seq_len=SEQ, global_batch=64, kernels="fused", moe_tp=moe_tp)
     t = _Traffic([n], cfg, w, [1.0], 2.0)
     z = np.zeros(1)
     return float(t.comm(_flat_dev(), _passes(cfg, "none", w.selective), z, z + 1e-3, z, z)["comm_ep"][0])
@@ -96,6 +96,32 @@ def test_folded_experts_send_only_the_dispatch() -> None:
     sent = 2048 * K * H * 2
     a2a = dev.collective_time("all_to_all", sent, AxisGroup(16, 1))
     assert _ep_comm(tp=2, dp_shard=32, ep=16, etp=1) == pytest.approx(2 * 2 * a2a * (1 - dev.c.ep_overlap), rel=1e-9)
+
+
+def test_torchtitan_gathers_the_layer_input_over_tp_and_dispatches_every_token() -> None:
+    """moe_tp gathered (torchtitan), ep=8 with tp=2: the layer all-gathers the sample's 4,096 tokens
+    of 7,168 bf16 values over the tp pair and reduce-scatters its output, forward and backward; split
+    over tp (etp = tp) each tp rank then dispatches all 4,096 tokens' copies, folded (etp=1, ep=16)
+    its own 2,048 tokens'. No expert-TP collective after the dispatch."""
+    dev = _flat_dev()
+    layer, pair = 4096 * H * 2, AxisGroup(2, 1)
+    around = 2 * (dev.collective_time("all_gather", layer, pair) + dev.collective_time("reduce_scatter", layer, pair))
+    keep = 2 * 2 * (1 - dev.c.ep_overlap)  # forward and backward, dispatch and combine, the part not hidden
+    split = keep * dev.collective_time("all_to_all", 4096 * K * H * 2, AxisGroup(8, 2))
+    assert _ep_comm("gathered", tp=2, dp_shard=32, ep=8) == pytest.approx(around + split, rel=1e-9)
+    folded = keep * dev.collective_time("all_to_all", 2048 * K * H * 2, AxisGroup(16, 1))
+    assert _ep_comm("gathered", tp=2, dp_shard=32, ep=16, etp=1) == pytest.approx(around + folded, rel=1e-9)
+    assert _ep_comm("gathered", tp=1, dp_shard=64, ep=8) == _ep_comm(tp=1, dp_shard=64, ep=8)
+
+
+def test_torchtitan_plans_are_priced_with_its_gathered_moe_layer() -> None:
+    assert load_target("torchtitan").behaviour.workload()["moe_tp"] == "gathered"
+    assert load_target("megatron").behaviour.workload()["moe_tp"] == "dispatcher"
+    doc = json.loads(_folded_plan(TargetRef(name="torchtitan", version="0.2.2")).model_dump_json())
+    assert doc["inputs"]["workload"]["moe_tp"] == "gathered"
+    doc["schema_version"] = "1.9"
+    with pytest.raises(PlanError, match="workload.moe_tp 'gathered' needs schema_version 1.10"):
+        parse_plan(json.dumps(doc))
 
 
 def test_megatron_search_offers_folded_meshes_with_sequence_parallelism_only() -> None:

@@ -47,7 +47,8 @@ SCHEMA_VERSION = "1.10"
 #: ``inputs.calibration`` (older documents were priced without a calibration of the user's cluster); 1.8
 #: added the precision ``mxfp8`` to ``workload.precision`` (older documents name bf16, fp8 or fp32); 1.9 added
 #: ``workload.low_precision_experts`` (older documents were priced with an fp8 run's experts in fp8 on every mesh);
-#: 1.10 added ``strategy.mesh.etp`` (older documents split every expert over the tensor-parallel ranks)
+#: 1.10 added ``strategy.mesh.etp`` (older documents split every expert over the tensor-parallel ranks) and
+#: ``workload.moe_tp`` (older documents were priced with Megatron's token dispatcher under tensor parallelism)
 READABLE_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "1.6", "1.7", "1.8", "1.9", "1.10")
 #: the target a document records when it names none: the whole plan vocabulary (``vocab.targets``)
 ANY_TARGET = "any"
@@ -349,6 +350,9 @@ class Plan(_Doc):
         if version in (*older, "1.5", "1.6", "1.7", "1.8") and inp.workload.low_precision_experts != "always":
             raise _rule(f"workload.low_precision_experts '{inp.workload.low_precision_experts}' needs schema_version "
                         "1.9 (older plans were priced with an fp8 run's experts in fp8 on every mesh)")
+        if version in READABLE_VERSIONS[:-1] and inp.workload.moe_tp != "dispatcher":
+            raise _rule(f"workload.moe_tp '{inp.workload.moe_tp}' needs schema_version 1.10 (older plans were priced "
+                        "with Megatron's dispatcher under tensor parallelism)")
         if version != "1.0" and inp.model_graph is None and names_factory(inp.model):
             raise _rule(f"model '{inp.model}' names a factory, which a plan never imports: the plan must record "
                         "its layer graph (inputs.model_graph), as 'shardplan plan' does")

@@ -68,6 +68,7 @@ MOE_DISPATCH_CHOICES = ("alltoall", "dedup")
 MOE_OVERLAP_CHOICES = ("none", "1f1b")
 SELECTIVE_CHOICES = ("attention", "op", "gemms")
 LOW_PRECISION_EXPERTS_CHOICES = ("always", "float8_unpiped", "never")
+MOE_TP_CHOICES = ("dispatcher", "gathered")
 #: the workload's kernel and buffer choices: field -> (what a message calls it, accepted values)
 WORKLOAD_CHOICES = {"attention_kernel": ("attention kernel", ATTENTION_KERNEL_CHOICES),
                     "cross_entropy": ("cross-entropy", CROSS_ENTROPY_CHOICES),
@@ -78,7 +79,8 @@ WORKLOAD_CHOICES = {"attention_kernel": ("attention kernel", ATTENTION_KERNEL_CH
                     "moe_dispatch": ("MoE token dispatch", MOE_DISPATCH_CHOICES),
                     "moe_overlap": ("MoE all-to-all overlap", MOE_OVERLAP_CHOICES),
                     "selective": ("selective recomputation", SELECTIVE_CHOICES),
-                    "low_precision_experts": ("low-precision experts", LOW_PRECISION_EXPERTS_CHOICES)}
+                    "low_precision_experts": ("low-precision experts", LOW_PRECISION_EXPERTS_CHOICES),
+                    "moe_tp": ("MoE layer under tensor parallelism", MOE_TP_CHOICES)}
 #: Transient memory of the loss beside the fp32 softmax it keeps, as a multiple of that softmax:
 #: PyTorch eager ``F.cross_entropy(logits.float())`` holds, in its backward, the incoming gradient
 #: of the log-softmax and the outgoing one (2x); a fused kernel (Megatron's vocab-parallel
@@ -352,6 +354,15 @@ class Workload(_Strict):
         "always (Transformer Engine's GroupedLinear: Megatron-LM), float8_unpiped (torchtitan's grouped-GEMM "
         "converters: mxfp8 on every mesh, fp8 only without pipeline and context parallelism, which its float8 one "
         "refuses; elsewhere the experts run in bf16) or never (no grouped-GEMM converter: bf16 experts)"
+    )
+    moe_tp: Literal["dispatcher", "gathered"] = Field(
+        "dispatcher", exclude_if=lambda v: v == "dispatcher",
+        description="how a mixture-of-experts layer meets tensor parallelism with sequence parallelism: "
+        "dispatcher (Megatron's alltoall dispatcher: each tp rank dispatches its share of the tokens, the "
+        "expert-TP ranks gather the routed copies after the dispatch and reduce-scatter them before the combine) "
+        "or gathered (torchtitan: the layer all-gathers the tokens over tp before routing and reduce-scatters "
+        "its output; every tp rank dispatches all of them where the experts split over tp, its share where "
+        "they fold over tp)"
     )
 
     @field_validator("precision", mode="before")

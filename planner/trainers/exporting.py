@@ -62,7 +62,7 @@ class Nearest:
         self.choice = {u: {f: unit_choices(s, u)[f] for f in UNIT_FIELDS} for u in units}
         self.split = {u: unit_choices(s, u)["split"] for u in units}
         self.ops = [ls.model_dump() for ls in s.layers if ls.unit not in units and ls.unit != "*"]
-        self.workload = plan.inputs.workload.model_dump()
+        self.workload: dict[str, Any] = dict(plan.inputs.workload)  # every field, defaults included
         self.losses: list[Loss] = []
         self.notes: list[str] = []
         self.extra: dict[str, Any] = {}  # target-specific facts for rendering
@@ -323,6 +323,14 @@ def _tensor_parallel(n: Nearest, t: Target) -> None:
         n.fields["sequence_parallel"] = True
 
 
+def _may_have_experts(n: Nearest) -> bool:
+    """Whether the plan's model has experts, or may have them where its graph cannot be loaded."""
+    try:
+        return plan_graph(n.plan).has_experts
+    except ShardplanError:
+        return True
+
+
 def _experts_differ(n: Nearest, mine: str, theirs: str) -> bool:
     """Whether the plan's model has experts that two ``low_precision_experts`` values run in different
     precisions on its mesh (:func:`costmodel.kernels.experts_low_precision`)."""
@@ -356,6 +364,8 @@ def _precision(n: Nearest, t: Target) -> None:
     if n.mesh["cp"] > 1 and n.fields["cp_mode"] == "ring" and n.fields["cp_rotate"] not in rotate:
         n.behave("ring rotation", f"{n.fields['cp_rotate']} → {rotate[0]} (how {t.name} moves K/V round its ring)")
         n.fields["cp_rotate"] = rotate[0]
+    if w["moe_tp"] not in t.behaviour.moe_tp and (n.mesh["tp"] == 1 or not _may_have_experts(n)):
+        w["moe_tp"] = t.behaviour.moe_tp[0]  # no MoE layer under tp: how the two meet changes nothing
     for key in WORKLOAD_BEHAVIOUR:
         what, allowed = WORKLOAD_CHOICES[key][0], getattr(t.behaviour, key)
         if w[key] not in allowed:
