@@ -269,6 +269,16 @@ def split_allowed(sizes: list[int], pp: int, rule: str, tail: int = 0) -> bool:
     return split_problem(rule, sizes, pp, tail) is None
 
 
+def sequence_parallel_choices(tp: int, tp_mode: str, folded: bool, moe: bool, opts: SpaceOptions) -> tuple[bool, ...]:
+    """Sequence parallelism off or on for a mesh: off without Megatron TP; on only where the experts
+    fold over tp or the target needs it beside MoE experts (``experts_need_sp``)."""
+    if tp == 1 or tp_mode == "tsp":
+        return (False,)
+    if folded or (moe and opts.experts_need_sp):
+        return tuple(v for v in opts.sequence_parallel if v)
+    return opts.sequence_parallel
+
+
 def mesh_configs(
     graph: LayerGraph, cluster: Cluster, w: Workload, opts: SpaceOptions
 ) -> Iterator[MeshConfig]:
@@ -298,8 +308,7 @@ def mesh_configs(
                                         continue
                                     if etp and tpm == "tsp":  # folding needs each tp rank's own tokens
                                         continue
-                                    sps = (False,) if tp == 1 or tpm == "tsp" else opts.sequence_parallel
-                                    for sp in sps if not (etp or moe and opts.experts_need_sp) else [v for v in sps if v]:
+                                    for sp in sequence_parallel_choices(tp, tpm, bool(etp), moe, opts):
                                         cpms = opts.cp_modes if tpm != "tsp" else opts.tsp_cp_modes
                                         for cpm in cpms if cp > 1 else ("ring",):
                                             if cpm == "ulysses" and not ulysses_fits(tp, cp, heads, kv_heads):

@@ -136,6 +136,7 @@ def test_megatron_search_offers_folded_meshes_with_sequence_parallelism_only() -
     assert any((c.tp, c.pp, c.ep, c.etp) == (2, 8, 32, 1) for c in folded)
     assert all(c.etp == 1 and c.sequence_parallel and c.tp > 1 for c in folded)
     assert all(c.sequence_parallel for c in found if c.tp > 1)
+    assert any(c.tp == 1 and c.ep == 32 and not c.sequence_parallel for c in found)  # and meshes without tp
     runtime = restrict(SPACES["hybrid"], load_target("shardplan"))
     assert not any(c.etp for c in mesh_configs(graph, cluster, w, runtime))
 
