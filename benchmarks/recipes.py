@@ -79,6 +79,17 @@ NO_MODEL = {"nemotron3nano": "Nemotron-3 Nano is a hybrid Mamba-Transformer MoE:
             "nemotron3super": "Nemotron-3 Super is a hybrid Mamba-Transformer MoE: no Mamba layers in the graph"}
 #: the recipe's gpu_type (its first word, lower case) -> the accelerator file
 ACCELERATORS = {"h100-sxm5-80gb": "h100-sxm", "gb200": "gb200", "gb300": "gb300", "b200": "b200", "b300": "b300"}
+#: the recipe's model -> (Megatron-Bridge's flex-dispatcher backend, the accelerators its
+#: ``apply_flex_dispatcher_backend`` turns it on for, the recipe's source line). Megatron-Bridge 0.3.1
+#: (``training/flex_dispatcher_backend.py:46-66``): DeepEP on Ampere, Hopper, B200 and B300, HybridEP on
+#: every Hopper and Blackwell GPU, else the all-to-all. Both de-duplicate a token's copies across
+#: nodes (``moe_dispatch = dedup``). GPT-OSS and Kimi-K2 name DeepEP but never apply it
+#: (``recipes/gpt_oss/gpt_oss.py:184-185``, ``recipes/kimi/kimi_k2.py:99-100``): the all-to-all.
+FLEX_DISPATCH = {
+    "deepseekv3": ("hybridep", ("h100-sxm", "b200", "b300", "gb200", "gb300"), "recipes/deepseek/deepseek_v3.py:106,196"),
+    "qwen3235ba22b": ("deepep", ("h100-sxm", "b200", "b300"), "recipes/qwen/qwen3_moe.py:172,241"),
+    "qwen330ba3b": ("deepep", ("h100-sxm", "b200", "b300"), "recipes/qwen/qwen3_moe.py:59,128"),
+}
 #: the recipe's precision -> the workload's ("": not priced, for the reason given)
 PRECISIONS = {"bf16": ("bf16", ""), "fp8": ("fp8", ""), "fp8-cs": ("fp8", ""),
               "mxfp8": ("mxfp8", ""), "fp8-mx": ("mxfp8", ""),
@@ -109,6 +120,7 @@ class Result:
     device_gib: float | None = None
     step_s: float | None = None
     fits_with: str = ""  # the least recomputation of the blocks with which it fits the device ("" when none does)
+    predicted: dict[str, Any] = field(default_factory=dict)  # the report's step and time breakdown
 
     @property
     def expressible(self) -> bool:
@@ -226,6 +238,10 @@ def _workload(m: Mapped) -> None:
         m.error = reason
         return
     behaviour = load_target(TARGET).behaviour.workload(grad_dtype=GRAD_DTYPE["value"])
+    flex = FLEX_DISPATCH.get(_key(r["model"]))
+    if flex and m.cluster is not None and m.cluster.accelerator.name in flex[1]:
+        behaviour["moe_dispatch"] = "dedup"
+        m.assumptions.append(f"{flex[0]} dispatch (de-duplicated; Megatron-Bridge 0.3.1 {flex[2]})")
     m.workload = Workload(seq_len=int(r["seq_len"]), global_batch=int(r["global_batch"]), precision=precision,
                           **behaviour)  # type: ignore[arg-type]
 
@@ -257,7 +273,8 @@ def assess(m: Mapped) -> Result:
     reasons += list(dict.fromkeys(x.lacks for x in lacks(doc, TARGET) if not x.behaviour))
     device = m.cluster.device_bytes / GIB
     return Result(m, reasons, rep["memory_peak_gib"], device, rep["step_time_s"],
-                  _fits_with(graph, m, rep["memory_peak_gib"], device))
+                  _fits_with(graph, m, rep["memory_peak_gib"], device),
+                  {"step_time_s": rep["step_time_s"], "time": rep["time"]})
 
 
 def _fits_with(graph: Any, m: Mapped, peak: float, device: float) -> str:
@@ -283,12 +300,28 @@ def run(indices: list[int] | None = None, model: str | None = None) -> list[Resu
     return [assess(map_row(i, rows[i])) for i in chosen if not model or model.lower() in rows[i]["model"].lower()]
 
 
-def planned(x: Result) -> tuple[float, str] | None:
+@dataclass
+class Planned:
+    """The plan searched for a recipe's job: its step, its mesh, and where the recipe's step differs
+    from it (``explain --compare-with``'s parts: what the plan saves and spends)."""
+
+    result: Result
+    step_s: float
+    mesh: str
+    where: str
+
+    @property
+    def ratio(self) -> float:
+        return self.result.step_s / self.step_s  # type: ignore[operator]
+
+
+def planned(x: Result) -> Planned | None:
     """``plan --target megatron`` for the row's job (same model, GPUs, sequence length, global batch,
-    precision and gradient dtype; the whole device as the limit, where the row fits): the planned step
-    and its mesh; None where the row does not run as written or does not fit."""
+    precision, gradient dtype and dispatcher; the whole device as the limit, where the row fits); None
+    where the row does not run as written or does not fit."""
     from planner.api import search_plan
     from planner.compare import mesh_text
+    from planner.compare_config import differences_text, time_differences
     from planner.request import Request
 
     m = x.mapped
@@ -296,47 +329,47 @@ def planned(x: Result) -> tuple[float, str] | None:
         return None
     w = m.workload
     p = search_plan(Request(m.spec, m.cluster, w.seq_len, w.global_batch, memory_limit_gib=x.device_gib,
-                            precision=w.precision, grad_dtype=w.grad_dtype, target=TARGET, top_k=0)).plan
+                            precision=w.precision, grad_dtype=w.grad_dtype, moe_dispatch=w.moe_dispatch,
+                            target=TARGET, top_k=0)).plan
     s = p.strategy
-    return p.predicted.step_time_s, f"{mesh_text(s)} mb{s.micro_batch} {s.schedule}" + (
-        f"/vpp{s.vpp}" if s.vpp > 1 else "")
+    mesh = f"{mesh_text(s)} mb{s.micro_batch} {s.schedule}" + (f"/vpp{s.vpp}" if s.vpp > 1 else "")
+    where = differences_text(time_differences(p.predicted.model_dump(), x.predicted))
+    return Planned(x, p.predicted.step_time_s, mesh, where)
 
 
-def plan_rows(results: list[Result]) -> list[tuple[Result, float, str]]:
-    """Each row that runs as written and fits, with the step and mesh of the plan searched for its job."""
-    out = []
-    for x in results:
-        got = planned(x)
-        if got is not None and x.step_s is not None:
-            out.append((x, *got))
-    return out
+def plan_rows(results: list[Result]) -> list[Planned]:
+    """Each row that runs as written and fits, with the plan searched for its job."""
+    return [got for x in results if x.step_s is not None and (got := planned(x)) is not None]
 
 
-def plan_table(rows: list[tuple[Result, float, str]], top: int | None = None) -> str:
+def plan_table(rows: list[Planned], top: int | None = None) -> str:
     """The rows against their plans (the ``top`` largest recipe / planned ratios, or all), then the count
     of rows the plan is no slower than, and the ratios."""
-    out = ["| # | model | GPUs | recipe step (s) | planned step (s) | recipe / planned | plan |", "|---:|---|---|---:|---:|---:|---|"]
-    shown = sorted(rows, key=lambda r: -r[0].step_s / r[1])[:top] if top else rows  # type: ignore[operator]
-    for x, step, mesh in shown:
-        r = x.mapped.row
+    out = ["| # | model | GPUs | recipe step (s) | planned step (s) | recipe / planned | plan | the plan's step against "
+           "the recipe's |", "|---:|---|---|---:|---:|---:|---|---|"]
+    shown = sorted(rows, key=lambda r: -r.ratio)[:top] if top else rows
+    for q in shown:
+        x, r = q.result, q.result.mapped.row
         out.append(f"| {x.mapped.index} | {x.mapped.model} | {r['gpus']}x {r['gpu_type'].split()[0]} | {x.step_s:.3f} | "
-                   f"{step:.3f} | {x.step_s / step:.3f} | {mesh} |")  # type: ignore[operator]
-    ratios = sorted(x.step_s / step for x, step, _ in rows)  # type: ignore[operator]
+                   f"{q.step_s:.3f} | {q.ratio:.3f} | {q.mesh} | {q.where} |")
+    ratios = sorted(q.ratio for q in rows)
     if ratios:
         out.append(f"\n{len(ratios)} recipes planned; the plan is no slower in {sum(q >= 1 - 1e-9 for q in ratios)}; "
                    f"recipe / planned: min {ratios[0]:.3f}, median {ratios[len(ratios) // 2]:.3f}, max {ratios[-1]:.3f}")
     return "\n".join(out)
 
 
-def planned_section(rows: list[tuple[Result, float, str]], seconds: float) -> str:
+def planned_section(rows: list[Planned], seconds: float) -> str:
     """The docs subsection of ``--plan``: what was planned, and the six largest ratios."""
     intro = (f"`python benchmarks/recipes.py --plan --write-docs` (commit {_commit()}, {seconds:.0f} s): for each "
              "recipe that runs as written and fits the device, `plan --target megatron` for the same job (model, "
-             "GPUs, sequence length, global batch, precision, bf16 gradients; the whole device as the limit, so the "
-             "recipe is inside the space). The largest ratios are mixture-of-experts jobs, where the plan drops or "
-             "shrinks expert parallelism: the MoE terms (grouped GEMMs with few rows per expert, permutation, "
-             "router, load imbalance) are not yet validated on held-out runs, so read those wins as the model's, "
-             "not as measured:")
+             "GPUs, sequence length, global batch, precision, bf16 gradients, and the MoE dispatcher the "
+             "Megatron-Bridge recipe applies; the whole device as the limit, so the recipe is inside the space). "
+             "The last column names the parts of the cost model's step where the recipe's differs from the plan's, "
+             "largest first, as `explain --compare-with` prints them. The largest ratios are mixture-of-experts "
+             "jobs, where the plan drops or shrinks expert parallelism and saves exposed all-to-all time: the MoE "
+             "terms (grouped GEMMs with few rows per expert, permutation, router, load imbalance) are not yet "
+             "validated on held-out runs, so read those wins as the model's, not as measured:")
     wrapped = textwrap.fill(intro, width=100, break_long_words=False, break_on_hyphens=False)
     return f"### Planned against the recipes\n\n{wrapped}\n\n{plan_table(rows, top=6)}\n"
 

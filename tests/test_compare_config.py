@@ -36,6 +36,25 @@ def test_the_configuration_is_priced_beside_the_plan(tmp_path: Path) -> None:
     mine = json.loads(doc.read_text())["predicted"]["tokens_per_s_per_gpu"]
     assert c["throughput_ratio"] == mine / alone.predicted.tokens_per_s_per_gpu >= 1.0  # the search's optimum
     assert c["verdict"].startswith(f"this plan trains {c['throughput_ratio']:.2f}x the configuration's")
+    # where the steps differ: each named part is the configuration's seconds less the plan's, from both
+    # breakdowns, and together the named and unnamed parts are the whole difference of the steps
+    parts = {d["part"]: d["seconds"] for d in c["time_differences"]}
+    t_mine, t_theirs = json.loads(doc.read_text())["predicted"]["time"], alone.predicted.model_extra["time"]
+    if "compute" in parts:
+        assert parts["compute"] == t_theirs["compute_s"] - t_mine["compute_s"]
+    assert all(abs(v) >= 0.02 * json.loads(doc.read_text())["predicted"]["step_time_s"] for v in parts.values())
+    assert c["where"].startswith("the plan, per 32 samples: ")
+    assert c["where"].count(" s ") == len(parts) or (not parts and "no part differs" in c["where"])
+
+
+def test_time_differences_name_what_the_plan_saves_and_spends() -> None:
+    from planner.compare_config import differences_text, time_differences
+
+    mine = {"step_time_s": 10.0, "time": {"compute_s": 8.0, "comm_s": {"ep": 1.0, "tp": 0.1}, "bubble_s": 0.9}}
+    theirs = {"step_time_s": 6.05, "time": {"compute_s": 3.0, "comm_s": {"ep": 3.0, "tp": 0.05}, "bubble_s": 0.0}}
+    diffs = time_differences(mine, theirs, scale=2.0)  # theirs trains half the plan's samples a step
+    assert diffs == [("exposed ep comm", 5.0), ("compute", -2.0), ("bubble", -0.9)]  # tp: 0.0 s, under 2%
+    assert differences_text(diffs) == "exposed ep comm 5 s less, compute 2 s more, bubble 0.9 s more"
 
 
 def test_a_plan_for_another_target_says_so(tmp_path: Path) -> None:

@@ -54,8 +54,9 @@ def test_the_plan_for_a_recipes_job_is_no_slower_than_the_recipe() -> None:
     """Llama 3.1 70B on 64 H100 (row 85): the recipe is in the megatron search's space (whole device as
     the limit), so the plan searched for the job prices no slower than the recipe."""
     x = assessed(85)
-    step, mesh = recipes.planned(x)
-    assert x.step_s is not None and step <= x.step_s and mesh.startswith("pp=")
+    got = recipes.planned(x)
+    assert got is not None and x.step_s is not None and got.step_s <= x.step_s and got.mesh.startswith("pp=")
+    assert got.ratio >= 1.0 and (" less" in got.where or "no part differs" in got.where)  # it names what it saves
 
 
 def test_a_published_moe_row_maps_as_a_recipe() -> None:

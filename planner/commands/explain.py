@@ -94,6 +94,7 @@ def explain_cmd(
             console.print(literal(f"compared with {c['file']} ({c['target']}): {c['mesh']}, step {c['step_time_s']:.4g} s "
                                   f"(global batch {c['global_batch']}), {c['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU, "
                                   f"{c['memory_peak_gib']:.1f} GiB: {c['verdict']}"))
+            console.print(literal(c["where"]))
 
 
 def _names(paths: list[Path]) -> list[str]:
