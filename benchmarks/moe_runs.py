@@ -6,7 +6,8 @@ each row priced as the megatron target runs it.
 
 A row is mapped as ``benchmarks/recipes.py`` maps a recipe (the preset by name, the mesh, virtual
 stages from its notes' ``VP=``, micro and global batch, the distributed optimizer and no
-recomputation as the rows do not state them, gradients in bf16) and priced with ``estimate``; the
+recomputation as the rows do not state them, gradients in bf16, the dispatcher the Megatron-Bridge
+recipe applies: ``recipes.FLEX_DISPATCH``) and priced with ``estimate``; the
 table gives the published and predicted tokens/s per GPU and the signed error (published over
 predicted time, less 1: positive means the model is too fast). Measurement only: nothing is fitted
 to these rows.
