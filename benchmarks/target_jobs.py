@@ -71,8 +71,7 @@ EXPERT: dict[str, tuple[str, dict[str, Any], str]] = {
 
 
 def _mesh(s: Any) -> str:
-    m = s.mesh
-    out = " ".join(f"{k}={v}" for k, v in m.axes().items() if v > 1) + (f" ep={m.ep}" if m.ep > 1 else "")
+    out = " ".join(f"{k}={v}" for k, v in s.mesh.shown_degrees().items())
     return f"{out} mb={s.micro_batch} {s.schedule}{f'/vpp{s.vpp}' if s.vpp > 1 else ''} {s.default.sharding}"
 
 
