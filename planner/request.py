@@ -197,6 +197,8 @@ class PriceRequest:
     pp: int | None = fact("pipeline stages", "--pp", default=None, cli=int, make=count_option, cli_default=1)
     cp: int | None = fact("context-parallel degree", "--cp", default=None, cli=int, make=count_option, cli_default=1)
     ep: int | None = fact("expert-parallel degree", "--ep", default=None, cli=int, make=count_option, cli_default=1)
+    etp: int | None = fact("expert-tensor-parallel degree (default: tp; 1 folds the expert ranks over tp, MoE "
+                           "parallel folding)", "--etp", default=None, cli=int, make=count_option)
     dp: int | None = fact("data-parallel degree (default: GPUs / (pp*cp*tp))", "--dp", default=None, cli=int,
                           make=count_option)
     dp_shard: int | None = fact("ranks ZeRO/FSDP shards over", "--dp-shard", default=None, cli=int, make=count_option)

@@ -134,6 +134,30 @@ def test_ep_must_divide_experts() -> None:
     assert r.exit_code == 2 and "ep=3 does not divide the 8 experts" in r.output
 
 
+def test_etp_folds_the_expert_ranks_as_a_plan_does() -> None:
+    """--etp 1 prices the folded mesh a search emits (ep 16 from tp 2 x dp_shard 8), as the API prices
+    it; --etp equal to tp is the default; a folding the target does not run is one line."""
+    from costmodel.estimate import estimate
+    from profiler.hardware import parse_cluster
+    from profiler.models import load_model
+    from vocab.strategy import LayerStrategy, Mesh, Strategy, Workload
+    from vocab.targets import load_target
+
+    job = ["estimate", "--model", "gpt-oss-20b", "--cluster", "16xh100", "--seq-len", "4096", "--global-batch", "64",
+           "--tp", "2", "--zero", "1", "--sequence-parallel", "--target", "megatron", "--json"]
+    folded = json.loads(runner.invoke(app, [*job, "--ep", "16", "--etp", "1"]).stdout)
+    w = Workload(seq_len=4096, global_batch=64, **load_target("megatron").behaviour.workload())
+    s = Strategy(mesh=Mesh(tp=2, dp_shard=8, ep=16, etp=1), micro_batch=1, sequence_parallel=True,
+                 default=LayerStrategy(sharding="zero1"))
+    assert folded["step_time_s"] == estimate(load_model("gpt-oss-20b", 4096), parse_cluster("16xh100"), s,
+                                             w).step_time_s
+    same = [json.loads(runner.invoke(app, [*job, "--ep", "8", *extra]).stdout)["step_time_s"] for extra in
+            ([], ["--etp", "2"])]
+    assert same[0] == same[1]
+    r = runner.invoke(app, [*job[:-3], "--ep", "16", "--etp", "1", "--target", "shardplan"])
+    assert r.exit_code == 2 and "expert-tensor parallelism etp=1 beside tp=2" in r.output
+
+
 def test_zero_0_means_replicas_and_dp_fills_the_cluster() -> None:
     r0 = json.loads(runner.invoke(app, [*BASE, "--tp", "2", "--json"]).stdout)
     r3 = json.loads(runner.invoke(app, [*BASE, "--tp", "2", "--zero", "3", "--json"]).stdout)

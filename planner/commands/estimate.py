@@ -1,6 +1,6 @@
 """``shardplan estimate``: price one plan (degree flags or a plan file), or a JSON-lines batch of them.
 
-Degrees: give ``--tp --pp --cp --ep`` and either ``--dp-shard``/``--dp-replicate`` or nothing: the
+Degrees: give ``--tp --pp --cp --ep`` (``--etp 1`` folds the expert ranks over tp) and either ``--dp-shard``/``--dp-replicate`` or nothing: the
 data-parallel degree is then ``GPUs / (pp·cp·tp)`` (or ``--dp``) and goes to ``dp_shard`` with ZeRO
 1-3, to ``dp_replicate`` with ``--zero 0`` (plain data parallelism: ``dp_shard = 1``). Given only one
 of ``--dp-shard``/``--dp-replicate``, the other is whatever makes the product match the cluster.
@@ -45,7 +45,8 @@ from vocab.io import MAX_DEPTH, check_depth
 GIB = 1024**3
 #: the keys of a batch line: the fields of :class:`planner.request.PriceRequest`, in order
 KEYS = tuple(f.name for f in fields(PriceRequest))
-COUNTS = ("seq_len", "global_batch", "micro_batch", "tp", "pp", "cp", "ep", "dp", "dp_shard", "dp_replicate", "vpp")
+COUNTS = ("seq_len", "global_batch", "micro_batch", "tp", "pp", "cp", "ep", "etp", "dp", "dp_shard", "dp_replicate",
+          "vpp")
 NAMES = ("recompute", "schedule", "precision", "attention_kernel", "cross_entropy", "grad_dtype", "moe_dispatch",
          "moe_overlap", "selective", "profile", "plan", "tp_mode", "cp_mode", "target", "calibration")
 LIMITS = ("memory_limit", "memory_limit_gib")
@@ -162,7 +163,9 @@ def _degrees(world: int, r: PriceRequest) -> dict[str, int]:
             if total % int(dps):
                 raise ShardplanError(f"dp_shard={dps} does not divide the data-parallel degree {total}")
             dpr = total // int(dps)
-    return {"pp": pp, "dp_replicate": int(dpr), "dp_shard": int(dps), "cp": cp, "tp": tp, "ep": ep}
+    etp = int(r.etp or 0)  # unset: as tp
+    return {"pp": pp, "dp_replicate": int(dpr), "dp_shard": int(dps), "cp": cp, "tp": tp, "ep": ep,
+            "etp": 0 if etp == tp else etp}
 
 
 @typed
@@ -490,7 +493,7 @@ def _table(rep: dict[str, Any]) -> Table:
 #: ``shardplan estimate``'s options: the fields of :class:`planner.request.PriceRequest`, then the modes
 ESTIMATE_OPTIONS = (
     *(option(name, cls=PriceRequest) for name in (
-        "model", "cluster", "seq_len", "global_batch", "micro_batch", "tp", "pp", "cp", "ep", "dp", "dp_shard",
+        "model", "cluster", "seq_len", "global_batch", "micro_batch", "tp", "pp", "cp", "ep", "etp", "dp", "dp_shard",
         "dp_replicate", "zero", "recompute", "schedule", "vpp", "precision", "attention_kernel", "cross_entropy",
         "grad_dtype", "moe_dispatch", "moe_overlap", "moe_capacity_factor", "selective", "target",
         "sequence_parallel", "profile")),

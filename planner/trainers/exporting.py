@@ -317,7 +317,7 @@ def _tensor_parallel(n: Nearest, t: Target) -> None:
                "tensor parallelism without sequence parallelism")
         n.fields["sequence_parallel"] = True
     elif (tp and not n.fields["sequence_parallel"] and n.fields["tp_mode"] == "megatron"
-          and t.tensor_parallel.experts_need_sp and plan_graph(n.plan).has_experts):
+          and t.tensor_parallel.experts_need_sp and _may_have_experts(n)):
         n.lose("sequence parallelism", f"off → on ({t.name} trains mixture-of-experts blocks beside tensor "
                                        "parallelism only with it)", "MoE with tensor parallelism without sequence parallelism")
         n.fields["sequence_parallel"] = True
