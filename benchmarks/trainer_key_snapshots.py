@@ -37,6 +37,7 @@ MEGATRON_LM_FLAGS: dict[str, dict[str, Any]] = {
     "--grad-reduce-in-bf16": {"fields": ["grad_reduce_in_fp32"],
                               "note": "grad_reduce_in_fp32=False; with --bf16 and without it Megatron-LM sets it True"},
     "--disable-bias-linear": {"fields": ["add_bias_linear"], "note": "add_bias_linear=False"},
+    "--norm-epsilon": {"fields": ["layernorm_epsilon"]},
     "--micro-batch-size": {"fields": [], "note": "no core field: Megatron-LM batch argument"},
     "--global-batch-size": {"fields": [], "note": "no core field: Megatron-LM batch argument"},
     "--seq-length": {"fields": [], "note": "no core field: Megatron-LM data argument"},

@@ -92,6 +92,8 @@ class _Fields(BaseModel):
     v_head_dim: Annotated[int, Field(ge=0, le=MAX_HIDDEN)]
     mtp_layers: Annotated[int, Field(ge=0, le=MAX_LAYERS)]
     sandwich_norm: StrictBool
+    rope_theta: Annotated[float, Field(ge=0.0, le=1e12)]
+    norm_eps: Annotated[float, Field(ge=0.0, lt=1.0)]
     type_vocab: Annotated[int, Field(ge=0, le=MAX_VOCAB)]
     image_size: Annotated[int, Field(ge=0, le=MAX_HIDDEN)]
     patch_size: Annotated[int, Field(ge=0, le=MAX_HIDDEN)]
@@ -175,6 +177,10 @@ class TransformerConfig:
             projection of two normalised streams, one more block and a pass of the shared head.
         sandwich_norm: a norm after the attention and after the MLP too, before each joins the
             residual stream (Gemma-2/3).
+        rope_theta: the rotary embedding's base (``rope_theta`` of the config; 0 = not stated). It
+            prices nothing; an export writes it (Megatron-LM's ``--rotary-base``).
+        norm_eps: the norms' epsilon (``rms_norm_eps`` / ``layer_norm_epsilon``; 0 = not stated),
+            written by an export (``--norm-epsilon``), priced nothing.
         type_vocab: token-type embeddings (BERT).
         image_size / patch_size / channels: ViT input.
         params_published: the parameter count the authors publish, for checks.
@@ -218,6 +224,8 @@ class TransformerConfig:
     v_head_dim: int = 0
     mtp_layers: int = 0
     sandwich_norm: bool = False
+    rope_theta: float = 0.0
+    norm_eps: float = 0.0
     type_vocab: int = 0
     image_size: int = 0
     patch_size: int = 0

@@ -121,6 +121,7 @@ class _GPT2Keys(_HFKeys):
     n_positions: Positions | None = None
     n_ctx: Positions | None = None
     resid_pdrop: Probability | None = None
+    layer_norm_epsilon: Annotated[float, Field(gt=0.0, lt=1.0)] | None = None
 
 
 class _DecoderKeys(_HFKeys):
@@ -135,6 +136,8 @@ class _DecoderKeys(_HFKeys):
     head_dim: Width | None = None
     max_position_embeddings: Positions | None = None
     num_experts_per_tok: Experts | None = None
+    rope_theta: Annotated[float, Field(gt=0.0, le=1e12)] | None = None
+    rms_norm_eps: Annotated[float, Field(gt=0.0, lt=1.0)] | None = None
 
 
 class _LlamaKeys(_DecoderKeys):
@@ -230,6 +233,7 @@ def config_from_hf(d: dict[str, Any], name: str = "hf-model") -> TransformerConf
             norm="layernorm", position="learned", bias=True,
             tied_embeddings=bool(d.get("tie_word_embeddings", True)),
             dropout=float(_get(d, "resid_pdrop", default=0.0)), attention_impl="eager",
+            norm_eps=float(_get(d, "layer_norm_epsilon", default=0.0)),
         )
     if mtype in _LLAMA_TYPES or (not mtype and "num_key_value_heads" in d):
         _check_keys(d, _LlamaKeys, name, mtype)
@@ -252,13 +256,19 @@ def config_from_hf(d: dict[str, Any], name: str = "hf-model") -> TransformerConf
             moe_ffn_hidden=int(_get(d, "moe_intermediate_size", default=0)) if experts else 0,
             shared_experts=1 if experts and d.get("shared_expert_intermediate_size") else 0,
             dropout=float(_get(d, "attention_dropout", default=0.0)),
-            sliding_window=_llama_window(d, mtype),
+            sliding_window=_llama_window(d, mtype), **_stated_constants(d),
         )
     if mtype in _DEEPSEEK_TYPES:
         return _deepseek(d, name, mtype)
     if mtype in _WINDOWED_TYPES:
         return _windowed(d, name, mtype)
     raise KnownKeysError(name, d)
+
+
+def _stated_constants(d: dict[str, Any]) -> dict[str, float]:
+    """The rotary base and the norms' epsilon a decoder's config states (0: not stated)."""
+    return {"rope_theta": float(_get(d, "rope_theta", default=0.0)),
+            "norm_eps": float(_get(d, "rms_norm_eps", default=0.0))}
 
 
 def _check_heads(d: dict[str, Any], name: str) -> None:
@@ -300,7 +310,7 @@ def _deepseek(d: dict[str, Any], name: str, mtype: str) -> TransformerConfig:
         moe_ffn_hidden=int(d["moe_intermediate_size"]), shared_experts=int(_get(d, "n_shared_experts", default=0)),
         **_group_routing(d),
         dense_layers=int(_get(d, "first_k_dense_replace", default=0)),
-        mtp_layers=int(_get(d, "num_nextn_predict_layers", default=0)),
+        mtp_layers=int(_get(d, "num_nextn_predict_layers", default=0)), **_stated_constants(d),
     )
 
 
@@ -351,7 +361,7 @@ def _windowed(d: dict[str, Any], name: str, mtype: str) -> TransformerConfig:
         norm="rmsnorm", position="rope", qkv_bias=bool(d.get("attention_bias", False)),
         tied_embeddings=bool(d.get("tie_word_embeddings", tied)), experts=experts, top_k=top_k,
         sliding_window=window, global_every=every if window else 0,
-        sandwich_norm=mtype.startswith("gemma"), qk_norm=mtype == "gemma3_text",
+        sandwich_norm=mtype.startswith("gemma"), qk_norm=mtype == "gemma3_text", **_stated_constants(d),
     )
 
 

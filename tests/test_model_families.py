@@ -25,12 +25,13 @@ DEEPSEEK_V3_HF = {  # deepseek-ai/DeepSeek-V3 config.json, the keys shardplan re
     "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
     "vocab_size": 129280, "max_position_embeddings": 163840, "num_nextn_predict_layers": 1,
     "tie_word_embeddings": False, "n_group": 8, "topk_group": 4, "topk_method": "noaux_tc",
+    "rope_theta": 10000, "rms_norm_eps": 1e-06,
 }
 GPT_OSS_120B_HF = {  # openai/gpt-oss-120b config.json
     "model_type": "gpt_oss", "hidden_size": 2880, "intermediate_size": 2880, "num_hidden_layers": 36,
     "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64, "num_local_experts": 128,
     "num_experts_per_tok": 4, "vocab_size": 201088, "max_position_embeddings": 131072, "sliding_window": 128,
-    "attention_bias": True, "tie_word_embeddings": False,
+    "attention_bias": True, "tie_word_embeddings": False, "rope_theta": 150000, "rms_norm_eps": 1e-05,
     "layer_types": ["sliding_attention", "full_attention"] * 18,
 }
 
@@ -192,8 +193,35 @@ def test_megatron_export_writes_mla_and_mtp_flags() -> None:
     assert (f["--mtp-num-layers"], f["--moe-shared-expert-intermediate-size"], f["--moe-layer-freq"]) == (
         "1", "2048", "[0]*3+[1]*58")
     assert f["--num-layers"] == "61"  # the MTP block is not a decoder layer
+    assert (f["--rotary-base"], f["--norm-epsilon"]) == ("10000", "1e-06")  # config.json's rope_theta, rms_norm_eps
     assert (f["--moe-router-num-groups"], f["--moe-router-group-topk"]) == ("8", "4")  # node-limited routing
     # every flag is one megatron-core's configs have at the pinned version (MLATransformerConfig too)
     snap = key_snapshot(by_exporter("megatron"))
     fields = {x for names in snap["classes"].values() for x in names}
     assert [x for x in f if x not in snap["lm_flags"] and x[2:].replace("-", "_") not in fields] == []
+
+
+def test_the_rotary_base_and_norm_epsilon_are_what_the_config_states() -> None:
+    """rope_theta and rms_norm_eps are read from a config (0: not stated), and the Megatron export
+    writes them where stated; a rotary model whose base is not stated, or is not a whole number
+    (--rotary-base takes an integer), gets a note instead of Megatron-LM's default 10000."""
+    from planner.trainers.exporting import Nearest
+    from planner.trainers.megatron.export import _stated_constants
+
+    mistral = {"model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+               "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32000}
+    stated = config_from_hf({**mistral, "rope_theta": 1000000.0, "rms_norm_eps": 1e-5})
+    assert (stated.rope_theta, stated.norm_eps) == (1e6, 1e-5)
+    assert (config_from_hf(mistral).rope_theta, config_from_hf(mistral).norm_eps) == (0.0, 0.0)
+    assert (preset("llama3-8b").rope_theta, preset("qwen3-235b-a22b").norm_eps) == (500000.0, 1e-6)
+
+    class _Notes(Nearest):
+        def __init__(self) -> None:  # only the notes of a nearest plan
+            self.notes = []
+
+    n = _Notes()
+    assert _stated_constants(n, {"position": "rope", "rope_theta": 1e6, "norm_eps": 1e-5}) == [
+        ("--rotary-base", 1000000), ("--norm-epsilon", 1e-5)]
+    assert _stated_constants(n, {"position": "rope", "rope_theta": 0.0}) == [] and "states no rotary base" in n.notes[0]
+    assert _stated_constants(n, {"position": "rope", "rope_theta": 10000.5}) == [] and "not a whole" in n.notes[1]
+    assert _stated_constants(n, {"position": "learned", "norm_eps": 1e-5}) == [("--norm-epsilon", 1e-5)]

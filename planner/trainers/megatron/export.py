@@ -52,6 +52,24 @@ def adjust(n: Nearest) -> None:
         n.notes.append("Megatron-FSDP: leave CUDA_DEVICE_MAX_CONNECTIONS unset or above 1 (Megatron-LM asserts it)")
 
 
+def _stated_constants(n: Nearest, cfg: dict[str, Any]) -> list[tuple[str, Any]]:
+    """``--rotary-base`` and ``--norm-epsilon`` where the model's config states them; a note for a
+    rotary model whose base it does not state (Megatron-LM would train with its default, 10000)."""
+    K, out = MEGATRON, []
+    theta, eps = float(cfg.get("rope_theta") or 0.0), float(cfg.get("norm_eps") or 0.0)
+    if cfg.get("position") == "rope":
+        if theta.is_integer() and theta:
+            out.append((K["rotary_base"], int(theta)))
+        elif theta:  # Megatron-LM parses --rotary-base as an integer
+            n.notes.append(f"the rotary base {theta:g} is not a whole number, which --rotary-base takes: set it in "
+                           "the model's TransformerConfig (rotary_base)")
+        else:
+            n.notes.append("the model's config states no rotary base: set --rotary-base (Megatron-LM's default is 10000)")
+    if eps:
+        out.append((K["norm_eps"], eps))
+    return out
+
+
 def _shape(n: Nearest) -> None:
     """The model-shape flags of the plan's model (``n.extra["shape"]``), with a note for what has none."""
     try:
@@ -91,6 +109,7 @@ def _shape(n: Nearest) -> None:
         out.append((K["position"], MEGATRON_POSITION[pos]))
     else:
         n.notes.append(f"position embedding {pos!r} has no Megatron-LM flag")
+    out += _stated_constants(n, cfg)
     out.append((K["max_seq"], max(cfg.get("max_seq") or 0, n.workload_model().seq_len)))
     out += [(K["untie"], True if not cfg.get("tied_embeddings", True) else None),
             (K["no_bias"], True if not cfg.get("bias", True) else None),

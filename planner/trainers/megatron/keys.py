@@ -58,6 +58,8 @@ MEGATRON: Final[dict[str, str | None]] = {
     "norm": "--normalization",
     "position": "--position-embedding-type",
     "max_seq": "--max-position-embeddings",
+    "rotary_base": "--rotary-base",  # Megatron-LM's default 10000
+    "norm_eps": "--norm-epsilon",  # Megatron-LM's default 1e-5
     "untie": "--untie-embeddings-and-output-weights",
     "no_bias": "--disable-bias-linear",
     "qkv_bias": "--add-qkv-bias",
