@@ -2,7 +2,8 @@
 B200, B300, GB200 and GB300, NVIDIA's Megatron-Bridge performance summaries) against the cost model,
 each row priced as the megatron target runs it.
 
-    python benchmarks/moe_runs.py
+    python benchmarks/moe_runs.py                # the table
+    python benchmarks/moe_runs.py --write-band   # and the MoE band into costmodel/data/moe_band.yaml
 
 A row is mapped as ``benchmarks/recipes.py`` maps a recipe (the preset by name, the mesh, virtual
 stages from its notes' ``VP=``, micro and global batch, the distributed optimizer and no
@@ -10,7 +11,9 @@ recomputation as the rows do not state them, gradients in bf16, the dispatcher t
 recipe applies: ``recipes.FLEX_DISPATCH``) and priced with ``estimate``; the
 table gives the published and predicted tokens/s per GPU and the signed error (published over
 predicted time, less 1: positive means the model is too fast). Measurement only: nothing is fitted
-to these rows.
+to these rows. ``--write-band`` records the 10th and 90th percentiles of those errors (numpy's
+linear interpolation), which widen the step-time band of every MoE plan
+(:func:`costmodel.constants.error_band`).
 """
 
 from __future__ import annotations
@@ -41,8 +44,33 @@ def recipe_row(r: dict[str, str]) -> dict[str, str]:
             "release": r["notes"].split(";")[0]}
 
 
+def write_band(errors: list[float], accelerators: list[str]) -> None:
+    """The MoE band file: the rows' error percentiles, where they ran, and the commit that priced them."""
+    import subprocess
+
+    import numpy as np
+    import yaml
+
+    from costmodel.constants import MOE_BAND_PATH
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=CSV.parents[3], check=False).stdout.strip() or "unknown"
+    doc = {"rows": len(errors), "low": round(float(np.percentile(errors, 10)), 4),
+           "high": round(float(np.percentile(errors, 90)), 4), "accelerators": sorted(set(accelerators)),
+           "source": "costmodel/data/calibration/moe_runs.csv (Megatron-Bridge performance summaries), priced on the "
+                     "megatron target by benchmarks/moe_runs.py; nothing is fitted to these rows",
+           "commit": commit}
+    text = ("# The published MoE runs' step-time errors (published over predicted, less 1), 10th and 90th\n"
+            "# percentiles: written by `python benchmarks/moe_runs.py --write-band`.\n") + yaml.safe_dump(doc, sort_keys=False)
+    tmp = MOE_BAND_PATH.with_suffix(".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(MOE_BAND_PATH)
+    print(f"\nwrote {MOE_BAND_PATH.name}: low {doc['low']:+.1%}, high {doc['high']:+.1%} over {len(errors)} rows")
+
+
 def main() -> None:
     rows = [r for r in csv.DictReader(CSV.open()) if r["metric"] == "tokens_per_s_per_gpu"]
+    accelerators = []
     print("| model | GPUs | precision | mesh | published tok/s/GPU | predicted | error | note |")
     print("|---|---|---|---|---:|---:|---:|---|")
     errors = []
@@ -58,12 +86,15 @@ def main() -> None:
         predicted = w.global_batch * w.seq_len / (x.step_s * int(r["gpus"]))
         err = predicted / float(r["value"]) - 1  # published time over predicted, less 1
         errors.append(err)
+        accelerators.append(m.cluster.accelerator.name)
         note = "; ".join(x.reasons) or ("" if x.fits else "does not fit as mapped")
         print(f"| {r['model']} | {r['gpus']}x {r['gpu_type'].split()[0]} | {r['precision']} | {mesh} | {r['value']} | "
               f"{predicted:,.0f} | {err:+.1%} | {note} |")
     if errors:
         print(f"\n{len(errors)} rows priced: signed median {statistics.median(errors):+.1%}, median |error| "
               f"{statistics.median(abs(e) for e in errors):.1%}")
+    if "--write-band" in sys.argv[1:] and errors:
+        write_band(errors, accelerators)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ import yaml
 from vocab.errors import ShardplanError
 
 CONSTANTS_PATH = Path(__file__).parent / "data" / "constants.yaml"
+#: the published MoE runs' step-time errors (``benchmarks/moe_runs.py --write-band``)
+MOE_BAND_PATH = Path(__file__).parent / "data" / "moe_band.yaml"
 
 
 def held_out_path(constants_path: Path) -> Path:
@@ -162,7 +164,16 @@ def _overrides_file() -> dict[str, Any]:
         return yaml.safe_load(f) or {}
 
 
-def error_band(accelerator: str, precision: str) -> dict[str, Any] | None:
+def moe_band() -> dict[str, Any] | None:
+    """The published MoE runs' step-time errors: ``rows``, ``low`` and ``high`` (10th and 90th
+    percentiles of published over predicted, less 1), ``accelerators``, ``source``; None without the file."""
+    if not MOE_BAND_PATH.exists():
+        return None
+    with MOE_BAND_PATH.open() as f:
+        return yaml.safe_load(f) or None
+
+
+def error_band(accelerator: str, precision: str, moe: bool = False) -> dict[str, Any] | None:
     """The error band of step-time predictions on ``accelerator`` at ``precision`` from the narrowest
     slice of the constants file that has one (``accelerator/precision``, ``accelerator``, ``all``):
     ``slice``, ``rows``, ``sources``, ``low`` and ``high`` (the 10th and 90th percentiles of
@@ -170,7 +181,9 @@ def error_band(accelerator: str, precision: str) -> dict[str, Any] | None:
     fitted without its source) and ``pair``; and, where the slice is wider than asked, ``asked``
     (``accelerator/precision``) with ``asked_rows``: the held-out rows there (0: no run on the
     accelerator at that precision was fitted; ``accelerator_rows`` 0: none on the accelerator at
-    all). None when the file has no bands."""
+    all). For a mixture-of-experts model (``moe``) the band is widened to hold the published MoE
+    runs' errors too (:func:`moe_band`; the dense runs the constants were fitted on have no experts),
+    with ``moe`` saying how many and where they ran. None when the file has no bands."""
     data = _overrides_file()
     bands = data.get("error_bands", {})
     asked = f"{accelerator}/{precision}"
@@ -181,6 +194,10 @@ def error_band(accelerator: str, precision: str) -> dict[str, Any] | None:
                 seen = data["held_out_rows"]
                 band.update(asked=asked, asked_rows=int(seen.get(asked, 0)),
                             accelerator_rows=sum(int(n) for k, n in seen.items() if k.split("/")[0] == accelerator))
+            extra = moe_band() if moe else None
+            if extra is not None:
+                band.update(low=min(band["low"], extra["low"]), high=max(band["high"], extra["high"]),
+                            moe={"rows": extra["rows"], "accelerators": extra["accelerators"]})
             return band
     return None
 

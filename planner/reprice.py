@@ -92,16 +92,17 @@ def headroom_text(plan: Plan) -> str:
 
 
 def step_band(step_s: float, accelerator: str, precision: str, measured: bool = False,
-              calibration: dict[str, Any] | None = None) -> dict[str, Any] | None:
+              calibration: dict[str, Any] | None = None, moe: bool = False) -> dict[str, Any] | None:
     """Where the real step time likely lies: ``step_s`` scaled by the band of the calibration it was
     priced with (``calibration``: a plan's ``inputs.calibration``), else by the error band of the
     published runs on the accelerator at the precision (:func:`costmodel.constants.error_band`), with
     the slice and its rows; None for a plan priced from a measured profile (its own numbers), without
-    bands, or on a CPU (the published runs are GPU runs)."""
+    bands, or on a CPU (the published runs are GPU runs); ``moe``: the model has experts (the band
+    widened to the published MoE runs' errors)."""
     from costmodel.constants import error_band
     from profiler.hardware import accelerator as find_accelerator
 
-    b = None if measured else error_band(accelerator, precision)
+    b = None if measured else error_band(accelerator, precision, moe)
     if b is not None and b["slice"] == "all" and _is_cpu(accelerator, find_accelerator):
         b = None
     if calibration is not None:
@@ -144,6 +145,9 @@ def band_text(band: dict[str, Any] | None) -> str:
             why = f"; no run on {band['asked']} was fitted"
         else:
             why = f"; {band['asked_rows']} on {band['asked']}, too few for a band"
+    if "moe" in band:
+        why += (f"; widened to the errors of {band['moe']['rows']} published MoE runs on "
+                f"{', '.join(band['moe']['accelerators'])}, none fitted")
     return (f"likely {lo:.4g}-{hi:.4g} s (published runs on {where}, each source held out of the fit: "
             f"10th-90th percentile, {band['rows']} rows{why})")
 
@@ -151,8 +155,12 @@ def band_text(band: dict[str, Any] | None) -> str:
 def plan_band(plan: Plan) -> dict[str, Any] | None:
     """:func:`step_band` of a plan's predicted step time (with the calibration it records)."""
     cal = plan.inputs.calibration
+    try:
+        moe = plan_graph(plan).has_experts
+    except ShardplanError:  # a model that cannot be loaded here: its band as a dense model's
+        moe = False
     return step_band(plan.predicted.step_time_s, plan.inputs.cluster.accelerator, plan.inputs.workload.precision,
-                     measured=plan.inputs.profile is not None, calibration=cal.model_dump() if cal else None)
+                     measured=plan.inputs.profile is not None, calibration=cal.model_dump() if cal else None, moe=moe)
 
 
 # ---- the files a plan names ---------------------------------------------------------------------

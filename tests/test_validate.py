@@ -266,6 +266,30 @@ def test_error_bands_per_slice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
         "percentile, 300 rows; no run on b200 was fitted: other accelerators' band, not widened)")
 
 
+def test_a_moe_models_band_holds_the_published_moe_runs_errors(monkeypatch) -> None:
+    """The dense band widened to the MoE runs' 10th-90th percentiles (the shipped file: the errors
+    benchmarks/moe_runs.py measured, recomputed here from its table), named in the band's text."""
+    import numpy as np
+
+    from costmodel import constants
+    from planner.reprice import band_text, step_band
+
+    stored = constants.moe_band()
+    assert stored is not None and stored["rows"] == 10 and stored["accelerators"] == ["b200", "b300", "gb200", "gb300"]
+    measured = [-0.092, -0.007, 0.021, -0.349, 0.001, -0.058, 0.052, 0.141, 0.108, 0.356]  # docs/validation.md
+    assert stored["low"] == pytest.approx(float(np.percentile(measured, 10)), abs=2e-3)
+    assert stored["high"] == pytest.approx(float(np.percentile(measured, 90)), abs=2e-3)
+    monkeypatch.setattr(constants, "_overrides_file", lambda: {"error_bands": {
+        "h100-sxm/bf16": {"rows": 50, "low": -0.05, "high": 0.05}}})
+    monkeypatch.setattr(constants, "moe_band", lambda: {"rows": 10, "low": -0.12, "high": 0.16,
+                                                        "accelerators": ["b200", "gb200"]})
+    dense, moe = step_band(2.0, "h100-sxm", "bf16"), step_band(2.0, "h100-sxm", "bf16", moe=True)
+    assert dense["range_s"] == pytest.approx([1.9, 2.1]) and moe["range_s"] == pytest.approx([1.76, 2.32])
+    assert band_text(moe).endswith("50 rows; widened to the errors of 10 published MoE runs on b200, gb200, none fitted)")
+    monkeypatch.setattr(constants, "moe_band", lambda: {"rows": 10, "low": -0.01, "high": 0.01, "accelerators": ["b200"]})
+    assert step_band(2.0, "h100-sxm", "bf16", moe=True)["range_s"] == pytest.approx([1.9, 2.1])  # never narrower
+
+
 def test_stored_bands_cover_their_held_out_rows() -> None:
     """The constants file's bands are the 10th-90th percentiles of the leave-one-source-out errors
     that ``shardplan fit`` wrote beside it: each band holds 70-90% of its slice's held-out rows (the

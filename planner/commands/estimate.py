@@ -214,7 +214,7 @@ def price(r: PriceRequest, *, model_from_cli: bool = False, profile_from_plan: b
 
     rep["notes"] = [*rep.get("notes", []), *notes, *low_precision_notes(graph, cluster, s, w, rep["step_time_s"], prof, dev)]
     rep["error_band"] = step_band(rep["step_time_s"], cluster.accelerator.name, w.precision, measured=prof is not None,
-                                  calibration=cal.ref() if cal is not None else None)
+                                  calibration=cal.ref() if cal is not None else None, moe=graph.has_experts)
     if cal is not None:
         rep["calibration"] = cal.ref()
     if target is not None:
