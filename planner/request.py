@@ -234,8 +234,12 @@ class PriceRequest:
     memory_limit_gib: float | None = fact("the same as memory_limit (a batch line's other name for it)",
                                           default=None)
     plan: str | None = fact("price this plan file instead of the degree flags", "--plan", default=None, cli=Path)
-    tp_mode: str | None = fact("megatron | tsp: how tensor parallelism shards (a batch line's)", default=None)
-    cp_mode: str | None = fact("ring | ulysses: how context parallelism exchanges (a batch line's)", default=None)
+    tp_mode: str | None = fact("megatron | tsp: how tensor parallelism shards", "--tp-mode", default=None)
+    cp_mode: str | None = fact("ring | ulysses: how context parallelism exchanges", "--cp-mode", default=None)
+    cp_rotate: str | None = fact("allgather | alltoall: how a ring moves K/V (default: the target's)", "--cp-rotate",
+                                 default=None)
+    offload: str | None = fact("none | optimizer | params: what every unit keeps in host memory", "--offload",
+                               default=None)
     target: str | None = fact("price as this trainer runs it (its cross-entropy and gradient dtype), and refuse what "
                               "it cannot express", "--target", default=None)
     calibration: str | None = fact(

@@ -158,6 +158,39 @@ def test_etp_folds_the_expert_ranks_as_a_plan_does() -> None:
     assert r.exit_code == 2 and "expert-tensor parallelism etp=1 beside tp=2" in r.output
 
 
+def test_the_fields_a_search_emits_have_flags() -> None:
+    """--cp-rotate, --cp-mode, --tp-mode and --offload price the strategy they name (as the API
+    prices it); without --cp-rotate a target's ring rotates as the target's does."""
+    from costmodel.estimate import estimate
+    from profiler.hardware import parse_cluster
+    from profiler.models import load_model
+    from vocab.strategy import LayerStrategy, Mesh, Strategy, Workload
+
+    job = ["estimate", "--model", "llama3-8b", "--cluster", "16xh100", "--seq-len", "8192", "--global-batch", "64",
+           "--cp", "2", "--zero", "1", "--json"]
+    graph, cluster, w = load_model("llama3-8b", 8192), parse_cluster("16xh100"), Workload(seq_len=8192, global_batch=64)
+
+    def api(**fields: object) -> float:
+        offload = str(fields.pop("offload", "none"))
+        s = Strategy(mesh=Mesh(dp_shard=8, cp=2), micro_batch=1, default=LayerStrategy(sharding="zero1", offload=offload),
+                     **fields)
+        return estimate(graph, cluster, s, w).step_time_s
+
+    def cli(*extra: str) -> float:
+        return json.loads(runner.invoke(app, [*job, *extra]).stdout)["step_time_s"]
+
+    assert cli("--cp-rotate", "alltoall") == api(cp_rotate="alltoall") != api()
+    assert cli("--cp-mode", "ulysses") == api(cp_mode="ulysses")
+    assert cli("--offload", "optimizer") == api(offload="optimizer")
+    meg = runner.invoke(app, [*job, "--target", "megatron"])  # its ring passes K/V point to point
+    assert meg.exit_code == 0, meg.output
+    assert cli("--target", "megatron") == cli("--target", "megatron", "--cp-rotate", "alltoall")
+    assert cli("--target", "megatron", "--cp-rotate", "allgather") == cli("--cp-rotate", "allgather", "--target",
+                                                                          "megatron") != cli("--target", "megatron")
+    r = runner.invoke(app, [*job, "--tp", "2", "--tp-mode", "bogus"])
+    assert r.exit_code == 2 and "unknown tp mode 'bogus'; known: megatron, tsp" in r.output
+
+
 def test_zero_0_means_replicas_and_dp_fills_the_cluster() -> None:
     r0 = json.loads(runner.invoke(app, [*BASE, "--tp", "2", "--json"]).stdout)
     r3 = json.loads(runner.invoke(app, [*BASE, "--tp", "2", "--zero", "3", "--json"]).stdout)

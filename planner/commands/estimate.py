@@ -48,7 +48,8 @@ KEYS = tuple(f.name for f in fields(PriceRequest))
 COUNTS = ("seq_len", "global_batch", "micro_batch", "tp", "pp", "cp", "ep", "etp", "dp", "dp_shard", "dp_replicate",
           "vpp")
 NAMES = ("recompute", "schedule", "precision", "attention_kernel", "cross_entropy", "grad_dtype", "moe_dispatch",
-         "moe_overlap", "selective", "profile", "plan", "tp_mode", "cp_mode", "target", "calibration")
+         "moe_overlap", "selective", "profile", "plan", "tp_mode", "cp_mode", "cp_rotate", "offload", "target",
+         "calibration")
 LIMITS = ("memory_limit", "memory_limit_gib")
 POSITIVE = ("moe_capacity_factor",)
 #: the workload options a user may set; the others of WORKLOAD_BEHAVIOUR follow the target
@@ -113,13 +114,15 @@ def _pydantic_message(e: Exception) -> str:
 
 def _precheck(cfg: dict[str, Any], r: PriceRequest, blocks: int) -> None:
     """The constraints a flag can break on its own, named with their values (before any arithmetic)."""
-    from vocab.strategy import RECOMPUTES, SCHEDULES
+    from vocab.strategy import OFFLOADS, RECOMPUTES, SCHEDULES
 
     for key, known in (
         ("schedule", SCHEDULES),
         ("recompute", RECOMPUTES),
         ("tp_mode", ("megatron", "tsp")),
         ("cp_mode", ("ring", "ulysses")),
+        ("cp_rotate", ("allgather", "alltoall")),
+        ("offload", OFFLOADS),
     ):
         value = getattr(r, key)
         if value is not None and value not in known:
@@ -302,6 +305,13 @@ def _graph(r: PriceRequest, plan: Any, seq: int, model_from_cli: bool) -> Any:
     return load_named_model(r.model, seq)
 
 
+def _target_rotate(target: str | None) -> str:
+    """How the target's ring moves K/V (its first ``behaviour.cp_rotate``), allgather without one."""
+    from vocab.targets import load_target
+
+    return load_target(target).behaviour.cp_rotate[0] if target else "allgather"
+
+
 def _strategy(r: PriceRequest, graph: Any, cluster: Any) -> Any:
     """The strategy of the request's degrees, micro-batching, schedule and per-layer choices."""
     from pydantic import ValidationError
@@ -313,7 +323,7 @@ def _strategy(r: PriceRequest, graph: Any, cluster: Any) -> Any:
         zero = int(r.zero or 0)
         if zero not in ZERO_TO_SHARDING:
             raise ShardplanError(f"--zero must be 0, 1, 2 or 3, got {zero}")
-        ls = LayerStrategy(sharding=ZERO_TO_SHARDING[zero], recompute=r.recompute or "none")
+        ls = LayerStrategy(sharding=ZERO_TO_SHARDING[zero], recompute=r.recompute or "none", offload=r.offload or "none")
         return Strategy(
             mesh=Mesh(**_degrees(cluster.world_size, r)),
             micro_batch=r.micro_batch or 1,
@@ -322,6 +332,7 @@ def _strategy(r: PriceRequest, graph: Any, cluster: Any) -> Any:
             sequence_parallel=bool(r.sequence_parallel),
             tp_mode=r.tp_mode or "megatron",
             cp_mode=r.cp_mode or "ring",
+            cp_rotate=r.cp_rotate or _target_rotate(r.target),
             default=ls,
         )
     except ValidationError as e:
@@ -495,8 +506,8 @@ ESTIMATE_OPTIONS = (
     *(option(name, cls=PriceRequest) for name in (
         "model", "cluster", "seq_len", "global_batch", "micro_batch", "tp", "pp", "cp", "ep", "etp", "dp", "dp_shard",
         "dp_replicate", "zero", "recompute", "schedule", "vpp", "precision", "attention_kernel", "cross_entropy",
-        "grad_dtype", "moe_dispatch", "moe_overlap", "moe_capacity_factor", "selective", "target",
-        "sequence_parallel", "profile")),
+        "grad_dtype", "moe_dispatch", "moe_overlap", "moe_capacity_factor", "selective", "tp_mode", "cp_mode",
+        "cp_rotate", "offload", "target", "sequence_parallel", "profile")),
     Opt("profile_from_plan", bool, typer.Option(False, "--profile-from-plan", help="with --plan: price with the "
                                                 "profile the plan names (not loaded otherwise)")),
     *(option(name, cls=PriceRequest) for name in ("calibration", "memory_limit", "plan")),
