@@ -240,6 +240,9 @@ class PriceRequest:
                                  default=None)
     offload: str | None = fact("none | optimizer | params: what every unit keeps in host memory", "--offload",
                                default=None)
+    stage_layers: str | list[int] | None = fact(
+        "blocks per pipeline stage, per virtual stage in order with --vpp: comma-separated on the command line, a "
+        "list in a batch line (an uneven layout; default: as even as possible)", "--stage-layers", default=None)
     target: str | None = fact("price as this trainer runs it (its cross-entropy and gradient dtype), and refuse what "
                               "it cannot express", "--target", default=None)
     calibration: str | None = fact(

@@ -191,6 +191,31 @@ def test_the_fields_a_search_emits_have_flags() -> None:
     assert r.exit_code == 2 and "unknown tp mode 'bogus'; known: megatron, tsp" in r.output
 
 
+def test_stage_layers_price_an_uneven_pipeline(tmp_path: Path) -> None:
+    """--stage-layers 7,9,9,7 (a batch line's list) is the strategy's stage_layers; a count that is not
+    pp*vpp, or a value that is no whole number, is one line and exit 2."""
+    from costmodel.estimate import estimate
+    from profiler.hardware import parse_cluster
+    from profiler.models import load_model
+    from vocab.strategy import LayerStrategy, Mesh, Strategy, Workload
+
+    job = ["estimate", "--model", "llama3-8b", "--cluster", "16xh100", "--seq-len", "4096", "--global-batch", "64",
+           "--pp", "4", "--zero", "1"]
+    got = json.loads(runner.invoke(app, [*job, "--stage-layers", "7,9,9,7", "--json"]).stdout)
+    s = Strategy(mesh=Mesh(pp=4, dp_shard=4), stage_layers=[7, 9, 9, 7], default=LayerStrategy(sharding="zero1"))
+    want = estimate(load_model("llama3-8b", 4096), parse_cluster("16xh100"), s, Workload(seq_len=4096, global_batch=64))
+    assert got["step_time_s"] == want.step_time_s and [st["first_block"] for st in got["stages"]] == [0, 7, 16, 25]
+    line = {"model": "llama3-8b", "cluster": "16xh100", "seq_len": 4096, "global_batch": 64, "pp": 4, "zero": 1,
+            "stage_layers": [7, 9, 9, 7]}
+    (tmp_path / "b.jsonl").write_text(json.dumps(line) + "\n" + json.dumps({**line, "stage_layers": [7, "x"]}) + "\n")
+    r = runner.invoke(app, ["estimate", "--batch", str(tmp_path / "b.jsonl")])
+    out = [json.loads(x) for x in r.stdout.splitlines()]
+    assert out[0]["step_time_s"] == want.step_time_s and "stage_layers must be whole numbers" in out[1]["error"]
+    for bad, why in (("7,9,9", "stage_layers has 3 entries, expected pp*vpp=4"), ("7,-1,9,9", "whole numbers")):
+        r = runner.invoke(app, [*job, "--stage-layers", bad])
+        assert r.exit_code == 2 and why in r.output
+
+
 def test_zero_0_means_replicas_and_dp_fills_the_cluster() -> None:
     r0 = json.loads(runner.invoke(app, [*BASE, "--tp", "2", "--json"]).stdout)
     r3 = json.loads(runner.invoke(app, [*BASE, "--tp", "2", "--zero", "3", "--json"]).stdout)

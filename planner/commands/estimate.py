@@ -91,6 +91,8 @@ def check_values(a: dict[str, Any]) -> None:
                                            and v > 0):
             raise ShardplanError(f"{k} must be a finite positive number{' of GiB' if k in LIMITS else ''}, "
                                  f"got {_show(v)}")
+        if k == "stage_layers":
+            stage_layers(v)
         if k in ("model", "cluster") and not isinstance(v, str | dict):
             raise ShardplanError(f"{k} must be a name or an object, got {_show(v)}")
     cluster = a.get("cluster")
@@ -98,6 +100,21 @@ def check_values(a: dict[str, Any]) -> None:
         for k in CLUSTER_COUNTS:
             if cluster.get(k) is not None and not (_is_int(cluster[k]) and cluster[k] >= 1):
                 raise ShardplanError(f"cluster.{k} must be a positive integer, got {_show(cluster[k])}")
+
+
+def stage_layers(v: str | list[Any]) -> list[int]:
+    """Blocks per (virtual) stage from ``10,12,12`` or a list of whole numbers (raises ShardplanError)."""
+    parts = v.split(",") if isinstance(v, str) else v
+    if not isinstance(parts, list) or not parts:
+        raise ShardplanError(f"stage_layers must be whole numbers, comma-separated or a list, got {_show(v)}")
+    out = []
+    for x in parts:
+        if isinstance(x, str) and x.strip().isdigit():
+            x = int(x.strip())
+        if not (_is_int(x) and x >= 0):
+            raise ShardplanError(f"stage_layers must be whole numbers, comma-separated or a list, got {_show(v)}")
+        out.append(x)
+    return out
 
 
 def _pydantic_message(e: Exception) -> str:
@@ -329,6 +346,7 @@ def _strategy(r: PriceRequest, graph: Any, cluster: Any) -> Any:
             micro_batch=r.micro_batch or 1,
             schedule=r.schedule or "1f1b",
             vpp=r.vpp or 1,
+            stage_layers=stage_layers(r.stage_layers) if r.stage_layers is not None else None,
             sequence_parallel=bool(r.sequence_parallel),
             tp_mode=r.tp_mode or "megatron",
             cp_mode=r.cp_mode or "ring",
@@ -507,7 +525,7 @@ ESTIMATE_OPTIONS = (
         "model", "cluster", "seq_len", "global_batch", "micro_batch", "tp", "pp", "cp", "ep", "etp", "dp", "dp_shard",
         "dp_replicate", "zero", "recompute", "schedule", "vpp", "precision", "attention_kernel", "cross_entropy",
         "grad_dtype", "moe_dispatch", "moe_overlap", "moe_capacity_factor", "selective", "tp_mode", "cp_mode",
-        "cp_rotate", "offload", "target", "sequence_parallel", "profile")),
+        "cp_rotate", "offload", "stage_layers", "target", "sequence_parallel", "profile")),
     Opt("profile_from_plan", bool, typer.Option(False, "--profile-from-plan", help="with --plan: price with the "
                                                 "profile the plan names (not loaded otherwise)")),
     *(option(name, cls=PriceRequest) for name in ("calibration", "memory_limit", "plan")),
