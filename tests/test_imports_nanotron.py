@@ -141,3 +141,25 @@ def test_cli_writes_nothing_for_a_bad_file(tmp_path: Path) -> None:
     good = write(tmp_path, export(plans()["gpt2"], "nanotron").text, "good.yaml")
     assert main(["import", str(good), "-o", str(out)]) == 0
     assert out.exists()
+
+
+def test_a_llama_exports_its_model_section_and_imports_only_as_itself(tmp_path: Path) -> None:
+    """nanotron 0.4's LlamaConfig of the plan's model (llama3-8b: its rotary base cannot be set, a note
+    says so); an import for a model of another shape is refused, naming each difference; a model its
+    Llama cannot build (gpt2: GELU, LayerNorm, learned positions, biases) gets no section, and a note."""
+    e = export(plans()["zero1"], "nanotron")
+    model = yaml.safe_load(e.text)["model"]
+    assert model["dtype"] == "bfloat16" and model["model_config"] == {
+        "is_llama_config": True, "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+        "num_hidden_layers": 32, "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192,
+        "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
+    assert any("fixes the rotary base at 10000; the model's 500000 cannot be set" in x for x in e.notes)
+    path = write(tmp_path, e.text)
+    assert import_plan(path).predicted.step_time_s == plans()["zero1"].predicted.step_time_s
+    with pytest.raises(ConfigError, match=r"model.model_config is not llama3-70b: num_hidden_layers 32 \(the priced "
+                                          r"model's 80\); hidden_size 4096 \(the priced model's 8192\)"):
+        import_plan(path, model="llama3-70b", cluster="16xh100")
+    gpt2 = export(plans()["gpt2"], "nanotron")
+    assert "model" not in yaml.safe_load(gpt2.text)
+    assert any(x.startswith("the model section is not written: nanotron 0.4's Llama has a gated SiLU MLP, RMSNorm")
+               for x in gpt2.notes)

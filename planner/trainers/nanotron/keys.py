@@ -27,6 +27,18 @@ NANOTRON: Final[dict[str, str | None]] = {
     "seq_len": "sequence_length",
     "optimizer": "optimizer",
     "zero_stage": "zero_stage",
+    "model": "model",  # ModelArgs: model_config, init_method, dtype
+    "model_config": "model_config",
+    "init_method": "init_method",
+    "dtype": "dtype",
 }
+#: nanotron 0.4's LlamaConfig (config/models_config.py:19-42) field for each of the model's facts
+NANOTRON_LLAMA: Final[dict[str, str]] = {
+    "hidden": "hidden_size", "ffn_hidden": "intermediate_size", "heads": "num_attention_heads",
+    "layers": "num_hidden_layers", "kv_heads": "num_key_value_heads", "vocab": "vocab_size",
+    "max_seq": "max_position_embeddings", "norm_eps": "rms_norm_eps", "tied_embeddings": "tie_word_embeddings",
+}
+#: the precision -> ModelArgs.dtype
+NANOTRON_DTYPES: Final = {"fp32": "float32", "bf16": "bfloat16", "fp8": "bfloat16", "mxfp8": "bfloat16"}
 NANOTRON_PP_ENGINES: Final = {"gpipe": "afab", "1f1b": "1f1b"}
 NANOTRON_TP_MODES: Final = {True: "REDUCE_SCATTER", False: "ALL_REDUCE"}

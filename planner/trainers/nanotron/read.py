@@ -14,7 +14,9 @@ It reads exactly these keys (every other key must be one nanotron 0.4 knows, and
   micro-batch x accumulation x ``dp_shard`` (as the exporter counts it); ``tokens.sequence_length``
   (else ``--seq-len``);
 - ``optimizer.zero_stage`` (required): 0 is replicate, 1 is zero1;
-- ``model.dtype``: ``bfloat16`` (the default) is bf16, ``float32`` is fp32.
+- ``model.dtype``: ``bfloat16`` (the default) is bf16, ``float32`` is fp32;
+- ``model.model_config`` of a Llama (``is_llama_config``): its layers, hidden size, heads, KV heads and
+  FFN width must be the priced model's (``--model`` or the export's header), else the file is refused.
 
 nanotron 0.4 has no keys for recomputation, context parallelism or offload: none of them is used.
 The model and the cluster come from the export's ``shardplan-inputs`` line or ``--model``/``--cluster``.
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from planner.trainers.nanotron.keys import NANOTRON, NANOTRON_PP_ENGINES, NANOTRON_TP_MODES
+from planner.trainers.nanotron.keys import NANOTRON, NANOTRON_LLAMA, NANOTRON_PP_ENGINES, NANOTRON_TP_MODES
 from planner.trainers.reading import ConfigError, Context, count, refuse_unknown, unknown_keys
 from vocab.io import decode_yaml
 from vocab.targets import by_exporter, key_snapshot
@@ -80,8 +82,28 @@ def workload(doc: dict[str, Any], origin: str) -> dict[str, Any]:
     return out
 
 
+#: the model facts a Llama model_config must share with the priced model
+SHAPE = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden")
+
+
+def check_model(doc: dict[str, Any], ctx: Context) -> None:
+    """Refuse a Llama ``model.model_config`` whose shape (:data:`SHAPE`) is not the priced model's."""
+    cfg = doc.get(MODEL, {}).get(K["model_config"]) if isinstance(doc.get(MODEL), dict) else None
+    if not isinstance(cfg, dict) or not cfg.get("is_llama_config") or not all(k in ctx.config for k in SHAPE):
+        return  # no Llama config, or a traced model without these facts: unchecked
+    heads = cfg.get(NANOTRON_LLAMA["heads"])
+    theirs = {k: cfg.get(NANOTRON_LLAMA[k], heads if k == "kv_heads" else None) for k in SHAPE}
+    mine = {k: ctx.config[k] or (ctx.config["heads"] if k == "kv_heads" else 0) for k in SHAPE}
+    differ = [f"{NANOTRON_LLAMA[k]} {theirs[k]} (the priced model's {mine[k]})" for k in SHAPE if theirs[k] != mine[k]]
+    if differ:
+        priced = ctx.config.get("name") or "the model given"
+        raise ConfigError(f"{ctx.origin}: {MODEL}.{K['model_config']} is not {priced}: {'; '.join(differ)}; give "
+                          "--model for the model the file trains")
+
+
 def strategy(doc: dict[str, Any], ctx: Context) -> dict[str, Any]:
     o = ctx.origin
+    check_model(doc, ctx)
     if K["parallelism"] not in doc:
         raise ConfigError(f"{o} has no {K['parallelism']} section")
     par = _section(doc, K["parallelism"], o)
