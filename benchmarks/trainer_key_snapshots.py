@@ -126,6 +126,8 @@ def deepspeed() -> Path:
     literal |= set(re.findall(r"""["'](\w+)["']\s+in\s+(?:param_dict|ds_config|config)\b""", src))
     literal |= set(re.findall(r"""["'](\w+)["']\s+in\s+ds_config\b""",
                               inspect.getsource(sys.modules[TPTrainingConfig.__module__])))
+    # deepspeed.initialize reads the sequence-parallel mesh's keys off the raw config (``__init__.py``)
+    literal |= set(re.findall(r"""["'](\w+)["']\s+in\s+config\b""", inspect.getsource(ds)))
     sections = {
         "zero_optimization": _pydantic_keys(DeepSpeedZeroConfig),
         "zero_optimization.offload_optimizer": _pydantic_keys(DeepSpeedZeroOffloadOptimizerConfig),

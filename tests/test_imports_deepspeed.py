@@ -168,3 +168,20 @@ def test_cli_writes_nothing_for_a_bad_file(tmp_path: Path) -> None:
     assert main(["import", str(good), "--model", "gpt2", "--cluster", "16xh100", "--seq-len", "1024",
                  "-o", str(out)]) == 0
     assert out.exists()
+
+
+def test_ulysses_writes_the_mesh_deepspeed_initialize_builds(tmp_path: Path) -> None:
+    """sequence_parallel_size with data_parallel_size (their product the world: deepspeed.initialize's
+    (data_parallel, sequence_parallel) mesh) where nothing else splits the ranks; beside TP, a note that
+    the model code's mpu must hold the groups; an import whose two sizes do not make the world is refused."""
+    e = export(plans()["zero2-offload-optimizer-ulysses"], "deepspeed")
+    cfg = json.loads(e.text[e.text.index("{"):])
+    assert (cfg["sequence_parallel_size"], cfg["data_parallel_size"]) == (2, 8) and not e.notes
+    tp = export(make_plan({"mesh": {"dp_shard": 4, "cp": 2, "tp": 2}, "cp_mode": "ulysses",
+                           "default": {"sharding": "zero1"}}), "deepspeed")
+    assert "data_parallel_size" not in json.loads(tp.text[tp.text.index("{"):])
+    assert any(x.startswith("Ulysses beside tensor or pipeline parallelism: pass deepspeed.initialize an mpu")
+               for x in tp.notes)
+    bad = write(tmp_path, {**cfg, "data_parallel_size": 4})
+    with pytest.raises(ConfigError, match="data_parallel_size 4 x sequence_parallel_size 2 is not the 16 GPUs"):
+        load(bad)

@@ -28,6 +28,10 @@ def adjust(n: Nearest) -> None:
                        "partition_method='uniform')")
     if m["ep"] > 1:
         n.notes.append(f"MoE layers: deepspeed.moe.layer.MoE(..., ep_size={m['ep']})")
+    if m["cp"] > 1 and (m["tp"] > 1 or m["pp"] > 1):
+        n.notes.append(f"Ulysses beside tensor or pipeline parallelism: pass deepspeed.initialize an mpu whose "
+                       f"sequence-parallel groups hold {m['cp']} ranks (its config mesh covers data x sequence "
+                       "parallelism only)")
     runs = {}
     for u in n.units:
         runs.setdefault(n.choice[u]["recompute"], []).append(u)
@@ -58,6 +62,8 @@ def render(n: Nearest, s: Strategy, cost: str) -> str:
         cfg[K["tensor_parallel"]] = {K["autotp_size"]: m.tp}
     if m.cp > 1:
         cfg[K["sequence_parallel_size"]] = m.cp
+        if m.tp == m.pp == 1:  # the (dp, sp) mesh deepspeed.initialize builds covers the world
+            cfg[K["data_parallel_size"]] = m.dp
     rec = [s.for_unit(u).recompute for u in n.units]
     if m.pp > 1:
         every_block = bool(n.blocks) and all(s.for_unit(u).recompute == "full" for u in n.blocks)

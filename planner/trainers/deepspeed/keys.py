@@ -29,6 +29,9 @@ DEEPSPEED: Final[dict[str, str | None]] = {
     "tensor_parallel": "tensor_parallel",  # AutoTP training (DeepSpeed >= 0.16.4)
     "autotp_size": "autotp_size",
     "sequence_parallel_size": "sequence_parallel_size",  # DeepSpeed-Ulysses
+    # with sequence_parallel_size, deepspeed.initialize builds the (data_parallel, sequence_parallel) mesh
+    # of the whole world from the config (deepspeed/__init__.py:543-546); otherwise the model code's mpu
+    "data_parallel_size": "data_parallel_size",
     "pipeline": "pipeline",  # read by PipelineEngine
     "pipe_stages": "stages",
     "pipe_partition": "partition",

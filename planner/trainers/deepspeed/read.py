@@ -13,7 +13,8 @@ It reads exactly these keys (every other key must be one DeepSpeed 0.19.8 knows,
   deprecated ``cpu_offload``/``cpu_offload_param`` switches count as these);
   ``zero_hpz_partition_size`` (ZeRO++ hpZ) is priced as plain ZeRO-3, as the exporter's nearest plan is;
 - ``tensor_parallel.autotp_size``: tp (AutoTP has no sequence parallelism);
-- ``sequence_parallel_size``: cp, Ulysses;
+- ``sequence_parallel_size``: cp, Ulysses; ``data_parallel_size`` beside it must make the whole world with
+  it (deepspeed.initialize builds that mesh), and is otherwise not read;
 - ``pipeline.stages``: pp, 1F1B, the blocks split evenly (``partition`` uniform);
   ``pipeline.activation_checkpoint_interval`` 1: full recompute of every block;
 - ``activation_checkpointing.number_checkpoints``: the JSON counts checkpointed modules, the model code
@@ -103,6 +104,10 @@ def strategy(doc: dict[str, Any], ctx: Context) -> dict[str, Any]:
         raise ConfigError(f"{o}: autotp_size {tp} x pipeline stages {pp} x sequence_parallel_size {cp} does not "
                           f"divide {ctx.world} GPUs")
     dp = ctx.world // (tp * pp * cp)
+    given = doc.get(K["data_parallel_size"])
+    if given is not None and cp > 1 and count(given, K["data_parallel_size"], o) * cp != ctx.world:
+        raise ConfigError(f"{o}: {K['data_parallel_size']} {given} x {K['sequence_parallel_size']} {cp} is not the "
+                          f"{ctx.world} GPUs, which deepspeed.initialize's mesh must cover")
     fields: dict[str, Any] = {"mesh": {"pp": pp, "dp_shard": dp, "cp": cp, "tp": tp, "ep": ctx.ep or 1},
                               "schedule": "1f1b", "sequence_parallel": False,
                               "cp_mode": "ulysses" if cp > 1 else "ring"}
