@@ -24,7 +24,9 @@ as the megatron target runs it. Then, per row:
 MXFP8 rows are priced as ``mxfp8`` (fp8 GEMMs, block-scale bytes in the casts); NVFP4 rows are not
 priced. Megatron-FSDP rows are ZeRO-3 (``--use-megatron-fsdp``, optim_grads_params).
 What a recipe leaves unstated is assumed and listed: the distributed optimizer (ZeRO-1) where
-Megatron-FSDP is not used, no recomputation, sequence parallelism with tp > 1, dropless routing.
+Megatron-FSDP is not used, no recomputation, sequence parallelism with tp > 1, dropless routing, the
+experts folded over tp (etp 1) where ep does not divide dp x cp, and the MoE dispatcher Megatron-Bridge's
+recipe applies (:data:`FLEX_DISPATCH`).
 """
 
 from __future__ import annotations
@@ -444,7 +446,9 @@ def doc_section(results: list[Result], other: list[Result] | None = None) -> str
             "nothing in the row is refused by `export --to megatron`'s nearest-plan check, the validity rules or "
             "the vocabulary; \"fits\": the predicted peak within the whole device. Unstated settings are assumed: "
             f"the distributed optimizer unless Megatron-FSDP, no recomputation, sequence parallelism with tp > 1, "
-            f"gradients reduced in {GRAD_DTYPE['value']}; "
+            f"gradients reduced in {GRAD_DTYPE['value']}, the experts folded over tp (etp 1) where ep does not "
+            "divide dp x cp, the MoE dispatcher Megatron-Bridge 0.3.1's recipe applies (DeepEP/HybridEP priced "
+            "as the de-duplicating dispatch); "
             "MXFP8 is priced as mxfp8 (fp8 GEMMs, the block scales' bytes in the casts), NVFP4 is not priced "
             "(no FP4 throughput in the hardware data), Megatron-FSDP is ZeRO-3 (optim_grads_params). "
             "`tests/test_recipes.py` checks the mapping of a few rows."
