@@ -46,7 +46,8 @@ def _llama_model(n: Nearest) -> dict[str, Any] | None:
         ("a gated SiLU MLP", cfg.get("activation") != "swiglu"), ("RMSNorm", cfg.get("norm") != "rmsnorm"),
         ("rotary positions", cfg.get("position") != "rope"), ("no biases", bool(cfg.get("bias") or cfg.get("qkv_bias"))),
         ("no experts", bool(cfg.get("experts"))), ("no sliding window", bool(cfg.get("sliding_window"))),
-        ("no QK norm", bool(cfg.get("qk_norm"))), ("standard attention heads", bool(cfg.get("kv_lora_rank"))),
+        ("no QK norm", bool(cfg.get("qk_norm"))), ("norms before each sublayer only", bool(cfg.get("sandwich_norm"))),
+        ("standard attention heads", bool(cfg.get("kv_lora_rank"))),
         ("head width = hidden / heads", bool(cfg.get("head_dim")) and cfg["head_dim"] * cfg["heads"] != cfg["hidden"]),
     ) if differs]
     if unlike:
