@@ -217,13 +217,15 @@ def test_fp32_and_flat_data_parallelism(tmp_path: Path) -> None:
     (("--moe-token-dispatcher-type",), ("--moe-token-dispatcher-type flex",), ("dedup", "1f1b")),
     (("--moe-token-dispatcher-type",), (), "the allgather token dispatcher is not priced"),
     (("--moe-token-dispatcher-type",), ("--moe-token-dispatcher-type flex", "--moe-flex-dispatcher-backend hybridep"),
-     "the flex token dispatcher with hybridep is not priced"),
+     ("dedup", "1f1b")),
+    (("--moe-token-dispatcher-type",), ("--moe-token-dispatcher-type flex", "--moe-flex-dispatcher-backend ncclep"),
+     "the flex token dispatcher with ncclep is not priced"),
 ])
 def test_the_moe_dispatcher_and_overlap_are_read(drop: tuple[str, ...], add: tuple[str, ...], expect: Any,
                                                  tmp_path: Path) -> None:
     """With expert parallelism the file's dispatcher and overlap flag set how the plan is priced: no
-    overlap flag, no overlap (Megatron's default); flex is DeepEP's de-duplicated dispatch; the
-    default allgather dispatcher, and flex without DeepEP, are refused by name."""
+    overlap flag, no overlap (Megatron's default); flex is DeepEP's de-duplicated dispatch, with its
+    deepep or hybridep backend; the default allgather dispatcher, and any other backend, are refused by name."""
     p = made("mixtral-8x7b", {"mesh": {"dp_shard": 16, "ep": 8}, "default": Z})
     p = p.model_copy(update={"inputs": p.inputs.model_copy(update={"workload": p.inputs.workload.model_copy(
         update={"moe_overlap": "1f1b"})})})

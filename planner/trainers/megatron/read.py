@@ -22,8 +22,8 @@ virtual stage one fewer); ``--pipeline-model-parallel-layout`` gives each virtua
 ``--optimizer-cpu-offload`` (fraction 1.0) offloads the optimizer. Blocks only recompute:
 ``--recompute-granularity selective`` (all; ``--recompute-activations`` alike), ``full`` with ``--recompute-method uniform`` (all) or
 ``block`` with ``--recompute-num-layers k`` (the first k of every virtual stage). With expert
-parallelism, ``--moe-token-dispatcher-type`` alltoall or flex (DeepEP: ``moe_dispatch`` dedup; the
-default allgather is refused) and ``--overlap-moe-expert-parallel-comm``; ``--moe-expert-capacity-factor``. ``--num-layers`` must
+parallelism, ``--moe-token-dispatcher-type`` alltoall or flex (DeepEP or HybridEP: ``moe_dispatch``
+dedup; the default allgather is refused) and ``--overlap-moe-expert-parallel-comm``; ``--moe-expert-capacity-factor``. ``--num-layers`` must
 be the model's block count; other shape and overlap flags are accepted and not read.
 """
 
@@ -171,6 +171,12 @@ def workload(doc: Doc, origin: str) -> dict[str, Any]:
     return out | _moe(doc, origin)
 
 
+#: the flex dispatcher's backends, both DeepEP's de-duplicating dispatch (``moe_dispatch`` dedup): ``deepep``,
+#: and ``hybridep``, DeepEP's hierarchical NVLink/RDMA buffer (megatron-core 0.16.1
+#: ``transformer/moe/fused_a2a.py:269``, ``from deep_ep import HybridEPBuffer``)
+FLEX_BACKENDS = ("deepep", "hybridep")
+
+
 def _moe(doc: Doc, origin: str) -> dict[str, str]:
     """How expert parallelism runs: the token dispatcher (Megatron's default, ``allgather``, is not
     priced) and the 1F1B all-to-all overlap, on only where the flag is."""
@@ -178,10 +184,10 @@ def _moe(doc: Doc, origin: str) -> dict[str, str]:
         return {}
     dispatcher = _str(doc, "moe_dispatcher", origin) or "allgather"
     backend = _str(doc, "moe_flex_backend", origin) or "deepep"
-    if dispatcher not in ("alltoall", "flex") or (dispatcher == "flex" and backend != "deepep"):
+    if dispatcher not in ("alltoall", "flex") or (dispatcher == "flex" and backend not in FLEX_BACKENDS):
         raise ConfigError(f"{origin}: the {dispatcher} token dispatcher"
                           f"{' with ' + backend if dispatcher == 'flex' else ''} is not priced by shardplan: "
-                          f"give {_key('moe_dispatcher')} alltoall, or flex with DeepEP")
+                          f"give {_key('moe_dispatcher')} alltoall, or flex with {' or '.join(FLEX_BACKENDS)}")
     return {"moe_dispatch": "dedup" if dispatcher == "flex" else "alltoall",
             "moe_overlap": "1f1b" if _on(doc, "moe_overlap", origin) else "none"}
 
