@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 import planner.commands  # noqa: F401  (registers the commands)
@@ -25,7 +26,7 @@ def _files(tmp_path: Path, target: str) -> tuple[Path, Path]:
     return tmp_path / "plan.json", tmp_path / "recipe.args"
 
 
-def test_the_configuration_is_priced_beside_the_plan(tmp_path: Path) -> None:
+def test_the_configuration_is_priced_beside_the_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     doc, recipe = _files(tmp_path, "megatron")
     r = runner.invoke(app, ["explain", str(doc), "--compare-with", str(recipe), "--json"])
     assert r.exit_code == 0, r.output
@@ -36,15 +37,18 @@ def test_the_configuration_is_priced_beside_the_plan(tmp_path: Path) -> None:
     mine = json.loads(doc.read_text())["predicted"]["tokens_per_s_per_gpu"]
     assert c["throughput_ratio"] == mine / alone.predicted.tokens_per_s_per_gpu >= 1.0  # the search's optimum
     assert c["verdict"].startswith(f"this plan trains {c['throughput_ratio']:.2f}x the configuration's")
-    # where the steps differ: each named part is the configuration's seconds less the plan's, from both
-    # breakdowns, and together the named and unnamed parts are the whole difference of the steps
+    # where the steps differ: the named parts are those of at least 2% of the plan's step, and all the
+    # parts (none left out) add up to the whole difference of the two steps
+    from planner import compare_config
+
+    pred = json.loads(doc.read_text())["predicted"]
     parts = {d["part"]: d["seconds"] for d in c["time_differences"]}
-    t_mine, t_theirs = json.loads(doc.read_text())["predicted"]["time"], alone.predicted.model_extra["time"]
-    if "compute" in parts:
-        assert parts["compute"] == t_theirs["compute_s"] - t_mine["compute_s"]
-    assert all(abs(v) >= 0.02 * json.loads(doc.read_text())["predicted"]["step_time_s"] for v in parts.values())
-    assert c["where"].startswith("the plan, per 32 samples: ")
-    assert c["where"].count(" s ") == len(parts) or (not parts and "no part differs" in c["where"])
+    assert parts and all(abs(v) >= 0.02 * pred["step_time_s"] for v in parts.values())
+    monkeypatch.setattr(compare_config, "NAMED_SHARE", 0.0)
+    every = compare_config.time_differences(pred, alone.predicted.model_dump())
+    assert set(parts) <= {k for k, _ in every}
+    assert sum(d for _, d in every) == pytest.approx(alone.predicted.step_time_s - pred["step_time_s"], abs=1e-9)
+    assert c["where"].startswith("the plan, per 32 samples: ") and c["where"].count(" s ") == len(parts)
 
 
 def test_time_differences_name_what_the_plan_saves_and_spends() -> None:
