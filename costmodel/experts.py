@@ -185,6 +185,20 @@ def expert_tp_time(dev: DeviceModel, nbytes: Any, group: AxisGroup) -> Any:
     return dev.collective_time("all_gather", gathered, group) + dev.collective_time("reduce_scatter", gathered, group)
 
 
+def gathered_input_bytes(n: LayerNode, saved: Any, tp: Any, expert_tp: Any, gathered: Any) -> Any:
+    """Bytes the routed copies' inputs add to a rank's saved activations of expert layer ``n`` beyond
+    their share of ``saved`` (the node's saved bytes over ``tp``, as if split): each copy's input is
+    kept whole (``h`` wide) for the backward of the experts' first GEMM, for every copy the rank's
+    experts run, those of ``expert_tp`` ranks' tokens where the layer's tokens are sequence-sharded
+    (``gathered`` False: the dispatcher's expert-TP all-gather, :func:`expert_tp_time`), all of them
+    where every tp rank holds the layer's whole input (``gathered``: no sequence parallelism, or the
+    layer gathered its input over tp). Folded (``expert_tp`` 1) a rank keeps its own share: nothing."""
+    h, f, m = float(n.dims.get("in", 0)), float(n.dims.get("out", 0)), float(n.dims.get("matrices", 3))
+    inputs = np.asarray(saved) * h / (h + m * f)  # per routed copy: its input h, then m*f of the FFN
+    copies = np.where(gathered, 1.0, np.asarray(expert_tp) / np.asarray(tp))
+    return np.where(np.asarray(expert_tp) > 1, inputs * (copies - 1.0 / np.asarray(tp)), 0.0)
+
+
 def dispatch_time(dev: DeviceModel, nbytes: Any, group: AxisGroup, routing: tuple[int, int, int, int],
                   dedup: Any) -> Any:
     """Seconds of one dispatch (or combine) of ``nbytes`` (every routed copy's hidden state, per

@@ -19,7 +19,13 @@ import numpy as np
 
 from costmodel.configs import AxisGroup, ConfigArrays
 from costmodel.device import DeviceModel
-from costmodel.experts import dispatch_time, expert_tp_time, load_imbalance, overlap_runs
+from costmodel.experts import (
+    dispatch_time,
+    expert_tp_time,
+    gathered_input_bytes,
+    load_imbalance,
+    overlap_runs,
+)
 from costmodel.gradients import (
     GATHER_BYTES,
     GRAD_REDUCE_BYTES,
@@ -172,6 +178,11 @@ def price_unit(name: str, nodes: Sequence[LayerNode], dev: DeviceModel, cfg: Con
     local = [local_params(n, cfg) for n in nodes]
     aw = [act_width(n, w.precision) for n in nodes]
     acts = [n.act_saved_bytes * scale / d * a for n, d, a in zip(nodes, adiv, aw, strict=True)]
+    # the experts' routed inputs, kept whole for every copy a rank's experts run (TSP: its own tokens)
+    expert_tp = np.where(cfg.tsp, 1.0, cfg.expert_tp)
+    gathered = ~cfg.sequence_parallel | (w.moe_tp == "gathered")  # every tp rank routes the whole input
+    acts = [x + gathered_input_bytes(n, n.act_saved_bytes * scale * a, tp, expert_tp, gathered)
+            if n.kind == "experts" else x for n, x, a in zip(nodes, acts, aw, strict=True)]
     sel = [n.act_selective_bytes * scale / d * a for n, d, a in zip(nodes, adiv, aw, strict=True)]
     hw = sum(((n.fwd_flops + n.bwd_flops) * scale / d for n, d in zip(nodes, tdiv, strict=True)), z)
     params = sum(local, np.zeros(C, dtype=np.int64))

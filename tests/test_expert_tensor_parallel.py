@@ -14,7 +14,8 @@ import pytest
 
 from costmodel.configs import AxisGroup, ConfigArrays
 from costmodel.device import DeviceModel
-from costmodel.experts import expert_times, expert_tp_time, tokens_per_sample
+from costmodel.estimate import estimate
+from costmodel.experts import expert_times, expert_tp_time, gathered_input_bytes, tokens_per_sample
 from costmodel.node_costs import local_params, node_times
 from costmodel.units import _passes, _Traffic
 from planner.trainers import ConfigError, export, import_plan
@@ -25,7 +26,7 @@ from profiler.transformer import build_graph
 from solvers.space import SPACES, mesh_configs, restrict
 from tests.test_explain import make_plan
 from vocab.plan import Plan, PlanError, TargetRef, parse_plan
-from vocab.strategy import Mesh, MeshConfig, Strategy, Workload
+from vocab.strategy import LayerStrategy, Mesh, MeshConfig, Strategy, Workload
 from vocab.targets import load_target
 
 H, F_, E, K, SEQ = 7168, 2048, 256, 8, 4096  # DeepSeek-V3's routed experts, one 4,096-token sample
@@ -199,3 +200,29 @@ def test_an_older_plan_names_no_expert_tp() -> None:
     doc["schema_version"] = "1.9"
     with pytest.raises(PlanError, match="strategy.mesh.etp needs schema_version 1.10"):
         parse_plan(json.dumps(doc))
+
+
+def test_a_rank_keeps_the_whole_input_of_every_routed_copy_its_experts_run() -> None:
+    """A routed copy saves its input (7,168 bf16 values) and its FFN part (3 x 2,048) for the backward.
+    tp=2 with sequence parallelism, the experts split over tp: a rank runs both ranks' 4,096 tokens' 8
+    copies, inputs whole, the FFN part at half width; the unit's share of its saved bytes counts the
+    inputs at half, so 4,096 x 8 x 7,168 bytes come on top. Folded, or under TSP, a rank runs its own
+    2,048 tokens' copies at full width: nothing on top. Without sequence parallelism (or with
+    torchtitan's gathered layer) every rank holds all 4,096 tokens: the same on top."""
+    n = _experts()
+    saved = n.act_saved_bytes  # one sample: 4,096 tokens x 8 copies x (7,168 + 3 x 2,048) x 2 bytes
+    assert saved == 2 * (H + 3 * F_) * SEQ * K
+    tp = np.array([2.0, 2.0, 2.0, 2.0, 1.0])
+    etp = np.array([2.0, 1.0, 2.0, 2.0, 1.0])
+    gathered = np.array([False, False, True, False, False])
+    got = gathered_input_bytes(n, saved, tp, np.where([False, False, False, True, False], 1.0, etp), gathered)
+    assert list(got) == [SEQ * K * H, 0.0, SEQ * K * H, 0.0, 0.0]
+    graph, cluster = load_model("mixtral-8x7b", 4096), parse_cluster("16xh100")
+    w = Workload(seq_len=4096, global_batch=64)
+
+    def acts(**mesh: int) -> float:
+        s = Strategy(mesh=Mesh(**mesh), sequence_parallel=True, default=LayerStrategy(sharding="zero1"))
+        return estimate(graph, cluster, s, w).stages[0].activations
+
+    layers, h, k = 32, 4096, 2  # Mixtral 8x7B: every block a MoE layer of top-2 routing
+    assert acts(tp=2, dp_shard=8, ep=8) - acts(tp=2, dp_shard=8, ep=8, etp=1) == pytest.approx(layers * 4096 * k * h)
