@@ -187,7 +187,8 @@ def expert_tp_time(dev: DeviceModel, nbytes: Any, group: AxisGroup) -> Any:
 
 def gathered_input_bytes(n: LayerNode, saved: Any, tp: Any, expert_tp: Any, gathered: Any) -> Any:
     """Bytes the routed copies' inputs add to a rank's saved activations of expert layer ``n`` beyond
-    their share of ``saved`` (the node's saved bytes over ``tp``, as if split): each copy's input is
+    the share a unit counts, ``saved / tp`` (``saved``: the node's saved bytes of a micro-batch on the
+    rank's context-parallel slice, split over tp as if every part were): each copy's input is
     kept whole (``h`` wide) for the backward of the experts' first GEMM, for every copy the rank's
     experts run, those of ``expert_tp`` ranks' tokens where the layer's tokens are sequence-sharded
     (``gathered`` False: the dispatcher's expert-TP all-gather, :func:`expert_tp_time`), all of them
