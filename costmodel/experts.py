@@ -185,6 +185,14 @@ def expert_tp_time(dev: DeviceModel, nbytes: Any, group: AxisGroup) -> Any:
     return dev.collective_time("all_gather", gathered, group) + dev.collective_time("reduce_scatter", gathered, group)
 
 
+def routes_whole_input(sequence_parallel: Any, expert_tp: Any, moe_tp: str) -> Any:
+    """Whether every tensor-parallel rank routes the MoE layer's whole input (every token of the
+    micro-batch's context-parallel slice), per configuration: without sequence parallelism, and where
+    torchtitan's layer gathered its input over tp for experts split over it (``Workload.moe_tp``
+    ``gathered``); else each rank routes its sequence share (Megatron's dispatcher, or folded experts)."""
+    return ~np.asarray(sequence_parallel) | ((moe_tp == "gathered") & (np.asarray(expert_tp) > 1))
+
+
 def gathered_input_bytes(n: LayerNode, saved: Any, tp: Any, expert_tp: Any, gathered: Any) -> Any:
     """Bytes the routed copies' inputs add to a rank's saved activations of expert layer ``n`` beyond
     the share a unit counts, ``saved / tp`` (``saved``: the node's saved bytes of a micro-batch on the
@@ -192,8 +200,8 @@ def gathered_input_bytes(n: LayerNode, saved: Any, tp: Any, expert_tp: Any, gath
     kept whole (``h`` wide) for the backward of the experts' first GEMM, for every copy the rank's
     experts run, those of ``expert_tp`` ranks' tokens where the layer's tokens are sequence-sharded
     (``gathered`` False: the dispatcher's expert-TP all-gather, :func:`expert_tp_time`), all of them
-    where every tp rank holds the layer's whole input (``gathered``: no sequence parallelism, or the
-    layer gathered its input over tp). Folded (``expert_tp`` 1) a rank keeps its own share: nothing."""
+    where every tp rank routes the layer's whole input (``gathered``: :func:`routes_whole_input`).
+    Folded (``expert_tp`` 1) a rank keeps its own share: nothing."""
     h, f, m = float(n.dims.get("in", 0)), float(n.dims.get("out", 0)), float(n.dims.get("matrices", 3))
     inputs = np.asarray(saved) * h / (h + m * f)  # per routed copy: its input h, then m*f of the FFN
     copies = np.where(gathered, 1.0, np.asarray(expert_tp) / np.asarray(tp))

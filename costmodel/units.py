@@ -25,6 +25,7 @@ from costmodel.experts import (
     gathered_input_bytes,
     load_imbalance,
     overlap_runs,
+    routes_whole_input,
 )
 from costmodel.gradients import (
     GATHER_BYTES,
@@ -180,8 +181,8 @@ def price_unit(name: str, nodes: Sequence[LayerNode], dev: DeviceModel, cfg: Con
     acts = [n.act_saved_bytes * scale / d * a for n, d, a in zip(nodes, adiv, aw, strict=True)]
     # the experts' routed inputs, kept whole for every copy a rank's experts run (TSP: its own tokens)
     expert_tp = np.where(cfg.tsp, 1.0, cfg.expert_tp)
-    gathered = ~cfg.sequence_parallel | (w.moe_tp == "gathered")  # every tp rank routes the whole input
-    acts = [x + gathered_input_bytes(n, n.act_saved_bytes * scale * a, tp, expert_tp, gathered)
+    whole = routes_whole_input(cfg.sequence_parallel, expert_tp, w.moe_tp)
+    acts = [x + gathered_input_bytes(n, n.act_saved_bytes * scale * a, tp, expert_tp, whole)
             if n.kind == "experts" else x for n, x, a in zip(nodes, acts, aw, strict=True)]
     sel = [n.act_selective_bytes * scale / d * a for n, d, a in zip(nodes, adiv, aw, strict=True)]
     hw = sum(((n.fwd_flops + n.bwd_flops) * scale / d for n, d in zip(nodes, tdiv, strict=True)), z)
@@ -367,10 +368,9 @@ class _Traffic:
                 # K and V of the whole sequence (2 bytes a value, ``a`` times that in fp32): every
                 # KV head under TSP (each rank attends all heads of its tokens), the rank's heads else
                 self.kv_bytes = self.kv_bytes + 2 * 2 * b * n.dims.get("seq", w.seq_len) * kv * a
-            if n.kind == "experts":  # what each rank dispatches: its share of the tokens under sequence
-                # parallelism, all of them where the layer gathered them and splits the experts over tp
-                share = cfg.sequence_parallel & ((w.moe_tp == "dispatcher") | (cfg.expert_tp == 1))
-                tok = b * w.seq_len / cp / np.where(share, tp, 1.0)
+            if n.kind == "experts":  # what each rank dispatches: all the tokens, or its sequence share
+                whole = routes_whole_input(cfg.sequence_parallel, cfg.expert_tp, w.moe_tp)
+                tok = b * w.seq_len / cp / np.where(whole, 1.0, tp)
                 self.ep_bytes = self.ep_bytes + 2 * tok * n.dims.get("top_k", 1) * n.dims.get("in", 0)
                 self.moe_in_bytes = self.moe_in_bytes + 2 * b * w.seq_len / cp * n.dims.get("in", 0)
                 self.routing = (int(n.dims.get("experts", 1)), int(n.dims.get("top_k", 1)),
