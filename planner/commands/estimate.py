@@ -61,16 +61,12 @@ def _pydantic_message(e: Exception) -> str:
 
 def _precheck(cfg: dict[str, Any], r: PriceRequest, blocks: int) -> None:
     """The constraints a flag can break on its own, named with their values (before any arithmetic)."""
-    from vocab.strategy import OFFLOADS, RECOMPUTES, SCHEDULES
+    from typing import get_args
 
-    for key, known in (
-        ("schedule", SCHEDULES),
-        ("recompute", RECOMPUTES),
-        ("tp_mode", ("megatron", "tsp")),
-        ("cp_mode", ("ring", "ulysses")),
-        ("cp_rotate", ("allgather", "alltoall")),
-        ("offload", OFFLOADS),
-    ):
+    from vocab.strategy import OFFLOADS, RECOMPUTES, SCHEDULES, Strategy
+
+    modes = {k: get_args(Strategy.model_fields[k].annotation) for k in ("tp_mode", "cp_mode", "cp_rotate")}
+    for key, known in (("schedule", SCHEDULES), ("recompute", RECOMPUTES), *modes.items(), ("offload", OFFLOADS)):
         value = getattr(r, key)
         if value is not None and value not in known:
             raise ShardplanError(f"unknown {key.replace('_', ' ')} '{value}'; known: {', '.join(known)}")
