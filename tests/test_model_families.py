@@ -206,7 +206,7 @@ def test_the_rotary_base_and_norm_epsilon_are_what_the_config_states() -> None:
     writes them where stated; a rotary model whose base is not stated, or is not a whole number
     (--rotary-base takes an integer), gets a note instead of Megatron-LM's default 10000."""
     from planner.trainers.exporting import Nearest
-    from planner.trainers.megatron.export import _stated_constants
+    from planner.trainers.megatron.export import _rotary_and_norm_flags
 
     mistral = {"model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
                "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32000}
@@ -220,8 +220,8 @@ def test_the_rotary_base_and_norm_epsilon_are_what_the_config_states() -> None:
             self.notes = []
 
     n = _Notes()
-    assert _stated_constants(n, {"position": "rope", "rope_theta": 1e6, "norm_eps": 1e-5}) == [
+    assert _rotary_and_norm_flags(n, {"position": "rope", "rope_theta": 1e6, "norm_eps": 1e-5}) == [
         ("--rotary-base", 1000000), ("--norm-epsilon", 1e-5)]
-    assert _stated_constants(n, {"position": "rope", "rope_theta": 0.0}) == [] and "states no rotary base" in n.notes[0]
-    assert _stated_constants(n, {"position": "rope", "rope_theta": 10000.5}) == [] and "not a whole" in n.notes[1]
-    assert _stated_constants(n, {"position": "learned", "norm_eps": 1e-5}) == [("--norm-epsilon", 1e-5)]
+    assert _rotary_and_norm_flags(n, {"position": "rope", "rope_theta": 0.0}) == [] and "states no rotary base" in n.notes[0]
+    assert _rotary_and_norm_flags(n, {"position": "rope", "rope_theta": 10000.5}) == [] and "not a whole" in n.notes[1]
+    assert _rotary_and_norm_flags(n, {"position": "learned", "norm_eps": 1e-5}) == [("--norm-epsilon", 1e-5)]

@@ -52,7 +52,7 @@ def adjust(n: Nearest) -> None:
         n.notes.append("Megatron-FSDP: leave CUDA_DEVICE_MAX_CONNECTIONS unset or above 1 (Megatron-LM asserts it)")
 
 
-def _stated_constants(n: Nearest, cfg: dict[str, Any]) -> list[tuple[str, Any]]:
+def _rotary_and_norm_flags(n: Nearest, cfg: dict[str, Any]) -> list[tuple[str, Any]]:
     """``--rotary-base`` and ``--norm-epsilon`` where the model's config states them; a note for a
     rotary model whose base it does not state (Megatron-LM would train with its default, 10000)."""
     K, out = MEGATRON, []
@@ -109,7 +109,7 @@ def _shape(n: Nearest) -> None:
         out.append((K["position"], MEGATRON_POSITION[pos]))
     else:
         n.notes.append(f"position embedding {pos!r} has no Megatron-LM flag")
-    out += _stated_constants(n, cfg)
+    out += _rotary_and_norm_flags(n, cfg)
     out.append((K["max_seq"], max(cfg.get("max_seq") or 0, n.workload_model().seq_len)))
     out += [(K["untie"], True if not cfg.get("tied_embeddings", True) else None),
             (K["no_bias"], True if not cfg.get("bias", True) else None),
