@@ -11,7 +11,7 @@ from costmodel.configs import ConfigArrays
 from costmodel.device import DeviceModel
 from costmodel.experts import expert_times, tokens_per_sample
 from costmodel.host import with_dtensor
-from costmodel.kernels import experts_low_precision, fp8_cast_bytes, fp8_cast_elements, fp8_runs, traffic
+from costmodel.kernels import MX_BLOCK, experts_low_precision, fp8_cast_bytes, fp8_cast_elements, fp8_runs, traffic
 from profiler.graph import LayerNode
 from vocab.strategy import FP8_PRECISIONS, Workload
 
@@ -33,6 +33,34 @@ def act_width(n: LayerNode | None, precision: str) -> float:
     if precision != "fp32" or (n is not None and n.kind in ("loss", "dropout")):
         return 1.0
     return 2.0
+
+
+def fp8_saved_byte(precision: str) -> float:
+    """Bytes per element of an input a Transformer Engine fp8 linear keeps for its weight gradient: the
+    fp8 copy it cast, in one orientation; mxfp8 adds one 8-bit scale per block of ``MX_BLOCK``."""
+    return 1.0 + (1.0 / MX_BLOCK if precision == "mxfp8" else 0.0)
+
+
+def saved_widths(nodes: list[LayerNode], w: Workload, dev: DeviceModel, cfg: ConfigArrays) -> list[Any]:
+    """How many times its graph bytes (16-bit tensors) each node of a unit keeps for backward, per
+    configuration: :func:`act_width`, except where the trainer keeps an fp8 linear layer's input as the
+    fp8 copy it cast (``Workload.fp8_saved_inputs`` quantized) and the layer runs in fp8: a linear keeps
+    its input at :func:`fp8_saved_byte` (not one whose input is the attention core's output, which the
+    core keeps in 16 bits and the layer shares), and the routed experts their two GEMM inputs (the
+    token, ``in`` wide, and the down projection's, ``out`` wide) so, their activation input in 16 bits."""
+    widths: list[Any] = [act_width(n, w.precision) for n in nodes]
+    if w.fp8_saved_inputs != "quantized" or not dev.fp8_gemms(w.precision):
+        return widths
+    half = fp8_saved_byte(w.precision) / 2.0
+    low = experts_low_precision(w.precision, w.low_precision_experts, cfg.pp, cfg.cp)
+    for i, n in enumerate(nodes):
+        if n.kind == "linear" and fp8_runs(n, w.precision) and not (i and nodes[i - 1].kind == "attention"):
+            widths[i] = half
+        elif n.kind == "experts":
+            h, f, mats = (float(n.dims.get(x, d)) for x, d in (("in", 0), ("out", 0), ("matrices", 2)))
+            whole = h + mats * f  # per routed copy: its input, the activation's input(s), the down input
+            widths[i] = np.where(low, (half * (h + f) + (mats - 1) * f) / whole, 1.0) if whole else 1.0
+    return widths
 
 
 def traffic_width(n: LayerNode, precision: str) -> float:

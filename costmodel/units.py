@@ -39,6 +39,7 @@ from costmodel.node_costs import (
     carries_weights,
     local_params,
     node_times,
+    saved_widths,
     tp_divisor,
 )
 from costmodel.recompute import OP_POLICIES, Kept, selective
@@ -178,12 +179,13 @@ def price_unit(name: str, nodes: Sequence[LayerNode], dev: DeviceModel, cfg: Con
     adiv = [np.where(cfg.tsp | cfg.sequence_parallel | n.act_tp_sharded, tp, 1.0) for n in nodes]
     local = [local_params(n, cfg) for n in nodes]
     aw = [act_width(n, w.precision) for n in nodes]
-    acts = [n.act_saved_bytes * scale / d * a for n, d, a in zip(nodes, adiv, aw, strict=True)]
+    sw = saved_widths(nodes, w, dev, cfg)
+    acts = [n.act_saved_bytes * scale / d * a for n, d, a in zip(nodes, adiv, sw, strict=True)]
     # the experts' routed inputs, kept whole for every copy a rank's experts run (TSP: its own tokens)
     expert_tp = np.where(cfg.tsp, 1.0, cfg.expert_tp)
     whole = routes_whole_input(cfg.sequence_parallel, expert_tp, w.moe_tp)
     acts = [x + gathered_input_bytes(n, n.act_saved_bytes * scale * a, tp, expert_tp, whole)
-            if n.kind == "experts" else x for n, x, a in zip(nodes, acts, aw, strict=True)]
+            if n.kind == "experts" else x for n, x, a in zip(nodes, acts, sw, strict=True)]
     sel = [n.act_selective_bytes * scale / d * a for n, d, a in zip(nodes, adiv, aw, strict=True)]
     hw = sum(((n.fwd_flops + n.bwd_flops) * scale / d for n, d in zip(nodes, tdiv, strict=True)), z)
     params = sum(local, np.zeros(C, dtype=np.int64))

@@ -3,7 +3,13 @@
 
 from __future__ import annotations
 
+from costmodel.device import DeviceModel
+from costmodel.units import unit_cost
 from planner.commands.estimate import price_args
+from profiler.hardware import parse_cluster
+from profiler.model_config import TransformerConfig
+from profiler.transformer import build_graph
+from vocab.strategy import Strategy, Workload
 
 JOB = dict(model="llama3.1-8b", cluster="8xh100", seq_len=8192, global_batch=128, micro_batch=1, cp=2)
 
@@ -49,3 +55,38 @@ def test_no_recipe_in_fp8_or_mxfp8_prices_slower_than_bf16_on_megatron() -> None
         if step > bf16:
             slower.append((m.index, m.model, step, bf16))
     assert slower == []
+
+
+# ---- what an fp8 linear keeps of its input (Workload.fp8_saved_inputs) ------------------------------------
+def _block_activations(cfg: TransformerConfig, precision: str, saved: str, cluster: str = "8xh100") -> float:
+    nodes = dict(build_graph(cfg, 1024).blocks())["layers.1"]
+    w = Workload(seq_len=1024, global_batch=2, precision=precision, fp8_saved_inputs=saved)  # type: ignore[arg-type]
+    return unit_cost("layers.1", nodes, DeviceModel(parse_cluster(cluster)), Strategy(micro_batch=2), w).activations
+
+
+def _tiny(**kw: int) -> TransformerConfig:
+    base = {"name": "t", "layers": 2, "hidden": 256, "heads": 4, "kv_heads": 2, "ffn_hidden": 640, "vocab": 1000,
+            "activation": "swiglu", "norm": "rmsnorm", "position": "rope"}
+    return TransformerConfig(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def test_quantized_inputs_keep_one_byte_for_each_gemm_input_but_the_attention_output() -> None:
+    """Transformer Engine keeps the fp8 copy of the QKV, up and down projections' inputs (h, h and f wide):
+    one byte an element less than 16 bits, per token of the micro-batch of 2; linear_proj shares the
+    attention core's 16-bit output. mxfp8 keeps a 1-byte scale per 32 elements on top."""
+    cfg, tokens, h, f = _tiny(), 2 * 1024, 256, 640
+    bf16_kept = _block_activations(cfg, "fp8", "original")
+    assert bf16_kept - _block_activations(cfg, "fp8", "quantized") == tokens * (2 * h + f)
+    assert bf16_kept - _block_activations(cfg, "mxfp8", "quantized", "8xb200") == tokens * (2 * h + f) * (1 - 1 / 32)
+    assert _block_activations(cfg, "bf16", "quantized") == _block_activations(cfg, "bf16", "original")
+    # an accelerator without fp8 runs the GEMMs in bf16 and keeps their 16-bit inputs
+    assert _block_activations(cfg, "fp8", "quantized", "8xa100-80gb") == _block_activations(
+        cfg, "fp8", "original", "8xa100-80gb")
+
+
+def test_quantized_inputs_of_routed_experts() -> None:
+    """Each routed copy keeps its input (h) and the down projection's input (f) in fp8, the SwiGLU input
+    (2f) in 16 bits: 1 byte less for h + f of each of the top_k copies of every token."""
+    cfg, tokens, h, f, k = _tiny(experts=4, top_k=2, moe_ffn_hidden=128), 2 * 1024, 256, 128, 2
+    assert (_block_activations(cfg, "fp8", "original") - _block_activations(cfg, "fp8", "quantized")
+            == tokens * (k * (h + f) + h))  # the experts' copies and the QKV input (the router keeps 16 bits)

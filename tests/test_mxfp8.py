@@ -133,7 +133,7 @@ def _megatron_plan() -> object:
     from vocab.plan import TargetRef
 
     w = Workload(seq_len=2048, global_batch=64, precision="mxfp8", cross_entropy="fused", grad_dtype="fp32",
-                 kernels="fused")
+                 kernels="fused", fp8_saved_inputs="quantized")
     p = price(load_named_model("llama3-8b", 2048), parse_cluster("16xb200"),
               Strategy.model_validate({"mesh": {"dp_shard": 8, "tp": 2}, "sequence_parallel": True,
                                        "default": {"sharding": "zero1"}}), w, model="llama3-8b")
@@ -177,7 +177,7 @@ def test_torchtitan_export_and_import_keep_mxfp8(tmp_path: Path) -> None:
 
 
 def test_schema_reads_the_previous_version() -> None:
-    assert SCHEMA_VERSION == "1.10" and "1.7" in READABLE_VERSIONS
+    assert SCHEMA_VERSION == "1.11" and "1.7" in READABLE_VERSIONS
     old = load_plan(Path(__file__).parent / "data" / "calibration" / "cpu-runs" / "ddp.plan.json")
     assert old.schema_version == "1.7"
     doc = json.loads(_megatron_plan().model_dump_json())
@@ -186,6 +186,11 @@ def test_schema_reads_the_previous_version() -> None:
     with pytest.raises(PlanError, match="workload.precision 'mxfp8' needs schema_version 1.8"):
         parse_plan(json.dumps(doc))
     doc["inputs"]["workload"]["precision"] = "fp8"
+    doc["schema_version"] = "1.10"
+    with pytest.raises(PlanError, match="workload.fp8_saved_inputs 'quantized' needs schema_version 1.11"):
+        parse_plan(json.dumps(doc))
+    del doc["inputs"]["workload"]["fp8_saved_inputs"]
+    doc["schema_version"] = "1.7"
     assert parse_plan(json.dumps(doc)).schema_version == "1.7"
 
 
@@ -194,7 +199,7 @@ def test_cli_plans_mxfp8_for_megatron_on_b200(tmp_path: Path) -> None:
     assert main(["plan", "--model", "llama3-8b", "--cluster", "8xb200", "--seq-len", "4096", "--global-batch", "64",
                  "--precision", "mxfp8", "--target", "megatron", "-o", str(out)]) == 0
     p = load_plan(out)
-    assert p.schema_version == "1.10" and p.inputs.workload.precision == "mxfp8"
+    assert p.schema_version == "1.11" and p.inputs.workload.precision == "mxfp8"
     assert p.inputs.target.name == "megatron" and p.predicted.step_time_s > 0
 
 

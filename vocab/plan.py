@@ -36,7 +36,7 @@ from vocab.rules import batch_problem
 from vocab.strategy import Strategy, Workload
 from vocab.viewers import register_viewer, registered  # noqa: F401  (register_viewer: re-exported)
 
-SCHEMA_VERSION = "1.10"
+SCHEMA_VERSION = "1.11"
 #: versions this shardplan reads: 1.1 added ``inputs.model_graph`` (a 1.0 document is a 1.1 one without
 #: it); 1.2 added ``inputs.target`` (a 1.0 or 1.1 document is one searched for the target ``any``); 1.3
 #: added ``workload.recv_buffers`` (older documents keep torch's per-micro-batch buffers); 1.4 added
@@ -48,8 +48,9 @@ SCHEMA_VERSION = "1.10"
 #: added the precision ``mxfp8`` to ``workload.precision`` (older documents name bf16, fp8 or fp32); 1.9 added
 #: ``workload.low_precision_experts`` (older documents were priced with an fp8 run's experts in fp8 on every mesh);
 #: 1.10 added ``strategy.mesh.etp`` (older documents split every expert over the tensor-parallel ranks) and
-#: ``workload.moe_tp`` (older documents were priced with Megatron's token dispatcher under tensor parallelism)
-READABLE_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "1.6", "1.7", "1.8", "1.9", "1.10")
+#: ``workload.moe_tp`` (older documents were priced with Megatron's token dispatcher under tensor parallelism);
+#: 1.11 added ``workload.fp8_saved_inputs`` (older documents kept every fp8 linear's 16-bit input)
+READABLE_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "1.6", "1.7", "1.8", "1.9", "1.10", "1.11")
 #: the target a document records when it names none: the whole plan vocabulary (``vocab.targets``)
 ANY_TARGET = "any"
 SCHEMA_PATH = Path(__file__).parent / "plan.schema.json"
@@ -300,7 +301,8 @@ class Alternative(_Doc):
 # What the plan was made for, the strategy, the cost model's prediction, the solver, runners-up. (No
 # docstring: it would become the schema's description.)
 class Plan(_Doc):
-    schema_version: Literal["1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "1.6", "1.7", "1.8", "1.9", "1.10"] = SCHEMA_VERSION
+    schema_version: Literal["1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "1.6", "1.7", "1.8", "1.9", "1.10", "1.11"] = (
+        SCHEMA_VERSION)
     inputs: PlanInputs
     strategy: Strategy
     predicted: Predicted
@@ -350,9 +352,12 @@ class Plan(_Doc):
         if version in (*older, "1.5", "1.6", "1.7", "1.8") and inp.workload.low_precision_experts != "always":
             raise _rule(f"workload.low_precision_experts '{inp.workload.low_precision_experts}' needs schema_version "
                         "1.9 (older plans were priced with an fp8 run's experts in fp8 on every mesh)")
-        if version in READABLE_VERSIONS[:-1] and inp.workload.moe_tp != "dispatcher":
+        if version in READABLE_VERSIONS[:-2] and inp.workload.moe_tp != "dispatcher":
             raise _rule(f"workload.moe_tp '{inp.workload.moe_tp}' needs schema_version 1.10 (older plans were priced "
                         "with Megatron's dispatcher under tensor parallelism)")
+        if version in READABLE_VERSIONS[:-1] and inp.workload.fp8_saved_inputs != "original":
+            raise _rule(f"workload.fp8_saved_inputs '{inp.workload.fp8_saved_inputs}' needs schema_version 1.11 (older "
+                        "plans kept every fp8 linear layer's 16-bit input)")
         if version != "1.0" and inp.model_graph is None and names_factory(inp.model):
             raise _rule(f"model '{inp.model}' names a factory, which a plan never imports: the plan must record "
                         "its layer graph (inputs.model_graph), as 'shardplan plan' does")

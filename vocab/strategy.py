@@ -69,6 +69,7 @@ MOE_OVERLAP_CHOICES = ("none", "1f1b")
 SELECTIVE_CHOICES = ("attention", "op", "gemms")
 LOW_PRECISION_EXPERTS_CHOICES = ("always", "float8_unpiped", "never")
 MOE_TP_CHOICES = ("dispatcher", "gathered")
+FP8_SAVED_INPUT_CHOICES = ("original", "quantized")
 #: the workload's kernel and buffer choices: field -> (what a message calls it, accepted values)
 WORKLOAD_CHOICES = {"attention_kernel": ("attention kernel", ATTENTION_KERNEL_CHOICES),
                     "cross_entropy": ("cross-entropy", CROSS_ENTROPY_CHOICES),
@@ -80,7 +81,8 @@ WORKLOAD_CHOICES = {"attention_kernel": ("attention kernel", ATTENTION_KERNEL_CH
                     "moe_overlap": ("MoE all-to-all overlap", MOE_OVERLAP_CHOICES),
                     "selective": ("selective recomputation", SELECTIVE_CHOICES),
                     "low_precision_experts": ("low-precision experts", LOW_PRECISION_EXPERTS_CHOICES),
-                    "moe_tp": ("MoE layer under tensor parallelism", MOE_TP_CHOICES)}
+                    "moe_tp": ("MoE layer under tensor parallelism", MOE_TP_CHOICES),
+                    "fp8_saved_inputs": ("fp8 linear layers' saved inputs", FP8_SAVED_INPUT_CHOICES)}
 #: Transient memory of the loss beside the fp32 softmax it keeps, as a multiple of that softmax:
 #: PyTorch eager ``F.cross_entropy(logits.float())`` holds, in its backward, the incoming gradient
 #: of the log-softmax and the outgoing one (2x); a fused kernel (Megatron's vocab-parallel
@@ -354,6 +356,13 @@ class Workload(_Strict):
         "always (Transformer Engine's GroupedLinear: Megatron-LM), float8_unpiped (torchtitan's grouped-GEMM "
         "converters: mxfp8 on every mesh, fp8 only without pipeline and context parallelism, which its float8 one "
         "refuses; elsewhere the experts run in bf16) or never (no grouped-GEMM converter: bf16 experts)"
+    )
+    fp8_saved_inputs: Literal["original", "quantized"] = Field(
+        "original", exclude_if=lambda v: v == "original",
+        description="what an fp8 or mxfp8 linear layer keeps of its input for the weight gradient: original (the "
+        "16-bit input: torchao's Float8Linear, this runtime) or quantized (Transformer Engine: the fp8 copy it cast, "
+        "one byte an element, one orientation, with mxfp8's block scales; Megatron-LM). A layer whose input is "
+        "the attention core's output keeps that output (Megatron sets save_original_input on linear_proj)"
     )
     moe_tp: Literal["dispatcher", "gathered"] = Field(
         "dispatcher", exclude_if=lambda v: v == "dispatcher",

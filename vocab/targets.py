@@ -226,7 +226,7 @@ class OffloadCaps(_Strict):
 
 #: the workload fields a target's behaviour sets (``Behaviour``: the values it runs)
 WORKLOAD_BEHAVIOUR = ("cross_entropy", "grad_dtype", "recv_buffers", "kernels", "zero3_master", "moe_dispatch",
-                      "moe_overlap", "selective", "low_precision_experts", "moe_tp")
+                      "moe_overlap", "selective", "low_precision_experts", "moe_tp", "fp8_saved_inputs")
 
 
 def _runs(default: str, what: str) -> Any:
@@ -259,6 +259,9 @@ class Behaviour(_Strict):
         "always", "where an fp8/mxfp8 run's expert GEMMs run in it (vocab.strategy.Workload.low_precision_experts)")
     moe_tp: list[Literal["dispatcher", "gathered"]] = _runs(
         "dispatcher", "how a MoE layer meets tensor parallelism (vocab.strategy.Workload.moe_tp)")
+
+    fp8_saved_inputs: list[Literal["original", "quantized"]] = _runs(
+        "original", "what an fp8 linear keeps of its input for backward (vocab.strategy.Workload.fp8_saved_inputs)")
 
     def workload(self, **asked: str | None) -> dict[str, str]:
         """The workload fields a plan for the target is priced with: the value asked for of each

@@ -27,7 +27,7 @@ from planner.trainers.reading import inputs_line
 from vocab.errors import ShardplanError
 from vocab.names import escape_unprintable
 from vocab.plan import Plan
-from vocab.strategy import OFFLOADS, RECOMPUTES, WORKLOAD_CHOICES, Strategy, Workload, split_blocks
+from vocab.strategy import FP8_PRECISIONS, OFFLOADS, RECOMPUTES, WORKLOAD_CHOICES, Strategy, Workload, split_blocks
 from vocab.targets import WORKLOAD_BEHAVIOUR, Target
 
 ORDER: dict[str, tuple[str, ...]] = {"sharding": ("replicate", "zero1", "zero2", "zero3_keep", "zero3"),
@@ -366,6 +366,8 @@ def _precision(n: Nearest, t: Target) -> None:
         n.fields["cp_rotate"] = rotate[0]
     if w["moe_tp"] not in t.behaviour.moe_tp and (n.mesh["tp"] == 1 or not _may_have_experts(n)):
         w["moe_tp"] = t.behaviour.moe_tp[0]  # no MoE layer under tp: how the two meet changes nothing
+    if w["precision"] not in FP8_PRECISIONS:  # no fp8 linear layer: what it keeps of its input changes nothing
+        w["fp8_saved_inputs"] = t.behaviour.fp8_saved_inputs[0]
     for key in WORKLOAD_BEHAVIOUR:
         what, allowed = WORKLOAD_CHOICES[key][0], getattr(t.behaviour, key)
         if w[key] not in allowed:

@@ -31,6 +31,7 @@ from planner.trainers.megatron.keys import (
     MEGATRON,
     MEGATRON_CP_COMM,
     MEGATRON_FP8_FORMAT,
+    MEGATRON_FP8_RECIPE,
     MEGATRON_FSDP,
     MEGATRON_MXFP8,
     MEGATRON_NORM,
@@ -304,7 +305,7 @@ def render(n: Nearest, s: Strategy, cost: str) -> str:
               (K["bf16"], True if w.precision != "fp32" else None),
               (K["grad_bf16"], True if w.precision != "fp32" and w.grad_dtype == "bf16" else None)]
     if w.precision == "fp8":
-        flags.append((K["fp8"], MEGATRON_FP8_FORMAT))
+        flags += [(K["fp8"], MEGATRON_FP8_FORMAT), (K["fp8_recipe"], MEGATRON_FP8_RECIPE)]
     elif w.precision == "mxfp8":
         flags += [(K["fp8"], MEGATRON_MXFP8["format"]), (K["fp8_recipe"], MEGATRON_MXFP8["recipe"])]
     lines = [flag_line(f, v) for f, v in flags if f is not None and v is not None]

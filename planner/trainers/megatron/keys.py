@@ -92,6 +92,11 @@ MEGATRON_POSITION: Final = {"rope": "rope", "learned": "learned_absolute", "none
 #: (cp_mode, cp_rotate) -> --cp-comm-type (a Ulysses plan's rotate is unused: allgather)
 MEGATRON_CP_COMM: Final = {("ring", "allgather"): "all_gather", ("ring", "alltoall"): "p2p", ("ulysses", "allgather"): "a2a"}
 MEGATRON_FP8_FORMAT: Final = "hybrid"
+#: fp8 with one scale per tensor computed from the tensor itself (current scaling), the recipe NVIDIA's
+#: performance recipes run (fp8_cs); its linear_proj keeps the attention output it shares with the core
+#: (megatron-core 0.16.1 attention.py:364-379), as ``fp8_saved_inputs`` quantized prices. Megatron-LM's
+#: default, delayed, also keeps an fp8 copy of that output, which an imported delayed run is not priced with.
+MEGATRON_FP8_RECIPE: Final = "tensorwise"
 #: MXFP8: --fp8-recipe mxfp8 (megatron-core 0.16.1 transformer_config.py:436, Fp8Recipe.mxfp8 in
 #: megatron/core/enums.py:25) with E4M3 values throughout (--fp8-format e4m3, transformer_config.py:429-433)
 MEGATRON_MXFP8: Final = {"format": "e4m3", "recipe": "mxfp8"}
