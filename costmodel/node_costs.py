@@ -11,7 +11,14 @@ from costmodel.configs import ConfigArrays
 from costmodel.device import DeviceModel
 from costmodel.experts import expert_times, tokens_per_sample
 from costmodel.host import with_dtensor
-from costmodel.kernels import MX_BLOCK, experts_low_precision, fp8_cast_bytes, fp8_cast_elements, fp8_runs, traffic
+from costmodel.kernels import (
+    MX_BLOCK,
+    experts_low_precision,
+    fp8_cast_bytes,
+    fp8_cast_elements,
+    fp8_runs,
+    traffic,
+)
 from profiler.graph import LayerNode
 from vocab.strategy import FP8_PRECISIONS, Workload
 

@@ -27,7 +27,15 @@ from planner.trainers.reading import inputs_line
 from vocab.errors import ShardplanError
 from vocab.names import escape_unprintable
 from vocab.plan import Plan
-from vocab.strategy import FP8_PRECISIONS, OFFLOADS, RECOMPUTES, WORKLOAD_CHOICES, Strategy, Workload, split_blocks
+from vocab.strategy import (
+    FP8_PRECISIONS,
+    OFFLOADS,
+    RECOMPUTES,
+    WORKLOAD_CHOICES,
+    Strategy,
+    Workload,
+    split_blocks,
+)
 from vocab.targets import WORKLOAD_BEHAVIOUR, Target
 
 ORDER: dict[str, tuple[str, ...]] = {"sharding": ("replicate", "zero1", "zero2", "zero3_keep", "zero3"),
