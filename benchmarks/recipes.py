@@ -92,6 +92,16 @@ FLEX_DISPATCH = {
     "qwen3235ba22b": ("deepep", ("h100-sxm", "b200", "b300"), "recipes/qwen/qwen3_moe.py:172,241"),
     "qwen330ba3b": ("deepep", ("h100-sxm", "b200", "b300"), "recipes/qwen/qwen3_moe.py:59,128"),
 }
+#: activations in host memory where the Megatron-Bridge performance recipe of the same job offloads them
+#: (``cpu_offloading_num_layers``; recipes.csv does not state it): (model, accelerator, precision, tp, pp,
+#: cp, micro-batch, Megatron-FSDP) -> (the first N layers, the recipe in Megatron-Bridge 0.6.2's wheel)
+ACTIVATION_OFFLOAD = {
+    ("llama370b", "gb300", "fp8", 1, 1, 1, 2, True): (20, "perf_recipes/llama/gb300/llama3.py:258-285"),
+    ("llama370b", "gb300", "bf16", 1, 1, 1, 2, True): (30, "perf_recipes/llama/gb300/llama3.py:202-231"),
+    ("llama370b", "gb200", "fp8", 1, 1, 1, 2, True): (40, "perf_recipes/llama/gb200/llama3.py:251-278"),
+    ("llama370b", "gb200", "bf16", 1, 1, 1, 1, True): (20, "perf_recipes/llama/gb200/llama3.py:198-225"),
+    ("llama370b", "b200", "fp8", 1, 1, 1, 1, True): (5, "perf_recipes/llama/b200/llama3.py:237-264"),
+}
 #: the recipe's precision -> the workload's ("": not priced, for the reason given)
 PRECISIONS = {"bf16": ("bf16", ""), "fp8": ("fp8", ""), "fp8-cs": ("fp8", ""),
               "mxfp8": ("mxfp8", ""), "fp8-mx": ("mxfp8", ""),
@@ -218,14 +228,29 @@ def _strategy(m: Mapped) -> None:
         m.assumptions.append("expert-tensor parallelism 1, the expert ranks folded over tp (not stated; ep does "
                              "not divide dp x cp)")
     default = LayerStrategy(sharding=sharding, recompute="none")  # type: ignore[arg-type]
+    offloaded = _activation_offload(m, (tp, pp, cp, mb, sharding == "zero3"))
+    layers = [default.model_copy(update={"unit": f"layers.{i}", "offload": "activations"}) for i in range(offloaded)]
     try:
         m.strategy = Strategy(mesh=Mesh(pp=pp, dp_shard=dp, cp=cp, tp=tp, ep=ep, etp=etp), micro_batch=mb,
                               schedule="interleaved" if pp > 1 and vp > 1 else "1f1b", vpp=vp if pp > 1 else 1,
-                              sequence_parallel=tp > 1, default=default)
+                              sequence_parallel=tp > 1, default=default, layers=layers)
     except ValidationError as e:
         m.error = "invalid: " + "; ".join(str(x["msg"]).removeprefix("Value error, ") for x in e.errors()[:2])
     except ShardplanError as e:
         m.error = f"invalid: {first_line(e)}"
+
+
+def _activation_offload(m: Mapped, mesh: tuple[int, int, int, int, bool]) -> int:
+    """The layers whose activations the row's Megatron-Bridge recipe offloads (:data:`ACTIVATION_OFFLOAD`)."""
+    r = m.row
+    acc = ACCELERATORS.get(r["gpu_type"].split()[0].lower(), "")
+    precision = PRECISIONS.get(r["precision"].lower(), ("", ""))[0]
+    hit = ACTIVATION_OFFLOAD.get((_key(r["model"]), acc, precision, *mesh))
+    if hit is None:
+        return 0
+    m.assumptions.append(f"the activations of the first {hit[0]} layers in host memory (Megatron-Bridge 0.6.2 "
+                         f"{hit[1]})")
+    return hit[0]
 
 
 #: the gradient dtype the rows are priced with (``--grad-dtype``): NVIDIA's performance recipes reduce

@@ -225,7 +225,7 @@ def price_unit(name: str, nodes: Sequence[LayerNode], dev: DeviceModel, cfg: Con
         dk = (tuple((op.sharding, op.offload) for op in o.ops), splits)
         if dk not in by_dp:
             by_dp[dk] = group_costs(nodes, local, o.ops, dev, cfg, w, fwd, bwd, groups)
-        key = (rk, dk, o.sharding in ("zero1", "zero2"))
+        key = (rk, dk, o.sharding in ("zero1", "zero2"), any(op.offload == "activations" for op in o.ops))
         if key not in whole:
             col = {"fwd": fwd, "bwd": bwd, "bwd_weight": bwd_w, **by_rc[rk], **by_dp[dk],
                    "window": bwd + (fwd if key[2] else 0.0)}
@@ -234,6 +234,8 @@ def price_unit(name: str, nodes: Sequence[LayerNode], dev: DeviceModel, cfg: Con
             col["states"] = col["state_params"] + col["state_grads"] + col["state_optim"]
             if tsp_buffers is not None:
                 col["gathered"] = col["gathered"] + tsp_buffers
+            if any(op.offload == "activations" for op in o.ops):
+                col = activations_on_host(col, dev, cfg, w)
             whole[key] = col
         cols.append(whole[key])
     columns = {k: [col[k] for col in cols] for k in PER_OPTION}
@@ -290,6 +292,22 @@ class _Saved:
     tdiv: list[F]
     scale: F
     ew: float
+
+
+def activations_on_host(col: dict[str, F], dev: DeviceModel, cfg: ConfigArrays, w: Workload) -> dict[str, F]:
+    """A unit whose saved activations go to host memory (offload ``activations``: Transformer Engine's
+    CPU offload, TE 2.9 ``pytorch/cpu_offload.py:303-560``, every tensor the layer saves marked for it):
+    what it keeps is copied down on a side stream after its forward and freed, and copied up before its
+    backward, so the device holds it only around the unit's own work (the ``remat`` transient, as a
+    recomputed unit does) and the host holds one micro-batch's. Each copy hides under the unit's own
+    forward (down) or backward (up) compute, the rest exposed, every micro-batch: Transformer Engine's
+    window of later layers (``layer_window_map``) can hide more on a slow link, which is not counted."""
+    kept = col["activations"]
+    move = each_distinct(dev.host_time, kept)
+    exposed = np.maximum(move - col["fwd"], 0.0) + np.maximum(move - col["bwd"], 0.0)
+    return {**col, "activations": 0.0 * kept, "remat": np.maximum(col["remat"], kept),
+            "host_bytes": col["host_bytes"] + np.ceil(kept).astype(np.int64),
+            "offload": col["offload"] + exposed * cfg.num_microbatches(w.global_batch)}
 
 
 def _held(recompute: str, u: _Saved, cfg: ConfigArrays, traffic: _Traffic, w: Workload) -> dict[str, F]:
@@ -512,4 +530,4 @@ def unit_cost(name: str, nodes: Sequence[LayerNode], dev: DeviceModel, s: Strate
     return price_unit(name, nodes, dev, cfg, w, [UnitOption.of_strategy(name, nodes, s, ls)]).at(0, 0)
 
 
-__all__ = ["AxisGroup", "OpChoice", "UnitCost", "UnitOption", "price_unit", "unit_cost"]
+__all__ = ["AxisGroup", "OpChoice", "UnitCost", "UnitOption", "activations_on_host", "price_unit", "unit_cost"]

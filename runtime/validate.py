@@ -70,7 +70,10 @@ def check(ad: ModelAdapter, strategy: Strategy, world_size: int, device: str, mo
     if all(ad.has(ls.unit) for ls in strategy.layers):
         problems += _split_problems(ad, strategy)
     for ls in [strategy.default, *strategy.layers]:
-        if ls.offload != "none" and device == "cuda" and ls.sharding not in ("zero3", "zero3_keep"):
+        if ls.offload == "activations":
+            problems.append(f"unit '{ls.unit}': offload 'activations' is not run by this runtime (it offloads states "
+                            "with FSDP2)")
+        elif ls.offload != "none" and device == "cuda" and ls.sharding not in ("zero3", "zero3_keep"):
             problems.append(f"unit '{ls.unit}': offload '{ls.offload}' needs zero3 sharding in the runtime (FSDP2)")
     if problems:
         uniq = list(dict.fromkeys(problems))

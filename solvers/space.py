@@ -63,9 +63,9 @@ from vocab.errors import ShardplanError
 from vocab.rules import divides, kv_heads_fit, pipeline_fed, stages_fit, ulysses_fits
 from vocab.strategy import (
     DEGREES,
-    OFFLOADS,
     RECOMPUTES,
     SHARDINGS,
+    STATE_OFFLOADS,
     LayerStrategy,
     MeshConfig,
     Strategy,
@@ -137,12 +137,12 @@ SPACES: dict[str, SpaceOptions] = {
         offloads=("none", "params"),
     ),
     "osdp": SpaceOptions(
-        "osdp", pp=False, tp=False, cp=False, ep=False, offloads=OFFLOADS, splits=(1, 2, 4), per_layer=True
+        "osdp", pp=False, tp=False, cp=False, ep=False, offloads=STATE_OFFLOADS, splits=(1, 2, 4), per_layer=True
     ),
     "megatron": SpaceOptions("megatron", dp_replicate=False, shardings=("replicate", "zero1")),
     "hybrid": SpaceOptions(
         "hybrid",
-        offloads=OFFLOADS,
+        offloads=STATE_OFFLOADS,
         splits=(1, 2, 4),
         per_layer=True,
         stage_boundaries=True,

@@ -131,6 +131,10 @@ CASES: dict[str, tuple[Subject, str]] = {
                      "with inputs that no longer match its saved outputs; use full recomputation or another schedule"),
     "units": (Subject(_s(layers=[LayerStrategy(unit="layers.9")]), ModelShape(has_unit={"layers.0"}.__contains__)),
               "layer strategies name units the model does not have: ['layers.9']"),
+    "activation_offload": (Subject(_s(layers=[LayerStrategy(unit="layers.0.mlp", offload="activations")])),
+                           "offload 'activations' moves a unit's saved activations, not an operator's: "
+                           "['layers.0.mlp'] name operators; give it to the unit ('layers.<i>', 'embedding', 'head' "
+                           "or '*')"),
 }
 
 

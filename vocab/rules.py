@@ -19,11 +19,15 @@ runtime splits experts over ``tp`` only). A fact it does not know (a size of
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from vocab.errors import ShardplanError
 from vocab.strategy import Strategy, expert_ranks_problem, sequence_chunks
+
+#: the names of whole units (a strategy entry naming anything else names an operator path)
+UNIT_NAME = r"\*|embedding|head|layers\.\d+"
 
 
 @dataclass(frozen=True)
@@ -281,6 +285,18 @@ def _units(x: Subject) -> str | None:
     return f"layer strategies name units the model does not have: {unknown[:5]}{hint}"
 
 
+def _activation_offload(x: Subject) -> str | None:
+    s = x.strategy
+    if s.mesh.pp > 1 and any(ls.offload == "activations" for ls in [s.default, *s.layers]):
+        return ("offload 'activations' is priced without pipeline parallelism only (pp=1): the host would hold "
+                "every micro-batch in flight")
+    ops = [ls.unit for ls in s.layers if ls.offload == "activations" and not re.fullmatch(UNIT_NAME, ls.unit)]
+    if not ops:
+        return None
+    return (f"offload 'activations' moves a unit's saved activations, not an operator's: {ops[:3]} name operators; "
+            "give it to the unit ('layers.<i>', 'embedding', 'head' or '*')")
+
+
 @dataclass(frozen=True)
 class Rule:
     """One rule: its name and what it says of a subject that breaks it (None: kept)."""
@@ -312,6 +328,7 @@ RULES: tuple[Rule, ...] = (
     Rule("pipeline_microbatches", _pipeline_fed),
     Rule("zb_selective", _zb_selective),
     Rule("units", _units),
+    Rule("activation_offload", _activation_offload),
 )
 
 

@@ -37,7 +37,9 @@ from vocab.names import UNIT
 
 SHARDINGS = ("replicate", "zero1", "zero2", "zero3", "zero3_keep")
 RECOMPUTES = ("none", "selective", "full")
-OFFLOADS = ("none", "optimizer", "params")
+OFFLOADS = ("none", "optimizer", "params", "activations")
+#: the offloads of model states (the rest, ``activations``, moves a unit's saved activations)
+STATE_OFFLOADS = ("none", "optimizer", "params")
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb")
 ATTENTION_KERNEL_CHOICES = ("auto", "flash2", "flash3")
 MESH_AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
@@ -47,7 +49,7 @@ ZERO_TO_SHARDING = {0: "replicate", 1: "zero1", 2: "zero2", 3: "zero3"}
 
 Sharding = Literal["replicate", "zero1", "zero2", "zero3", "zero3_keep"]
 Recompute = Literal["none", "selective", "full"]
-Offload = Literal["none", "optimizer", "params"]
+Offload = Literal["none", "optimizer", "params", "activations"]
 Schedule = Literal["gpipe", "1f1b", "interleaved", "zb"]
 AttentionKernel = Literal["auto", "flash2", "flash3"]
 Precision = Literal["bf16", "fp8", "mxfp8", "fp32"]
@@ -274,8 +276,11 @@ class LayerStrategy(_Strict):
             ``zero3`` (+ parameters, resharded after forward), ``zero3_keep`` (ZeRO-3 whose
             parameters stay gathered from forward to backward).
         recompute: ``none``, ``selective`` (attention core) or ``full`` (the whole unit).
-        offload: ``optimizer`` (fp32 master + Adam states in host memory, step on the CPU) or
-            ``params`` (parameters too).
+        offload: ``optimizer`` (fp32 master + Adam states in host memory, step on the CPU),
+            ``params`` (parameters too) or ``activations`` (the unit's saved activations copied to host
+            memory after its forward and back before its backward, states on the device: Transformer
+            Engine's CPU offload, Megatron's ``cpu_offloading_num_layers``); a unit's choice, not an
+            operator's.
         split: OSDP operator splitting: run each large operator of the unit as ``split`` slices,
             so that only one slice's gathered weights live at a time.
     """

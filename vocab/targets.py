@@ -222,6 +222,10 @@ class OffloadCaps(_Strict):
     needs: dict[Offload, list[Sharding]] = Field(
         default_factory=dict, description="the shardings an offload mode works with")
     per_layer: bool = False
+    activations: Literal["any", "first_blocks"] = Field(
+        "any", description="which units may offload their activations (mode 'activations'): any, or "
+        "first_blocks (the first N transformer blocks, N below their count, with no recomputation: Megatron's "
+        "cpu_offloading_num_layers)")
 
 
 #: the workload fields a target's behaviour sets (``Behaviour``: the values it runs)

@@ -194,9 +194,10 @@ def _unit_fields(n: Nearest, t: Target) -> None:
                  "offload": t.offload.per_layer}
     shardings, why = t.sharding.on_mesh(n.mesh, replicas=False, no_shard_group=False)  # both: _hsdp
     allowed = {"sharding": tuple(shardings), "recompute": tuple(t.recompute.modes), "offload": tuple(t.offload.modes)}
+    states = _activation_offload(n, t)  # the units whose offload is of states (or none)
     for f in UNIT_FIELDS:
         if not per_layer[f]:
-            collapse(n, f, f"{t.name} sets {f} for the whole model")
+            collapse(n, f, f"{t.name} sets {f} for the whole model", states if f == "offload" else None)
         for v in sorted(set(n.values(f)), key=ORDER[f].index):
             new = nearest_allowed(f, v, allowed[f])
             if new != v:
@@ -205,6 +206,31 @@ def _unit_fields(n: Nearest, t: Target) -> None:
                 n.lose(f, f"{v} → {new} ({t.name} has no {f} '{v}'{extra})", name + extra)
                 n.set_all(f, new, [u for u in n.units if n.choice[u][f] == v])
     _offload_needs(n, t, allowed["sharding"])
+
+
+def _activation_offload(n: Nearest, t: Target) -> list[str]:
+    """Units offloading their activations keep it where ``t`` runs that layout (``offload.activations``:
+    ``any`` unit, or Megatron's ``first_blocks``: the first N transformer blocks, N below their count, no
+    recomputation anywhere: megatron-core 0.16.1 transformer_config.py:1137-1152); otherwise every such
+    unit keeps its activations on the device. Returns the other units."""
+    units = [u for u in n.units if n.choice[u]["offload"] == "activations"]
+    if not units:
+        return n.units
+    blocks = sorted(b for b in (block_index(u) for u in units) if b is not None)
+    n_blocks = sum(block_index(u) is not None for u in n.units)
+    why = ""
+    if "activations" not in t.offload.modes:
+        why = f"{t.name} does not offload activations"
+    elif t.offload.activations == "first_blocks":
+        if len(blocks) != len(units) or blocks != list(range(len(blocks))) or len(blocks) >= n_blocks:
+            why = f"{t.name} offloads the activations of its first N transformer blocks, N below {n_blocks}, only"
+        elif any(v != "none" for v in n.values("recompute")):
+            why = f"{t.name} offloads no activations beside recomputation"
+    if not why:
+        return [u for u in n.units if u not in units]
+    n.lose("activation offload", f"{label_units(units)} activations in host memory → on the device ({why})")
+    n.set_all("offload", "none", units)
+    return n.units
 
 
 def _offload_needs(n: Nearest, t: Target, shardings: tuple[str, ...]) -> None:

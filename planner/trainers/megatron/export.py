@@ -301,6 +301,7 @@ def render(n: Nearest, s: Strategy, cost: str) -> str:
                   (K["recompute_num_layers"], k or 1)]
     if any(v == "optimizer" for v in n.values("offload")):
         flags += [(K["optimizer_offload"], True), (K["optimizer_offload_fraction"], 1.0)]
+    flags.append((K["activation_offload_layers"], n.values("offload", n.blocks).count("activations") or None))
     flags += [(K["micro_batch"], s.micro_batch), (K["global_batch"], w.global_batch), (K["seq_len"], w.seq_len),
               (K["bf16"], True if w.precision != "fp32" else None),
               (K["grad_bf16"], True if w.precision != "fp32" and w.grad_dtype == "bf16" else None)]

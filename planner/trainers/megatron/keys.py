@@ -44,6 +44,8 @@ MEGATRON: Final[dict[str, str | None]] = {
     "fp4": "--fp4-format",  # TransformerConfig.fp4 (arg_names, transformer_config.py:510-511): NVFP4, not priced
     "optimizer_offload": "--optimizer-cpu-offload",
     "optimizer_offload_fraction": "--optimizer-offload-fraction",
+    # activations of the first N layers in host memory (Megatron-LM arguments.py:1869-1870 sets cpu_offloading)
+    "activation_offload_layers": "--cpu-offloading-num-layers",
     "overlap_grad": "--overlap-grad-reduce",
     "overlap_param": "--overlap-param-gather",
     "tp_overlap": "--tp-comm-overlap",

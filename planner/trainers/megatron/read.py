@@ -248,7 +248,25 @@ def strategy(doc: Doc, ctx: Context) -> dict[str, Any]:
     recompute = dict(zip([u for u in ctx.units if u.startswith("layers.")], _recompute(doc, fields, ctx), strict=True))
     sharding = "zero3" if fsdp else "zero1" if dist_opt else "replicate"
     fields.update(unit_choices(ctx.units, recompute, sharding, "optimizer" if offload else "none"))
+    _activation_offload(doc, fields, ctx, set(recompute.values()) != {"none"})
     return fields
+
+
+def _activation_offload(doc: Doc, fields: dict[str, Any], ctx: Context, recomputes: bool) -> None:
+    """``--cpu-offloading-num-layers N``: the first N layers' activations in host memory, within Megatron's
+    limits (megatron-core 0.16.1 transformer_config.py:1137-1152)."""
+    o = ctx.origin
+    k = _int(doc, "activation_offload_layers", o, 0, minimum=0) or 0
+    if not k:
+        return
+    if k >= ctx.blocks:
+        raise ConfigError(f"{o}: {_key('activation_offload_layers')} {k} must be below the model's {ctx.blocks} layers")
+    if fields["mesh"]["pp"] > 1 or recomputes:
+        raise ConfigError(f"{o}: {_key('activation_offload_layers')} runs without pipeline parallelism and "
+                          "recomputation only (Megatron raises ValueError)")
+    default = fields["default"]
+    for i in range(k):
+        fields["layers"].append({**default, "unit": f"layers.{i}", "offload": "activations"})
 
 
 def _megatron_fsdp(doc: Doc, o: str) -> bool:
