@@ -4,6 +4,7 @@ target can express, and the Megatron export and import."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ from planner.trainers import ConfigError, export, import_plan, lacks
 from profiler.hardware import parse_cluster
 from profiler.models import load_model
 from vocab.errors import ShardplanError
-from vocab.plan import TargetRef
+from vocab.plan import PlanError, TargetRef, parse_plan
 from vocab.strategy import LayerStrategy, Strategy, Workload
 
 W = Workload(seq_len=256, global_batch=8, grad_dtype="bf16", fp8_saved_inputs="quantized")
@@ -116,3 +117,10 @@ def test_targets_name_what_they_cannot_offload() -> None:
     assert [x.lacks for x in lacks(_megatron(gap), "megatron")] == ["activation offload"]
     assert "activation offload" in [x.lacks for x in lacks(_megatron(_strategy(2)), "torchtitan")]
     assert not lacks(_megatron(_strategy(2)), "megatron")
+
+
+def test_an_older_plan_offloads_no_activations() -> None:
+    doc = json.loads(_megatron(_strategy(2)).model_dump_json())
+    doc["schema_version"] = "1.10"
+    with pytest.raises(PlanError, match="offload 'activations' needs schema_version 1.11"):
+        parse_plan(json.dumps(doc))

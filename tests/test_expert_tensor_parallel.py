@@ -200,6 +200,9 @@ def test_an_older_plan_names_no_expert_tp() -> None:
     doc["schema_version"] = "1.9"
     with pytest.raises(PlanError, match="strategy.mesh.etp needs schema_version 1.10"):
         parse_plan(json.dumps(doc))
+    doc["schema_version"] = "1.10"  # the version that added it reads it
+    doc["inputs"]["workload"].pop("fp8_saved_inputs", None)  # a 1.11 field
+    assert parse_plan(json.dumps(doc)).strategy.mesh.etp == 1
 
 
 def test_a_rank_keeps_the_whole_input_of_every_routed_copy_its_experts_run() -> None:

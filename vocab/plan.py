@@ -49,7 +49,8 @@ SCHEMA_VERSION = "1.11"
 #: ``workload.low_precision_experts`` (older documents were priced with an fp8 run's experts in fp8 on every mesh);
 #: 1.10 added ``strategy.mesh.etp`` (older documents split every expert over the tensor-parallel ranks) and
 #: ``workload.moe_tp`` (older documents were priced with Megatron's token dispatcher under tensor parallelism);
-#: 1.11 added ``workload.fp8_saved_inputs`` (older documents kept every fp8 linear's 16-bit input)
+#: 1.11 added ``workload.fp8_saved_inputs`` (older documents kept every fp8 linear's 16-bit input) and the offload
+#: ``activations`` (older documents offload states only)
 READABLE_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "1.6", "1.7", "1.8", "1.9", "1.10", "1.11")
 #: the target a document records when it names none: the whole plan vocabulary (``vocab.targets``)
 ANY_TARGET = "any"
@@ -366,9 +367,12 @@ class Plan(_Doc):
     @field_validator("strategy")
     @classmethod
     def _strategy_fits(cls, s: Strategy, info: ValidationInfo) -> Strategy:
-        if s.mesh.etp and info.data.get("schema_version", SCHEMA_VERSION) in READABLE_VERSIONS[:-1]:
+        version = info.data.get("schema_version", SCHEMA_VERSION)
+        if s.mesh.etp and version in READABLE_VERSIONS[:-2]:
             raise _rule("strategy.mesh.etp needs schema_version 1.10 (older plans split every expert over the "
                         "tensor-parallel ranks)")
+        if version in READABLE_VERSIONS[:-1] and any(ls.offload == "activations" for ls in [s.default, *s.layers]):
+            raise _rule("offload 'activations' needs schema_version 1.11 (older plans offload states only)")
         inp = info.data.get("inputs")
         if isinstance(inp, PlanInputs):
             _check_fits(s, inp, "")
