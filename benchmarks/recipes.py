@@ -465,6 +465,7 @@ def counts_line(results: list[Result]) -> str:
 
 
 def doc_section(results: list[Result], other: list[Result] | None = None) -> str:
+    offloaded = sum(any("in host memory" in a for a in x.mapped.assumptions) for x in results)
     intro = (f"`python benchmarks/recipes.py --write-docs` (commit {_commit()}): each row of "
             "`costmodel/data/calibration/recipes.csv` (NVIDIA's Megatron-Bridge / NeMo performance configurations, "
             "no step times) priced as the megatron target (megatron-core 0.16.1) runs it. \"Runs as written\": "
@@ -473,7 +474,9 @@ def doc_section(results: list[Result], other: list[Result] | None = None) -> str
             f"the distributed optimizer unless Megatron-FSDP, no recomputation, sequence parallelism with tp > 1, "
             f"gradients reduced in {GRAD_DTYPE['value']}, the experts folded over tp (etp 1) where ep does not "
             "divide dp x cp, the MoE dispatcher Megatron-Bridge 0.3.1's recipe applies (DeepEP/HybridEP priced "
-            "as the de-duplicating dispatch); "
+            "as the de-duplicating dispatch), the activations of the first N layers in host memory where "
+            f"Megatron-Bridge 0.6.2's performance recipe of the same job offloads them ({offloaded} rows); fp8 and "
+            "MXFP8 linears keep the fp8 copy of their inputs for backward (Transformer Engine); "
             "MXFP8 is priced as mxfp8 (fp8 GEMMs, the block scales' bytes in the casts), NVFP4 is not priced "
             "(no FP4 throughput in the hardware data), Megatron-FSDP is ZeRO-3 (optim_grads_params). "
             "`tests/test_recipes.py` checks the mapping of a few rows."
