@@ -193,6 +193,17 @@ def routes_whole_input(sequence_parallel: Any, expert_tp: Any, moe_tp: str) -> A
     return ~np.asarray(sequence_parallel) | ((moe_tp == "gathered") & (np.asarray(expert_tp) > 1))
 
 
+def router_divisor(n: LayerNode, divisor: Any, tsp: Any, tp: Any, moe_tp: str) -> Any:
+    """How many ways tensor parallelism splits the router's tokens (its GEMM and its saved input): under
+    torchtitan's gathered layer (``Workload.moe_tp`` ``gathered``) the layer's input is all-gathered
+    over tp before the router, so every tp rank routes every token (``llama4/infra/parallelize.py:517-580``,
+    ``PrepareModuleInputOutput`` to ``Replicate``): none but TSP's; else ``divisor`` (sequence
+    parallelism's share, as any replicated operator)."""
+    if n.kind != "router" or moe_tp != "gathered":
+        return divisor
+    return np.where(np.asarray(tsp), tp, 1.0)
+
+
 def gathered_input_bytes(n: LayerNode, saved: Any, tp: Any, expert_tp: Any, gathered: Any) -> Any:
     """Bytes the routed copies' inputs add to a rank's saved activations of expert layer ``n`` beyond
     the share a unit counts, ``saved / tp`` (``saved``: the node's saved bytes of a micro-batch on the

@@ -25,6 +25,7 @@ from costmodel.experts import (
     gathered_input_bytes,
     load_imbalance,
     overlap_runs,
+    router_divisor,
     routes_whole_input,
 )
 from costmodel.gradients import (
@@ -175,8 +176,9 @@ def price_unit(name: str, nodes: Sequence[LayerNode], dev: DeviceModel, cfg: Con
     tp, cp, b = cfg.tp, cfg.cp, cfg.micro_batch
     scale = b / cp
     z = np.zeros(C)
-    tdiv = [tp_divisor(n, cfg) for n in nodes]
-    adiv = [np.where(cfg.tsp | cfg.sequence_parallel | n.act_tp_sharded, tp, 1.0) for n in nodes]
+    tdiv = [router_divisor(n, tp_divisor(n, cfg), cfg.tsp, tp, w.moe_tp) for n in nodes]
+    adiv = [router_divisor(n, np.where(cfg.tsp | cfg.sequence_parallel | n.act_tp_sharded, tp, 1.0), cfg.tsp, tp,
+                           w.moe_tp) for n in nodes]
     local = [local_params(n, cfg) for n in nodes]
     aw = [act_width(n, w.precision) for n in nodes]
     sw = saved_widths(nodes, w, dev, cfg)

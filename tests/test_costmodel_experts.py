@@ -241,3 +241,24 @@ def test_a_capacity_factor_caps_the_slowest_expert_rank() -> None:
     cut = estimate(graph, parse_cluster("16xh100"), s, w.model_copy(update={"moe_capacity_factor": 1.0}))
     assert cut.time.comm["ep"] == pytest.approx(free.time.comm["ep"] / dev.c.moe_imbalance, rel=0.02)
     assert cut.step_time_s < free.step_time_s
+
+
+def test_torchtitan_routes_every_gathered_token_on_every_tp_rank() -> None:
+    """Under torchtitan's gathered MoE layer the router runs on the tokens all-gathered over tp: its GEMM
+    (2·s·h·E forward, twice that backward) and its saved input (s·h bf16 and s·E fp32 scores) are not
+    split over tp=2; Megatron's dispatcher routes each rank's sequence share. Folded experts (etp 1) so
+    that the experts' part is the same either way: the difference is the router's other half."""
+    from costmodel.units import unit_cost
+
+    cfg = TransformerConfig(name="m", layers=2, hidden=256, heads=4, kv_heads=4, ffn_hidden=512, vocab=1000,
+                            activation="swiglu", norm="rmsnorm", position="rope", experts=8, top_k=2,
+                            moe_ffn_hidden=128)
+    s_len, b, h, e = 512, 2, 256, 8
+    nodes = dict(build_graph(cfg, s_len).blocks())["layers.1"]
+    s = Strategy(mesh=Mesh(dp_shard=2, tp=2, ep=4, etp=1), micro_batch=b, sequence_parallel=True)
+    dev = DeviceModel(parse_cluster("4xh100"))
+    cost = {m: unit_cost("layers.1", nodes, dev, s, Workload(seq_len=s_len, global_batch=8, moe_tp=m))
+            for m in ("dispatcher", "gathered")}
+    tokens = b * s_len
+    assert cost["gathered"].activations - cost["dispatcher"].activations == (2 * tokens * h + 4 * tokens * e) / 2
+    assert cost["gathered"].hw_flops - cost["dispatcher"].hw_flops == 6 * tokens * h * e / 2
