@@ -16,7 +16,7 @@ FSDP = {"mesh": {"dp_shard": 16}, "default": {"sharding": "zero3"}}
 
 def test_a_preset_with_a_flavor_names_it(tmp_path: Path) -> None:
     e = export(make_plan(FSDP, model="llama3-8b", zero3_master="parameter"), "torchtitan")
-    assert tomllib.loads(e.text)["model"] == {"name": "llama3", "flavor": "8B"}
+    assert tomllib.loads(e.text)["model"] == {"name": "llama3", "flavor": "8B", "hf_assets_path": "SET-ME/hf-assets"}
     assert not any("[model] names no flavor" in x for x in e.notes)
     load = trainer_loader("torchtitan")
     assert load is not None
@@ -25,7 +25,7 @@ def test_a_preset_with_a_flavor_names_it(tmp_path: Path) -> None:
 
 def test_a_model_without_a_flavor_gets_a_note() -> None:
     e = export(make_plan(FSDP, model="gpt2", zero3_master="parameter"), "torchtitan")
-    assert "model" not in tomllib.loads(e.text)
+    assert tomllib.loads(e.text)["model"] == {"hf_assets_path": "SET-ME/hf-assets"}  # no name, no flavor
     assert any(x.startswith("[model] names no flavor: torchtitan 0.2.2 has none of gpt2's shape") for x in e.notes)
 
 

@@ -6,7 +6,10 @@ character set, and anything else is quoted by ``shlex.quote``; header lines are 
 parses with ``shlex.split(text, comments=True)``; in bash::
 
     eval "PLAN_ARGS=($(cat plan.args))"
-    torchrun ... pretrain_gpt.py "${PLAN_ARGS[@]}" <tokenizer, data and optimizer flags>
+    torchrun ... pretrain_gpt.py "${PLAN_ARGS[@]}" <optimizer, learning-rate and checkpoint flags>
+
+The tokenizer and data flags are written as placeholders (``MEGATRON_PLACEHOLDERS``: ``SET-ME/...``
+paths Megatron-LM's parser accepts and its start-up refuses while they name nothing), to be set.
 
 The model's shape comes from the plan's model (its recorded layer graph, preset or config file). The
 overlap flags are those the price assumes: the cost model hides the data-parallel gradient reduction
@@ -35,6 +38,7 @@ from planner.trainers.megatron.keys import (
     MEGATRON_FSDP,
     MEGATRON_MXFP8,
     MEGATRON_NORM,
+    MEGATRON_PLACEHOLDERS,
     MEGATRON_POSITION,
 )
 from vocab.errors import ShardplanError
@@ -310,7 +314,10 @@ def render(n: Nearest, s: Strategy, cost: str) -> str:
     elif w.precision == "mxfp8":
         flags += [(K["fp8"], MEGATRON_MXFP8["format"]), (K["fp8_recipe"], MEGATRON_MXFP8["recipe"])]
     lines = [flag_line(f, v) for f, v in flags if f is not None and v is not None]
-    return header(n.plan, n.label, n.losses, cost) + "\n".join(lines) + "\n"
+    unset = ["# placeholders: set these to the run's tokenizer and data (Megatron-LM stops at start-up while they "
+             "name nothing); add the optimizer, learning-rate and checkpoint flags",
+             *(flag_line(f, v) for f, v in MEGATRON_PLACEHOLDERS)]
+    return header(n.plan, n.label, n.losses, cost) + "\n".join(lines + unset) + "\n"
 
 
 #: a flag value written as it is: letters, digits and ``_ . , : + = / @ % -`` (no quote, space, glob

@@ -93,6 +93,12 @@ MEGATRON_NORM: Final = {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}
 MEGATRON_POSITION: Final = {"rope": "rope", "learned": "learned_absolute", "none": "none"}
 #: (cp_mode, cp_rotate) -> --cp-comm-type (a Ulysses plan's rotate is unused: allgather)
 MEGATRON_CP_COMM: Final = {("ring", "allgather"): "all_gather", ("ring", "alltoall"): "p2p", ("ulysses", "allgather"): "a2a"}
+#: what a launch needs beside the plan, written as placeholders that Megatron-LM's parser accepts and its
+#: start-up refuses while they name no file (the tokenizer is loaded, the data path's index read): the
+#: user sets them (and adds the optimizer, learning-rate and checkpoint flags of the run)
+MEGATRON_PLACEHOLDERS: Final = (("--tokenizer-type", "HuggingFaceTokenizer"),
+                                ("--tokenizer-model", "SET-ME/tokenizer-directory"),
+                                ("--data-path", "SET-ME/dataset_text_document"))
 MEGATRON_FP8_FORMAT: Final = "hybrid"
 #: fp8 with one scale per tensor computed from the tensor itself (current scaling), the recipe NVIDIA's
 #: performance recipes run (fp8_cs); its linear_proj keeps the attention output it shares with the core

@@ -18,6 +18,7 @@ from planner.trainers.torchtitan.keys import (
     TORCHTITAN_FQN,
     TORCHTITAN_GROUPED,
     TORCHTITAN_MX,
+    TORCHTITAN_PLACEHOLDERS,
     TORCHTITAN_RESHARD,
     TORCHTITAN_SCHEDULES,
 )
@@ -109,13 +110,17 @@ def render(n: Nearest, s: Strategy, cost: str) -> str:
     if w.precision in ("fp8", "mxfp8"):
         model.append((K["converters"], [TORCHTITAN_FLOAT8 if w.precision == "fp8" else TORCHTITAN_MX,
                                         *([TORCHTITAN_GROUPED[w.precision][1]] if grouped else [])]))
-    doc = {str(K["parallelism"]): _table(par), str(K["ac"]): _table(ac), str(K["training"]): _table(train)}
-    if model:
-        doc[str(K["model"])] = _table(model)
+    placeholders = {section: [(K[key], value) for sec, key, value in TORCHTITAN_PLACEHOLDERS if sec == section]
+                    for section in ("training", "model")}
+    doc = {str(K["parallelism"]): _table(par), str(K["ac"]): _table(ac),
+           str(K["training"]): _table(train + placeholders["training"]),
+           str(K["model"]): _table(model + placeholders["model"])}
     if grouped:
         doc[str(K["quantize"])] = {str(K["grouped_mm"]): {TORCHTITAN_GROUPED[w.precision][0]: {
             str(K["grouped_fqns"]): [TORCHTITAN_EXPERTS_FQN]}}}
-    return header(n.plan, n.label, n.losses, cost) + "\n" + tomli_w.dumps(doc)
+    unset = ("# placeholders: set dataset_path and hf_assets_path to the run's data and tokenizer (torchtitan stops "
+             "at start-up while they name nothing); add the optimizer, learning-rate and checkpoint sections\n")
+    return header(n.plan, n.label, n.losses, cost) + unset + "\n" + tomli_w.dumps(doc)
 
 
 def _grouped_converter(n: Nearest, w: Workload, pp: int, cp: int) -> bool:

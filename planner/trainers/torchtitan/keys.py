@@ -40,6 +40,8 @@ TORCHTITAN: Final[dict[str, str | None]] = {
     "seq_len": "seq_len",
     "cpu_offload": "enable_cpu_offload",  # FSDP2 CPUOffloadPolicy: parameters, gradients, optimizer
     "mp_param": "mixed_precision_param",
+    "dataset_path": "dataset_path",  # the data the run reads (a placeholder in an export)
+    "hf_assets": "hf_assets_path",  # [model]: the tokenizer and config files (a placeholder in an export)
     "model": "model",  # [model]
     "model_name": "name",  # the model family (torchtitan's default: "llama3")
     "flavor": "flavor",  # its size within the family (torchtitan's default: "debugmodel")
@@ -80,3 +82,8 @@ TORCHTITAN_EXPERTS_FQN: Final = "experts"
 #: ones convert MoE experts beside their Linear converter
 TORCHTITAN_CONVERTERS: Final = (TORCHTITAN_FLOAT8, "quantize.grouped_mm.float8", TORCHTITAN_MX, "quantize.grouped_mm.mx")
 TORCHTITAN_FQN: Final = {"embedding": ["tok_embeddings"], "block": "layers.{i}", "head": ["norm", "output"]}
+#: what a launch needs beside the plan, written as placeholders that torchtitan's config loader accepts
+#: and its start-up refuses while they name nothing (the dataset is loaded from the path, the tokenizer
+#: from the assets): (section key, key, value)
+TORCHTITAN_PLACEHOLDERS: Final = (("training", "dataset_path", "SET-ME/dataset"),
+                                  ("model", "hf_assets", "SET-ME/hf-assets"))
