@@ -421,6 +421,12 @@ def before_the_package(stderr: str) -> bool:
     return ours <= {((REPO / "planner" / "__init__.py").resolve(), FIRST_LINE)}
 
 
+def interruptible() -> None:
+    """In a child before it runs the program: SIGINT at its default, as a shell starts a foreground
+    command (a child inherits an ignored SIGINT, and a test process may have been left with one)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_interrupted(argv: list[str], after_s: float, limit: float = HANG_S) -> Outcome:
     """``python -m planner.cli *argv`` sent SIGINT ``after_s`` seconds after it starts: exit 130 with at
     most one line and no traceback (``rejected``), or done before the signal (exit 0)."""
@@ -428,7 +434,7 @@ def run_interrupted(argv: list[str], after_s: float, limit: float = HANG_S) -> O
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     t0 = time.perf_counter()
     p = subprocess.Popen([sys.executable, "-m", "planner.cli", *argv], cwd=REPO, env=env, stdin=subprocess.DEVNULL,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=interruptible)
     time.sleep(after_s)
     if p.poll() is None:
         p.send_signal(signal.SIGINT)

@@ -9,7 +9,7 @@ import random
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from costmodel.configs import AxisGroup
@@ -54,6 +54,9 @@ def test_a_configuration_prices_the_same_alone_and_in_any_batch(model: str, data
     idx = data.draw(st.lists(st.integers(0, len(cfgs) - 1), min_size=2, max_size=8, unique=True))
     layers = data.draw(st.lists(layer_strategies, min_size=1, max_size=4, unique=True))
     strategies = [cfgs[i].strategy(default=ls) for i in idx for ls in layers]
+    # activation offload is priced without a pipeline only (vocab.rules), which estimate checks
+    strategies = [s for s in strategies if s.mesh.pp == 1 or s.default.offload != "activations"]
+    assume(strategies)
     configs, options, cells = strategies_grid(strategies)
     gr = price_grid(g, cl, w, configs, options, memory_limit_gib=40.0)
     for s, (i, j) in zip(strategies, cells, strict=True):

@@ -24,6 +24,7 @@ from planner.cli import main
 from solvers import hybrid
 from solvers.chain import ChainSolution
 from solvers.result import proven_bound
+from tests.fuzz_families_commands import interruptible
 from vocab.errors import ShardplanError
 from vocab.plan import PlanError, parse_plan
 
@@ -104,7 +105,8 @@ def _interrupted(delay: float) -> tuple[int | None, str]:
     ``delay`` seconds after its first line of the package ran (``-X importtime`` names each module
     as it finishes loading: ``planner.sigint`` is the first the package loads); its exit code and stderr."""
     p = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "planner.cli", "estimate", "--batch", "-"],
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, preexec_fn=interruptible)
     watchdog = threading.Timer(120, p.kill)
     watchdog.start()
     try:

@@ -57,6 +57,18 @@ def _torchtitan(e: Exported, where: Path) -> None:
     ConfigManager().parse_args(["--job.config_file", str(path)])
 
 
+def unknown_to_megatron_core(flags: Any) -> list[str]:
+    """The flags that are neither a field of megatron-core's configs at the pinned version (``--a-b`` is
+    ``a_b``), nor a Megatron-LM flag its key snapshot names, nor a launch placeholder (Megatron-LM's own,
+    which its recorded parser checks: ``tests/test_export_keys.py``)."""
+    from planner.trainers.megatron.keys import MEGATRON_PLACEHOLDERS
+
+    snap = key_snapshot(by_exporter("megatron"))
+    fields = {x for names in snap["classes"].values() for x in names}
+    known = {*snap["lm_flags"], *(flag for flag, _ in MEGATRON_PLACEHOLDERS)}
+    return [x for x in flags if x not in known and x[2:].replace("-", "_") not in fields]
+
+
 def _flags(text: str) -> dict[str, str | bool]:
     from tests.test_exports import flags
 
