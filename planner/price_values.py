@@ -14,7 +14,7 @@ from vocab.errors import ShardplanError
 #: the keys of a batch line: the fields of :class:`planner.request.PriceRequest`, in order
 KEYS = tuple(f.name for f in fields(PriceRequest))
 COUNTS = ("seq_len", "global_batch", "micro_batch", "tp", "pp", "cp", "ep", "etp", "dp", "dp_shard", "dp_replicate",
-          "vpp")
+          "vpp", "offload_layers")
 NAMES = ("recompute", "schedule", "precision", "attention_kernel", "cross_entropy", "grad_dtype", "moe_dispatch",
          "moe_overlap", "selective", "profile", "plan", "tp_mode", "cp_mode", "cp_rotate", "offload", "target",
          "calibration")

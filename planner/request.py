@@ -238,8 +238,10 @@ class PriceRequest:
     cp_mode: str | None = fact("ring | ulysses: how context parallelism exchanges", "--cp-mode", default=None)
     cp_rotate: str | None = fact("allgather | alltoall: how a ring moves K/V (default: the target's)", "--cp-rotate",
                                  default=None)
-    offload: str | None = fact("none | optimizer | params: what every unit keeps in host memory", "--offload",
-                               default=None)
+    offload: str | None = fact("none | optimizer | params | activations: what every unit keeps in host memory",
+                               "--offload", default=None)
+    offload_layers: int | None = fact("with --offload activations: the first N transformer blocks only (Megatron's "
+                                      "--cpu-offloading-num-layers)", "--offload-layers", default=None, cli=int)
     stage_layers: str | list[int] | None = fact(
         "blocks per pipeline stage, per virtual stage in order with --vpp: comma-separated on the command line, a "
         "list in a batch line (an uneven layout; default: as even as possible)", "--stage-layers", default=None)

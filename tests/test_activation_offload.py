@@ -124,3 +124,20 @@ def test_an_older_plan_offloads_no_activations() -> None:
     doc["schema_version"] = "1.10"
     with pytest.raises(PlanError, match="offload 'activations' needs schema_version 1.11"):
         parse_plan(json.dumps(doc))
+
+
+def test_estimate_offloads_the_first_layers(capsys: pytest.CaptureFixture[str]) -> None:
+    from planner.cli import main
+
+    base = ["estimate", "-m", "llama3-8b", "-c", "8xh100", "--seq-len", "8192", "--global-batch", "8",
+            "--dp-shard", "8", "--zero", "3", "--json"]
+    peaks = []
+    for extra in ([], ["--offload", "activations", "--offload-layers", "16"]):
+        assert main([*base, *extra]) == 0
+        peaks.append(json.loads(capsys.readouterr().out)["memory_peak_gib"])
+    block = 139_392 * 8192 / 1024**3  # a block's saved bytes (test_peak_memory_falls_and_the_host_holds_the_layers)
+    assert peaks[0] - peaks[1] > 15 * block
+    assert main([*base, "--offload-layers", "4"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --offload-layers needs --offload activations"
+    assert main([*base, "--offload", "activations", "--offload-layers", "33"]) == 2
+    assert "--offload-layers must be between 1 and the model's 32 blocks, got 33" in capsys.readouterr().err

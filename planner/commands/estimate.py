@@ -255,6 +255,19 @@ def _target_rotate(target: str | None) -> str:
     return load_target(target).behaviour.cp_rotate[0] if target else "allgather"
 
 
+def _offloaded_layers(ls: Any, count: int | None, blocks: int) -> tuple[Any, list[Any]]:
+    """``--offload-layers N``: the first N blocks offload their activations, every other unit keeps them
+    (the default strategy without the offload, and N layer entries)."""
+    if count is None:
+        return ls, []
+    if ls.offload != "activations":
+        raise ShardplanError("--offload-layers needs --offload activations")
+    if not 1 <= count <= blocks:
+        raise ShardplanError(f"--offload-layers must be between 1 and the model's {blocks} blocks, got {count}")
+    return ls.model_copy(update={"offload": "none"}), [ls.model_copy(update={"unit": f"layers.{i}"})
+                                                       for i in range(count)]
+
+
 def _strategy(r: PriceRequest, graph: Any, cluster: Any) -> Any:
     """The strategy of the request's degrees, micro-batching, schedule and per-layer choices."""
     from pydantic import ValidationError
@@ -267,6 +280,7 @@ def _strategy(r: PriceRequest, graph: Any, cluster: Any) -> Any:
         if zero not in ZERO_TO_SHARDING:
             raise ShardplanError(f"--zero must be 0, 1, 2 or 3, got {zero}")
         ls = LayerStrategy(sharding=ZERO_TO_SHARDING[zero], recompute=r.recompute or "none", offload=r.offload or "none")
+        ls, layers = _offloaded_layers(ls, r.offload_layers, graph.num_blocks)
         return Strategy(
             mesh=Mesh(**_degrees(cluster.world_size, r)),
             micro_batch=r.micro_batch or 1,
@@ -278,6 +292,7 @@ def _strategy(r: PriceRequest, graph: Any, cluster: Any) -> Any:
             cp_mode=r.cp_mode or "ring",
             cp_rotate=r.cp_rotate or _target_rotate(r.target),
             default=ls,
+            layers=layers,
         )
     except ValidationError as e:
         raise ShardplanError(f"invalid plan: {_pydantic_message(e)}") from None
@@ -451,7 +466,7 @@ ESTIMATE_OPTIONS = (
         "model", "cluster", "seq_len", "global_batch", "micro_batch", "tp", "pp", "cp", "ep", "etp", "dp", "dp_shard",
         "dp_replicate", "zero", "recompute", "schedule", "vpp", "precision", "attention_kernel", "cross_entropy",
         "grad_dtype", "moe_dispatch", "moe_overlap", "moe_capacity_factor", "selective", "tp_mode", "cp_mode",
-        "cp_rotate", "offload", "stage_layers", "target", "sequence_parallel", "profile")),
+        "cp_rotate", "offload", "offload_layers", "stage_layers", "target", "sequence_parallel", "profile")),
     Opt("profile_from_plan", bool, typer.Option(False, "--profile-from-plan", help="with --plan: price with the "
                                                 "profile the plan names (not loaded otherwise)")),
     *(option(name, cls=PriceRequest) for name in ("calibration", "memory_limit", "plan")),
