@@ -15,7 +15,8 @@ medians and their ratio: the host's drift hits both alike.
 
 Targets (full space, default memory): search <= 2.0 s and command <= 2.5 s for every case: Llama-3
 70B on 1,024 H100 (and its shape with 16 layers: no slower than with 80), GPT-3 175B on 1,024
-A100-80GB, Mixtral 8x22B on 256 H100, Llama-3.1 405B on 16,384 H100 and on 131,072 GB200;
+A100-80GB, Mixtral 8x22B on 256 H100, Llama-3.1 405B on 16,384 H100 and on 131,072 GB200 (on
+1,048,576 GB200: search and command <= 4 s);
 uniform-plan pricing >= 1,000,000 candidates/s for an 80-layer model; ``shardplan --help`` and
 ``shardplan models`` under 0.3 s (``--startup``: fresh processes, medians of ``--rounds``).
 """
@@ -49,8 +50,15 @@ CASES = {  # name: (model, cluster, seq_len, global batch, target seconds)
     "mixtral": ("mixtral-8x22b", "256xh100", 4096, 512, 2.0),
     "405b": ("llama3.1-405b", "16384xh100", 8192, 2048, 2.0),
     "405b-gb200": ("llama3.1-405b", "131072xgb200", 8192, 16384, 2.0),
+    "405b-1m": ("llama3.1-405b", "1048576xgb200", 8192, 16384, 4.0),
 }
 COMMAND_TARGET = 2.5
+#: cases whose whole command has another target (seconds)
+COMMAND_TARGETS = {"405b-1m": 4.0}
+
+
+def command_target(name: str) -> float:
+    return COMMAND_TARGETS.get(name, COMMAND_TARGET)
 
 
 def vectorized_throughput(n_configs: int = 4000) -> float:
@@ -89,10 +97,10 @@ def run_case(name: str, space: str = "full", rounds: int = 1) -> float:
     mesh = " ".join(f"{k}={v}" for k, v in s.mesh.axes().items() if v > 1) + (
         f" ep={s.mesh.ep}" if s.mesh.ep > 1 else ""
     )
-    met = "met" if wall <= target and cmd <= COMMAND_TARGET else "MISSED"
+    met = "met" if wall <= target and cmd <= command_target(name) else "MISSED"
     print(
         f"{name:10s} {Path(model).stem if model.endswith('.json') else model} on {cluster} [{space}]: search {wall:5.2f} s, command {cmd:5.2f} s "
-        f"(targets {target:g} / {COMMAND_TARGET:g} s: {met})"
+        f"(targets {target:g} / {command_target(name):g} s: {met})"
         f" | {r.status}, step {r.objective:.3f} s, MFU {r.best.report.mfu:.1%}, "
         f"{r.options['configurations']:,} meshes, {r.options['configurations_priced']:,} priced, "
         f"{r.candidates:,} candidates | {mesh} "
@@ -201,7 +209,7 @@ def per_target(names: list[str], targets: list[str], rounds: int) -> None:
         cells = []
         for t in targets:
             w = statistics.median(walls[t])
-            cells.append("no plan" if w != w else f"{w:.2f}" + ("" if w <= COMMAND_TARGET else " (over)"))
+            cells.append("no plan" if w != w else f"{w:.2f}" + ("" if w <= command_target(name) else " (over)"))
         print(f"| {name} | {' | '.join(cells)} |")
 
 
