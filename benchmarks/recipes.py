@@ -92,6 +92,9 @@ FLEX_DISPATCH = {
     "qwen3235ba22b": ("deepep", ("h100-sxm", "b200", "b300"), "recipes/qwen/qwen3_moe.py:172,241"),
     "qwen330ba3b": ("deepep", ("h100-sxm", "b200", "b300"), "recipes/qwen/qwen3_moe.py:59,128"),
 }
+#: the recipe's model -> Adam's state where Megatron-Bridge's recipe turns on the precision-aware optimizer
+#: (both moments bf16, an fp32 master: ``adam_states`` bf16), with the recipe's source lines (0.3.1)
+ADAM_STATES = {"deepseekv3": ("bf16", "recipes/deepseek/deepseek_v3.py:160-165,305-310")}
 #: activations in host memory where the Megatron-Bridge performance recipe of the same job offloads them
 #: (``cpu_offloading_num_layers``; recipes.csv does not state it): (model, accelerator, precision, tp, pp,
 #: cp, micro-batch, Megatron-FSDP) -> (the first N layers, the recipe in Megatron-Bridge 0.6.2's wheel)
@@ -269,6 +272,11 @@ def _workload(m: Mapped) -> None:
     if flex and m.cluster is not None and m.cluster.accelerator.name in flex[1]:
         behaviour["moe_dispatch"] = "dedup"
         m.assumptions.append(f"{flex[0]} dispatch (de-duplicated; Megatron-Bridge 0.3.1 {flex[2]})")
+    adam = ADAM_STATES.get(_key(r["model"]))
+    if adam:
+        behaviour["adam_states"] = adam[0]
+        m.assumptions.append(f"Adam's moments in {adam[0]}, the master as 16-bit remainders (the precision-aware "
+                             f"optimizer; Megatron-Bridge 0.3.1 {adam[1]})")
     m.workload = Workload(seq_len=int(r["seq_len"]), global_batch=int(r["global_batch"]), precision=precision,
                           **behaviour)  # type: ignore[arg-type]
 
@@ -466,6 +474,7 @@ def counts_line(results: list[Result]) -> str:
 
 def doc_section(results: list[Result], other: list[Result] | None = None) -> str:
     offloaded = sum(any("in host memory" in a for a in x.mapped.assumptions) for x in results)
+    aware = sum(any("precision-aware" in a for a in x.mapped.assumptions) for x in results)
     intro = (f"`python benchmarks/recipes.py --write-docs` (commit {_commit()}): each row of "
             "`costmodel/data/calibration/recipes.csv` (NVIDIA's Megatron-Bridge / NeMo performance configurations, "
             "no step times) priced as the megatron target (megatron-core 0.16.1) runs it. \"Runs as written\": "
@@ -475,7 +484,9 @@ def doc_section(results: list[Result], other: list[Result] | None = None) -> str
             f"gradients reduced in {GRAD_DTYPE['value']}, the experts folded over tp (etp 1) where ep does not "
             "divide dp x cp, the MoE dispatcher Megatron-Bridge 0.3.1's recipe applies (DeepEP/HybridEP priced "
             "as the de-duplicating dispatch), the activations of the first N layers in host memory where "
-            f"Megatron-Bridge 0.6.2's performance recipe of the same job offloads them ({offloaded} rows); fp8 and "
+            f"Megatron-Bridge 0.6.2's performance recipe of the same job offloads them ({offloaded} rows), Adam's "
+            "moments in bf16 with the master as 16-bit remainders where the Megatron-Bridge 0.3.1 recipe turns on "
+            f"the precision-aware optimizer ({aware} rows: DeepSeek-V3); fp8 and "
             "MXFP8 linears keep the fp8 copy of their inputs for backward (Transformer Engine); "
             "MXFP8 is priced as mxfp8 (fp8 GEMMs, the block scales' bytes in the casts), NVFP4 is not priced "
             "(no FP4 throughput in the hardware data), Megatron-FSDP is ZeRO-3 (optim_grads_params). "

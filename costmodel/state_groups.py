@@ -50,9 +50,29 @@ _FIELDS = ("state_params", "state_grads", "state_optim", "param_bytes", "grad_by
 
 
 def state_bytes(w: Workload) -> tuple[int, int, int]:
-    """(compute copy, gradient, optimizer) bytes per parameter of ``w``."""
+    """(compute copy, gradient, optimizer) bytes per parameter of ``w``. The optimizer holds the fp32
+    master (16-bit training) and two fp32 moments; under ``adam_states = bf16`` (Megatron's
+    precision-aware optimizer) the moments are bf16 and the master is the 16-bit remainder beside the
+    bf16 parameter (megatron-core 0.16.1 ``optimizer/distrib_optimizer.py:796-806``: ``int16`` with
+    ``store_param_remainders``, ``optimizer_config.py:192``, its default)."""
     pb, gb, ob = STATE_BYTES[w.precision]
+    if w.adam_states == "bf16":
+        ob = master_bytes(w) + 2 * 2 if w.precision != "fp32" else 2 * 2
     return pb, 4 if w.grad_dtype == "fp32" else gb, ob
+
+
+def master_bytes(w: Workload) -> int:
+    """Bytes of the optimizer's master weight of a 16-bit run: fp32, or its 16-bit remainder under
+    ``adam_states = bf16``."""
+    return 2 if w.adam_states == "bf16" else MASTER_BYTES
+
+
+def adam_step_bytes(w: Workload) -> int:
+    """Bytes an Adam step moves per parameter (:data:`ADAM_BYTES_PER_PARAM`, fp32 master and moments
+    read and written); under ``adam_states = bf16`` those six are 2 bytes, not 4, where they exist."""
+    if w.adam_states != "bf16":
+        return ADAM_BYTES_PER_PARAM
+    return ADAM_BYTES_PER_PARAM - 2 * 2 * (2 if w.precision == "fp32" else 3)
 
 
 def grads_held(pp: Any, n_mb: Any) -> Any:
@@ -169,7 +189,7 @@ class _Sharded:
         # 16-bit copy exists only gathered; DeepSpeed shards a 16-bit copy beside the optimizer's master
         master = (level == 3) & (w.zero3_master == "parameter") & (w.precision != "fp32")
         pbs = np.where(master, MASTER_BYTES, pb).astype(np.int64)
-        obs = np.where(master, ob - MASTER_BYTES, ob).astype(np.int64)
+        obs = np.where(master, ob - master_bytes(w), ob).astype(np.int64)
         return cls(sg.params, sg.params.astype(float), d, level, sharding == "zero3_keep", p_div, g_div, o_div,
                    master, pb, gb, pbs, obs)
 
@@ -237,7 +257,7 @@ def _host_step(g: _Sharded, offload: str, dev: DeviceModel, w: Workload, n_mb: F
         out["optim"] = local_opt * HOST_ADAM_STATE_BYTES / c.host_adam_bytes_per_s
     else:
         out["offload"] = 0.0 * params
-        out["optim"] = each_distinct(lambda x: dev.memory_time(x, "optimizer"), local_opt * ADAM_BYTES_PER_PARAM)
+        out["optim"] = each_distinct(lambda x: dev.memory_time(x, "optimizer"), local_opt * adam_step_bytes(w))
     return out
 
 

@@ -50,7 +50,8 @@ SCHEMA_VERSION = "1.11"
 #: 1.10 added ``strategy.mesh.etp`` (older documents split every expert over the tensor-parallel ranks) and
 #: ``workload.moe_tp`` (older documents were priced with Megatron's token dispatcher under tensor parallelism);
 #: 1.11 added ``workload.fp8_saved_inputs`` (older documents kept every fp8 linear's 16-bit input) and the offload
-#: ``activations`` (older documents offload states only)
+#: ``activations`` (older documents offload states only) and ``workload.adam_states`` (older documents kept
+#: Adam's master and moments in fp32)
 READABLE_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "1.6", "1.7", "1.8", "1.9", "1.10", "1.11")
 #: the target a document records when it names none: the whole plan vocabulary (``vocab.targets``)
 ANY_TARGET = "any"
@@ -356,6 +357,9 @@ class Plan(_Doc):
         if version in READABLE_VERSIONS[:-2] and inp.workload.moe_tp != "dispatcher":
             raise _rule(f"workload.moe_tp '{inp.workload.moe_tp}' needs schema_version 1.10 (older plans were priced "
                         "with Megatron's dispatcher under tensor parallelism)")
+        if version in READABLE_VERSIONS[:-1] and inp.workload.adam_states != "fp32":
+            raise _rule(f"workload.adam_states '{inp.workload.adam_states}' needs schema_version 1.11 (older plans "
+                        "kept Adam's master and moments in fp32)")
         if version in READABLE_VERSIONS[:-1] and inp.workload.fp8_saved_inputs != "original":
             raise _rule(f"workload.fp8_saved_inputs '{inp.workload.fp8_saved_inputs}' needs schema_version 1.11 (older "
                         "plans kept every fp8 linear layer's 16-bit input)")

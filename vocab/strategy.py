@@ -72,6 +72,7 @@ SELECTIVE_CHOICES = ("attention", "op", "gemms")
 LOW_PRECISION_EXPERTS_CHOICES = ("always", "float8_unpiped", "never")
 MOE_TP_CHOICES = ("dispatcher", "gathered")
 FP8_SAVED_INPUT_CHOICES = ("original", "quantized")
+ADAM_STATE_CHOICES = ("fp32", "bf16")
 #: the workload's kernel and buffer choices: field -> (what a message calls it, accepted values)
 WORKLOAD_CHOICES = {"attention_kernel": ("attention kernel", ATTENTION_KERNEL_CHOICES),
                     "cross_entropy": ("cross-entropy", CROSS_ENTROPY_CHOICES),
@@ -84,7 +85,8 @@ WORKLOAD_CHOICES = {"attention_kernel": ("attention kernel", ATTENTION_KERNEL_CH
                     "selective": ("selective recomputation", SELECTIVE_CHOICES),
                     "low_precision_experts": ("low-precision experts", LOW_PRECISION_EXPERTS_CHOICES),
                     "moe_tp": ("MoE layer under tensor parallelism", MOE_TP_CHOICES),
-                    "fp8_saved_inputs": ("fp8 linear layers' saved inputs", FP8_SAVED_INPUT_CHOICES)}
+                    "fp8_saved_inputs": ("fp8 linear layers' saved inputs", FP8_SAVED_INPUT_CHOICES),
+                    "adam_states": ("Adam's state", ADAM_STATE_CHOICES)}
 #: Transient memory of the loss beside the fp32 softmax it keeps, as a multiple of that softmax:
 #: PyTorch eager ``F.cross_entropy(logits.float())`` holds, in its backward, the incoming gradient
 #: of the log-softmax and the outgoing one (2x); a fused kernel (Megatron's vocab-parallel
@@ -368,6 +370,13 @@ class Workload(_Strict):
         "16-bit input: torchao's Float8Linear, this runtime) or quantized (Transformer Engine: the fp8 copy it cast, "
         "one byte an element, one orientation, with mxfp8's block scales; Megatron-LM). A layer whose input is "
         "the attention core's output keeps that output (Megatron sets save_original_input on linear_proj)"
+    )
+    adam_states: Literal["fp32", "bf16"] = Field(
+        "fp32", exclude_if=lambda v: v == "fp32",
+        description="Adam's state: fp32 (the fp32 master weight and two fp32 moments) or bf16 (Megatron's "
+        "precision-aware optimizer as NVIDIA's recipes run it: both moments in bf16 and, under 16-bit training, "
+        "the fp32 master kept as the 16 bits the bf16 parameter lacks: --use-precision-aware-optimizer "
+        "--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16, store_param_remainders)"
     )
     moe_tp: Literal["dispatcher", "gathered"] = Field(
         "dispatcher", exclude_if=lambda v: v == "dispatcher",

@@ -230,7 +230,8 @@ class OffloadCaps(_Strict):
 
 #: the workload fields a target's behaviour sets (``Behaviour``: the values it runs)
 WORKLOAD_BEHAVIOUR = ("cross_entropy", "grad_dtype", "recv_buffers", "kernels", "zero3_master", "moe_dispatch",
-                      "moe_overlap", "selective", "low_precision_experts", "moe_tp", "fp8_saved_inputs")
+                      "moe_overlap", "selective", "low_precision_experts", "moe_tp", "fp8_saved_inputs",
+                      "adam_states")
 
 
 def _runs(default: str, what: str) -> Any:
@@ -266,6 +267,9 @@ class Behaviour(_Strict):
 
     fp8_saved_inputs: list[Literal["original", "quantized"]] = _runs(
         "original", "what an fp8 linear keeps of its input for backward (vocab.strategy.Workload.fp8_saved_inputs)")
+
+    adam_states: list[Literal["fp32", "bf16"]] = _runs(
+        "fp32", "the dtypes of Adam's master and moments (vocab.strategy.Workload.adam_states)")
 
     def workload(self, **asked: str | None) -> dict[str, str]:
         """The workload fields a plan for the target is priced with: the value asked for of each

@@ -53,8 +53,17 @@ def adjust(n: Nearest) -> None:
     _recompute(n)
     _overlap(n)
     _shape(n)
+    _adam_states(n)
     if "zero3" in (n.values("sharding") if n.units else []):
         n.notes.append("Megatron-FSDP: leave CUDA_DEVICE_MAX_CONNECTIONS unset or above 1 (Megatron-LM asserts it)")
+
+
+def _adam_states(n: Nearest) -> None:
+    """Megatron's precision-aware optimizer (``adam_states = bf16``) runs with the distributed optimizer
+    only (megatron-core 0.16.1 optimizer_config.py:375-381): under DDP it keeps fp32 states."""
+    if n.workload["adam_states"] == "bf16" and "replicate" in (n.values("sharding") if n.units else []):
+        n.behave("Adam's state", "bf16 → fp32 (Megatron's precision-aware optimizer needs the distributed optimizer)")
+        n.workload["adam_states"] = "fp32"
 
 
 def _rotary_and_norm_flags(n: Nearest, cfg: dict[str, Any]) -> list[tuple[str, Any]]:
@@ -303,6 +312,8 @@ def render(n: Nearest, s: Strategy, cost: str) -> str:
         k = n.extra.get("recompute_block")
         flags += [(K["recompute_granularity"], "full"), (K["recompute_method"], "block" if k else "uniform"),
                   (K["recompute_num_layers"], k or 1)]
+    if w.adam_states == "bf16":
+        flags += [(K["precision_aware"], True), (K["exp_avg_dtype"], "bf16"), (K["exp_avg_sq_dtype"], "bf16")]
     if any(v == "optimizer" for v in n.values("offload")):
         flags += [(K["optimizer_offload"], True), (K["optimizer_offload_fraction"], 1.0)]
     flags.append((K["activation_offload_layers"], n.values("offload", n.blocks).count("activations") or None))

@@ -44,6 +44,11 @@ MEGATRON: Final[dict[str, str | None]] = {
     "fp4": "--fp4-format",  # TransformerConfig.fp4 (arg_names, transformer_config.py:510-511): NVFP4, not priced
     "optimizer_offload": "--optimizer-cpu-offload",
     "optimizer_offload_fraction": "--optimizer-offload-fraction",
+    # Adam's moments in bf16 and the master as 16-bit remainders (OptimizerConfig, store_param_remainders)
+    "precision_aware": "--use-precision-aware-optimizer",
+    "exp_avg_dtype": "--exp-avg-dtype",
+    "exp_avg_sq_dtype": "--exp-avg-sq-dtype",
+    "main_params_dtype": "--main-params-dtype",
     # activations of the first N layers in host memory (Megatron-LM arguments.py:1869-1870 sets cpu_offloading)
     "activation_offload_layers": "--cpu-offloading-num-layers",
     "overlap_grad": "--overlap-grad-reduce",

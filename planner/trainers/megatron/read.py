@@ -162,6 +162,9 @@ def workload(doc: Doc, origin: str) -> dict[str, Any]:
     out["precision"] = ("mxfp8" if mx else "fp8") if fp8 is not None else "bf16" if half else "fp32"
     if half and _on(doc, "grad_bf16", origin):  # else Megatron-LM's --bf16 reduces gradients in fp32
         out["grad_dtype"] = "bf16"
+    adam = _adam_states(doc, origin)
+    if adam:
+        out["adam_states"] = adam
     capacity = _str(doc, "moe_capacity", origin)
     if capacity is not None:
         try:
@@ -267,6 +270,27 @@ def _activation_offload(doc: Doc, fields: dict[str, Any], ctx: Context, recomput
     default = fields["default"]
     for i in range(k):
         fields["layers"].append({**default, "unit": f"layers.{i}", "offload": "activations"})
+
+
+def _adam_states(doc: Doc, o: str) -> str | None:
+    """``--use-precision-aware-optimizer`` with both moments bf16 and an fp32 master (``adam_states`` bf16);
+    moments of another dtype are not priced; without it the dtypes must stay fp32, and it needs the
+    distributed optimizer (megatron-core 0.16.1 optimizer_config.py:375-425 asserts both)."""
+    dtypes = {k: _str(doc, k, o) for k in ("exp_avg_dtype", "exp_avg_sq_dtype", "main_params_dtype")}
+    if not _on(doc, "precision_aware", o):
+        given = [_key(k) for k, v in dtypes.items() if v not in (None, "fp32")]
+        if given:
+            raise ConfigError(f"{o}: {', '.join(given)} needs {_key('precision_aware')} (Megatron asserts it)")
+        return None
+    if not (_on(doc, "dist_opt", o) or _on(doc, "megatron_fsdp", o)):
+        raise ConfigError(f"{o}: {_key('precision_aware')} needs {_key('dist_opt')} (Megatron asserts it)")
+    moments = (dtypes["exp_avg_dtype"] or "fp32", dtypes["exp_avg_sq_dtype"] or "fp32")
+    if moments == ("fp32", "fp32") and dtypes["main_params_dtype"] in (None, "fp32"):
+        return "fp32"
+    if moments != ("bf16", "bf16") or dtypes["main_params_dtype"] not in (None, "fp32"):
+        raise ConfigError(f"{o}: Adam's moments {moments[0]}/{moments[1]} with a {dtypes['main_params_dtype'] or 'fp32'} "
+                          "master are not priced (both moments bf16 with an fp32 master, or all fp32, are)")
+    return "bf16"
 
 
 def _megatron_fsdp(doc: Doc, o: str) -> bool:
