@@ -352,7 +352,7 @@ class Planned:
 
 def planned(x: Result) -> Planned | None:
     """``plan --target megatron`` for the row's job (same model, GPUs, sequence length, global batch,
-    precision, gradient dtype and dispatcher; the whole device as the limit, where the row fits); None
+    precision, gradient dtype, Adam's state and dispatcher; the whole device as the limit, where the row fits); None
     where the row does not run as written or does not fit."""
     from planner.api import search_plan
     from planner.compare import mesh_text
@@ -364,7 +364,8 @@ def planned(x: Result) -> Planned | None:
         return None
     w = m.workload
     p = search_plan(Request(m.spec, m.cluster, w.seq_len, w.global_batch, memory_limit_gib=x.device_gib,
-                            precision=w.precision, grad_dtype=w.grad_dtype, moe_dispatch=w.moe_dispatch,
+                            precision=w.precision, grad_dtype=w.grad_dtype, adam_states=w.adam_states,
+                            moe_dispatch=w.moe_dispatch,
                             target=TARGET, top_k=0)).plan
     s = p.strategy
     mesh = f"{mesh_text(s)} mb{s.micro_batch} {s.schedule}" + (f"/vpp{s.vpp}" if s.vpp > 1 else "")
@@ -398,8 +399,9 @@ def planned_section(rows: list[Planned], seconds: float) -> str:
     """The docs subsection of ``--plan``: what was planned, and the six largest ratios."""
     intro = (f"`python benchmarks/recipes.py --plan --write-docs` (commit {_commit()}, {seconds:.0f} s): for each "
              "recipe that runs as written and fits the device, `plan --target megatron` for the same job (model, "
-             "GPUs, sequence length, global batch, precision, bf16 gradients, and the MoE dispatcher the "
-             "Megatron-Bridge recipe applies; the whole device as the limit, so the recipe is inside the space). "
+             "GPUs, sequence length, global batch, precision, bf16 gradients, and the Adam state and MoE dispatcher "
+             "the Megatron-Bridge recipe applies; the whole device as the limit, so the recipe is inside the space, "
+             "but for the activation offload of 4 rows, which the search does not offer). "
              "The last column names the parts of the cost model's step where the recipe's differs from the plan's, "
              "largest first, as `explain --compare-with` prints them. The largest ratios are mixture-of-experts "
              "jobs, where the plan drops or shrinks expert parallelism and saves exposed all-to-all time: the MoE "

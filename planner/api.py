@@ -120,7 +120,7 @@ def _checked(r: Request) -> tuple[Target, SpaceOptions, dict[str, str], list[int
         raise ShardplanError(f"unknown search space '{r.space}'; known: {', '.join(SPACES)}")
     check_precision(r.precision)
     asked = {"cross_entropy": r.cross_entropy, "grad_dtype": r.grad_dtype, "moe_dispatch": r.moe_dispatch,
-             "moe_overlap": r.moe_overlap}
+             "moe_overlap": r.moe_overlap, "adam_states": r.adam_states}
     check_workload_choices(attention_kernel=r.attention_kernel, **{k: v for k, v in asked.items() if v is not None})
     t = load_target(r.target)
     behaved = target_behaviour(t, r.precision, **asked)

@@ -97,6 +97,9 @@ class Request:
         "--cross-entropy", default=None)
     grad_dtype: str | None = fact("gradient buffers and their reduction: fp32 | bf16 (the target must run it); "
                                   "default: the target's", "--grad-dtype", default=None)
+    adam_states: str | None = fact("Adam's master and moments: fp32 | bf16 (Megatron's precision-aware optimizer: "
+                                   "both moments bf16, the master as 16-bit remainders; the target must run it); "
+                                   "default: the target's", "--adam-states", default=None)
     moe_dispatch: str | None = fact(
         "alltoall (NCCL all-to-all) | dedup (DeepEP: one copy per node; the target must offer it); default: the "
         "target's", "--moe-dispatch", default=None)
@@ -215,6 +218,9 @@ class PriceRequest:
     cross_entropy: str | None = fact("eager (PyTorch F.cross_entropy, the default) | fused (Megatron)",
                                      "--cross-entropy", default=None)
     grad_dtype: str | None = fact("gradient buffers: fp32 (default) | bf16", "--grad-dtype", default=None)
+    adam_states: str | None = fact("Adam's master and moments: fp32 (default) | bf16 (both moments bf16, the master "
+                                   "as 16-bit remainders: Megatron's precision-aware optimizer)", "--adam-states",
+                                   default=None)
     moe_dispatch: str | None = fact(
         "alltoall (NCCL all-to-all, the default) | dedup (DeepEP: one copy per node)", "--moe-dispatch", default=None)
     moe_overlap: str | None = fact(

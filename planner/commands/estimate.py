@@ -44,7 +44,7 @@ from vocab.io import MAX_DEPTH, check_depth
 
 GIB = 1024**3
 #: the workload options a user may set; the others of WORKLOAD_BEHAVIOUR follow the target
-ASKED = ("cross_entropy", "grad_dtype", "moe_dispatch", "moe_overlap", "selective")
+ASKED = ("cross_entropy", "grad_dtype", "adam_states", "moe_dispatch", "moe_overlap", "selective")
 
 
 def _pydantic_message(e: Exception) -> str:
@@ -465,7 +465,8 @@ ESTIMATE_OPTIONS = (
     *(option(name, cls=PriceRequest) for name in (
         "model", "cluster", "seq_len", "global_batch", "micro_batch", "tp", "pp", "cp", "ep", "etp", "dp", "dp_shard",
         "dp_replicate", "zero", "recompute", "schedule", "vpp", "precision", "attention_kernel", "cross_entropy",
-        "grad_dtype", "moe_dispatch", "moe_overlap", "moe_capacity_factor", "selective", "tp_mode", "cp_mode",
+        "grad_dtype", "adam_states", "moe_dispatch", "moe_overlap", "moe_capacity_factor", "selective", "tp_mode",
+        "cp_mode",
         "cp_rotate", "offload", "offload_layers", "stage_layers", "target", "sequence_parallel", "profile")),
     Opt("profile_from_plan", bool, typer.Option(False, "--profile-from-plan", help="with --plan: price with the "
                                                 "profile the plan names (not loaded otherwise)")),

@@ -176,7 +176,7 @@ PLAN_OPTIONS = (
         help="percent of each GPU's memory no plan may use (default 5: workspaces and allocator slack the "
         "cost model does not price)")),
     *(option(name) for name in ("space", "precision", "attention_kernel", "target", "cross_entropy", "grad_dtype",
-                                "moe_dispatch", "moe_overlap",
+                                "adam_states", "moe_dispatch", "moe_overlap",
                                 "moe_capacity_factor", "profile", "calibration", "time_limit", "top_k", "solver",
                                 "tie_break")),
     Opt("output", Path, typer.Option(None, "--output", "-o", help="write the plan JSON here")),
@@ -184,8 +184,8 @@ PLAN_OPTIONS = (
 )
 #: the fields of a request the command line gives as they are (the others are read: see :func:`cli_request`)
 AS_GIVEN = ("model", "cluster", "seq_len", "memory_limit_gib", "headroom_gib", "space", "precision", "attention_kernel", "target",
-            "cross_entropy", "grad_dtype", "moe_dispatch", "moe_overlap", "moe_capacity_factor", "profile", "time_limit", "top_k", "solver",
-            "tie_break")
+            "cross_entropy", "grad_dtype", "adam_states", "moe_dispatch", "moe_overlap", "moe_capacity_factor", "profile",
+            "time_limit", "top_k", "solver", "tie_break")
 
 
 def cli_request(o: Values, batches: list[int]) -> Request:
