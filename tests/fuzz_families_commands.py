@@ -450,6 +450,10 @@ def run_interrupted(argv: list[str], after_s: float, limit: float = HANG_S) -> O
                 seconds=time.perf_counter() - t0)
     if "Traceback (most recent call last)" in stderr and before_the_package(stderr):
         o.kind, o.detail = "rejected", "Python's own Ctrl-C: the signal came before the package's first line"
+    elif p.returncode == -signal.SIGINT and not stderr.strip():
+        # the signal's default action, silent: it came before the interpreter set its handler (once set, an
+        # uncaught KeyboardInterrupt prints a traceback first), so before any line of the package ran
+        o.kind, o.detail = "rejected", "killed by SIGINT before the interpreter set its handler"
     elif "Traceback (most recent call last)" in stderr:
         o.kind, o.detail = "exception", f"a traceback after SIGINT at {after_s:g} s: " + (lines[-1] if lines else "")
     elif p.returncode == 130:
