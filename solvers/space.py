@@ -289,6 +289,7 @@ def mesh_configs(
     kv_heads = int(graph.config.get("kv_heads", 0) or 0)
     moe = bool(graph.config.get("experts", 0))
     tail = int(graph.config.get("mtp_layers", 0) or 0)
+    scheds: dict[tuple[int, int], list[tuple[str, int]]] = {}  # (pp, micro-batches) -> its schedules
     for tp in tp_degrees(graph, cluster, world, opts.strict_tp) if opts.tp and (opts.tp_experts or not moe) else [1]:
         for pp in pp_degrees(graph, world // tp) if opts.pp else [1]:
             for cp in cp_degrees(w.seq_len, world // (tp * pp)) if opts.cp else [1]:
@@ -302,7 +303,9 @@ def mesh_configs(
                             continue
                         for b in micro_batches(w.global_batch, dp, opts):
                             n_mb = num_microbatches(w.global_batch, dp, b)
-                            for sched, vpp in schedules(pp, n_mb, blocks, opts, tail):
+                            if (pp, n_mb) not in scheds:
+                                scheds[pp, n_mb] = list(schedules(pp, n_mb, blocks, opts, tail))
+                            for sched, vpp in scheds[pp, n_mb]:
                                 for tpm in opts.tp_modes if tp > 1 else ("megatron",):
                                     if tpm == "tsp" and not divides(sequence_chunks(cp, tp, True), w.seq_len):
                                         continue
