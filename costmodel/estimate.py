@@ -204,9 +204,9 @@ def _report(pp: PricedPlan, graph: LayerGraph, cluster: Cluster, s: Strategy, w:
     )
     if host and not cluster.host_bytes_per_node:
         rep.notes.append(f"the host memory of a {cluster.accelerator.name} node is not recorded: the "
-                         f"{host / GIB:.0f} GiB of offloaded states per node are not checked against it")
+                         f"{host / GIB:.0f} GiB offloaded per node are not checked against it")
     elif not host_ok:
-        rep.notes.append(f"offloaded states need {host / GIB:.0f} GiB of host memory per node; a "
+        rep.notes.append(f"what is offloaded needs {host / GIB:.0f} GiB of host memory per node; a "
                          f"{cluster.accelerator.name} node has {cluster.host_bytes_per_node / GIB:.0f} GiB for them")
     return rep
 

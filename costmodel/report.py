@@ -19,7 +19,7 @@ from typing import Any
 from vocab.plan import REPORT_KEYS, PredictedStage, PredictedTime
 
 GIB = 1024**3
-#: report keys written only when states are offloaded to host memory
+#: report keys written only when states or activations are offloaded to host memory
 HOST_KEYS = ("host_per_node_gib", "host_limit_per_node_gib")
 
 
@@ -123,7 +123,7 @@ class Report:
     num_microbatches: int
     fits: bool = True
     notes: list[str] = field(default_factory=list)
-    host_per_node_gib: float = 0.0  # offloaded states in one node's host memory (worst rank x GPUs per node)
+    host_per_node_gib: float = 0.0  # offloaded states and activations in one node's host memory (worst rank x GPUs per node)
     host_limit_per_node_gib: float = 0.0  # what they may use there; 0 = not recorded, not bounded
 
     def to_dict(self) -> dict[str, Any]:

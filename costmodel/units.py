@@ -102,7 +102,7 @@ PER_OPTION = {
     "state_params": "compute copy of the parameters held between steps", "state_grads": "gradients on the device",
     "state_optim": "optimizer state on the device",
     "param_bytes": "exact parameter bytes (what a running job holds)", "grad_bytes": "exact gradient bytes",
-    "optim_bytes": "exact optimizer bytes", "host_bytes": "offloaded states in host memory (exact bytes)",
+    "optim_bytes": "exact optimizer bytes", "host_bytes": "offloaded states and activations in host memory (exact bytes)",
     "activations": "saved for backward", "pending": "held while its weight gradients wait (zero bubble)",
     "gathered": "transient: gathered ZeRO-3 parameters and unsharded gradients while it runs",
     "remat": "transient: activations rematerialised in backward",

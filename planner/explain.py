@@ -353,7 +353,7 @@ def render_explain(d: dict[str, Any], console: Console) -> None:
     console.print(styled(("target", "bold"), " ", literal(target_line(d["target"]))))
     if p.get("host_per_node_gib"):
         cap = p["host_limit_per_node_gib"]
-        console.print(styled(("host memory", "bold"), f" offloaded states {p['host_per_node_gib']:,.0f} GiB per node "
+        console.print(styled(("host memory", "bold"), f" offloaded {p['host_per_node_gib']:,.0f} GiB per node "
                              + (f"of the {cap:,.0f} GiB they may use" if cap else "(the node's host memory is not "
                                 "recorded: not checked)")))
     if p.get("band"):

@@ -446,8 +446,13 @@ def _table(rep: dict[str, Any]) -> Table:
     t.add_row(
         "time (s)",
         f"compute {tm['compute_s']:.3g}, recompute {tm['recompute_s']:.3g}, bubble "
-        f"{tm['bubble_s']:.3g}, optimizer {tm['optimizer_s']:.3g}" + (f", comm {comm}" if comm else ""),
+        f"{tm['bubble_s']:.3g}, optimizer {tm['optimizer_s']:.3g}" + (f", comm {comm}" if comm else "")
+        + (f", host transfers {tm['offload_s']:.3g}" if tm.get("offload_s") else ""),
     )
+    if rep.get("host_per_node_gib"):
+        cap = rep.get("host_limit_per_node_gib") or 0.0
+        t.add_row("host memory", f"{rep['host_per_node_gib']:,.1f} GiB per node offloaded" + (
+            f" of the {cap:,.0f} GiB it may use" if cap else " (the node's host memory is not recorded: not checked)"))
     for st in rep["stages"]:
         t.add_row(
             f"stage {st['stage']}",
