@@ -247,7 +247,8 @@ class PriceRequest:
     offload: str | None = fact("none | optimizer | params | activations: what every unit keeps in host memory",
                                "--offload", default=None)
     offload_layers: int | None = fact("with --offload activations: the first N transformer blocks only (Megatron's "
-                                      "--cpu-offloading-num-layers)", "--offload-layers", default=None, cli=int)
+                                      "--cpu-offloading-num-layers)", "--offload-layers", default=None, cli=int,
+                                      make=count_option)
     stage_layers: str | list[int] | None = fact(
         "blocks per pipeline stage, per virtual stage in order with --vpp: comma-separated on the command line, a "
         "list in a batch line (an uneven layout; default: as even as possible)", "--stage-layers", default=None)
