@@ -15,6 +15,7 @@ from planner.trainers.nanotron.keys import (
     NANOTRON_DTYPES,
     NANOTRON_LLAMA,
     NANOTRON_PP_ENGINES,
+    NANOTRON_TOKENIZER_PLACEHOLDER,
     NANOTRON_TP_MODES,
 )
 from vocab.errors import ShardplanError
@@ -86,5 +87,8 @@ def render(n: Nearest, s: Strategy, cost: str) -> str:
     if n.extra.get("model"):
         doc[K["model"]] = {K["dtype"]: NANOTRON_DTYPES[w.precision], K["init_method"]: {"std": 0.02},
                            K["model_config"]: n.extra["model"]}
+    doc[K["tokenizer"]] = {K["tokenizer_path"]: NANOTRON_TOKENIZER_PLACEHOLDER}
     body = yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)
-    return header(n.plan, n.label, n.losses, cost) + body
+    unset = ("# a fragment of a nanotron config: merge it into yours (general, data_stages, checkpoints and the "
+             "optimizer's learning rate are the run's); tokenizer_name_or_path is a placeholder to set\n")
+    return header(n.plan, n.label, n.losses, cost) + unset + body

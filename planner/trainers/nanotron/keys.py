@@ -31,6 +31,8 @@ NANOTRON: Final[dict[str, str | None]] = {
     "model_config": "model_config",
     "init_method": "init_method",
     "dtype": "dtype",
+    "tokenizer": "tokenizer",  # TokenizerArgs
+    "tokenizer_path": "tokenizer_name_or_path",  # a placeholder in an export
 }
 #: nanotron 0.4's LlamaConfig (config/models_config.py:19-42) field for each of the model's facts
 NANOTRON_LLAMA: Final[dict[str, str]] = {
@@ -42,3 +44,6 @@ NANOTRON_LLAMA: Final[dict[str, str]] = {
 NANOTRON_DTYPES: Final = {"fp32": "float32", "bf16": "bfloat16", "fp8": "bfloat16", "mxfp8": "bfloat16"}
 NANOTRON_PP_ENGINES: Final = {"gpipe": "afab", "1f1b": "1f1b"}
 NANOTRON_TP_MODES: Final = {True: "REDUCE_SCATTER", False: "ALL_REDUCE"}
+#: the tokenizer a launch needs, written as a placeholder nanotron's config loader accepts and its start-up
+#: refuses while it names nothing (the tokenizer is loaded from it)
+NANOTRON_TOKENIZER_PLACEHOLDER: Final = "SET-ME/tokenizer"
