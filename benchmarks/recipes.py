@@ -397,11 +397,12 @@ def plan_table(rows: list[Planned], top: int | None = None) -> str:
 
 def planned_section(rows: list[Planned], seconds: float) -> str:
     """The docs subsection of ``--plan``: what was planned, and the six largest ratios."""
+    offloaded = sum(any("in host memory" in a for a in p.result.mapped.assumptions) for p in rows)
     intro = (f"`python benchmarks/recipes.py --plan --write-docs` (commit {_commit()}, {seconds:.0f} s): for each "
              "recipe that runs as written and fits the device, `plan --target megatron` for the same job (model, "
              "GPUs, sequence length, global batch, precision, bf16 gradients, and the Adam state and MoE dispatcher "
-             "the Megatron-Bridge recipe applies; the whole device as the limit, so the recipe is inside the space, "
-             "but for the activation offload of 4 rows, which the search does not offer). "
+             "the Megatron-Bridge recipe applies; the whole device as the limit, so the recipe is inside the space "
+             f"but where it offloads activations, which the search does not offer: {offloaded} of the rows planned). "
              "The last column names the parts of the cost model's step where the recipe's differs from the plan's, "
              "largest first, as `explain --compare-with` prints them. The largest ratios are mixture-of-experts "
              "jobs, where the plan drops or shrinks expert parallelism and saves exposed all-to-all time: the MoE "

@@ -16,9 +16,8 @@ KEYS = tuple(f.name for f in fields(PriceRequest))
 COUNTS = ("seq_len", "global_batch", "micro_batch", "tp", "pp", "cp", "ep", "etp", "dp", "dp_shard", "dp_replicate",
           "vpp", "offload_layers")
 NAMES = ("recompute", "schedule", "precision", "attention_kernel", "cross_entropy", "grad_dtype", "adam_states",
-         "moe_dispatch",
-         "moe_overlap", "selective", "profile", "plan", "tp_mode", "cp_mode", "cp_rotate", "offload", "target",
-         "calibration")
+         "moe_dispatch", "moe_overlap", "selective", "profile", "plan", "tp_mode", "cp_mode", "cp_rotate", "offload",
+         "target", "calibration")
 LIMITS = ("memory_limit", "memory_limit_gib")
 POSITIVE = ("moe_capacity_factor",)
 CLUSTER_COUNTS = ("nodes", "gpus", "gpus_per_node")

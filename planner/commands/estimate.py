@@ -471,8 +471,7 @@ ESTIMATE_OPTIONS = (
         "model", "cluster", "seq_len", "global_batch", "micro_batch", "tp", "pp", "cp", "ep", "etp", "dp", "dp_shard",
         "dp_replicate", "zero", "recompute", "schedule", "vpp", "precision", "attention_kernel", "cross_entropy",
         "grad_dtype", "adam_states", "moe_dispatch", "moe_overlap", "moe_capacity_factor", "selective", "tp_mode",
-        "cp_mode",
-        "cp_rotate", "offload", "offload_layers", "stage_layers", "target", "sequence_parallel", "profile")),
+        "cp_mode", "cp_rotate", "offload", "offload_layers", "stage_layers", "target", "sequence_parallel", "profile")),
     Opt("profile_from_plan", bool, typer.Option(False, "--profile-from-plan", help="with --plan: price with the "
                                                 "profile the plan names (not loaded otherwise)")),
     *(option(name, cls=PriceRequest) for name in ("calibration", "memory_limit", "plan")),
