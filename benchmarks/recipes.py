@@ -54,7 +54,14 @@ from planner.trainers import lacks  # noqa: E402
 from profiler.hardware import Cluster, parse_cluster  # noqa: E402
 from profiler.models import load_model, presets  # noqa: E402
 from vocab.errors import ShardplanError, first_line  # noqa: E402
-from vocab.strategy import UNPRICED_PRECISIONS, LayerStrategy, Mesh, Strategy, Workload  # noqa: E402
+from vocab.strategy import (  # noqa: E402
+    UNPRICED_PRECISIONS,
+    LayerStrategy,
+    Mesh,
+    Strategy,
+    Workload,
+    first_blocks_offloaded,
+)
 from vocab.targets import load_target  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -232,7 +239,7 @@ def _strategy(m: Mapped) -> None:
                              "not divide dp x cp)")
     default = LayerStrategy(sharding=sharding, recompute="none")  # type: ignore[arg-type]
     offloaded = _activation_offload(m, (tp, pp, cp, mb, sharding == "zero3"))
-    layers = [default.model_copy(update={"unit": f"layers.{i}", "offload": "activations"}) for i in range(offloaded)]
+    layers = first_blocks_offloaded(default, offloaded)
     try:
         m.strategy = Strategy(mesh=Mesh(pp=pp, dp_shard=dp, cp=cp, tp=tp, ep=ep, etp=etp), micro_batch=mb,
                               schedule="interleaved" if pp > 1 and vp > 1 else "1f1b", vpp=vp if pp > 1 else 1,

@@ -294,6 +294,12 @@ class LayerStrategy(_Strict):
     split: int = Field(1, ge=1, le=64)
 
 
+def first_blocks_offloaded(ls: LayerStrategy, count: int) -> list[LayerStrategy]:
+    """Layer entries giving the first ``count`` transformer blocks ``ls`` with their activations in host
+    memory (Megatron's ``--cpu-offloading-num-layers``: the first N layers)."""
+    return [ls.model_copy(update={"unit": f"layers.{i}", "offload": "activations"}) for i in range(count)]
+
+
 class Workload(_Strict):
     """What to train: tokens per sample, samples per step, precision."""
 

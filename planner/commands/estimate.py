@@ -258,14 +258,15 @@ def _target_rotate(target: str | None) -> str:
 def _offloaded_layers(ls: Any, count: int | None, blocks: int) -> tuple[Any, list[Any]]:
     """``--offload-layers N``: the first N blocks offload their activations, every other unit keeps them
     (the default strategy without the offload, and N layer entries)."""
+    from vocab.strategy import first_blocks_offloaded
+
     if count is None:
         return ls, []
     if ls.offload != "activations":
         raise ShardplanError("--offload-layers needs --offload activations")
     if not 1 <= count <= blocks:
         raise ShardplanError(f"--offload-layers must be between 1 and the model's {blocks} blocks, got {count}")
-    return ls.model_copy(update={"offload": "none"}), [ls.model_copy(update={"unit": f"layers.{i}"})
-                                                       for i in range(count)]
+    return ls.model_copy(update={"offload": "none"}), first_blocks_offloaded(ls, count)
 
 
 def _strategy(r: PriceRequest, graph: Any, cluster: Any) -> Any:

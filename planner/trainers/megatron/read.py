@@ -43,7 +43,7 @@ from planner.trainers.megatron.keys import (
 from planner.trainers.megatron.parser import check_flags, lm_flags
 from planner.trainers.reading import ConfigError, Context, refuse_unknown, unit_choices
 from vocab.digits import read_float, read_int
-from vocab.strategy import UNPRICED_PRECISIONS
+from vocab.strategy import UNPRICED_PRECISIONS, LayerStrategy, first_blocks_offloaded
 from vocab.targets import by_exporter, key_snapshot
 
 SUFFIXES = (".args",)
@@ -267,9 +267,8 @@ def _activation_offload(doc: Doc, fields: dict[str, Any], ctx: Context, recomput
     if fields["mesh"]["pp"] > 1 or recomputes:
         raise ConfigError(f"{o}: {_key('activation_offload_layers')} runs without pipeline parallelism and "
                           "recomputation only (Megatron raises ValueError)")
-    default = fields["default"]
-    for i in range(k):
-        fields["layers"].append({**default, "unit": f"layers.{i}", "offload": "activations"})
+    default = LayerStrategy.model_validate(fields["default"])
+    fields["layers"] += [ls.model_dump() for ls in first_blocks_offloaded(default, k)]
 
 
 def _adam_states(doc: Doc, o: str) -> str | None:
