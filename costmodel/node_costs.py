@@ -48,26 +48,28 @@ def fp8_saved_byte(precision: str) -> float:
     return 1.0 + (1.0 / MX_BLOCK if precision == "mxfp8" else 0.0)
 
 
-def saved_widths(nodes: list[LayerNode], w: Workload, dev: DeviceModel, cfg: ConfigArrays) -> list[Any]:
+def saved_widths(nodes: list[LayerNode], widths: list[float], w: Workload, dev: DeviceModel,
+                 cfg: ConfigArrays) -> list[Any]:
     """How many times its graph bytes (16-bit tensors) each node of a unit keeps for backward, per
-    configuration: :func:`act_width`, except where the trainer keeps an fp8 linear layer's input as the
-    fp8 copy it cast (``Workload.fp8_saved_inputs`` quantized) and the layer runs in fp8: a linear keeps
+    configuration: its activation width (``widths``, :func:`act_width`), except where the trainer keeps
+    an fp8 linear layer's input as the fp8 copy it cast (``Workload.fp8_saved_inputs`` quantized) and
+    the layer runs in fp8: a linear keeps
     its input at :func:`fp8_saved_byte` (not one whose input is the attention core's output, which the
     core keeps in 16 bits and the layer shares), and the routed experts their two GEMM inputs (the
     token, ``in`` wide, and the down projection's, ``out`` wide) so, their activation input in 16 bits."""
-    widths: list[Any] = [act_width(n, w.precision) for n in nodes]
+    out: list[Any] = list(widths)
     if w.fp8_saved_inputs != "quantized" or not dev.fp8_gemms(w.precision):
-        return widths
+        return out
     half = fp8_saved_byte(w.precision) / 2.0
     low = experts_low_precision(w.precision, w.low_precision_experts, cfg.pp, cfg.cp)
     for i, n in enumerate(nodes):
         if n.kind == "linear" and fp8_runs(n, w.precision) and not (i and nodes[i - 1].kind == "attention"):
-            widths[i] = half
+            out[i] = half
         elif n.kind == "experts":
             h, f, mats = (float(n.dims.get(x, d)) for x, d in (("in", 0), ("out", 0), ("matrices", 2)))
             whole = h + mats * f  # per routed copy: its input, the activation's input(s), the down input
-            widths[i] = np.where(low, (half * (h + f) + (mats - 1) * f) / whole, 1.0) if whole else 1.0
-    return widths
+            out[i] = np.where(low, (half * (h + f) + (mats - 1) * f) / whole, 1.0) if whole else 1.0
+    return out
 
 
 def traffic_width(n: LayerNode, precision: str) -> float:

@@ -57,7 +57,7 @@ def state_bytes(w: Workload) -> tuple[int, int, int]:
     ``store_param_remainders``, ``optimizer_config.py:192``, its default)."""
     pb, gb, ob = STATE_BYTES[w.precision]
     if w.adam_states == "bf16":
-        ob = master_bytes(w) + 2 * 2 if w.precision != "fp32" else 2 * 2
+        ob = (master_bytes(w) if w.precision != "fp32" else 0) + 2 * 2  # 16-bit training has a master
     return pb, 4 if w.grad_dtype == "fp32" else gb, ob
 
 

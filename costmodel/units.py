@@ -181,7 +181,7 @@ def price_unit(name: str, nodes: Sequence[LayerNode], dev: DeviceModel, cfg: Con
                            w.moe_tp) for n in nodes]
     local = [local_params(n, cfg) for n in nodes]
     aw = [act_width(n, w.precision) for n in nodes]
-    sw = saved_widths(nodes, w, dev, cfg)
+    sw = saved_widths(nodes, aw, w, dev, cfg)
     acts = [n.act_saved_bytes * scale / d * a for n, d, a in zip(nodes, adiv, sw, strict=True)]
     # the experts' routed inputs, kept whole for every copy a rank's experts run (TSP: its own tokens)
     expert_tp = np.where(cfg.tsp, 1.0, cfg.expert_tp)
@@ -227,7 +227,8 @@ def price_unit(name: str, nodes: Sequence[LayerNode], dev: DeviceModel, cfg: Con
         dk = (tuple((op.sharding, op.offload) for op in o.ops), splits)
         if dk not in by_dp:
             by_dp[dk] = group_costs(nodes, local, o.ops, dev, cfg, w, fwd, bwd, groups)
-        key = (rk, dk, o.sharding in ("zero1", "zero2"), any(op.offload == "activations" for op in o.ops))
+        on_host = any(op.offload == "activations" for op in o.ops)
+        key = (rk, dk, o.sharding in ("zero1", "zero2"), on_host)
         if key not in whole:
             col = {"fwd": fwd, "bwd": bwd, "bwd_weight": bwd_w, **by_rc[rk], **by_dp[dk],
                    "window": bwd + (fwd if key[2] else 0.0)}
@@ -236,7 +237,7 @@ def price_unit(name: str, nodes: Sequence[LayerNode], dev: DeviceModel, cfg: Con
             col["states"] = col["state_params"] + col["state_grads"] + col["state_optim"]
             if tsp_buffers is not None:
                 col["gathered"] = col["gathered"] + tsp_buffers
-            if any(op.offload == "activations" for op in o.ops):
+            if on_host:
                 col = activations_on_host(col, dev, cfg, w)
             whole[key] = col
         cols.append(whole[key])
