@@ -3,6 +3,7 @@
 Run with a Python where the releases are importable (see ``docs/targets.md``, "Checking exports")::
 
     python benchmarks/trainer_key_snapshots.py [torchtitan megatron deepspeed nanotron]
+    PYTHONPATH=.trainers/torchtitan-0.3.0 python benchmarks/trainer_key_snapshots.py torchtitan  # 0.3.x
 
 Each file is named after the installed version (``torchtitan-0.2.2.json``, ``megatron_core-0.16.1.json``,
 ``deepspeed-0.19.8.json``, ``nanotron-0.4.json``) and holds the configuration keys the release's own
@@ -74,6 +75,109 @@ def torchtitan() -> Path:
                 if dataclasses.is_dataclass(getattr(job, f.name))}
     return _write("torchtitan", version("torchtitan"), {"loader": "torchtitan.config.ConfigManager",
                                                         "sections": sections})
+
+
+#: torchtitan 0.3's model modules whose registry functions the snapshot records (the families of
+#: shardplan's presets; qwen3_5, kimi_k2_7 and muse_glimmer need packages the tests do not install)
+TORCHTITAN_MODULES = ("llama3", "deepseek_v3", "qwen3", "gpt_oss")
+#: the sections of a registry function's config whose values an import reads as its defaults
+TORCHTITAN_READ_SECTIONS = ("parallelism", "training")
+
+
+def _leaves(obj: Any, hints_of: Any, prefix: str = "") -> dict[str, str]:
+    """Every settable leaf of a config dataclass instance, ``section.key`` -> its annotation's text."""
+    out: dict[str, str] = {}
+    hints = typing.get_type_hints(type(obj), include_extras=True)
+    for f in dataclasses.fields(obj):
+        if not f.init or f.name == "model_spec":  # model_spec is tyro.conf.Suppress: no flag
+            continue
+        value = getattr(obj, f.name)
+        path = prefix + f.name
+        if _union_subcommands(hints.get(f.name)):
+            continue  # a subcommand: its fields are recorded per variant
+        if dataclasses.is_dataclass(value):
+            out.update(_leaves(value, hints_of, path + "."))
+        else:
+            out[path] = hints_of(hints.get(f.name))
+    return out
+
+
+def _union_subcommands(tp: Any) -> dict[str, Any]:
+    """A tyro subcommand union's variants by subcommand name (``activation_checkpoint``), else {}."""
+    out = {}
+    for arm in typing.get_args(tp):
+        if typing.get_origin(arm) is typing.Annotated:
+            base, *meta = typing.get_args(arm)
+            name = next((getattr(m, "name", None) for m in meta if getattr(m, "name", None)), None)
+            if name:
+                out[name] = base
+    return out
+
+
+def _type_text(tp: Any) -> str:
+    text = getattr(tp, "__name__", None) if not typing.get_args(tp) else None
+    return text or str(tp).replace("typing.", "")
+
+
+def _registry_entry(cfg: Any) -> dict[str, Any]:
+    """What an import needs of one registry function: its model and shape, the defaults of
+    :data:`TORCHTITAN_READ_SECTIONS`, its activation-checkpointing subcommand, converters, dispatcher."""
+    spec = cfg.model_spec
+    model = getattr(spec, "model", None)
+    layers = list(getattr(model, "layers", []) or [])
+    values = {f"{sec}.{k}": v for sec in TORCHTITAN_READ_SECTIONS for k, v in
+              dataclasses.asdict(getattr(cfg, sec)).items() if isinstance(v, int | float | str | bool | type(None))
+              or (isinstance(v, list) and all(isinstance(x, list | str) for x in v))}
+    ac = cfg.activation_checkpoint
+    ac_name = "none" if ac is None else {"SelectiveAC": "selective", "FullAC": "full"}.get(
+        type(ac).__qualname__.split(".")[0], type(ac).__qualname__)
+    text = repr(spec)
+    converters = sorted(set(re.findall(r"(\w+Converter)\.Config", text)))
+    backend = sorted(set(re.findall(r"(\w+)TokenDispatcher\.Config", text)))
+    return {"name": getattr(spec, "name", None), "flavor": getattr(spec, "flavor", None), "layers": len(layers),
+            "hidden": getattr(model, "dim", None), "vocab": getattr(model, "vocab_size", None),
+            "defaults": values, "activation_checkpoint": ac_name, "converters": converters,
+            "token_dispatchers": backend}
+
+
+def torchtitan_registry() -> Path:
+    """torchtitan 0.3's flags (the leaves of ``Trainer.Config``), its subcommands, and each registry function
+    of :data:`TORCHTITAN_MODULES` that can be called here (a hardware check refuses some on a CPU)."""
+    import importlib
+    import inspect as _inspect
+    from importlib.metadata import version
+
+    from torchtitan.trainer import Trainer
+
+    base = Trainer.Config()
+    hints = typing.get_type_hints(Trainer.Config, include_extras=True)
+    subcommands = {name: sorted(_union_subcommands(tp)) for name, tp in hints.items() if _union_subcommands(tp)}
+    leaves = _leaves(base, _type_text)
+    for name, variants in ((n, _union_subcommands(hints[n])) for n in subcommands):
+        for arm in variants.values():
+            if dataclasses.is_dataclass(arm):
+                leaves.update({f"{name}.{k}": v for k, v in _leaves(arm(), _type_text).items()})
+    registry: dict[str, dict[str, Any]] = {}
+    refused: dict[str, str] = {}
+    for module in TORCHTITAN_MODULES:
+        mod = importlib.import_module(f"torchtitan.models.{module}.config_registry")
+        for fn_name, fn in sorted(vars(mod).items()):
+            if not (_inspect.isfunction(fn) and fn.__module__ == mod.__name__ and not fn_name.startswith("_")
+                    and not _inspect.signature(fn).parameters):  # a registry function takes no argument
+                continue
+            try:
+                cfg = fn()
+            except Exception as e:  # noqa: BLE001 - the release's own refusal, recorded
+                refused[f"{module}.{fn_name}"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+                continue
+            leaves.update(_leaves(cfg, _type_text))
+            registry.setdefault(module, {})[fn_name] = _registry_entry(cfg)
+    base_entry = _registry_entry(base)
+    return _write("torchtitan", version("torchtitan"), {
+        "loader": "torchtitan.config.manager.ConfigManager (--module/--config + tyro flags)",
+        "flags": dict(sorted(leaves.items())), "subcommands": subcommands, "registry": registry,
+        "base": {k: base_entry[k] for k in ("defaults", "activation_checkpoint")},
+        "refused_on_cpu": refused})
 
 
 def megatron() -> Path:
@@ -219,7 +323,14 @@ def nanotron() -> Path:
                                                      "tree": _tree(cfg.Config)})
 
 
-SNAPSHOTS = {"torchtitan": torchtitan, "megatron": megatron, "deepspeed": deepspeed, "nanotron": nanotron}
+SNAPSHOTS = {"torchtitan": lambda: torchtitan_registry() if _torchtitan_is_registry() else torchtitan(), "megatron": megatron, "deepspeed": deepspeed, "nanotron": nanotron}
+
+
+def _torchtitan_is_registry() -> bool:
+    """Whether the torchtitan on the path is a 0.3-style release (config registries, no JobConfig)."""
+    import importlib.util
+
+    return importlib.util.find_spec("torchtitan.config.job_config") is None
 
 
 def main(argv: list[str]) -> int:

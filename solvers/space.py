@@ -116,6 +116,7 @@ class SpaceOptions:
     strict_tp: bool = False  # tp divides the KV heads and the FFN width (no KV-head replication)
     tp_experts: bool = True  # tp > 1 for mixture-of-experts models
     expert_folding: bool = False  # experts without TP beside tp > 1 (etp = 1, MoE parallel folding), where a target runs it
+    split_experts_with_ep: bool = True  # experts split over tp > 1 beside ep > 1 (a target's expert_split "any")
     experts_need_sp: bool = False  # MoE blocks beside tp > 1 only with sequence parallelism
     tsp_cp_modes: tuple[str, ...] = ("ring", "ulysses")  # context-parallel modes beside TSP
     cp_rotate: str = "allgather"  # how the target's ring moves K/V (recorded in the plan, priced as it runs)
@@ -205,11 +206,13 @@ def ep_degrees(graph: LayerGraph, shard: int) -> Iterator[int]:
     yield from (e for e in divisors(experts) if divides(e, shard))
 
 
-def expert_layouts(graph: LayerGraph, tp: int, shard: int, folding: bool) -> Iterator[tuple[int, int]]:
+def expert_layouts(graph: LayerGraph, tp: int, shard: int, folding: bool,
+                   split_with_ep: bool = True) -> Iterator[tuple[int, int]]:
     """(ep, etp) of the expert ranks: ``ep`` of :func:`ep_degrees` with the experts split over tp
-    (``etp`` 0), then, where ``folding`` and ``tp > 1``, every ``ep > 1`` dividing the experts and
-    ``tp·dp_shard·cp`` with whole experts on each rank (``etp`` 1: MoE parallel folding)."""
-    yield from ((e, 0) for e in ep_degrees(graph, shard))
+    (``etp`` 0; with ``ep > 1`` and ``tp > 1`` only where ``split_with_ep``), then, where ``folding`` and
+    ``tp > 1``, every ``ep > 1`` dividing the experts and ``tp·dp_shard·cp`` with whole experts on each
+    rank (``etp`` 1: MoE parallel folding)."""
+    yield from ((e, 0) for e in ep_degrees(graph, shard) if e == 1 or tp == 1 or split_with_ep)
     experts = int(graph.config.get("experts", 0) or 0)
     if folding and experts and tp > 1:
         yield from ((e, 1) for e in divisors(experts) if e > 1 and divides(e, tp * shard))
@@ -295,7 +298,8 @@ def mesh_configs(
             for cp in cp_degrees(w.seq_len, world // (tp * pp)) if opts.cp else [1]:
                 dp = world // (tp * pp * cp)
                 for dpr, dps in dp_splits(dp, opts.dp_replicate):
-                    for ep, etp in expert_layouts(graph, tp, dps * cp, opts.expert_folding) if opts.ep else [(1, 0)]:
+                    for ep, etp in expert_layouts(graph, tp, dps * cp, opts.expert_folding,
+                                                     opts.split_experts_with_ep) if opts.ep else [(1, 0)]:
                         if opts.max_axes is not None and axes_above_one(pp, dpr, dps, cp, tp, ep) > opts.max_axes:
                             continue
                         if opts.degrees and not _has_degrees(opts.degrees, pp=pp, dp_replicate=dpr, dp_shard=dps,
@@ -464,7 +468,8 @@ def restrict(space: SpaceOptions, target: Target) -> SpaceOptions:
         stage_rules=rules, stage_split=t.pipeline.stage_split,
         recompute_blocks_only=t.recompute.scope == "blocks",
         strict_tp=not t.tensor_parallel.kv_head_replication, tp_experts=t.tensor_parallel.experts,
-        expert_folding=t.tensor_parallel.expert_folding, experts_need_sp=t.tensor_parallel.experts_need_sp,
+        expert_folding=t.tensor_parallel.expert_folding,
+        split_experts_with_ep=t.tensor_parallel.expert_split == "any", experts_need_sp=t.tensor_parallel.experts_need_sp,
         tsp_cp_modes=_keep(space.tsp_cp_modes, t.tensor_parallel.tsp_context), cp_rotate=t.behaviour.cp_rotate[0])
 
 

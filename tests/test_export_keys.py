@@ -28,7 +28,7 @@ from vocab.targets import by_exporter, key_snapshot
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAPSHOTS = ROOT / "vocab" / "targets" / "keys"
-TARGETS = ("torchtitan", "megatron", "deepspeed", "nanotron")
+TARGETS = ("torchtitan", "torchtitan-0.3", "megatron", "deepspeed", "nanotron")
 
 
 def snapshot(target: str) -> dict[str, Any]:

@@ -35,6 +35,8 @@ def trainer_loader(target: str, skip: bool = True) -> Loader | None:
     without ``skip``, None is returned); an installed release other than the pinned one fails."""
     if target == "python":
         return LOADERS[target]
+    if target in SIDE_INSTALLS:
+        return _side_loader(target, skip)
     t = by_exporter(target)
     try:
         installed = importlib.metadata.version(t.package)
@@ -46,6 +48,60 @@ def trainer_loader(target: str, skip: bool = True) -> Loader | None:
     if target != "nanotron":  # nanotron 0.4 cannot be imported as installed: an import cycle, see _nanotron
         importlib.import_module(MODULE[target])  # installed: an import error is a failure, not a skip
     return LOADERS[target]
+
+
+#: releases installed beside the pinned ones (the README's test command: ``pip install --no-deps --target``),
+#: loaded in a child process with their folder first on ``PYTHONPATH``
+SIDE_INSTALLS = {"torchtitan-0.3": ROOT / ".trainers" / "torchtitan-0.3.0"}
+
+
+def _side_loader(target: str, skip: bool) -> Loader | None:
+    t, folder = by_exporter(target), SIDE_INSTALLS[target]
+    found = sorted(folder.glob(f"{t.package}-*.dist-info"))
+    if not found:
+        if not skip:
+            return None
+        pytest.skip(f"{t.package} {t.version} is not installed in {folder.relative_to(ROOT)} (the README's test command)")
+    assert found[0].name == f"{t.package}-{t.version}.dist-info", f"{found[0].name} in {folder}, {target} pins {t.version}"
+    return LOADERS[target]
+
+
+#: what the child process runs: torchtitan 0.3's own ConfigManager on the script's flags (those after
+#: ``-m torchtitan.train``), as ``torchtitan/train.py`` parses them
+TORCHTITAN_03_CHECK = r"""
+import json, shlex, sys, warnings
+warnings.filterwarnings("ignore")
+from torchtitan.config.manager import ConfigManager
+tokens = shlex.split(sys.stdin.read().replace("\\\n", " "), comments=True)
+c = ConfigManager().parse_args(tokens[tokens.index("torchtitan.train") + 1:])
+p, t = c.parallelism, c.training
+print(json.dumps({"tp": p.tensor_parallel_degree, "pp": p.pipeline_parallel_degree, "cp": p.context_parallel_degree,
+                  "ep": p.expert_parallel_degree, "dp_shard": p.data_parallel_shard_degree,
+                  "dp_replicate": p.data_parallel_replicate_degree, "sp": p.enable_sequence_parallel,
+                  "local_batch": t.local_batch_size, "global_batch": t.global_batch_size, "seq_len": t.seq_len,
+                  "ac": type(c.activation_checkpoint).__qualname__, "parts": p.module_fqns_per_model_part}))
+"""
+
+
+def _torchtitan_03(e: Exported, where: Path) -> None:
+    """torchtitan 0.3.0's ``ConfigManager`` parses the script's flags in a child process (the release beside
+    the pinned 0.2.2); a script whose model has no registry function names placeholders, which are
+    replaced by ``llama3 llama3_debugmodel`` so that the flags, the plan, are what is checked. The parsed
+    degrees must be the export's."""
+    import os
+    import subprocess
+    import sys
+
+    text = e.text.replace("SET-ME-module", "llama3").replace("SET-ME-config", "llama3_debugmodel")
+    env = {**os.environ, "PYTHONPATH": str(SIDE_INSTALLS["torchtitan-0.3"])}
+    run = subprocess.run([sys.executable, "-c", TORCHTITAN_03_CHECK], input=text, capture_output=True, text=True,
+                         env=env, timeout=600, check=False)
+    assert run.returncode == 0, run.stderr[-2000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    m = e.strategy.mesh
+    assert (got["tp"], got["pp"], got["cp"], got["ep"]) == (m.tp, m.pp, m.cp, m.ep), got
+    assert got["dp_shard"] * got["dp_replicate"] == m.dp_shard * m.dp_replicate, got
+    assert got["sp"] == (m.tp == 1 or bool(e.strategy.sequence_parallel)), got
 
 
 def _torchtitan(e: Exported, where: Path) -> None:
@@ -184,5 +240,5 @@ def _shardplan(e: Exported, where: Path) -> None:
     assert parse(e.text, "the script").strategy == e.strategy
 
 
-LOADERS: dict[str, Loader] = {"torchtitan": _torchtitan, "megatron": _megatron, "deepspeed": _deepspeed,
+LOADERS: dict[str, Loader] = {"torchtitan": _torchtitan, "torchtitan-0.3": _torchtitan_03, "megatron": _megatron, "deepspeed": _deepspeed,
                               "nanotron": _nanotron, "python": _shardplan}

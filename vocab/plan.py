@@ -134,7 +134,7 @@ class ModelGraph(_Doc):
 class TargetRef(_Doc):
     """The trainer the plan was searched for (``vocab/targets/<name>.yaml``) and its pinned release."""
 
-    name: str = Field(..., pattern=r"^[a-z][a-z0-9_-]*$", description="target name; 'any': no trainer")
+    name: str = Field(..., pattern=r"^[a-z][a-z0-9_.-]*$", description="target name; 'any': no trainer")
     version: str | None = Field(None, pattern=RELEASE, description="the trainer's pinned release (null for 'any')")
 
 

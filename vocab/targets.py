@@ -52,7 +52,7 @@ TARGETS_DIR = Path(__file__).parent / "targets"
 ANY = "any"
 DEFAULT_TARGET = "shardplan"
 AXES = ("pp", "tp", "cp", "ep", "dp_replicate", "dp_shard")
-NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
+NAME = re.compile(r"^[a-z][a-z0-9_.-]*$")
 
 Axis = Literal["pp", "tp", "cp", "ep", "dp_replicate", "dp_shard"]
 TpMode = Literal["megatron", "tsp"]
@@ -138,6 +138,9 @@ class TensorParallelCaps(_Strict):
                                   "sequence parallelism")
     expert_folding: bool = Field(False, description="the experts may run without tensor parallelism beside tp > 1 "
                                  "(etp = 1), their ep ranks carved from tp x dp_shard x cp (MoE parallel folding)")
+    expert_split: Literal["any", "without_ep"] = Field(
+        "any", description="where the experts split over tp > 1 (etp = tp): on any mesh, or only without expert "
+        "parallelism (with ep > 1 the expert ranks always fold over tp, etp = 1)")
     tsp_context: list[CpMode] = Field(default_factory=lambda: ["ring", "ulysses"],
                                       description="context-parallel modes TSP runs beside (cp > 1)")
 
@@ -398,7 +401,7 @@ def read_target(path: Path) -> Target:
 @cache
 def targets() -> dict[str, Target]:
     """Every target by name: the files of :data:`TARGETS_DIR`, and ``any``."""
-    out = {p.stem: read_target(p) for p in sorted(TARGETS_DIR.glob("*.yaml"))}
+    out = {p.stem: read_target(p) for p in sorted(TARGETS_DIR.glob("*.yaml"), key=lambda p: p.stem)}
     out[ANY] = _any()
     return out
 

@@ -39,8 +39,12 @@ from vocab.rules import batch_problem
 from vocab.strategy import Strategy, Workload, even_split
 from vocab.targets import WORKLOAD_BEHAVIOUR, Target, by_exporter, targets
 
-#: the trainers, one folder each, by the name their target gives as its ``exporter``
-TRAINERS = ("torchtitan", "megatron", "deepspeed", "nanotron", "python")
+#: the exporters, by the name their target gives as its ``exporter``: the package (under this one) of
+#: its ``export`` and ``read`` modules, one folder per trainer; a release whose configuration format
+#: changed is a subpackage of its trainer's folder
+PACKAGES = {"torchtitan": "torchtitan", "torchtitan-0.3": "torchtitan.cli", "megatron": "megatron",
+            "deepspeed": "deepspeed", "nanotron": "nanotron", "python": "python"}
+TRAINERS = tuple(PACKAGES)
 TARGETS = TRAINERS  # the exporters
 #: the importers, by the exporter (and target) they read
 IMPORTERS = TRAINERS
@@ -69,7 +73,7 @@ def lacks(plan: Plan, target: str) -> list[Loss]:
     """What ``plan`` uses that ``target`` (an exporter or target name) cannot express, and how the
     target would run it differently (``behaviour`` losses): empty when it exports as it is."""
     key = check_target(target)
-    mod = importlib.import_module(f"{__name__}.{key}.export")
+    mod = importlib.import_module(f"{__name__}.{PACKAGES[key]}.export")
     n = normalize(plan, units_of(plan), by_exporter(key))
     mod.adjust(n)
     return n.losses
@@ -81,7 +85,7 @@ def export(plan: Plan, target: str, graph: LayerGraph | None = None) -> Exported
     re-priced with the plan's model (its preset, config file or recorded graph) or ``graph``."""
     key = check_target(target)
     t = by_exporter(key)
-    mod = importlib.import_module(f"{__name__}.{key}.export")
+    mod = importlib.import_module(f"{__name__}.{PACKAGES[key]}.export")
     recorded_graph(plan)  # a plan whose recorded graph is broken is refused, not exported without it
     units = units_of(plan)
     n = normalize(plan, units, t)
@@ -145,7 +149,7 @@ def importer_for(path: Path, trainer: str | None) -> str:
 
 def _module(name: str) -> Any:
     """A trainer's importer (its ``read`` module)."""
-    return importlib.import_module(f"{__name__}.{name}.read")
+    return importlib.import_module(f"{__name__}.{PACKAGES[name]}.read")
 
 
 @typed

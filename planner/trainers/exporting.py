@@ -195,9 +195,10 @@ def _unit_fields(n: Nearest, t: Target) -> None:
     shardings, why = t.sharding.on_mesh(n.mesh, replicas=False, no_shard_group=False)  # both: _hsdp
     allowed = {"sharding": tuple(shardings), "recompute": tuple(t.recompute.modes), "offload": tuple(t.offload.modes)}
     states = _activation_offload(n, t)  # the units whose offload is of states (or none)
+    scope = {"offload": states, "recompute": n.blocks if t.recompute.scope == "blocks" else None}
     for f in UNIT_FIELDS:
         if not per_layer[f]:
-            collapse(n, f, f"{t.name} sets {f} for the whole model", states if f == "offload" else None)
+            collapse(n, f, f"{t.name} sets {f} for the whole model", scope.get(f))
         for v in sorted(set(n.values(f)), key=ORDER[f].index):
             new = nearest_allowed(f, v, allowed[f])
             if new != v:
@@ -323,6 +324,12 @@ def _axes(n: Nearest, t: Target) -> None:
                                        f"({t.name} folds expert ranks over tp with etp=1 only, or not at all)",
                f"expert-tensor parallelism etp={etp} beside tp={m['tp']}")
         m["ep"], m["etp"] = ep, 0
+    elif (m["ep"] > 1 and m["tp"] > 1 and (not etp or etp == m["tp"])
+          and t.tensor_parallel.expert_split == "without_ep" and t.tensor_parallel.expert_folding):
+        n.lose("experts split over tp", f"ep={m['ep']} with the experts split over tp={m['tp']} → etp=1 "
+                                        f"({t.name} folds expert ranks over tp whenever ep > 1)",
+               f"experts split over tp={m['tp']} beside ep={m['ep']}")
+        m["etp"] = 1
 
 
 def _tensor_parallel(n: Nearest, t: Target) -> None:

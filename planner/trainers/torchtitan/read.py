@@ -155,7 +155,8 @@ def check_flavor(doc: dict[str, Any], ctx: Context) -> None:
                       "--model for the model the file trains")
 
 
-def strategy(doc: dict[str, Any], ctx: Context) -> dict[str, Any]:
+def strategy(doc: dict[str, Any], ctx: Context, fqn: dict[str, Any] = TORCHTITAN_FQN) -> dict[str, Any]:
+    """The plan fields of a job config (``fqn``: the module names its stage lists hold)."""
     o = ctx.origin
     check_flavor(doc, ctx)
     par = doc.get(str(K["parallelism"]), {})
@@ -189,7 +190,7 @@ def strategy(doc: dict[str, Any], ctx: Context) -> dict[str, Any]:
         fields["global_batch"] = local * dpr * dps
     fields["micro_batch"] = local
     if pp > 1:
-        _pipeline(par, fields, ctx)
+        _pipeline(par, fields, ctx, fqn)
     sharding = _sharding(par, dps * cp, dpr, pp, o)
     offload = "params" if _get(doc, "training", "cpu_offload", False) is True else "none"
     return _units(doc, fields, ctx, sharding, offload)
@@ -205,7 +206,7 @@ def _sharding(par: dict[str, Any], shard_group: int, replicas: int, pp: int, ori
     return by_policy[policy]
 
 
-def _pipeline(par: dict[str, Any], fields: dict[str, Any], ctx: Context) -> None:
+def _pipeline(par: dict[str, Any], fields: dict[str, Any], ctx: Context, fqn: dict[str, Any]) -> None:
     o, pp = ctx.origin, fields["mesh"]["pp"]
     name = par.get(str(K["schedule"]), "1F1B")
     if name not in SCHEDULES:
@@ -215,7 +216,7 @@ def _pipeline(par: dict[str, Any], fields: dict[str, Any], ctx: Context) -> None
     fields["local_batch"], fields["micro_batch"], fields["schedule"] = fields["micro_batch"], mb, sched
     parts = par.get(str(K["fqns_per_part"]))
     if parts is not None:
-        sizes = _part_sizes(parts, ctx)
+        sizes = _part_sizes(parts, ctx, fqn)
     else:
         per = par.get(str(K["layers_per_stage"]))
         first = count(par.get(str(K["first_less"]), 1), f"parallelism.{K['first_less']}", o, 0)
@@ -261,22 +262,22 @@ def generated_sizes(stages: int, blocks: int, first: int, last: int, origin: str
     return sizes
 
 
-def _part_sizes(parts: Any, ctx: Context) -> list[int]:
+def _part_sizes(parts: Any, ctx: Context, fqn: dict[str, Any]) -> list[int]:
     """Blocks per stage of ``module_fqns_per_model_part``: every block once, in order, the embedding first
     and the head last."""
     o = ctx.origin
     if not isinstance(parts, list) or not all(isinstance(p, list) and all(isinstance(x, str) for x in p) for p in parts):
         raise ConfigError(f"{o}: module_fqns_per_model_part must be a list of lists of module names")
-    prefix = str(TORCHTITAN_FQN["block"]).split("{")[0]
+    prefix = str(fqn["block"]).split("{")[0]
     order: list[int] = []
     sizes = []
     for part in parts:
         blocks = []
-        for fqn in part:
-            if fqn.startswith(prefix) and is_digits(fqn[len(prefix):]):
-                blocks.append(int(fqn[len(prefix):]))
-            elif fqn not in (*TORCHTITAN_FQN["embedding"], *TORCHTITAN_FQN["head"]):
-                raise ConfigError(f"{o}: module_fqns_per_model_part names {fqn!r}, not a module of the model")
+        for name in part:
+            if name.startswith(prefix) and is_digits(name[len(prefix):]):
+                blocks.append(int(name[len(prefix):]))
+            elif name not in (*fqn["embedding"], *fqn["head"]):
+                raise ConfigError(f"{o}: module_fqns_per_model_part names {name!r}, not a module of the model")
         order += blocks
         sizes.append(len(blocks))
     if order != list(range(ctx.blocks)):

@@ -1,0 +1,117 @@
+"""The torchtitan-0.3 target: a launch script of torchtitan 0.3.0's flags, written and read back."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+
+from planner.api import plan as search
+from planner.trainers import ConfigError, export, import_plan, read_config
+from planner.trainers.torchtitan.cli.read import parse
+from tests.test_explain import make_plan
+
+T = "torchtitan-0.3"
+
+
+def _args(text: str) -> list[str]:
+    tokens = shlex.split(text.replace("\\\n", " "), comments=True)
+    return tokens[tokens.index("torchtitan.train") + 1:]
+
+
+def _write(tmp_path: Path, text: str, name: str = "job.sh") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_a_pipelined_plan_writes_its_stages_schedule_and_the_cuda_graph_switch(tmp_path: Path) -> None:
+    """pp 2 over 32 blocks: module lists one comma-joined token per stage, the embedding first and torchtitan
+    0.3's head modules (norm, lm_head) last; CUDA graphs turned off (Trainer.Config refuses them with pp);
+    the checkpointing subcommand after every flag; the import gives back the plan's price."""
+    p = make_plan({"mesh": {"pp": 2, "dp_shard": 8}, "micro_batch": 1, "stage_layers": [15, 17],
+                   "default": {"sharding": "zero3"},
+                   "layers": [{"unit": f"layers.{i}", "sharding": "zero3", "recompute": "full"} for i in range(32)]},
+                  model="llama3.1-8b",
+                  zero3_master="parameter")  # as torchtitan keeps it: the plan is priced as the target runs it
+    e = export(p, T)
+    assert not e.losses
+    args = _args(e.text)
+    assert args[:4] == ["--module", "llama3", "--config", "llama3_8b"]
+    assert args[-1] == "activation_checkpoint:full"
+    parts = args[args.index("--parallelism.module_fqns_per_model_part") + 1:][:2]
+    assert parts[0].split(",")[:2] == ["tok_embeddings", "layers.0"] and len(parts[0].split(",")) == 16
+    assert parts[1].split(",")[-2:] == ["norm", "lm_head"] and len(parts[1].split(",")) == 19
+    assert "--training.disable_cuda_graphs" in args
+    back = import_plan(_write(tmp_path, e.text))
+    assert back.predicted.step_time_s == pytest.approx(p.predicted.step_time_s, rel=1e-9)
+    assert back.strategy.stage_layers == [15, 17] and back.inputs.target.name == T
+
+
+def test_an_unpipelined_dense_plan_keeps_cuda_graphs_and_says_sequence_parallelism() -> None:
+    p = make_plan({"mesh": {"tp": 2, "dp_shard": 8}, "sequence_parallel": False,
+                   "default": {"sharding": "zero3"}}, model="llama3.1-8b")
+    args = _args(export(p, T).text)
+    assert "--training.disable_cuda_graphs" not in args
+    assert "--parallelism.no_enable_sequence_parallel" in args and args[-1] == "activation_checkpoint:none"
+
+
+def test_a_model_without_a_registry_function_gets_placeholders_and_a_note() -> None:
+    e = export(make_plan({"mesh": {"dp_shard": 16}, "default": {"sharding": "zero3"}}, model="gpt2"), T)
+    assert _args(e.text)[:4] == ["--module", "SET-ME-module", "--config", "SET-ME-config"]
+    assert any("no registry function of gpt2" in x for x in e.notes)
+
+
+def test_experts_fold_over_tp_whenever_ep_is_above_one() -> None:
+    """torchtitan 0.3 has no expert-tensor degree: the search offers no ep > 1 with experts split over tp,
+    and an export of such a plan folds them (etp 1), saying so."""
+    p = search("mixtral-8x7b", "16xh100", 2048, 64, target=T, top_k=1)
+    m = p.strategy.mesh
+    assert not (m.ep > 1 and m.tp > 1 and m.etp in (0, m.tp))
+    split = make_plan({"mesh": {"tp": 2, "dp_shard": 8, "ep": 4}, "default": {"sharding": "zero3"}},
+                      model="mixtral-8x7b", zero3_master="parameter")
+    e = export(split, T)
+    assert e.strategy.mesh.etp == 1
+    assert [x.what for x in e.losses] == ["experts split over tp"]
+
+
+def test_import_takes_the_registry_functions_defaults_and_lists_what_it_does_not_price(tmp_path: Path) -> None:
+    """llama3_70b presets tp 8, local batch 8 and full checkpointing (torchtitan 0.3.0's config registry);
+    the flags a price does not read are listed."""
+    text = ("#!/bin/sh\n# a launch as a user writes it\ntorchrun --nproc-per-node 8 -m torchtitan.train \\\n"
+            "  --module llama3 --config llama3_70b --training.steps 500 --training.global_batch_size 64 \\\n"
+            "  --metrics.enable_wandb\n")
+    plan, unread = read_config(_write(tmp_path, text), model="llama3.1-70b", cluster="64xh100")
+    s = plan.strategy
+    assert (s.mesh.tp, s.mesh.dp_shard, s.micro_batch, s.sequence_parallel) == (8, 8, 8, True)
+    assert {s.for_unit(f"layers.{i}").recompute for i in range(80)} == {"full"}
+    assert plan.inputs.workload.global_batch == 64 and plan.inputs.workload.seq_len == 8192
+    assert unread == ["--training.steps", "--metrics.enable_wandb"]
+
+
+@pytest.mark.parametrize("flags,message", [
+    ("--parallelism.expert_tensor_parallel_degree 1", "is not a flag of torchtitan 0.3.0"),
+    ("--parallelism.context_parallel_rotate_method allgather", "is not a flag of torchtitan 0.3.0"),
+    ("--parallelism.tensor_parallel_degree two", "takes an integer"),
+    ("--parallelism.enable_sequence_parallel=False", "is a switch"),
+    ("activation_checkpoint:everything", "activation_checkpoint is one of"),
+    ("'$(touch /tmp/pwned)'", "neither a flag of torchtitan 0.3.0 nor a subcommand"),
+])
+def test_import_refuses_what_torchtitan_03_refuses_in_one_line(flags: str, message: str, tmp_path: Path) -> None:
+    text = f"torchrun -m torchtitan.train --module llama3 --config llama3_8b {flags}\n"
+    with pytest.raises(ConfigError, match=message) as err:
+        import_plan(_write(tmp_path, text), model="llama3.1-8b", cluster="8xh100")
+    assert "\n" not in str(err.value)
+
+
+def test_import_refuses_a_registry_model_of_another_shape(tmp_path: Path) -> None:
+    text = "torchrun -m torchtitan.train --module llama3 --config llama3_8b\n"
+    with pytest.raises(ConfigError, match="trains llama3.1-8b"):
+        import_plan(_write(tmp_path, text), model="llama3.1-70b", cluster="64xh100")
+
+
+def test_parse_reads_bare_flags_and_the_no_form() -> None:
+    doc = parse("--module llama3 --config llama3_8b --training.no_enable_cpu_offload --parallelism.pipeline_parallel_degree=2",
+                "f")
+    assert doc["flags"] == {"training.enable_cpu_offload": False, "parallelism.pipeline_parallel_degree": 2}
