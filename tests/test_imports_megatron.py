@@ -66,7 +66,7 @@ CASES: dict[str, tuple[Callable[[], Plan], tuple[str, ...]]] = {
     "ulysses-offload": (
         lambda: made("llama3-8b", {"mesh": {"dp_shard": 4, "cp": 2, "tp": 2}, "cp_mode": "ulysses",
                                    "default": {**Z, "offload": "optimizer"}}, seq_len=8192),
-        ("--cp-comm-type a2a", "--optimizer-cpu-offload")),
+        ("--cp-comm-type a2a", "--optimizer-cpu-offload", "--use-precision-aware-optimizer")),
     "moe-ep-pp": (
         lambda: made("mixtral-8x7b", {"mesh": {"pp": 2, "dp_shard": 4, "tp": 2, "ep": 4}, "sequence_parallel": True,
                                       "default": {**Z, "recompute": "full"}}),
@@ -144,6 +144,7 @@ def edited(drop: tuple[str, ...] = (), add: tuple[str, ...] = ()) -> str:
     (("--use-distributed-optimizer",), ("--num-distributed-optimizer-instances 2",), "--num-distributed-optimizer-instances needs "
                                                       "--use-distributed-optimizer"),
     (("--use-distributed-optimizer",), ("--optimizer-cpu-offload",), "--optimizer-cpu-offload needs --use-distributed-optimizer"),
+    ((), ("--optimizer-cpu-offload",), "--optimizer-cpu-offload needs --use-precision-aware-optimizer (Megatron-LM asserts it)"),
     ((), ("--decoder-first-pipeline-num-layers 5",), "--decoder-first-pipeline-num-layers needs "
                                                      "--pipeline-model-parallel-size > 1"),
     (("--pipeline-model-parallel-size",), ("--pipeline-model-parallel-size 4", "--decoder-first-pipeline-num-layers 5"),

@@ -314,8 +314,10 @@ def render(n: Nearest, s: Strategy, cost: str) -> str:
                   (K["recompute_num_layers"], k or 1)]
     if w.adam_states == "bf16":
         flags += [(K["precision_aware"], True), (K["exp_avg_dtype"], "bf16"), (K["exp_avg_sq_dtype"], "bf16")]
-    if any(v == "optimizer" for v in n.values("offload")):
+    if any(v == "optimizer" for v in n.values("offload")):  # Megatron-LM asserts the precision-aware optimizer
+        # beside it (arguments.py:1803-1806 of the 0.19.2 wheel); its moments stay fp32 unless set above
         flags += [(K["optimizer_offload"], True), (K["optimizer_offload_fraction"], 1.0)]
+        flags += [] if w.adam_states == "bf16" else [(K["precision_aware"], True)]
     flags.append((K["activation_offload_layers"], n.values("offload", n.blocks).count("activations") or None))
     flags += [(K["micro_batch"], s.micro_batch), (K["global_batch"], w.global_batch), (K["seq_len"], w.seq_len),
               (K["bf16"], True if w.precision != "fp32" else None),

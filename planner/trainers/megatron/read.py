@@ -241,6 +241,8 @@ def strategy(doc: Doc, ctx: Context) -> dict[str, Any]:
     offload = _on(doc, "optimizer_offload", o)
     if offload and not dist_opt:
         raise ConfigError(f"{o}: {_key('optimizer_offload')} needs {_key('dist_opt')}")
+    if offload and not _on(doc, "precision_aware", o):  # Megatron-LM arguments.py:1803-1806 (0.19.2 wheel)
+        raise ConfigError(f"{o}: {_key('optimizer_offload')} needs {_key('precision_aware')} (Megatron-LM asserts it)")
     fraction = _str(doc, "optimizer_offload_fraction", o) or "1"
     try:
         whole = read_float(fraction) == 1.0
