@@ -93,7 +93,7 @@ def traffic(n: LayerNode, kernels: str, cross_entropy: str) -> tuple[float, floa
     if cls is None:
         return 1.0, 2.0
     stack = cross_entropy if cls == "cross_entropy" else kernels
-    fwd, bwd = (EAGER_BYTES if stack == "eager" else FUSED_BYTES)[cls]
+    fwd, bwd = (FUSED_BYTES if stack == "fused" else EAGER_BYTES)[cls]  # a chunked loss runs eager per chunk
     if n.kind == "norm":
         fwd, bwd = fwd + RESIDUAL_BYTES[0], bwd + RESIDUAL_BYTES[1]
     base = MINIMAL_BYTES[cls]

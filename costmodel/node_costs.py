@@ -20,7 +20,7 @@ from costmodel.kernels import (
     traffic,
 )
 from profiler.graph import LayerNode
-from vocab.strategy import FP8_PRECISIONS, Workload
+from vocab.strategy import FP8_PRECISIONS, LOSS_CHUNKS, Workload
 
 F = np.ndarray
 GEMM_KINDS = ("linear", "router", "experts")
@@ -56,19 +56,33 @@ def saved_widths(nodes: list[LayerNode], widths: list[float], w: Workload, dev: 
     the layer runs in fp8: a linear keeps
     its input at :func:`fp8_saved_byte` (not one whose input is the attention core's output, which the
     core keeps in 16 bits and the layer shares), and the routed experts their two GEMM inputs (the
-    token, ``in`` wide, and the down projection's, ``out`` wide) so, their activation input in 16 bits."""
+    token, ``in`` wide, and the down projection's, ``out`` wide) so, their activation input in 16 bits;
+    and where the loss runs in sequence chunks (:func:`chunked_loss_widths`)."""
     out: list[Any] = list(widths)
-    if w.fp8_saved_inputs != "quantized" or not dev.fp8_gemms(w.precision):
-        return out
-    half = fp8_saved_byte(w.precision) / 2.0
-    low = experts_low_precision(w.precision, w.low_precision_experts, cfg.pp, cfg.cp)
+    if w.fp8_saved_inputs == "quantized" and dev.fp8_gemms(w.precision):
+        half = fp8_saved_byte(w.precision) / 2.0
+        low = experts_low_precision(w.precision, w.low_precision_experts, cfg.pp, cfg.cp)
+        for i, n in enumerate(nodes):
+            if n.kind == "linear" and fp8_runs(n, w.precision) and not (i and nodes[i - 1].kind == "attention"):
+                out[i] = half
+            elif n.kind == "experts":
+                h, f, mats = (float(n.dims.get(x, d)) for x, d in (("in", 0), ("out", 0), ("matrices", 2)))
+                whole = h + mats * f  # per routed copy: its input, the activation's input(s), the down input
+                out[i] = np.where(low, (half * (h + f) + (mats - 1) * f) / whole, 1.0) if whole else 1.0
+    return chunked_loss_widths(nodes, out) if w.cross_entropy == "chunked" else out
+
+
+def chunked_loss_widths(nodes: list[LayerNode], widths: list[Any]) -> list[Any]:
+    """Saved widths under a chunked loss (``Workload.cross_entropy`` chunked, :data:`LOSS_CHUNKS`): the loss
+    holds one chunk's fp32 softmax at a time, and the head's linear layer adds an fp32 accumulator of its
+    input's gradient (two more 16-bit copies of its input; torchtitan keeps it whole on every tp rank,
+    which the head input's tp division here understates)."""
+    out = list(widths)
     for i, n in enumerate(nodes):
-        if n.kind == "linear" and fp8_runs(n, w.precision) and not (i and nodes[i - 1].kind == "attention"):
-            out[i] = half
-        elif n.kind == "experts":
-            h, f, mats = (float(n.dims.get(x, d)) for x, d in (("in", 0), ("out", 0), ("matrices", 2)))
-            whole = h + mats * f  # per routed copy: its input, the activation's input(s), the down input
-            out[i] = np.where(low, (half * (h + f) + (mats - 1) * f) / whole, 1.0) if whole else 1.0
+        if n.kind == "loss":
+            out[i] = out[i] / LOSS_CHUNKS
+        elif n.kind == "linear" and i + 1 < len(nodes) and nodes[i + 1].kind == "loss":
+            out[i] = out[i] + 2.0
     return out
 
 

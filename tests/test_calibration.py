@@ -167,7 +167,7 @@ def test_a_plan_records_its_calibration_and_is_repriced_with_it(tmp_path: Path) 
     assert r.exit_code == 0, r.output
     doc = json.loads((tmp_path / "p.json").read_text())
     ref = doc["inputs"]["calibration"]
-    assert doc["schema_version"] == "1.11" and ref["accelerator"] == "h100-sxm" and ref["band"]["runs"] == 5
+    assert doc["schema_version"] == "1.12" and ref["accelerator"] == "h100-sxm" and ref["band"]["runs"] == 5
     assert ref["network_scale"] == pytest.approx(0.6, rel=0.02)
     cal.unlink()  # re-pricing reads the values the plan records
     est = json.loads(runner.invoke(app, ["estimate", "--plan", str(tmp_path / "p.json"), "--json"]).stdout)

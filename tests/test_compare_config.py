@@ -81,4 +81,4 @@ def test_a_configuration_of_no_known_suffix_names_the_suffixes(tmp_path: Path) -
     other.write_text(recipe.read_text())
     r = runner.invoke(app, ["explain", str(doc), "--compare-with", str(other)])
     assert r.exit_code == 2 and r.stderr.count("\n") == 1
-    assert "from its suffix: .toml (torchtitan), .args (megatron)" in r.stderr
+    assert "from its suffix: .toml (torchtitan), .sh (torchtitan-0.3), .args (megatron)" in r.stderr

@@ -155,7 +155,7 @@ def _folded_plan(target: TargetRef = MEGATRON) -> Plan:
 
 def test_a_folded_plan_exports_and_imports_on_megatron_and_torchtitan(tmp_path: Path) -> None:
     plan = _folded_plan()
-    assert plan.schema_version == "1.11" and plan.strategy.mesh.etp == 1
+    assert plan.schema_version == "1.12" and plan.strategy.mesh.etp == 1
     assert json.loads(plan.model_dump_json())["strategy"]["mesh"]["etp"] == 1
     meg = export(plan, "megatron")
     assert not meg.losses and "--expert-tensor-parallel-size 1" in meg.text

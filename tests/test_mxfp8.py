@@ -177,7 +177,7 @@ def test_torchtitan_export_and_import_keep_mxfp8(tmp_path: Path) -> None:
 
 
 def test_schema_reads_the_previous_version() -> None:
-    assert SCHEMA_VERSION == "1.11" and "1.7" in READABLE_VERSIONS
+    assert SCHEMA_VERSION == "1.12" and "1.7" in READABLE_VERSIONS
     old = load_plan(Path(__file__).parent / "data" / "calibration" / "cpu-runs" / "ddp.plan.json")
     assert old.schema_version == "1.7"
     doc = json.loads(_megatron_plan().model_dump_json())
@@ -199,7 +199,7 @@ def test_cli_plans_mxfp8_for_megatron_on_b200(tmp_path: Path) -> None:
     assert main(["plan", "--model", "llama3-8b", "--cluster", "8xb200", "--seq-len", "4096", "--global-batch", "64",
                  "--precision", "mxfp8", "--target", "megatron", "-o", str(out)]) == 0
     p = load_plan(out)
-    assert p.schema_version == "1.11" and p.inputs.workload.precision == "mxfp8"
+    assert p.schema_version == "1.12" and p.inputs.workload.precision == "mxfp8"
     assert p.inputs.target.name == "megatron" and p.predicted.step_time_s > 0
 
 

@@ -236,7 +236,7 @@ def test_cli_plan_records_its_target_and_exports_to_it(tmp_path: Path) -> None:
     assert r.exit_code == 0, r.output
     assert "torchtitan 0.2.2" in r.stdout
     doc = json.loads(out.read_text())
-    assert doc["schema_version"] == "1.11" and doc["inputs"]["target"] == {"name": "torchtitan", "version": "0.2.2"}
+    assert doc["schema_version"] == "1.12" and doc["inputs"]["target"] == {"name": "torchtitan", "version": "0.2.2"}
     r = runner.invoke(app, ["export", str(out), "--to", "torchtitan", "-o", str(tmp_path / "tt.toml")])
     assert r.exit_code == 0 and "warning" not in r.stderr and (tmp_path / "tt.toml").exists()
     d = json.loads(runner.invoke(app, ["explain", str(out), "--json"]).stdout)
@@ -270,7 +270,7 @@ def test_plans_record_the_targets_receive_buffers() -> None:
     them (schema 1.3); a 1.2 document was priced with torch's and may name no other; a 1.2 document
     without the field reads as torch's."""
     p = searched("megatron", "gpt2")
-    assert p.schema_version == "1.11" and p.inputs.workload.recv_buffers == "none"
+    assert p.schema_version == "1.12" and p.inputs.workload.recv_buffers == "none"
     doc = json.loads(p.to_json())
     with pytest.raises(PlanError, match="workload.recv_buffers 'none' needs schema_version 1.3"):
         parse_plan({**doc, "schema_version": "1.2"})
@@ -297,7 +297,7 @@ def test_plans_record_the_targets_kernels() -> None:
     1.4), and its norms cost less than the same plan's with eager kernels; a 1.3 document was priced
     with eager kernels and may name no other; a 1.3 document without the field reads as eager."""
     p = searched("megatron", "gpt2")
-    assert p.schema_version == "1.11" and p.inputs.workload.kernels == "fused"
+    assert p.schema_version == "1.12" and p.inputs.workload.kernels == "fused"
     assert searched("shardplan", "gpt2").inputs.workload.kernels == "eager"
     doc = json.loads(p.to_json())
     with pytest.raises(PlanError, match="workload.kernels 'fused' needs schema_version 1.4"):
@@ -339,7 +339,7 @@ def test_plans_record_what_the_targets_selective_recomputation_keeps(target: str
     (schema 1.6); a 1.5 document was priced with the attention core recomputed and may name no other;
     one without the field reads as that."""
     p = searched(target, "gpt2")
-    assert p.schema_version == "1.11" and p.inputs.workload.selective == policy
+    assert p.schema_version == "1.12" and p.inputs.workload.selective == policy
     if policy != "attention":
         doc = json.loads(p.to_json())
         with pytest.raises(PlanError, match=f"workload.selective '{policy}' needs schema_version 1.6"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from planner.api import plan as search
 from planner.trainers import ConfigError, export, import_plan, read_config
 from planner.trainers.torchtitan.cli.read import parse
 from tests.test_explain import make_plan
+from vocab.plan import parse_plan
 
 T = "torchtitan-0.3"
 
@@ -34,7 +36,7 @@ def test_a_pipelined_plan_writes_its_stages_schedule_and_the_cuda_graph_switch(t
                    "default": {"sharding": "zero3"},
                    "layers": [{"unit": f"layers.{i}", "sharding": "zero3", "recompute": "full"} for i in range(32)]},
                   model="llama3.1-8b",
-                  zero3_master="parameter")  # as torchtitan keeps it: the plan is priced as the target runs it
+                  zero3_master="parameter", cross_entropy="chunked")  # as torchtitan keeps it: the plan is priced as the target runs it
     e = export(p, T)
     assert not e.losses
     args = _args(e.text)
@@ -70,7 +72,7 @@ def test_experts_fold_over_tp_whenever_ep_is_above_one() -> None:
     m = p.strategy.mesh
     assert not (m.ep > 1 and m.tp > 1 and m.etp in (0, m.tp))
     split = make_plan({"mesh": {"tp": 2, "dp_shard": 8, "ep": 4}, "default": {"sharding": "zero3"}},
-                      model="mixtral-8x7b", zero3_master="parameter")
+                      model="mixtral-8x7b", zero3_master="parameter", cross_entropy="chunked")
     e = export(split, T)
     assert e.strategy.mesh.etp == 1
     assert [x.what for x in e.losses] == ["experts split over tp"]
@@ -115,3 +117,42 @@ def test_parse_reads_bare_flags_and_the_no_form() -> None:
     doc = parse("--module llama3 --config llama3_8b --training.no_enable_cpu_offload --parallelism.pipeline_parallel_degree=2",
                 "f")
     assert doc["flags"] == {"training.enable_cpu_offload": False, "parallelism.pipeline_parallel_degree": 2}
+
+
+def test_a_chunked_loss_keeps_one_chunk_of_the_softmax_and_an_fp32_gradient_accumulator() -> None:
+    """torchtitan 0.3's ChunkedLossWrapper (8 chunks): the head keeps its norm's and linear's 16-bit inputs
+    (L·D·2 bytes each), an fp32 accumulator of the linear input's gradient (L·D·4) and one chunk of the fp32
+    softmax (L·V·4 / 8), against eager's whole softmax; the step time is eager's (the same kernels, per
+    chunk), the peak lower by the bytes saved, their transient twice over, and the allocator's share."""
+    from costmodel.constants import constants_for
+    from costmodel.node_costs import chunked_loss_widths
+    from planner.reprice import load_named_model
+
+    L, D, V = 8192, 4096, 128256
+    head = dict(load_named_model("llama3.1-8b", L).blocks())["head"]
+    widths = chunked_loss_widths(head, [1.0] * len(head))
+    assert sum(n.act_saved_bytes for n in head) == L * D * 2 + L * D * 2 + L * V * 4
+    assert sum(x * n.act_saved_bytes for x, n in zip(widths, head, strict=True)) == L * D * 2 + L * D * 6 + L * V * 4 / 8
+    eager, chunked = (make_plan({"mesh": {"dp_shard": 16}, "default": {"sharding": "zero3"}}, model="llama3.1-8b",
+                                seq_len=L, cross_entropy=ce) for ce in ("eager", "chunked"))
+    assert chunked.predicted.step_time_s == eager.predicted.step_time_s
+    saved = L * V * 4 * 7 / 8 - L * D * 4
+    frag = constants_for("h100-sxm").fragmentation
+    gib = (eager.predicted.memory_peak_gib - chunked.predicted.memory_peak_gib) * 2**30
+    assert gib == pytest.approx(saved * 3 * (1 + frag), rel=1e-9)
+
+
+def test_schema_112_holds_a_chunked_loss_and_a_dotted_target() -> None:
+    """A 1.11 document names neither the chunked loss nor a target with a dot; a 1.12 one may."""
+    from vocab.plan import PlanError
+
+    p = search("llama3.1-8b", "8xh100", 4096, 32, target=T, top_k=1)
+    doc = json.loads(p.to_json())
+    assert doc["schema_version"] == "1.12" and doc["inputs"]["workload"]["cross_entropy"] == "chunked"
+    assert doc["inputs"]["target"] == {"name": T, "version": "0.3.0"}
+    old = {**doc, "schema_version": "1.11"}
+    with pytest.raises(PlanError, match="cross_entropy 'chunked' needs schema_version 1.12"):
+        parse_plan(old)
+    old["inputs"] = {**doc["inputs"], "workload": {**doc["inputs"]["workload"], "cross_entropy": "eager"}}
+    with pytest.raises(PlanError, match="target 'torchtitan-0.3' needs schema_version 1.12"):
+        parse_plan(old)

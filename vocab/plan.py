@@ -36,7 +36,7 @@ from vocab.rules import batch_problem
 from vocab.strategy import Strategy, Workload
 from vocab.viewers import register_viewer, registered  # noqa: F401  (register_viewer: re-exported)
 
-SCHEMA_VERSION = "1.11"
+SCHEMA_VERSION = "1.12"
 #: versions this shardplan reads: 1.1 added ``inputs.model_graph`` (a 1.0 document is a 1.1 one without
 #: it); 1.2 added ``inputs.target`` (a 1.0 or 1.1 document is one searched for the target ``any``); 1.3
 #: added ``workload.recv_buffers`` (older documents keep torch's per-micro-batch buffers); 1.4 added
@@ -51,8 +51,9 @@ SCHEMA_VERSION = "1.11"
 #: ``workload.moe_tp`` (older documents were priced with Megatron's token dispatcher under tensor parallelism);
 #: 1.11 added ``workload.fp8_saved_inputs`` (older documents kept every fp8 linear's 16-bit input) and the offload
 #: ``activations`` (older documents offload states only) and ``workload.adam_states`` (older documents kept
-#: Adam's master and moments in fp32)
-READABLE_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "1.6", "1.7", "1.8", "1.9", "1.10", "1.11")
+#: Adam's master and moments in fp32); 1.12 added the cross-entropy ``chunked`` (older documents name eager or
+#: fused) and target names with a dot (``torchtitan-0.3``)
+READABLE_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "1.6", "1.7", "1.8", "1.9", "1.10", "1.11", "1.12")
 #: the target a document records when it names none: the whole plan vocabulary (``vocab.targets``)
 ANY_TARGET = "any"
 SCHEMA_PATH = Path(__file__).parent / "plan.schema.json"
@@ -73,6 +74,11 @@ FACTORY = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]
 def names_factory(model: str) -> bool:
     """Whether ``model`` has the shape of ``package.module:factory`` (code that a plan never runs)."""
     return FACTORY.match(model) is not None
+
+
+def _before(version: str, first: str) -> bool:
+    """Whether documents of ``version`` predate ``first`` (both of :data:`READABLE_VERSIONS`)."""
+    return READABLE_VERSIONS.index(version) < READABLE_VERSIONS.index(first)
 
 
 def _rule(message: str) -> PydanticCustomError:
@@ -303,7 +309,8 @@ class Alternative(_Doc):
 # What the plan was made for, the strategy, the cost model's prediction, the solver, runners-up. (No
 # docstring: it would become the schema's description.)
 class Plan(_Doc):
-    schema_version: Literal["1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "1.6", "1.7", "1.8", "1.9", "1.10", "1.11"] = (
+    schema_version: Literal["1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "1.6", "1.7", "1.8", "1.9", "1.10", "1.11",
+                            "1.12"] = (
         SCHEMA_VERSION)
     inputs: PlanInputs
     strategy: Strategy
@@ -354,15 +361,19 @@ class Plan(_Doc):
         if version in (*older, "1.5", "1.6", "1.7", "1.8") and inp.workload.low_precision_experts != "always":
             raise _rule(f"workload.low_precision_experts '{inp.workload.low_precision_experts}' needs schema_version "
                         "1.9 (older plans were priced with an fp8 run's experts in fp8 on every mesh)")
-        if version in READABLE_VERSIONS[:-2] and inp.workload.moe_tp != "dispatcher":
+        if _before(version, "1.10") and inp.workload.moe_tp != "dispatcher":
             raise _rule(f"workload.moe_tp '{inp.workload.moe_tp}' needs schema_version 1.10 (older plans were priced "
                         "with Megatron's dispatcher under tensor parallelism)")
-        if version in READABLE_VERSIONS[:-1] and inp.workload.adam_states != "fp32":
+        if _before(version, "1.11") and inp.workload.adam_states != "fp32":
             raise _rule(f"workload.adam_states '{inp.workload.adam_states}' needs schema_version 1.11 (older plans "
                         "kept Adam's master and moments in fp32)")
-        if version in READABLE_VERSIONS[:-1] and inp.workload.fp8_saved_inputs != "original":
+        if _before(version, "1.11") and inp.workload.fp8_saved_inputs != "original":
             raise _rule(f"workload.fp8_saved_inputs '{inp.workload.fp8_saved_inputs}' needs schema_version 1.11 (older "
                         "plans kept every fp8 linear layer's 16-bit input)")
+        if _before(version, "1.12") and inp.workload.cross_entropy == "chunked":
+            raise _rule("workload.cross_entropy 'chunked' needs schema_version 1.12 (older plans name eager or fused)")
+        if _before(version, "1.12") and inp.target is not None and "." in inp.target.name:
+            raise _rule(f"target '{inp.target.name}' needs schema_version 1.12 (older plans name no target with a dot)")
         if version != "1.0" and inp.model_graph is None and names_factory(inp.model):
             raise _rule(f"model '{inp.model}' names a factory, which a plan never imports: the plan must record "
                         "its layer graph (inputs.model_graph), as 'shardplan plan' does")
@@ -372,10 +383,10 @@ class Plan(_Doc):
     @classmethod
     def _strategy_fits(cls, s: Strategy, info: ValidationInfo) -> Strategy:
         version = info.data.get("schema_version", SCHEMA_VERSION)
-        if s.mesh.etp and version in READABLE_VERSIONS[:-2]:
+        if s.mesh.etp and _before(version, "1.10"):
             raise _rule("strategy.mesh.etp needs schema_version 1.10 (older plans split every expert over the "
                         "tensor-parallel ranks)")
-        if version in READABLE_VERSIONS[:-1] and any(ls.offload == "activations" for ls in [s.default, *s.layers]):
+        if _before(version, "1.11") and any(ls.offload == "activations" for ls in [s.default, *s.layers]):
             raise _rule("offload 'activations' needs schema_version 1.11 (older plans offload states only)")
         inp = info.data.get("inputs")
         if isinstance(inp, PlanInputs):

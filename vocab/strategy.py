@@ -61,7 +61,11 @@ PRECISIONS = ("bf16", "fp8", "mxfp8", "fp32")
 FP8_PRECISIONS = ("fp8", "mxfp8")
 #: precisions the trainers run that the cost model cannot price, and why (a named refusal)
 UNPRICED_PRECISIONS = {"nvfp4": "no FP4 throughput in the hardware data (hardware.csv)"}
-CROSS_ENTROPY_CHOICES = ("eager", "fused")
+CROSS_ENTROPY_CHOICES = ("eager", "fused", "chunked")
+#: the sequence chunks of torchtitan 0.3's ChunkedLossWrapper (components/loss.py:567-613, ``num_chunks`` 8 in
+#: every registry function): the head and the loss run one chunk at a time, backward included, with an fp32
+#: accumulator of the hidden states' gradient (GradAccumulator, loss.py:705)
+LOSS_CHUNKS = 8
 GRAD_DTYPE_CHOICES = ("fp32", "bf16")
 RECV_BUFFER_CHOICES = ("per_micro_batch", "one", "none")
 KERNEL_CHOICES = ("eager", "fused")
@@ -91,7 +95,7 @@ WORKLOAD_CHOICES = {"attention_kernel": ("attention kernel", ATTENTION_KERNEL_CH
 #: PyTorch eager ``F.cross_entropy(logits.float())`` holds, in its backward, the incoming gradient
 #: of the log-softmax and the outgoing one (2x); a fused kernel (Megatron's vocab-parallel
 #: cross-entropy, Liger, a compiled loss) writes the gradient in place and holds the bf16 logits (1/2).
-LOSS_BUFFER = {"eager": 2.0, "fused": 0.5}
+LOSS_BUFFER = {"eager": 2.0, "fused": 0.5, "chunked": 2.0}
 
 
 def check_precision(precision: str) -> None:
@@ -314,9 +318,10 @@ class Workload(_Strict):
         "auto", description="flash2: FlashAttention-2 / PyTorch SDPA; flash3: Hopper-native (FlashAttention-3, "
         "cuDNN / Transformer Engine); auto: the newest the accelerator runs"
     )
-    cross_entropy: Literal["eager", "fused"] = Field(
+    cross_entropy: Literal["eager", "fused", "chunked"] = Field(
         "eager", description="eager: PyTorch F.cross_entropy on fp32 logits (this runtime, torchtitan, HF); "
-        "fused: a fused vocab-parallel kernel (Megatron-LM, NeMo)"
+        "fused: a fused vocab-parallel kernel (Megatron-LM, NeMo); chunked: eager over LOSS_CHUNKS sequence chunks "
+        "one at a time, backward included (torchtitan 0.3's ChunkedLossWrapper)"
     )
     grad_dtype: Literal["fp32", "bf16"] = Field(
         "fp32", description="gradient buffers under bf16/fp8: fp32 (Megatron's main_grad, FSDP2 with an fp32 "

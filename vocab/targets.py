@@ -247,7 +247,7 @@ class Behaviour(_Strict):
     """How the trainer behaves where the cost model has a knob (``vocab.strategy.Workload``): the
     values it runs, the first being what a search for it assumes."""
 
-    cross_entropy: list[Literal["eager", "fused"]] = Field(..., min_length=1)
+    cross_entropy: list[Literal["eager", "fused", "chunked"]] = Field(..., min_length=1)
     grad_dtype: list[Literal["fp32", "bf16"]] = Field(..., min_length=1)
     recv_buffers: list[Literal["per_micro_batch", "one", "none"]] = _runs(
         "per_micro_batch", "pipeline receive buffers kept beyond the activations (vocab.strategy.Workload)")
