@@ -274,3 +274,22 @@ def test_a_launch_script_is_read_as_megatron_lm_parses_it(tmp_path: Path) -> Non
     with pytest.raises(ConfigError, match=r"Megatron-LM 0.19.2's parser refuses it: argument --ckpt-format: "
                                           r"invalid choice: 'fsdp_tensor'"):
         import_plan(path)
+
+
+def test_megatron_lms_own_parse_args_and_validate_args_accept_every_export() -> None:
+    """Megatron-LM's ``add_megatron_arguments`` + ``validate_args`` (the megatron-core 0.19.2 wheel's
+    megatron/training, installed beside the pinned 0.16.1: tests/trainers-megatron-core-0.19.txt) accept
+    every export above, each on one rank of its job's world, and parse the export's mesh; so do an mxfp8
+    plan on B200 and the first blocks' activations offloaded."""
+    from tests.trainer_loaders import megatron_lm_validates
+
+    extra = [made("llama3-8b", {"mesh": {"dp_shard": 8, "tp": 2}, "sequence_parallel": True}, cluster="16xb200",
+                  precision="mxfp8"),
+             made("llama3-8b", {"mesh": {"dp_shard": 16}, "default": Z, "layers": [
+                 {"unit": f"layers.{i}", "sharding": "zero1", "offload": "activations"} for i in range(4)]})]
+    exports = [exported(name)[1] for name in CASES] + [export(p, "megatron") for p in extra]
+    got = megatron_lm_validates(exports)
+    if got is None:
+        pytest.skip("megatron-core 0.19.2 is not installed in .trainers/ (the README's test command)")
+    assert len(got) == len(exports)
+    assert [g["fp32_grads"] for g in got] == ["--grad-reduce-in-bf16" not in e.text for e in exports]

@@ -18,9 +18,8 @@ HISTORY_WORDS = ("session", "what changed", "re-run", "2026-", "previously")
 SETUP_COMMANDS = (
     "python3.11 -m venv .venv && . .venv/bin/activate && pip install -e . && shardplan plan --model llama3-70b "
     "--cluster 1024xh100 --seq-len 8192 --global-batch 512 -o plan.json",
-    "python3.11 -m venv .venv && . .venv/bin/activate && pip install -q -e '.[test]' && pip install -q --no-deps "
-    "-r tests/trainers.txt && pip install -q --no-deps --target .trainers/torchtitan-0.3.0 "
-    "-r tests/trainers-torchtitan-0.3.txt && python -m pytest -q",
+    "python3.11 -m venv .venv && . .venv/bin/activate && pip install -q -e '.[test]' && sh tests/install_trainers.sh "
+    "&& python -m pytest -q",
 )
 OPTION = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -53,6 +53,8 @@ def trainer_loader(target: str, skip: bool = True) -> Loader | None:
 #: releases installed beside the pinned ones (the README's test command: ``pip install --no-deps --target``),
 #: loaded in a child process with their folder first on ``PYTHONPATH``
 SIDE_INSTALLS = {"torchtitan-0.3": ROOT / ".trainers" / "torchtitan-0.3.0"}
+#: megatron-core 0.19.2 beside the pinned 0.16.1: its wheel ships Megatron-LM's ``megatron/training``
+MEGATRON_LM = ROOT / ".trainers" / "megatron-core-0.19.2"
 
 
 def _side_loader(target: str, skip: bool) -> Loader | None:
@@ -102,6 +104,72 @@ def _torchtitan_03(e: Exported, where: Path) -> None:
     assert (got["tp"], got["pp"], got["cp"], got["ep"]) == (m.tp, m.pp, m.cp, m.ep), got
     assert got["dp_shard"] * got["dp_replicate"] == m.dp_shard * m.dp_replicate, got
     assert got["sp"] == (m.tp == 1 or bool(e.strategy.sequence_parallel)), got
+
+
+#: what the child process runs: Megatron-LM's own ``add_megatron_arguments`` parser and ``validate_args`` (the
+#: checks across flags) on an export's flags, as ``pretrain_gpt.py``'s ``initialize_megatron`` runs them on one
+#: rank of the job's world; ``typing.override`` (Python 3.12) is shimmed, and the GPU generation that
+#: ``validate_args`` asks the CUDA driver for (``get_device_arch_version``, ``torch.cuda.get_device_capability``)
+#: is the cluster's
+MEGATRON_LM_CHECK = r"""
+import argparse, json, os, sys, typing, warnings
+warnings.filterwarnings("ignore")
+if not hasattr(typing, "override"):
+    typing.override = lambda f: f
+import torch
+import megatron.training.arguments as lm
+out = []
+for req in json.loads(sys.stdin.read()):
+    lm.get_device_arch_version = lambda: req["arch"]
+    torch.cuda.get_device_capability = lambda *a, **k: (req["arch"], 0)
+    os.environ.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
+    os.environ.update(req["env"])
+    parser = argparse.ArgumentParser(allow_abbrev=False)
+    lm.add_megatron_arguments(parser)
+    args = parser.parse_args(req["argv"])
+    args.rank, args.world_size = 0, req["world"]
+    lm.validate_args(args, {})
+    out.append({"tp": args.tensor_model_parallel_size, "pp": args.pipeline_model_parallel_size,
+                "cp": args.context_parallel_size, "ep": args.expert_model_parallel_size,
+                "dp": args.data_parallel_size, "fp32_grads": bool(args.accumulate_allreduce_grads_in_fp32)})
+print(json.dumps(out))
+"""
+#: accelerators of the Blackwell generation (compute capability 10): validate_args lifts its pre-Blackwell checks
+BLACKWELL = ("b200", "gb200", "b300", "gb300")
+
+
+def megatron_lm_validates(exports: list[Exported]) -> list[dict[str, Any]] | None:
+    """Megatron-LM 0.19.2's ``parse_args`` + ``validate_args`` on Megatron exports, in one child process (None
+    where megatron-core 0.19.2 is not installed beside), each as one rank of its job's world would run them:
+    WORLD_SIZE and RANK set, CUDA_DEVICE_MAX_CONNECTIONS 1 as Megatron-LM's launch scripts set it unless the
+    export runs Megatron-FSDP (its note says to leave it unset). Each parsed mesh must be the export's."""
+    import os
+    import shlex
+    import subprocess
+    import sys
+
+    from planner.trainers.reading import read_inputs
+
+    if not (MEGATRON_LM / "megatron" / "training").is_dir():
+        return None
+    reqs = []
+    for e in exports:
+        argv = shlex.split(e.text, comments=True)
+        accelerator = str(read_inputs(e.text, "the export")["cluster"]["accelerator"]).lower()
+        env = {"WORLD_SIZE": str(e.strategy.mesh.world_size), "RANK": "0", "LOCAL_RANK": "0"}
+        if "--use-megatron-fsdp" not in argv:
+            env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
+        reqs.append({"argv": argv, "world": e.strategy.mesh.world_size, "env": env,
+                     "arch": 10 if accelerator.startswith(BLACKWELL) else 9})
+    run = subprocess.run([sys.executable, "-c", MEGATRON_LM_CHECK], input=json.dumps(reqs), capture_output=True,
+                         text=True, env={**os.environ, "PYTHONPATH": str(MEGATRON_LM)}, timeout=600, check=False,
+                         cwd=str(ROOT))
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    for e, g in zip(exports, got, strict=True):
+        m = e.strategy.mesh
+        assert (g["tp"], g["pp"], g["cp"], g["ep"]) == (m.tp, m.pp, m.cp, m.ep), (g, m)
+    return got
 
 
 def _torchtitan(e: Exported, where: Path) -> None:
