@@ -4,6 +4,7 @@ Run with a Python where the releases are importable (see ``docs/targets.md``, "C
 
     python benchmarks/trainer_key_snapshots.py [torchtitan megatron deepspeed nanotron]
     PYTHONPATH=.trainers/torchtitan-0.3.0 python benchmarks/trainer_key_snapshots.py torchtitan  # 0.3.x
+    PYTHONPATH=.trainers/megatron-core-0.19.2 python benchmarks/trainer_key_snapshots.py megatron  # 0.19.2
 
 Each file is named after the installed version (``torchtitan-0.2.2.json``, ``megatron_core-0.16.1.json``,
 ``deepspeed-0.19.8.json``, ``nanotron-0.4.json``) and holds the configuration keys the release's own
@@ -181,10 +182,11 @@ def torchtitan_registry() -> Path:
 
 
 def megatron() -> Path:
+    from importlib.metadata import version
+
     from megatron.core import ModelParallelConfig
     from megatron.core.distributed import DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig
-    from megatron.core.package_info import __version__
     from megatron.core.transformer import MLATransformerConfig, TransformerConfig
 
     classes = {c.__name__: _fields(c) for c in (TransformerConfig, MLATransformerConfig, ModelParallelConfig,
@@ -193,8 +195,8 @@ def megatron() -> Path:
     for flag, entry in MEGATRON_LM_FLAGS.items():
         missing = [f for f in entry["fields"] if f not in known]
         if missing:
-            raise SystemExit(f"{flag}: fields {missing} are not in megatron-core {__version__}")
-    return _write("megatron_core", __version__, {"classes": classes, "lm_flags": MEGATRON_LM_FLAGS,
+            raise SystemExit(f"{flag}: fields {missing} are not in megatron-core {version('megatron-core')}")
+    return _write("megatron_core", version("megatron-core"), {"classes": classes, "lm_flags": MEGATRON_LM_FLAGS,
                                                  "flag_rule": "--a-b is field a_b unless lm_flags names it"})
 
 

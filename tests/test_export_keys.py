@@ -28,7 +28,7 @@ from vocab.targets import by_exporter, key_snapshot
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAPSHOTS = ROOT / "vocab" / "targets" / "keys"
-TARGETS = ("torchtitan", "torchtitan-0.3", "megatron", "deepspeed", "nanotron")
+TARGETS = ("torchtitan", "torchtitan-0.3", "megatron", "megatron-0.19", "deepspeed", "nanotron")
 
 
 def snapshot(target: str) -> dict[str, Any]:
@@ -78,10 +78,11 @@ def test_torchtitan_keys_are_in_the_snapshot() -> None:
         assert opt == "op" or (opt.isdigit() and int(opt) >= 1)
 
 
-def test_megatron_flags_are_in_the_snapshot() -> None:
-    for text in texts("megatron"):
+@pytest.mark.parametrize("target", ["megatron", "megatron-0.19"])
+def test_megatron_flags_are_in_the_snapshot(target: str) -> None:
+    for text in texts(target):
         f = megatron_flags(text)
-        assert unknown_to_megatron_core(f) == []
+        assert unknown_to_megatron_core(f, target) == []
         for need in ("--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--normalization",
                      "--position-embedding-type", "--overlap-grad-reduce"):
             assert need in f

@@ -29,7 +29,7 @@ from vocab.targets import ANY, TargetError, load_target, read_target, target_nam
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]
-TRAINERS = ["shardplan", "torchtitan", "torchtitan-0.3", "megatron", "deepspeed", "nanotron"]
+TRAINERS = ["shardplan", "torchtitan", "torchtitan-0.3", "megatron", "megatron-0.19", "deepspeed", "nanotron"]
 # (model, cluster, seq_len, global_batch, memory limit): a dense model, one under memory pressure
 # (recomputation, pipelines), a small one whose 12 heads limit tensor parallelism, and a MoE model
 CASES = {
@@ -52,6 +52,7 @@ def test_every_trainer_has_a_file_with_its_pinned_release() -> None:
     pinned = {name: (t.package, t.version) for name, t in targets().items()}
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert pinned == {"torchtitan": ("torchtitan", "0.2.2"), "torchtitan-0.3": ("torchtitan", "0.3.0"), "megatron": ("megatron-core", "0.16.1"),
+                      "megatron-0.19": ("megatron-core", "0.19.2"),
                       "deepspeed": ("deepspeed", "0.19.8"), "nanotron": ("nanotron", "0.4"),
                       "shardplan": ("shardplan", project), ANY: ("any", "")}
     assert target_names() == sorted(TRAINERS) + [ANY]

@@ -52,19 +52,21 @@ def trainer_loader(target: str, skip: bool = True) -> Loader | None:
 
 #: releases installed beside the pinned ones (the README's test command: ``pip install --no-deps --target``),
 #: loaded in a child process with their folder first on ``PYTHONPATH``
-SIDE_INSTALLS = {"torchtitan-0.3": ROOT / ".trainers" / "torchtitan-0.3.0"}
+SIDE_INSTALLS = {"torchtitan-0.3": ROOT / ".trainers" / "torchtitan-0.3.0",
+                 "megatron-0.19": ROOT / ".trainers" / "megatron-core-0.19.2"}
 #: megatron-core 0.19.2 beside the pinned 0.16.1: its wheel ships Megatron-LM's ``megatron/training``
-MEGATRON_LM = ROOT / ".trainers" / "megatron-core-0.19.2"
+MEGATRON_LM = SIDE_INSTALLS["megatron-0.19"]
 
 
 def _side_loader(target: str, skip: bool) -> Loader | None:
     t, folder = by_exporter(target), SIDE_INSTALLS[target]
-    found = sorted(folder.glob(f"{t.package}-*.dist-info"))
+    dist = t.package.replace("-", "_")  # a wheel's dist-info names the distribution with underscores
+    found = sorted(folder.glob(f"{dist}-*.dist-info"))
     if not found:
         if not skip:
             return None
         pytest.skip(f"{t.package} {t.version} is not installed in {folder.relative_to(ROOT)} (the README's test command)")
-    assert found[0].name == f"{t.package}-{t.version}.dist-info", f"{found[0].name} in {folder}, {target} pins {t.version}"
+    assert found[0].name == f"{dist}-{t.version}.dist-info", f"{found[0].name} in {folder}, {target} pins {t.version}"
     return LOADERS[target]
 
 
@@ -172,6 +174,12 @@ def megatron_lm_validates(exports: list[Exported]) -> list[dict[str, Any]] | Non
     return got
 
 
+def _megatron_019(e: Exported, where: Path) -> None:
+    """The megatron-0.19 target's loader: Megatron-LM 0.19.2's own ``parse_args`` + ``validate_args``
+    (:func:`megatron_lm_validates`; building its TransformerConfig needs Transformer Engine)."""
+    assert megatron_lm_validates([e]) is not None
+
+
 def _torchtitan(e: Exported, where: Path) -> None:
     from torchtitan.config.manager import ConfigManager
 
@@ -181,13 +189,13 @@ def _torchtitan(e: Exported, where: Path) -> None:
     ConfigManager().parse_args(["--job.config_file", str(path)])
 
 
-def unknown_to_megatron_core(flags: Any) -> list[str]:
+def unknown_to_megatron_core(flags: Any, target: str = "megatron") -> list[str]:
     """The flags that are neither a field of megatron-core's configs at the pinned version (``--a-b`` is
     ``a_b``), nor a Megatron-LM flag its key snapshot names, nor a launch placeholder (Megatron-LM's own,
     which its recorded parser checks: ``tests/test_export_keys.py``)."""
     from planner.trainers.megatron.keys import MEGATRON_PLACEHOLDERS
 
-    snap = key_snapshot(by_exporter("megatron"))
+    snap = key_snapshot(by_exporter(target))
     fields = {x for names in snap["classes"].values() for x in names}
     known = {*snap["lm_flags"], *(flag for flag, _ in MEGATRON_PLACEHOLDERS)}
     return [x for x in flags if x not in known and x[2:].replace("-", "_") not in fields]
@@ -308,5 +316,6 @@ def _shardplan(e: Exported, where: Path) -> None:
     assert parse(e.text, "the script").strategy == e.strategy
 
 
-LOADERS: dict[str, Loader] = {"torchtitan": _torchtitan, "torchtitan-0.3": _torchtitan_03, "megatron": _megatron, "deepspeed": _deepspeed,
+LOADERS: dict[str, Loader] = {"torchtitan": _torchtitan, "torchtitan-0.3": _torchtitan_03,
+                              "megatron-0.19": _megatron_019, "megatron": _megatron, "deepspeed": _deepspeed,
                               "nanotron": _nanotron, "python": _shardplan}

@@ -24,6 +24,7 @@ predicted step time.
 from __future__ import annotations
 
 import importlib
+import re
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,7 @@ from vocab.targets import WORKLOAD_BEHAVIOUR, Target, by_exporter, targets
 #: its ``export`` and ``read`` modules, one folder per trainer; a release whose configuration format
 #: changed is a subpackage of its trainer's folder
 PACKAGES = {"torchtitan": "torchtitan", "torchtitan-0.3": "torchtitan.cli", "megatron": "megatron",
+            "megatron-0.19": "megatron",
             "deepspeed": "deepspeed", "nanotron": "nanotron", "python": "python"}
 TRAINERS = tuple(PACKAGES)
 TARGETS = TRAINERS  # the exporters
@@ -142,7 +144,9 @@ def importer_for(path: Path, trainer: str | None) -> str:
     for name in IMPORTERS:
         if path.suffix.lower() in _module(name).SUFFIXES:
             return name
-    known = ", ".join(f"{'/'.join(_module(n).SUFFIXES)} ({'shardplan' if n == 'python' else n})" for n in IMPORTERS)
+    firsts = {PACKAGES[n]: n for n in reversed(IMPORTERS)}  # one line per folder: its first importer
+    known = ", ".join(f"{'/'.join(_module(n).SUFFIXES)} ({'shardplan' if n == 'python' else n})" for n in IMPORTERS
+                      if firsts[PACKAGES[n]] == n)
     raise ConfigError(f"cannot tell the trainer of '{path.name}' from its suffix: {known}; shardplan import "
                       f"also takes --from {'|'.join([*IMPORTERS[:-1], 'shardplan'])}")
 
@@ -173,8 +177,10 @@ def read_config(path: str | Path, trainer: str | None = None, model: str | None 
     path = Path(path)
     origin = f"'{path.name}'"
     key = importer_for(path, trainer)
+    text = read_text(path, f"{by_exporter(key).trainer} configuration", ConfigError)
+    if trainer is None:
+        key = _release_named(text, key)
     mod, t = _module(key), by_exporter(key)
-    text = read_text(path, f"{t.trainer} configuration", ConfigError)
     head = read_inputs(text, origin)
     model = model or _header_model(head.get("model"), origin)
     if not model:
@@ -186,7 +192,7 @@ def read_config(path: str | Path, trainer: str | None = None, model: str | None 
     limit = memory_limit_gib if memory_limit_gib is not None else head.get("memory_limit_gib")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int | float) or not 0 < limit < 1e9):
         raise ConfigError(f"{origin}: the memory limit must be a positive number of GiB, got {limit!r}")
-    doc = mod.parse(text, origin)
+    doc = mod.parse(text, origin, t)
     found = mod.workload(doc, origin)
     seq = seq_len or found.get("seq_len")
     if not seq:
@@ -220,6 +226,16 @@ def read_config(path: str | Path, trainer: str | None = None, model: str | None 
     unread = mod.unread(doc) if hasattr(mod, "unread") else []
     return plan.model_copy(update={"inputs": plan.inputs.model_copy(
         update={"target": TargetRef(name=t.name, version=t.version or None)})}), unread
+
+
+def _release_named(text: str, key: str) -> str:
+    """The importer of the release an export's header names (``shardplan export for megatron-core 0.19.2``)
+    among those of ``key``'s folder; ``key`` where the header names none of them."""
+    m = re.search(r"^# shardplan export for (.+)$", text, re.MULTILINE)
+    if m is None:
+        return key
+    same = [n for n in IMPORTERS if PACKAGES[n] == PACKAGES[key] and by_exporter(n).label == m.group(1).strip()]
+    return same[0] if same else key
 
 
 def _header_model(model: str | None, origin: str) -> str | None:

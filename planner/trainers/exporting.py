@@ -73,6 +73,7 @@ class Nearest:
         self.workload: dict[str, Any] = dict(plan.inputs.workload)  # every field, defaults included
         self.losses: list[Loss] = []
         self.notes: list[str] = []
+        self.target: Target | None = None  # the target the plan is mapped onto (set by normalize)
         self.extra: dict[str, Any] = {}  # target-specific facts for rendering
         self.label = ""  # the target's trainer and pinned version
 
@@ -156,7 +157,7 @@ def collapse(n: Nearest, f: str, why: str, units: list[str] | None = None, lacks
 def normalize(plan: Plan, units: list[str], t: Target) -> Nearest:
     """The nearest plan ``t`` can express, with what it lacks (see the module's order of rules)."""
     n = Nearest(plan, units)
-    n.label = t.label
+    n.label, n.target = t.label, t
     _splits(n, t)
     _outside_blocks(n, t)
     _unit_fields(n, t)

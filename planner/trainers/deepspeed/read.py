@@ -34,7 +34,7 @@ from typing import Any
 from planner.trainers.deepspeed.keys import DEEPSPEED, DEEPSPEED_PARTITION, DEEPSPEED_ZERO_STAGE
 from planner.trainers.reading import ConfigError, Context, count, refuse_unknown, unit_choices, unknown_keys
 from vocab.io import decode_json
-from vocab.targets import by_exporter, key_snapshot
+from vocab.targets import Target, key_snapshot
 
 #: expert parallelism comes from the command line (``import --ep``): the JSON has no key for it
 EP_FROM_COMMAND_LINE = True
@@ -46,11 +46,10 @@ OLD_OFFLOAD, OLD_OFFLOAD_PARAM = "cpu_offload", "cpu_offload_param"  # deprecate
 SHARDINGS = {v: k for k, v in DEEPSPEED_ZERO_STAGE.items()}
 
 
-def parse(text: str, origin: str) -> dict[str, Any]:
+def parse(text: str, origin: str, t: Target) -> dict[str, Any]:
     doc = decode_json(text, origin, ConfigError)
     if not isinstance(doc, dict):
         raise ConfigError(f"{origin}: a DeepSpeed config is a JSON object, not {type(doc).__name__}")
-    t = by_exporter("deepspeed")
     snap = key_snapshot(t)
     tree: dict[str, Any] = dict.fromkeys(snap["top_level"])
     for path, keys in sorted(snap["sections"].items()):  # "a" before "a.b"

@@ -31,6 +31,7 @@ from costmodel.experts import overlap_runs
 from planner.reprice import plan_graph
 from planner.trainers.exporting import Nearest, header, runs_text
 from planner.trainers.megatron.keys import (
+    FSDP_OWN_GRAD_DTYPE,
     MEGATRON,
     MEGATRON_CP_COMM,
     MEGATRON_FP8_FORMAT,
@@ -184,7 +185,7 @@ def _stages(n: Nearest) -> None:
     p = n.mesh["pp"]
     if p == 1:
         return
-    rule, tail, sizes = load_target("megatron").pipeline, _mtp(n), n.stage_sizes()
+    rule, tail, sizes = (n.target or load_target("megatron")).pipeline, _mtp(n), n.stage_sizes()
     problem = rule.split_problem(sizes, p, tail)
     if problem is None:
         return
@@ -302,7 +303,10 @@ def render(n: Nearest, s: Strategy, cost: str) -> str:
     if m.ep > 1:
         flags += _dispatch(w, m.pp, s.vpp, n.values("recompute", n.blocks))
     flags.append((K["moe_capacity"], w.moe_capacity_factor))
-    flags += _sharding(n.values("sharding")[0] if n.units else s.default.sharding, m.dp_replicate)
+    shard = n.values("sharding")[0] if n.units else s.default.sharding
+    flags += _sharding(shard, m.dp_replicate)
+    if shard == "zero3" and n.target is not None and n.target.version in FSDP_OWN_GRAD_DTYPE:
+        flags.append((K["fsdp_main_grads"], "bf16" if w.grad_dtype == "bf16" and w.precision != "fp32" else "fp32"))
     if m.tp > 1 and s.sequence_parallel and constants_for(n.plan.inputs.cluster.accelerator).tp_overlap > 0:
         flags.append((K["tp_overlap"], True))
     rec = {n.choice[u]["recompute"] for u in n.blocks} - {"none"}

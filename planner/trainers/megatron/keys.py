@@ -39,6 +39,8 @@ MEGATRON: Final[dict[str, str | None]] = {
     "seq_len": "--seq-length",
     "bf16": "--bf16",
     "grad_bf16": "--grad-reduce-in-bf16",  # DistributedDataParallelConfig.grad_reduce_in_fp32=False
+    # Megatron-FSDP's gradient dtype where the release has it (FSDP_OWN_GRAD_DTYPE): fp32 | bf16 | fp16 | auto
+    "fsdp_main_grads": "--megatron-fsdp-main-grads-dtype",
     "fp8": "--fp8-format",
     "fp8_recipe": "--fp8-recipe",  # TransformerConfig.fp8_recipe as a flag (arguments.py:2290)
     "fp4": "--fp4-format",  # TransformerConfig.fp4 (arg_names, transformer_config.py:510-511): NVFP4, not priced
@@ -119,3 +121,8 @@ MEGATRON_FP8_RECIPES: Final = ("tensorwise", "delayed", "mxfp8", "blockwise", "c
 #: distributed_data_parallel_config.py:79), with the checkpoint format Megatron-LM requires of it
 #: (arguments.py:1146, megatron-core 0.19.2 wheel)
 MEGATRON_FSDP: Final = {"strategy": "optim_grads_params", "ckpt_format": "fsdp_dtensor"}
+#: the megatron-core releases whose Megatron-FSDP keeps its gradients in ``megatron_fsdp_main_grads_dtype``
+#: (default: the parameters' dtype), not reading ``grad_reduce_in_fp32`` (0.19.2
+#: distributed_data_parallel_config.py:192, fsdp/src/megatron_fsdp/param_and_grad_buffer.py:2306-2315; 0.16.1
+#: read grad_reduce_in_fp32): the export writes the flag, the import reads the dtype from it
+FSDP_OWN_GRAD_DTYPE: Final = frozenset({"0.19.2"})

@@ -33,18 +33,19 @@ import re
 import shlex
 from typing import Any
 
-from planner.trainers.megatron.keys import MEGATRON as K
 from planner.trainers.megatron.keys import (
+    FSDP_OWN_GRAD_DTYPE,
     MEGATRON_CP_COMM,
     MEGATRON_FP8_RECIPES,
     MEGATRON_FSDP,
     MEGATRON_MXFP8,
 )
+from planner.trainers.megatron.keys import MEGATRON as K
 from planner.trainers.megatron.parser import check_flags, lm_flags
 from planner.trainers.reading import ConfigError, Context, refuse_unknown, unit_choices
 from vocab.digits import read_float, read_int
 from vocab.strategy import UNPRICED_PRECISIONS, LayerStrategy, first_blocks_offloaded
-from vocab.targets import by_exporter, key_snapshot
+from vocab.targets import Target, key_snapshot
 
 SUFFIXES = (".args",)
 CP_MODES = {v: k for k, v in MEGATRON_CP_COMM.items()}
@@ -58,9 +59,10 @@ UNPRICED = ("--use-custom-fsdp", "--virtual-pipeline-model-parallel-size")
 class Doc(dict[str, list[str]]):
     """Flag -> the values after it ([] for a bare flag), recording the flags the reader looks at."""
 
-    def __init__(self, flags: dict[str, list[str]] | None = None) -> None:
+    def __init__(self, flags: dict[str, list[str]] | None = None, release: str = "") -> None:
         super().__init__(flags or {})
         self.read: set[str] = set()
+        self.release = release  # the megatron-core release the file is read for (its target's version)
 
     def __contains__(self, flag: object) -> bool:
         self.read.add(str(flag))
@@ -84,7 +86,7 @@ def _key(name: str) -> str:
     return str(K[name])
 
 
-def parse(text: str, origin: str) -> Doc:
+def parse(text: str, origin: str, t: Target) -> Doc:
     try:
         tokens = shlex.split(text, comments=True)
     except ValueError as e:
@@ -101,7 +103,6 @@ def parse(text: str, origin: str) -> Doc:
             doc[flag].append(tok)
     if _key("fp4") in doc:  # a flag of the release (TransformerConfig.fp4) the snapshot's table lacks
         raise ConfigError(f"{origin}: {_key('fp4')}: nvfp4: {UNPRICED_PRECISIONS['nvfp4']}")
-    t = by_exporter("megatron")
     snap = key_snapshot(t)
     fields = {f for names in snap["classes"].values() for f in names}
     parsed = lm_flags()
@@ -111,7 +112,7 @@ def parse(text: str, origin: str) -> Doc:
     unpriced = [f for f in UNPRICED if f in doc]
     if unpriced:
         raise ConfigError(f"{origin}: {', '.join(unpriced)} is not priced by shardplan")
-    return Doc(doc)
+    return Doc(doc, t.version)
 
 
 def _on(doc: Doc, name: str, origin: str) -> bool:
@@ -160,7 +161,11 @@ def workload(doc: Doc, origin: str) -> dict[str, Any]:
     half = _on(doc, "bf16", origin) or FP16 in doc  # fp16 is priced as bf16: two bytes a value
     mx = recipe == MEGATRON_MXFP8["recipe"]  # the recipe without --fp8-format trains in 16 bits
     out["precision"] = ("mxfp8" if mx else "fp8") if fp8 is not None else "bf16" if half else "fp32"
-    if half and _on(doc, "grad_bf16", origin):  # else Megatron-LM's --bf16 reduces gradients in fp32
+    if doc.release in FSDP_OWN_GRAD_DTYPE and _on(doc, "megatron_fsdp", origin):
+        grads = _str(doc, "fsdp_main_grads", origin) or "auto"  # auto: the parameters' dtype
+        if half and grads != "fp32":
+            out["grad_dtype"] = "bf16"
+    elif half and _on(doc, "grad_bf16", origin):  # else Megatron-LM's --bf16 reduces gradients in fp32
         out["grad_dtype"] = "bf16"
     adam = _adam_states(doc, origin)
     if adam:

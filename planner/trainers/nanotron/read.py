@@ -29,7 +29,7 @@ from typing import Any
 from planner.trainers.nanotron.keys import NANOTRON, NANOTRON_LLAMA, NANOTRON_PP_ENGINES, NANOTRON_TP_MODES
 from planner.trainers.reading import ConfigError, Context, count, refuse_unknown, unknown_keys
 from vocab.io import decode_yaml
-from vocab.targets import by_exporter, key_snapshot
+from vocab.targets import Target, key_snapshot
 
 SUFFIXES = (".yaml", ".yml")
 K = {k: str(v) for k, v in NANOTRON.items() if v is not None}
@@ -42,11 +42,10 @@ SHARDINGS = {0: "replicate", 1: "zero1"}
 PRECISIONS = {"bfloat16": "bf16", "float32": "fp32"}
 
 
-def parse(text: str, origin: str) -> dict[str, Any]:
+def parse(text: str, origin: str, t: Target) -> dict[str, Any]:
     doc = decode_yaml(text, origin, ConfigError)
     if not isinstance(doc, dict):
         raise ConfigError(f"{origin}: a nanotron config is a YAML mapping, not {type(doc).__name__}")
-    t = by_exporter("nanotron")
     refuse_unknown(unknown_keys(doc, key_snapshot(t)["tree"]), t, origin)
     return doc
 

@@ -11,6 +11,7 @@ from typing import Any
 from planner.trainers.reading import ConfigError, Context
 from vocab.errors import ShardplanError
 from vocab.plan import Plan, parse_plan
+from vocab.targets import Target
 
 SUFFIXES = (".py",)
 _EMBEDDED = re.compile(r'parse_plan\(r"""\n(.*?)"""\)', re.DOTALL)
@@ -36,7 +37,8 @@ def _literal(text: str) -> Any:
     return None
 
 
-def parse(text: str, origin: str) -> Plan:
+def parse(text: str, origin: str, t: Target | None = None) -> Plan:
+    """The plan the script embeds (``t``, the target, is the one the script names: not consulted)."""
     doc: Any = _literal(text)
     if doc is None:
         m = _EMBEDDED.search(text)

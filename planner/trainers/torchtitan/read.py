@@ -39,7 +39,7 @@ from planner.trainers.torchtitan.keys import (
 )
 from vocab.digits import is_digits
 from vocab.strategy import rank_blocks
-from vocab.targets import by_exporter, key_snapshot
+from vocab.targets import Target, key_snapshot
 
 SUFFIXES = (".toml",)
 SCHEDULES = {v: k for k, v in TORCHTITAN_SCHEDULES.items()}
@@ -47,12 +47,11 @@ SINGLE_STAGE = ("gpipe", "1f1b")
 PRECISIONS = {"bfloat16": "bf16", "float32": "fp32"}
 
 
-def parse(text: str, origin: str) -> dict[str, Any]:
+def parse(text: str, origin: str, t: Target) -> dict[str, Any]:
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{origin} is not TOML: {e}") from None
-    t = by_exporter("torchtitan")
     sections = key_snapshot(t)["sections"]
     refuse_unknown(unknown_keys(doc, {k: dict.fromkeys(v) for k, v in sections.items()}), t, origin)
     return doc

@@ -21,7 +21,7 @@ from planner.trainers.torchtitan import read as titan
 from planner.trainers.torchtitan.cli.keys import AC, CONFIG_FLAG, DISPATCHERS, ENTRY, FLAGS, FQN, MODULE_FLAG
 from vocab.digits import is_digits
 from vocab.errors import shown
-from vocab.targets import by_exporter, key_snapshot
+from vocab.targets import Target, by_exporter, key_snapshot
 
 SUFFIXES = (".sh",)
 EXPORTER = "torchtitan-0.3"
@@ -41,9 +41,9 @@ def _path(name: str) -> str:
     return name.replace("-", "_")
 
 
-def parse(text: str, origin: str) -> dict[str, Any]:
+def parse(text: str, origin: str, t: Target | None = None) -> dict[str, Any]:
     """``{"module", "config", "flags": {path: value}, "policy"}`` of the launch's torchtitan flags."""
-    snap = key_snapshot(by_exporter(EXPORTER))
+    snap = key_snapshot(t or by_exporter(EXPORTER))
     types, subcommands = snap["flags"], snap["subcommands"]
     doc: dict[str, Any] = {"module": None, "config": None, "flags": {}, "policy": None}
     tokens, i = _tokens(text, origin), 0
