@@ -35,7 +35,7 @@ from vocab.strategy import MeshConfig
 from vocab.targets import load_target
 
 K = 5
-TRAINERS = ("torchtitan", "megatron", "deepspeed", "nanotron")
+TRAINERS = ("torchtitan", "torchtitan-0.3", "megatron", "megatron-0.19", "deepspeed", "nanotron")
 #: (model, cluster, seq_len, global batch): a small job, and the 70B job (where a pool of the best
 #: cells alone leaves the deepspeed target three runner-ups short)
 JOBS = [("llama3-8b", "16xh100", 4096, 64), ("llama3-70b", "1024xh100", 8192, 512)]
