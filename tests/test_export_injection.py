@@ -46,7 +46,7 @@ PAYLOADS = (
     "\\" + MARKER,
     "\x1b]0;" + MARKER + "\x07",
 )
-TARGETS = ("torchtitan", "megatron", "deepspeed", "nanotron", "python")
+TARGETS = ("torchtitan", "torchtitan-0.3", "megatron", "deepspeed", "nanotron", "python")
 
 
 @pytest.fixture(scope="module")
@@ -112,6 +112,8 @@ def parsed(target: str, text: str) -> Any:
         content = shape(json.loads(text))
     elif target == "megatron":
         content = [t if t.startswith("--") else "<value>" for t in shlex.split(text, comments=True)]
+    elif target == "torchtitan-0.3":
+        content = [t if t.startswith("--") else "<value>" for t in _script_words(text)]
     else:
         content = ast.dump(_Strings().visit(ast.parse(text)))
     return content, len(comments)
@@ -164,6 +166,7 @@ def test_every_string_field_with_every_payload_is_refused_or_quoted(
                 written[t].append(kept)
     assert refused and all(written.values())
     _megatron_words_in_bash(written["megatron"], reference["megatron"][0], tmp_path)
+    _script_words_in_sh(written["torchtitan-0.3"], reference["torchtitan-0.3"][0], tmp_path)
     _python_scripts_run(written["python"], tmp_path)
 
 
@@ -178,6 +181,28 @@ def _megatron_words_in_bash(files: list[Path], flags: list[str], tmp: Path) -> N
         got = [w.decode() for w in words.split(b"\0")[:-1]]
         assert got == shlex.split(f.read_text(), comments=True)
         assert [t if t.startswith("--") else "<value>" for t in got] == flags
+    assert not (tmp / MARKER).exists()
+
+
+def _script_words(text: str) -> list[str]:
+    """The words of a torchtitan 0.3 launch script as the shell splits them (comments dropped, lines joined;
+    ``"$@"``, the launch's own torchrun flags, none; from the command ``exec`` runs)."""
+    words = [w for w in shlex.split(text.replace("\\\n", " "), comments=True) if w != "$@"]
+    return words[1:] if words[:1] == ["exec"] else words
+
+
+def _script_words_in_sh(files: list[Path], words: list[str], tmp: Path) -> None:
+    """Each torchtitan 0.3 script, its ``exec torchrun`` replaced by ``printf``, run by ``sh``: the shell
+    reads the words shlex reads, and runs nothing else."""
+    for f in files:
+        text = f.read_text()
+        assert text.count("exec torchrun ") == 1
+        probe = tmp / "probe.sh"
+        probe.write_text(text.replace("exec torchrun ", "printf '%s\\0' torchrun "))
+        res = subprocess.run(["sh", str(probe)], cwd=tmp, capture_output=True, check=True)
+        got = [w.decode() for w in res.stdout.split(b"\0")[:-1]]
+        assert got == _script_words(text)
+        assert [t if t.startswith("--") else "<value>" for t in got] == words
     assert not (tmp / MARKER).exists()
 
 
