@@ -185,23 +185,33 @@ def expert_tp_time(dev: DeviceModel, nbytes: Any, group: AxisGroup) -> Any:
     return dev.collective_time("all_gather", gathered, group) + dev.collective_time("reduce_scatter", gathered, group)
 
 
-def routes_whole_input(sequence_parallel: Any, expert_tp: Any, moe_tp: str) -> Any:
+def gathers_over_tp(moe_tp: str, ep: Any) -> Any:
+    """Where torchtitan's MoE layer all-gathers its input over tp before routing, per configuration
+    (``Workload.moe_tp``): always under ``gathered`` (0.2.2), only without expert parallelism under
+    ``gathered_without_ep`` (0.3.0: with ep > 1 each tp rank routes its own sequence share,
+    ``models/common/moe_sharding.py:279-281``), never under Megatron's ``dispatcher``."""
+    if moe_tp == "gathered_without_ep":
+        return np.asarray(ep) == 1
+    return np.full(np.shape(ep), moe_tp == "gathered")
+
+
+def routes_whole_input(sequence_parallel: Any, expert_tp: Any, moe_tp: str, ep: Any = 1) -> Any:
     """Whether every tensor-parallel rank routes the MoE layer's whole input (every token of the
     micro-batch's context-parallel slice), per configuration: without sequence parallelism, and where
-    torchtitan's layer gathered its input over tp for experts split over it (``Workload.moe_tp``
-    ``gathered``); else each rank routes its sequence share (Megatron's dispatcher, or folded experts)."""
-    return ~np.asarray(sequence_parallel) | ((moe_tp == "gathered") & (np.asarray(expert_tp) > 1))
+    torchtitan's layer gathered its input over tp (:func:`gathers_over_tp`) for experts split over it;
+    else each rank routes its sequence share (Megatron's dispatcher, or folded experts)."""
+    return ~np.asarray(sequence_parallel) | (gathers_over_tp(moe_tp, ep) & (np.asarray(expert_tp) > 1))
 
 
-def router_divisor(n: LayerNode, divisor: Any, tsp: Any, tp: Any, moe_tp: str) -> Any:
-    """How many ways tensor parallelism splits the router's tokens (its GEMM and its saved input): under
-    torchtitan's gathered layer (``Workload.moe_tp`` ``gathered``) the layer's input is all-gathered
-    over tp before the router, so every tp rank routes every token (``llama4/infra/parallelize.py:517-580``,
-    ``PrepareModuleInputOutput`` to ``Replicate``): none but TSP's; else ``divisor`` (sequence
-    parallelism's share, as any replicated operator)."""
-    if n.kind != "router" or moe_tp != "gathered":
+def router_divisor(n: LayerNode, divisor: Any, tsp: Any, tp: Any, moe_tp: str, ep: Any = 1) -> Any:
+    """How many ways tensor parallelism splits the router's tokens (its GEMM and its saved input): where
+    torchtitan's layer gathers its input over tp before the router (:func:`gathers_over_tp`), every tp
+    rank routes every token (``llama4/infra/parallelize.py:517-580``, ``PrepareModuleInputOutput`` to
+    ``Replicate``): none but TSP's; else ``divisor`` (sequence parallelism's share, as any replicated
+    operator)."""
+    if n.kind != "router" or moe_tp == "dispatcher":
         return divisor
-    return np.where(np.asarray(tsp), tp, 1.0)
+    return np.where(gathers_over_tp(moe_tp, ep), np.where(np.asarray(tsp), tp, 1.0), divisor)
 
 
 def gathered_input_bytes(n: LayerNode, saved: Any, tp: Any, expert_tp: Any, gathered: Any) -> Any:

@@ -23,6 +23,7 @@ from costmodel.experts import (
     dispatch_time,
     expert_tp_time,
     gathered_input_bytes,
+    gathers_over_tp,
     load_imbalance,
     overlap_runs,
     router_divisor,
@@ -176,16 +177,16 @@ def price_unit(name: str, nodes: Sequence[LayerNode], dev: DeviceModel, cfg: Con
     tp, cp, b = cfg.tp, cfg.cp, cfg.micro_batch
     scale = b / cp
     z = np.zeros(C)
-    tdiv = [router_divisor(n, tp_divisor(n, cfg), cfg.tsp, tp, w.moe_tp) for n in nodes]
+    tdiv = [router_divisor(n, tp_divisor(n, cfg), cfg.tsp, tp, w.moe_tp, cfg.ep) for n in nodes]
     adiv = [router_divisor(n, np.where(cfg.tsp | cfg.sequence_parallel | n.act_tp_sharded, tp, 1.0), cfg.tsp, tp,
-                           w.moe_tp) for n in nodes]
+                           w.moe_tp, cfg.ep) for n in nodes]
     local = [local_params(n, cfg) for n in nodes]
     aw = [act_width(n, w.precision) for n in nodes]
     sw = saved_widths(nodes, aw, w, dev, cfg)
     acts = [n.act_saved_bytes * scale / d * a for n, d, a in zip(nodes, adiv, sw, strict=True)]
     # the experts' routed inputs, kept whole for every copy a rank's experts run (TSP: its own tokens)
     expert_tp = np.where(cfg.tsp, 1.0, cfg.expert_tp)
-    whole = routes_whole_input(cfg.sequence_parallel, expert_tp, w.moe_tp)
+    whole = routes_whole_input(cfg.sequence_parallel, expert_tp, w.moe_tp, cfg.ep)
     acts = [x + gathered_input_bytes(n, n.act_saved_bytes * scale * a, tp, expert_tp, whole)
             if n.kind == "experts" else x for n, x, a in zip(nodes, acts, sw, strict=True)]
     sel = [n.act_selective_bytes * scale / d * a for n, d, a in zip(nodes, adiv, aw, strict=True)]
@@ -392,7 +393,7 @@ class _Traffic:
                 # KV head under TSP (each rank attends all heads of its tokens), the rank's heads else
                 self.kv_bytes = self.kv_bytes + 2 * 2 * b * n.dims.get("seq", w.seq_len) * kv * a
             if n.kind == "experts":  # what each rank dispatches: all the tokens, or its sequence share
-                whole = routes_whole_input(cfg.sequence_parallel, cfg.expert_tp, w.moe_tp)
+                whole = routes_whole_input(cfg.sequence_parallel, cfg.expert_tp, w.moe_tp, cfg.ep)
                 tok = b * w.seq_len / cp / np.where(whole, 1.0, tp)
                 self.ep_bytes = self.ep_bytes + 2 * tok * n.dims.get("top_k", 1) * n.dims.get("in", 0)
                 self.moe_in_bytes = self.moe_in_bytes + 2 * b * w.seq_len / cp * n.dims.get("in", 0)
@@ -495,19 +496,20 @@ class _Traffic:
         the expert-TP ranks after the dispatch and reduce-scattered back
         (:func:`costmodel.experts.expert_tp_time`); ``gathered``, the layer's input tokens all-gathered
         over tp before routing and its output reduce-scattered (torchtitan's
-        ``PrepareModuleInputOutput``)."""
+        ``PrepareModuleInputOutput``); ``gathered_without_ep``, so where ep = 1, nothing where ep > 1
+        (:func:`costmodel.experts.gathers_over_tp`)."""
         cfg, z = self.cfg, np.zeros(self.cfg.size)
         sp = (self.ep_bytes > 0) & cfg.sequence_parallel & ~cfg.tsp
-        if self.w.moe_tp == "gathered":
-            if not (sp & (cfg.tp > 1)).any():
-                return z
+        gathers = gathers_over_tp(self.w.moe_tp, cfg.ep)
+        out = z
+        if (sp & gathers & (cfg.tp > 1)).any():
             t = dev.collective_time("all_gather", self.moe_in_bytes, cfg.tp_group)
             t = t + dev.collective_time("reduce_scatter", self.moe_in_bytes, cfg.tp_group)
-            return np.where(sp & (cfg.tp > 1), passes["ep"] * t, 0.0)
-        if not (sp & (cfg.expert_tp > 1)).any():
-            return z
+            out = np.where(sp & gathers & (cfg.tp > 1), passes["ep"] * t, out)
+        if self.w.moe_tp != "dispatcher" or not (sp & (cfg.expert_tp > 1)).any():
+            return out  # torchtitan's layer: no expert-TP collective beside its gather
         received = self.ep_bytes * load_imbalance(dev, cfg.ep, self.w.moe_capacity_factor)
-        return np.where(sp & (cfg.expert_tp > 1), passes["ep"] * expert_tp_time(dev, received, cfg.expert_tp_group), 0.0)
+        return np.where(sp & (cfg.expert_tp > 1), passes["ep"] * expert_tp_time(dev, received, cfg.expert_tp_group), out)
 
 
 def tsp_volumes(nodes: Sequence[LayerNode], cfg: ConfigArrays, w: Workload) -> tuple[F, F, F]:

@@ -72,7 +72,8 @@ def test_experts_fold_over_tp_whenever_ep_is_above_one() -> None:
     m = p.strategy.mesh
     assert not (m.ep > 1 and m.tp > 1 and m.etp in (0, m.tp))
     split = make_plan({"mesh": {"tp": 2, "dp_shard": 8, "ep": 4}, "default": {"sharding": "zero3"}},
-                      model="mixtral-8x7b", zero3_master="parameter", cross_entropy="chunked")
+                      model="mixtral-8x7b", zero3_master="parameter", cross_entropy="chunked",
+                      moe_tp="gathered_without_ep")
     e = export(split, T)
     assert e.strategy.mesh.etp == 1
     assert [x.what for x in e.losses] == ["experts split over tp"]
@@ -143,7 +144,8 @@ def test_a_chunked_loss_keeps_one_chunk_of_the_softmax_and_an_fp32_gradient_accu
 
 
 def test_schema_112_holds_a_chunked_loss_and_a_dotted_target() -> None:
-    """A 1.11 document names neither the chunked loss nor a target with a dot; a 1.12 one may."""
+    """A 1.11 document names neither the chunked loss, nor torchtitan 0.3's MoE layer, nor a target with a
+    dot; a 1.12 one may."""
     from vocab.plan import PlanError
 
     p = search("llama3.1-8b", "8xh100", 4096, 32, target=T, top_k=1)
@@ -151,8 +153,28 @@ def test_schema_112_holds_a_chunked_loss_and_a_dotted_target() -> None:
     assert doc["schema_version"] == "1.12" and doc["inputs"]["workload"]["cross_entropy"] == "chunked"
     assert doc["inputs"]["target"] == {"name": T, "version": "0.3.0"}
     old = {**doc, "schema_version": "1.11"}
+    with pytest.raises(PlanError, match="moe_tp 'gathered_without_ep' needs schema_version 1.12"):
+        parse_plan(old)
+    old["inputs"] = {**doc["inputs"], "workload": {**doc["inputs"]["workload"], "moe_tp": "gathered"}}
     with pytest.raises(PlanError, match="cross_entropy 'chunked' needs schema_version 1.12"):
         parse_plan(old)
-    old["inputs"] = {**doc["inputs"], "workload": {**doc["inputs"]["workload"], "cross_entropy": "eager"}}
+    old["inputs"]["workload"]["cross_entropy"] = "eager"
     with pytest.raises(PlanError, match="target 'torchtitan-0.3' needs schema_version 1.12"):
         parse_plan(old)
+
+
+@pytest.mark.parametrize("mesh,same_as", [
+    ({"tp": 2, "dp_shard": 8}, "gathered"),  # ep 1: the layer's tokens gathered over tp, the router on all
+    ({"tp": 2, "dp_shard": 8, "ep": 4, "etp": 1}, "dispatcher"),  # ep 4, folded: each tp rank its own share
+])
+def test_the_moe_layer_under_tp_gathers_only_without_expert_parallelism(mesh: dict, same_as: str) -> None:
+    """torchtitan 0.3 (moe_tp gathered_without_ep, models/common/moe_sharding.py:279-281): where ep = 1 its
+    MoE layer is 0.2.2's gathered one (all-gather before routing, the router replicated); where ep > 1 it
+    gathers nothing, each tp rank routing and dispatching its own tokens to experts folded over tp, which
+    is Megatron's dispatcher with no expert-TP collective: step time and memory equal, to the last bit."""
+    strategy = {"mesh": mesh, "sequence_parallel": True, "default": {"sharding": "zero3"}}
+    new, old = (make_plan(strategy, model="mixtral-8x7b", moe_tp=m) for m in ("gathered_without_ep", same_as))
+    other = make_plan(strategy, model="mixtral-8x7b", moe_tp="dispatcher" if same_as == "gathered" else "gathered")
+    assert new.predicted.step_time_s == old.predicted.step_time_s
+    assert new.predicted.memory_peak_gib == old.predicted.memory_peak_gib
+    assert new.predicted.step_time_s != other.predicted.step_time_s

@@ -52,7 +52,7 @@ SCHEMA_VERSION = "1.12"
 #: 1.11 added ``workload.fp8_saved_inputs`` (older documents kept every fp8 linear's 16-bit input) and the offload
 #: ``activations`` (older documents offload states only) and ``workload.adam_states`` (older documents kept
 #: Adam's master and moments in fp32); 1.12 added the cross-entropy ``chunked`` (older documents name eager or
-#: fused) and target names with a dot (``torchtitan-0.3``)
+#: fused), ``workload.moe_tp`` ``gathered_without_ep`` and target names with a dot (``torchtitan-0.3``)
 READABLE_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "1.6", "1.7", "1.8", "1.9", "1.10", "1.11", "1.12")
 #: the target a document records when it names none: the whole plan vocabulary (``vocab.targets``)
 ANY_TARGET = "any"
@@ -370,6 +370,9 @@ class Plan(_Doc):
         if _before(version, "1.11") and inp.workload.fp8_saved_inputs != "original":
             raise _rule(f"workload.fp8_saved_inputs '{inp.workload.fp8_saved_inputs}' needs schema_version 1.11 (older "
                         "plans kept every fp8 linear layer's 16-bit input)")
+        if _before(version, "1.12") and inp.workload.moe_tp == "gathered_without_ep":
+            raise _rule("workload.moe_tp 'gathered_without_ep' needs schema_version 1.12 (older plans name dispatcher "
+                        "or gathered)")
         if _before(version, "1.12") and inp.workload.cross_entropy == "chunked":
             raise _rule("workload.cross_entropy 'chunked' needs schema_version 1.12 (older plans name eager or fused)")
         if _before(version, "1.12") and inp.target is not None and "." in inp.target.name:

@@ -74,7 +74,7 @@ MOE_DISPATCH_CHOICES = ("alltoall", "dedup")
 MOE_OVERLAP_CHOICES = ("none", "1f1b")
 SELECTIVE_CHOICES = ("attention", "op", "gemms")
 LOW_PRECISION_EXPERTS_CHOICES = ("always", "float8_unpiped", "never")
-MOE_TP_CHOICES = ("dispatcher", "gathered")
+MOE_TP_CHOICES = ("dispatcher", "gathered", "gathered_without_ep")
 FP8_SAVED_INPUT_CHOICES = ("original", "quantized")
 ADAM_STATE_CHOICES = ("fp32", "bf16")
 #: the workload's kernel and buffer choices: field -> (what a message calls it, accepted values)
@@ -389,14 +389,15 @@ class Workload(_Strict):
         "the fp32 master kept as the 16 bits the bf16 parameter lacks: --use-precision-aware-optimizer "
         "--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16, store_param_remainders)"
     )
-    moe_tp: Literal["dispatcher", "gathered"] = Field(
+    moe_tp: Literal["dispatcher", "gathered", "gathered_without_ep"] = Field(
         "dispatcher", exclude_if=lambda v: v == "dispatcher",
         description="how a mixture-of-experts layer meets tensor parallelism with sequence parallelism: "
         "dispatcher (Megatron's alltoall dispatcher: each tp rank dispatches its share of the tokens, the "
         "expert-TP ranks gather the routed copies after the dispatch and reduce-scatter them before the combine) "
         "or gathered (torchtitan: the layer all-gathers the tokens over tp before routing and reduce-scatters "
         "its output; every tp rank dispatches all of them where the experts split over tp, its share where "
-        "they fold over tp)"
+        "they fold over tp) or gathered_without_ep (torchtitan 0.3: gathered where ep = 1; where ep > 1 the "
+        "experts fold over tp and each tp rank routes and dispatches its own share, nothing gathered)"
     )
 
     @field_validator("precision", mode="before")

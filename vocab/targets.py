@@ -265,7 +265,7 @@ class Behaviour(_Strict):
         "attention", "what its selective recomputation keeps (vocab.strategy.Workload.selective)")
     low_precision_experts: list[Literal["always", "float8_unpiped", "never"]] = _runs(
         "always", "where an fp8/mxfp8 run's expert GEMMs run in it (vocab.strategy.Workload.low_precision_experts)")
-    moe_tp: list[Literal["dispatcher", "gathered"]] = _runs(
+    moe_tp: list[Literal["dispatcher", "gathered", "gathered_without_ep"]] = _runs(
         "dispatcher", "how a MoE layer meets tensor parallelism (vocab.strategy.Workload.moe_tp)")
 
     fp8_saved_inputs: list[Literal["original", "quantized"]] = _runs(
