@@ -262,7 +262,7 @@ def test_a_launch_script_is_read_as_megatron_lm_parses_it(tmp_path: Path) -> Non
     p, e = exported("searched-gpt2")
     path = tmp_path / "launch.args"
     path.write_text(edited((), LAUNCH))
-    plan, unread = read_config(path)
+    plan, unread, _ = read_config(path)
     assert plan.predicted.step_time_s == pytest.approx(p.predicted.step_time_s, rel=1e-9)
     assert {x.split()[0] for x in LAUNCH} <= set(unread)  # named as not priced
     assert not {"--tensor-model-parallel-size", "--micro-batch-size", "--hidden-size", "--bf16"} & set(unread)

@@ -85,12 +85,27 @@ def test_import_takes_the_registry_functions_defaults_and_lists_what_it_does_not
     text = ("#!/bin/sh\n# a launch as a user writes it\ntorchrun --nproc-per-node 8 -m torchtitan.train \\\n"
             "  --module llama3 --config llama3_70b --training.steps 500 --training.global_batch_size 64 \\\n"
             "  --metrics.enable_wandb\n")
-    plan, unread = read_config(_write(tmp_path, text), model="llama3.1-70b", cluster="64xh100")
+    plan, unread, assumed = read_config(_write(tmp_path, text), model="llama3.1-70b", cluster="64xh100")
     s = plan.strategy
     assert (s.mesh.tp, s.mesh.dp_shard, s.micro_batch, s.sequence_parallel) == (8, 8, 8, True)
     assert {s.for_unit(f"layers.{i}").recompute for i in range(80)} == {"full"}
     assert plan.inputs.workload.global_batch == 64 and plan.inputs.workload.seq_len == 8192
-    assert unread == ["--training.steps", "--metrics.enable_wandb"]
+    assert unread == ["--training.steps", "--metrics.enable_wandb"] and assumed == []
+
+
+def test_a_registry_function_of_ones_own_is_read_with_the_release_defaults_and_says_so(tmp_path: Path) -> None:
+    """``--module my_pkg.registry --config my_70b``: Trainer.Config's defaults under the flags (local batch
+    8, selective per-op checkpointing), and the import names what it assumed."""
+    from planner.cli import main
+
+    text = ("torchrun -m torchtitan.train --module my_pkg.registry --config my_70b --training.seq_len 4096 "
+            "--training.global_batch_size 64 --parallelism.tensor_parallel_degree 8\n")
+    path = _write(tmp_path, text)
+    plan, _, assumed = read_config(path, model="llama3.1-70b", cluster="64xh100")
+    assert (plan.strategy.mesh.tp, plan.strategy.micro_batch) == (8, 8)
+    assert {plan.strategy.for_unit(f"layers.{i}").recompute for i in range(80)} == {"selective"}
+    assert len(assumed) == 1 and "Trainer.Config's defaults" in assumed[0]
+    assert main(["import", str(path), "--model", "llama3.1-70b", "--cluster", "64xh100"]) == 0
 
 
 @pytest.mark.parametrize("flags,message", [

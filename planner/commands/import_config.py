@@ -43,7 +43,7 @@ def import_cmd(
         check_writable(output, "-o")
     from planner.reprice import predicted_dict
 
-    plan, unread = read_config(config, trainer, model, cluster, seq_len, memory_limit, ep)
+    plan, unread, assumed = read_config(config, trainer, model, cluster, seq_len, memory_limit, ep)
     pr, s = predicted_dict(plan), plan.strategy
     mesh = " ".join(f"{k}={v}" for k, v in s.mesh.shown_degrees().items())
     fits = "fits" if pr.get("fits", True) else "does NOT fit"
@@ -55,6 +55,8 @@ def import_cmd(
     if unread:
         shown = ", ".join(unread[:10]) + (f" and {len(unread) - 10} more" if len(unread) > 10 else "")
         err_console.print(literal(f"not priced (accepted, no price depends on them): {shown}"), soft_wrap=True)
+    for line in assumed:
+        err_console.print(literal(f"assumed: {line}"), soft_wrap=True)
     if output is not None:
         plan.save(output)
         err_console.print(literal(f"wrote {output}"), soft_wrap=True)

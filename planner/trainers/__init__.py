@@ -168,9 +168,11 @@ def import_plan(path: str | Path, trainer: str | None = None, model: str | None 
 @typed
 def read_config(path: str | Path, trainer: str | None = None, model: str | None = None,
                 cluster: str | dict[str, Any] | None = None, seq_len: int | None = None,
-                memory_limit_gib: float | None = None, ep: int | None = None) -> tuple[Plan, list[str]]:
-    """:func:`import_plan`'s plan, and the keys of the file that the trainer accepts and no price
-    depends on (where its importer says which: Megatron-LM's flags; else none listed)."""
+                memory_limit_gib: float | None = None, ep: int | None = None) -> tuple[Plan, list[str], list[str]]:
+    """:func:`import_plan`'s plan, the keys of the file that the trainer accepts and no price depends on
+    (where its importer says which: Megatron-LM's flags, torchtitan 0.3's; else none listed), and what
+    the importer assumed where the file does not say (torchtitan 0.3: a registry function of the
+    user's own)."""
     from planner.reprice import load_named_model, price
     from profiler.hardware import parse_cluster
 
@@ -224,8 +226,9 @@ def read_config(path: str | Path, trainer: str | None = None, model: str | None 
                               **t.behaviour.workload(**said)}, origin)
     plan = price(graph, cl, strategy, w, limit, model=model)
     unread = mod.unread(doc) if hasattr(mod, "unread") else []
+    assumed = mod.assumed(doc) if hasattr(mod, "assumed") else []
     return plan.model_copy(update={"inputs": plan.inputs.model_copy(
-        update={"target": TargetRef(name=t.name, version=t.version or None)})}), unread
+        update={"target": TargetRef(name=t.name, version=t.version or None)})}), unread, assumed
 
 
 def _release_named(text: str, key: str) -> str:

@@ -173,6 +173,17 @@ def strategy(doc: dict[str, Any], ctx: Context) -> dict[str, Any]:
     return fields
 
 
+def assumed(doc: dict[str, Any]) -> list[str]:
+    """What the import assumed: a registry function the key snapshot does not record is read with
+    ``Trainer.Config``'s defaults, in bf16, with the all-to-all dispatcher and no model check."""
+    snap = key_snapshot(by_exporter(EXPORTER))
+    if doc["config"] in snap["registry"].get(doc["module"], {}):
+        return []
+    return [f"--module {doc['module']} --config {doc['config']} is not a registry function shardplan has recorded: "
+            "read with Trainer.Config's defaults where the flags say nothing, in bf16, with the all-to-all "
+            "token dispatcher, its model not checked against the one priced"]
+
+
 def unread(doc: dict[str, Any]) -> list[str]:
     """The flags given that torchtitan accepts and no price depends on."""
     return [f"--{p}" for p in doc["flags"] if p not in PRICED]
