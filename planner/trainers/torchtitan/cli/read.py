@@ -5,8 +5,8 @@ the shell's rules (:mod:`shlex`, comments and line continuations as ``sh`` reads
 ``--config`` name a registry function: where the key snapshot records it, its defaults are what the
 flags leave out, its model is checked against the model being priced, and its converters and token
 dispatcher must be ones shardplan prices; a function of the user's own is read with ``Trainer.Config``'s
-defaults, bf16 and the all-to-all dispatcher assumed. Every other flag must be one torchtitan 0.3.0 accepts, with a value of its
-type. The plan is read as torchtitan 0.2.2's job config is (:mod:`planner.trainers.torchtitan.read`),
+defaults, no low-precision converters and the all-to-all dispatcher assumed (:func:`assumed` says so).
+Every other flag must be one torchtitan 0.3.0 accepts, with a value of its type. The plan is read as torchtitan 0.2.2's job config is (:mod:`planner.trainers.torchtitan.read`),
 with 0.3's differences: sequence parallelism is ``enable_sequence_parallel``; checkpointing is the
 ``activation_checkpoint:<policy>`` subcommand, every block alike; expert ranks always fold over tp.
 """
@@ -175,13 +175,14 @@ def strategy(doc: dict[str, Any], ctx: Context) -> dict[str, Any]:
 
 def assumed(doc: dict[str, Any]) -> list[str]:
     """What the import assumed: a registry function the key snapshot does not record is read with
-    ``Trainer.Config``'s defaults, in bf16, with the all-to-all dispatcher and no model check."""
+    ``Trainer.Config``'s defaults, without low-precision converters, with the all-to-all dispatcher and no
+    model check."""
     snap = key_snapshot(by_exporter(EXPORTER))
     if doc["config"] in snap["registry"].get(doc["module"], {}):
         return []
     return [f"--module {doc['module']} --config {doc['config']} is not a registry function shardplan has recorded: "
-            "read with Trainer.Config's defaults where the flags say nothing, in bf16, with the all-to-all "
-            "token dispatcher, its model not checked against the one priced"]
+            "read with Trainer.Config's defaults where the flags say nothing, no low-precision converters, the "
+            "all-to-all token dispatcher, its model not checked against the one priced"]
 
 
 def unread(doc: dict[str, Any]) -> list[str]:
