@@ -115,6 +115,9 @@ def test_a_registry_function_of_ones_own_is_read_with_the_release_defaults_and_s
     ("--parallelism.enable_sequence_parallel=False", "is a switch"),
     ("activation_checkpoint:everything", "activation_checkpoint is one of"),
     ("'$(touch /tmp/pwned)'", "neither a flag of torchtitan 0.3.0 nor a subcommand"),
+    ("--training.mixed_precision_param float16", "is one of bfloat16, float32, got 'float16'"),
+    ("--training.max_norm abc", "takes a number, got 'abc'"),
+    ("'--bad\nflag' 3", "is not a flag of torchtitan 0.3.0"),
 ])
 def test_import_refuses_what_torchtitan_03_refuses_in_one_line(flags: str, message: str, tmp_path: Path) -> None:
     text = f"torchrun -m torchtitan.train --module llama3 --config llama3_8b {flags}\n"
@@ -127,6 +130,12 @@ def test_import_refuses_a_registry_model_of_another_shape(tmp_path: Path) -> Non
     text = "torchrun -m torchtitan.train --module llama3 --config llama3_8b\n"
     with pytest.raises(ConfigError, match="trains llama3.1-8b"):
         import_plan(_write(tmp_path, text), model="llama3.1-70b", cluster="64xh100")
+
+
+def test_a_value_with_a_colon_is_a_value_and_the_subcommand_ends_the_flags() -> None:
+    doc = parse("--module llama3 --config llama3_8b --dataloader.dataset_path s3://bucket/c4 activation_checkpoint:full",
+                "f")
+    assert doc["flags"] == {"dataloader.dataset_path": "s3://bucket/c4"} and doc["policy"] == "full"
 
 
 def test_parse_reads_bare_flags_and_the_no_form() -> None:

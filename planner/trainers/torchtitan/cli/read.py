@@ -13,13 +13,14 @@ with 0.3's differences: sequence parallelism is ``enable_sequence_parallel``; ch
 
 from __future__ import annotations
 
+import re
 import shlex
 from typing import Any
 
 from planner.trainers.reading import ConfigError, Context, count
 from planner.trainers.torchtitan import read as titan
 from planner.trainers.torchtitan.cli.keys import AC, CONFIG_FLAG, DISPATCHERS, ENTRY, FLAGS, FQN, MODULE_FLAG
-from vocab.digits import is_digits
+from vocab.digits import is_digits, read_float
 from vocab.errors import shown
 from vocab.targets import Target, by_exporter, key_snapshot
 
@@ -62,7 +63,7 @@ def parse(text: str, origin: str, t: Target | None = None) -> dict[str, Any]:
                                   f"{', '.join(subcommands[_path(field)])}")
             doc["policy"] = choice
         elif tok.startswith("--"):
-            i = _flag(tokens, i, types, doc["flags"], origin)
+            i = _flag(tokens, i, types, doc["flags"], origin, set(subcommands))
             continue
         else:
             raise ConfigError(f"{origin}: {shown(tok)} is neither a flag of torchtitan 0.3.0 nor a subcommand")
@@ -73,45 +74,57 @@ def parse(text: str, origin: str, t: Target | None = None) -> dict[str, Any]:
     return doc
 
 
-def _flag(tokens: list[str], i: int, types: dict[str, str], flags: dict[str, Any], origin: str) -> int:
-    """Read the flag at ``tokens[i]`` (and its values) into ``flags``; the index after it."""
+def _flag(tokens: list[str], i: int, types: dict[str, str], flags: dict[str, Any], origin: str,
+          subcommands: set[str]) -> int:
+    """Read the flag at ``tokens[i]`` (and its values, up to the next flag or subcommand) into ``flags``;
+    the index after it."""
     name, eq, value = tokens[i][2:].partition("=")
-    path = _path(name)
+    path, flag = _path(name), shown(f"--{name}")
     head, _, leaf = path.rpartition(".")
     negated = f"{head + '.' if head else ''}{leaf[3:]}" if leaf.startswith("no_") else None
     if types.get(path) == "bool" or (negated and types.get(negated) == "bool"):
         if eq:
-            raise ConfigError(f"{origin}: --{name} is a switch: torchtitan 0.3 takes it bare, or as --...no_...")
+            raise ConfigError(f"{origin}: {flag} is a switch: torchtitan 0.3 takes it bare, or as --...no_...")
         flags[negated if types.get(path) != "bool" else path] = types.get(path) == "bool"
         return i + 1
     if path not in types:
-        raise ConfigError(f"{origin}: --{shown(name)} is not a flag of torchtitan 0.3.0")
+        raise ConfigError(f"{origin}: {flag} is not a flag of torchtitan 0.3.0")
     values = [value] if eq else []
     j = i + 1
-    while not eq and j < len(tokens) and not tokens[j].startswith("--") and ":" not in tokens[j]:
+    while not eq and j < len(tokens) and not tokens[j].startswith("--") \
+            and _path(tokens[j].partition(":")[0]) not in subcommands:
         values.append(tokens[j])
         j += 1
     if not values:
-        raise ConfigError(f"{origin}: --{name} has no value")
-    flags[path] = _typed(path, types[path], values, origin)
+        raise ConfigError(f"{origin}: {flag} has no value")
+    flags[path] = _typed(flag, types[path], values, origin)
     return j
 
 
-def _typed(path: str, kind: str, values: list[str], origin: str) -> Any:
-    """A flag's value as its annotation reads it: an int, a list of comma-split lists, or text."""
+def _typed(flag: str, kind: str, values: list[str], origin: str) -> Any:
+    """A flag's value as its annotation (``kind``, the snapshot's text) reads it: an int, a number, one of
+    a Literal's choices, a list of comma-split lists, or text; ``None`` where the annotation allows it."""
     if kind.startswith("list[list["):
         return None if values == ["None"] else [v.split(",") for v in values]
-    if len(values) > 1:
-        raise ConfigError(f"{origin}: --{path} takes one value, got {len(values)}")
+    if len(values) > 1 and not kind.startswith("list["):
+        raise ConfigError(f"{origin}: {flag} takes one value, got {len(values)}")
     v = values[0]
+    if v == "None" and "None" in kind:
+        return None
     if kind.startswith("int"):
-        if v == "None" and "None" in kind:
-            return None
         sign = v.startswith("-")
         if not is_digits(v[sign:]):
-            raise ConfigError(f"{origin}: --{path} takes an integer, got {shown(v)}")
+            raise ConfigError(f"{origin}: {flag} takes an integer, got {shown(v)}")
         return int(v)
-    return None if v == "None" and "None" in kind else v
+    if kind.startswith("float"):
+        try:
+            return read_float(v)
+        except ValueError:
+            raise ConfigError(f"{origin}: {flag} takes a number, got {shown(v)}") from None
+    choices = re.findall(r"'([^']*)'", kind) if kind.startswith("Literal[") else []
+    if choices and v not in choices:
+        raise ConfigError(f"{origin}: {flag} is one of {', '.join(choices)}, got {shown(v)}")
+    return values if kind.startswith("list[") else v
 
 
 def _registry(doc: dict[str, Any], origin: str) -> dict[str, Any]:
@@ -121,7 +134,7 @@ def _registry(doc: dict[str, Any], origin: str) -> dict[str, Any]:
     entry = snap["registry"].get(doc["module"], {}).get(doc["config"])
     refused = snap["refused_on_cpu"].get(f"{doc['module']}.{doc['config']}")
     if refused is not None:  # a function that turns on low-precision converters (checked at call time)
-        raise ConfigError(f"{origin}: --config {doc['config']} is not priced: calling it needs the GPU its "
+        raise ConfigError(f"{origin}: --config {shown(doc['config'])} is not priced: calling it needs the GPU its "
                           f"converters need ({refused.split(':')[0]}: {refused.split(':', 1)[1].strip()[:80]}...), "
                           "and low precision is not priced for torchtitan 0.3")
     if entry is None:
@@ -148,11 +161,11 @@ def _job(doc: dict[str, Any], origin: str) -> dict[str, Any]:
 def workload(doc: dict[str, Any], origin: str) -> dict[str, Any]:
     entry = _registry(doc, origin)
     if entry["converters"]:
-        raise ConfigError(f"{origin}: {doc['config']} trains with {', '.join(entry['converters'])}; low precision "
+        raise ConfigError(f"{origin}: {shown(doc['config'])} trains with {', '.join(entry['converters'])}; low precision "
                           "is not priced for torchtitan 0.3")
     dispatch = [DISPATCHERS.get(d) for d in entry["token_dispatchers"]]
     if None in dispatch:
-        raise ConfigError(f"{origin}: {doc['config']}'s token dispatcher {', '.join(entry['token_dispatchers'])} "
+        raise ConfigError(f"{origin}: {shown(doc['config'])}'s token dispatcher {', '.join(entry['token_dispatchers'])} "
                           f"is not priced for torchtitan 0.3 (only {', '.join(DISPATCHERS)})")
     job = _job(doc, origin)
     train = job.get("training", {})
@@ -180,7 +193,7 @@ def assumed(doc: dict[str, Any]) -> list[str]:
     snap = key_snapshot(by_exporter(EXPORTER))
     if doc["config"] in snap["registry"].get(doc["module"], {}):
         return []
-    return [f"--module {doc['module']} --config {doc['config']} is not a registry function shardplan has recorded: "
+    return [f"--module {shown(doc['module'])} --config {shown(doc['config'])} is not a registry function shardplan has recorded: "
             "read with Trainer.Config's defaults where the flags say nothing, no low-precision converters, the "
             "all-to-all token dispatcher, its model not checked against the one priced"]
 
