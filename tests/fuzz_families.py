@@ -180,7 +180,7 @@ def gen_batch_line(rnd: Any, fz: FuzzEnv) -> Case:
 
 # ---- command-line families ------------------------------------------------------------------
 
-EXPORT_TARGETS = ("torchtitan", "megatron", "deepspeed", "nanotron", "python")
+EXPORT_TARGETS = ("torchtitan", "torchtitan-0.3", "megatron", "deepspeed", "nanotron", "python")
 PLOT_KINDS = ("memory", "timeline", "layers", "pareto")
 
 

@@ -153,8 +153,8 @@ def gen_export_injection(rnd: Any, fz: FuzzEnv) -> Case:
 
 # ---- import ------------------------------------------------------------------------------------
 
-IMPORT_SUFFIX = {"torchtitan": ".toml", "megatron": ".args", "deepspeed": ".json", "nanotron": ".yaml",
-                 "python": ".py"}
+IMPORT_SUFFIX = {"torchtitan": ".toml", "torchtitan-0.3": ".sh", "megatron": ".args", "deepspeed": ".json",
+                 "nanotron": ".yaml", "python": ".py"}
 #: the command-line --model, --cluster and --seq-len of each seed plan
 SEED_INPUTS = {"gpt2-4xcpu": ("gpt2", "4xcpu", "128"), "llama3-8b-pp": ("llama3-8b", "16xh100", "4096"),
                "mixtral-ep": ("mixtral-8x7b", "16xh100", "4096")}
@@ -227,6 +227,8 @@ def _body_mutation(rnd: Any, target: str, lines: list[str], value: str) -> str:
     if not body or op == "add":
         extra = {"megatron": rnd.choice(("--save {v}", "--load {v}", "--data-path {v}", "{v}")),
                  "torchtitan": rnd.choice(('[job]\ndump_folder = "{v}"', "x = {v}", "[{v}]")),
+                 "torchtitan-0.3": rnd.choice(("  --dump_folder {v}", "  {v}", "  activation_checkpoint:{v}",
+                                              "$({v})")),
                  "nanotron": rnd.choice(("checkpoints_path: {v}", "{v}: 1", "parallelism: {v}")),
                  "deepspeed": "{v}", "python": rnd.choice(("{v}", "import os; os.system({v!r})"))}[target]
         lines.append(extra.format(v=value))

@@ -32,6 +32,7 @@ import yaml
 LINE_BREAKS = {
     "python": re.compile(r"\r\n|[\r\n]"),
     "megatron": re.compile(r"\r\n|[\r\n]"),
+    "torchtitan-0.3": re.compile(r"\n"),  # sh ends a line at LF only
     "torchtitan": re.compile(r"\r?\n"),
     "nanotron": re.compile(r"\r\n|[\r\n\x85\u2028\u2029]"),
     "deepspeed": re.compile(r"\r?\n"),
@@ -128,6 +129,8 @@ def _loaded(target: str, text: str) -> Any:
     """The file as its trainer reads it (raises ValueError-like errors when it cannot)."""
     if target == "megatron":
         return shlex.split(text, comments=True)
+    if target == "torchtitan-0.3":  # the launch script's words, lines joined as sh joins them
+        return shlex.split(text.replace("\\\n", " "), comments=True)
     if target == "torchtitan":
         return tomllib.loads(text)
     if target == "nanotron":
@@ -171,7 +174,7 @@ def judge_export(target: str, text: str, reference: str | None, marker: Path, fo
     if target != "deepspeed" and header_lines(text, target) != header_lines(reference, target):
         return (f"the header has {header_lines(text, target)} comment line(s) where the reference has "
                 f"{header_lines(reference, target)}: a string broke out of its comment line")
-    if target == "megatron":
+    if target in ("megatron", "torchtitan-0.3"):
         return _same_flags(got, ref)
     if target == "python":
         return None if got == ref else "the script's syntax tree differs from the reference's (a string became code)"
