@@ -83,6 +83,14 @@ def check_fits(graph: LayerGraph, micro_batch: int, dtype: str, device: torch.de
     return need
 
 
+def check_request(graph: LayerGraph | None, micro_batch: int, seq_len: int, repeats: int, dtype: str,
+                  device: torch.device) -> None:
+    """Refuse a measurement before it starts: sizes that are not positive, or a slice that does not fit."""
+    if micro_batch < 1 or seq_len < 1 or repeats < 1 or graph is None:
+        raise ShardplanError("--micro-batch, --seq-len and --repeats must be positive")
+    check_fits(graph, micro_batch, dtype, device)
+
+
 # ---- measuring -------------------------------------------------------------------------------------
 
 class _Recorder:
@@ -176,12 +184,11 @@ def measure_layers(
 ) -> list[LayerMeasurement]:
     """Per-node and per-block measurements of ``layers`` blocks of ``cfg``, with the layer graph's
     saved bytes beside them (``costmodel.compute.with_predicted_times`` adds predicted times)."""
-    if micro_batch < 1 or seq_len < 1 or repeats < 1:
-        raise ShardplanError("--micro-batch, --seq-len and --repeats must be positive")
     cut = cut_config(cfg, layers)
-    graph = build_graph(cut, seq_len)
+    graph = build_graph(cut, seq_len) if seq_len >= 1 else None
+    check_request(graph, micro_batch, seq_len, repeats, dtype, device)
+    assert graph is not None
     blocks = [n for n in graph.nodes if n.block is not None]
-    check_fits(graph, micro_batch, dtype, device)
     torch.manual_seed(0)
     dt = DTYPES[dtype]
     stack = build_stack(cut, device, dt).train()
