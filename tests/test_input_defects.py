@@ -568,3 +568,30 @@ def test_an_error_a_library_makes_of_ctrl_c_is_an_interrupt(monkeypatch: pytest.
     with pytest.raises(typer.Exit) as bug:
         guard(schema_build)()
     assert bug.value.exit_code == 70
+
+
+def test_validate_prints_a_source_name_that_looks_like_markup(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A published-runs file whose source reads ``[/x]`` (rich's closing tag) is printed as text, not read
+    as markup (the long fuzz profile found an internal error)."""
+    import csv
+
+    src = Path(__file__).resolve().parents[1] / "costmodel" / "data" / "calibration" / "published_runs.csv"
+    rows = list(csv.reader(src.open(newline="", encoding="utf-8")))[:12]
+    rows[7][0] = "[/x]"
+    path = tmp_path / "runs.csv"
+    with path.open("w", newline="", encoding="utf-8") as f:
+        csv.writer(f).writerows(rows)
+    assert main(["validate", str(path)]) == 0
+    assert "[/x]" in capsys.readouterr().out
+
+
+def test_train_with_a_model_name_no_file_system_takes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``train --model`` of 300 characters (too long for a file name) is an unknown model in one line,
+    not an internal error."""
+    plan = tmp_path / "plan.json"
+    assert main(["plan", "--model", "gpt2", "--cluster", "4xcpu", "--seq-len", "128", "--global-batch", "8",
+                 "-o", str(plan)]) == 0
+    capsys.readouterr()
+    assert main(["train", "--plan", str(plan), "--model", "x" * 300]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: unknown model") and err.count("\n") == 1

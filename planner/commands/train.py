@@ -14,6 +14,14 @@ from vocab.errors import ShardplanError
 WATCHDOG_S = 300.0  # runtime.launch.WATCHDOG_S (not imported here: that would import torch at start-up)
 
 
+def _is_dir(name: str) -> bool:
+    """Whether ``--model`` names a folder (of weights); a name no file system takes (too long, a NUL) is none."""
+    try:
+        return Path(name).is_dir()
+    except (OSError, ValueError):
+        return False
+
+
 def _settings(plan: Any, steps: int, seed: int, seq_len: int, global_batch: int) -> Any:
     from runtime.train import TrainSettings
     from vocab.rules import batch_problem  # not at start-up: pydantic
@@ -170,7 +178,7 @@ def train(o: Values) -> None:
     nproc = o.nproc or world
     if nproc != world:
         raise ShardplanError(f"the plan's mesh {plan.strategy.mesh.axes()} needs {world} processes; --nproc is {nproc}")
-    spec = spec_for_weights(o.model) if Path(o.model).is_dir() else spec_for(o.model, init="seeded")
+    spec = spec_for_weights(o.model) if _is_dir(o.model) else spec_for(o.model, init="seeded")
     s = _settings(plan, o.steps, o.seed, o.seq_len, o.global_batch)
     s.precision, s.grad_dtype = o.precision, plan.inputs.workload.grad_dtype
     _files(s, spec, o.data, o.resume, o.save)

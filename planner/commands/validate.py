@@ -58,7 +58,7 @@ def render_validation(data: dict[str, Any], title: str = "cost model vs publishe
             ok = "–"
         sweep = f"{round(s['sweep_ordered'] * s['sweep_pairs'])}/{s['sweep_pairs']}" if s["sweep_pairs"] else "–"
         bias = "–" if s["bias"] is None else f"{100 * s['bias']:+.1f}%"
-        t.add_row(source_label(s["source"]), s.get("target") or "–", str(s["rows"]), str(s["time_rows"]), _pct(s["median_ape"]),
+        t.add_row(literal(source_label(s["source"])), literal(s.get("target") or "–"), str(s["rows"]), str(s["time_rows"]), _pct(s["median_ape"]),
                   _pct(s["p90_ape"]), bias, _rho(s["spearman"]), sweep, str(len(s["misfits"])),
                   str(s["memory_rows"]), _pct(s["memory_median_ape"]), ok)
     console.print(t)
@@ -77,14 +77,14 @@ def render_validation(data: dict[str, Any], title: str = "cost model vs publishe
         for col in ("source", "run: predicted peak of the worst rank, device"):
             k.add_column(col, overflow="fold")
         for src, m in misfits:
-            k.add_row(source_label(src, 30), m)
+            k.add_row(literal(source_label(src, 30)), literal(m))
         console.print(k)
     if data["skipped"]:
         k = Table(title=f"skipped rows ({len(data['skipped'])})")
         for col in ("row", "source", "metric", "reason"):
             k.add_column(col, justify="right" if col == "row" else "left", overflow="fold")
         for s in data["skipped"]:
-            k.add_row(str(s["row"]), source_label(s["source"], 30), s["metric"], s["reason"])
+            k.add_row(str(s["row"]), literal(source_label(s["source"], 30)), literal(s["metric"]), literal(s["reason"]))
         console.print(k)
 
 
