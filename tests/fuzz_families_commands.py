@@ -113,8 +113,9 @@ SWEEP_NAMES = {"-a": ["h100,cpu", "nope", "", ",", "cpu,", "[red]cpu", "\x1b[31m
 def gen_cli_sweep(rnd: Any, fz: FuzzEnv) -> Case:
     """``sweep`` with one or two values replaced: bad grids, limits, names, token counts and costs,
     outputs; an out-of-range value exits 2 before any search."""
-    argv, notes, checks, extra = list(SWEEP_BASE), [], [], []
+    argv, notes, extra = list(SWEEP_BASE), [], []
     bad_by_flag: dict[str, str] = {}
+    output_check: dict[str, Any] = {}  # the check of the last -o given (set_flag replaces an earlier one)
     for _ in range(1 + rnd.randrange(2)):
         what = rnd.choice(("--gpus", "--gpus", "--global-batch", "--seq-len", "--memory-limit", "name", "--tokens",
                            "--gpu-hour-cost", "-o", "--plots", "--workers"))
@@ -143,7 +144,7 @@ def gen_cli_sweep(rnd: Any, fz: FuzzEnv) -> Case:
             bad = kind == "under-file" or (what == "-o" and (kind == "dir" or target.suffix not in (".csv", ".parquet")))
             value = str(target)
             if what == "-o":
-                checks.append(lambda o, t=target, b=snapshot(target): check_output_file(t, b, o, "text"))
+                output_check[what] = lambda o, t=target, b=snapshot(target): check_output_file(t, b, o, "text")
         argv = set_flag(argv, what, value)
         notes.append(f"{what} {value[:120]!r}")
         bad_by_flag.pop(what, None)
@@ -151,7 +152,7 @@ def gen_cli_sweep(rnd: Any, fz: FuzzEnv) -> Case:
             bad_by_flag[what] = f"{what} {value[:40]!r}"
     must = list(bad_by_flag.values())
     return Case("cli-sweep", "shardplan sweep", notes, lambda limit: run_cli(argv, limit), argv=argv,
-                checks=[_refused_if(must), *checks], cleanup=extra)
+                checks=[_refused_if(must), *output_check.values()], cleanup=extra)
 
 
 # ---- train --------------------------------------------------------------------------------------
