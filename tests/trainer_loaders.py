@@ -1,8 +1,10 @@
-"""The trainers' own loaders, run on an export: torchtitan's ``ConfigManager``, megatron-core's config
-dataclasses (Megatron-LM's argument parser is not in the wheel), DeepSpeed's ``DeepSpeedConfig`` and
-nanotron's strict ``get_config_from_file``. The trainers come from ``tests/trainers.txt`` (the README's
-test command installs them); where one is not installed its checks are skipped, and an installed
-release other than the one its target pins fails.
+"""The trainers' own loaders, run on an export: torchtitan's ``ConfigManager`` (0.2.2 in process, 0.3.0 in a
+child process), megatron-core's config dataclasses (0.16.1) and Megatron-LM's own parser and
+``validate_args`` (the megatron-core 0.19.2 wheel's, in a child process), DeepSpeed's ``DeepSpeedConfig``
+and nanotron's strict ``get_config_from_file``. ``tests/install_trainers.sh`` (the README's test command)
+installs them: the pinned releases from ``tests/trainers.txt``, the newer ones beside them in
+``.trainers/``. Where one is not installed its checks are skipped, and an installed release other than
+the one its target pins fails.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def trainer_loader(target: str, skip: bool = True) -> Loader | None:
     return LOADERS[target]
 
 
-#: releases installed beside the pinned ones (the README's test command: ``pip install --no-deps --target``),
+#: releases installed beside the pinned ones (``tests/install_trainers.sh``: ``pip install --no-deps --target``),
 #: loaded in a child process with their folder first on ``PYTHONPATH``
 SIDE_INSTALLS = {"torchtitan-0.3": ROOT / ".trainers" / "torchtitan-0.3.0",
                  "megatron-0.19": ROOT / ".trainers" / "megatron-core-0.19.2"}
