@@ -63,9 +63,9 @@ class Loss:
 class Nearest:
     """A strategy under construction: global fields, per-unit choices, operator splits; and the losses."""
 
-    def __init__(self, plan: Plan, units: list[str]):
+    def __init__(self, plan: Plan, units: list[str], target: Target):
         s = plan.strategy
-        self.plan, self.units = plan, units
+        self.plan, self.units, self.target = plan, units, target  # the target the plan is mapped onto
         self.fields: dict[str, Any] = s.model_dump(exclude={"default", "layers"})
         self.choice = {u: {f: unit_choices(s, u)[f] for f in UNIT_FIELDS} for u in units}
         self.split = {u: unit_choices(s, u)["split"] for u in units}
@@ -73,9 +73,12 @@ class Nearest:
         self.workload: dict[str, Any] = dict(plan.inputs.workload)  # every field, defaults included
         self.losses: list[Loss] = []
         self.notes: list[str] = []
-        self.target: Target | None = None  # the target the plan is mapped onto (set by normalize)
         self.extra: dict[str, Any] = {}  # target-specific facts for rendering
-        self.label = ""  # the target's trainer and pinned version
+
+    @property
+    def label(self) -> str:
+        """The target's trainer and pinned version."""
+        return self.target.label
 
     def lose(self, what: str, detail: str, lacks: str = "") -> None:
         self.losses.append(Loss(what, detail, lacks or what))
@@ -156,8 +159,7 @@ def collapse(n: Nearest, f: str, why: str, units: list[str] | None = None, lacks
 
 def normalize(plan: Plan, units: list[str], t: Target) -> Nearest:
     """The nearest plan ``t`` can express, with what it lacks (see the module's order of rules)."""
-    n = Nearest(plan, units)
-    n.label, n.target = t.label, t
+    n = Nearest(plan, units, t)
     _splits(n, t)
     _outside_blocks(n, t)
     _unit_fields(n, t)

@@ -44,7 +44,6 @@ from planner.trainers.megatron.keys import (
 )
 from vocab.errors import ShardplanError
 from vocab.strategy import Strategy, Workload
-from vocab.targets import load_target
 
 SUFFIX = ".args"
 
@@ -185,7 +184,7 @@ def _stages(n: Nearest) -> None:
     p = n.mesh["pp"]
     if p == 1:
         return
-    rule, tail, sizes = (n.target or load_target("megatron")).pipeline, _mtp(n), n.stage_sizes()
+    rule, tail, sizes = n.target.pipeline, _mtp(n), n.stage_sizes()
     problem = rule.split_problem(sizes, p, tail)
     if problem is None:
         return
@@ -305,7 +304,7 @@ def render(n: Nearest, s: Strategy, cost: str) -> str:
     flags.append((K["moe_capacity"], w.moe_capacity_factor))
     shard = n.values("sharding")[0] if n.units else s.default.sharding
     flags += _sharding(shard, m.dp_replicate)
-    if shard == "zero3" and n.target is not None and n.target.version in FSDP_OWN_GRAD_DTYPE:
+    if shard == "zero3" and n.target.version in FSDP_OWN_GRAD_DTYPE:
         flags.append((K["fsdp_main_grads"], "bf16" if w.grad_dtype == "bf16" and w.precision != "fp32" else "fp32"))
     if m.tp > 1 and s.sequence_parallel and constants_for(n.plan.inputs.cluster.accelerator).tp_overlap > 0:
         flags.append((K["tp_overlap"], True))
