@@ -63,20 +63,29 @@ def _table(items: list[tuple[str | None, Any]]) -> dict[str, Any]:
     return {k: v for k, v in items if k is not None and v is not None}
 
 
-def fqns_per_part(s: Strategy, n_blocks: int) -> list[list[str]]:
-    """torchtitan's module FQNs of each virtual stage (:meth:`Strategy.stage_blocks`)."""
-    parts = [[str(TORCHTITAN_FQN["block"]).format(i=j) for j in held] for held in s.stage_blocks(n_blocks)]
-    parts[0] = list(TORCHTITAN_FQN["embedding"]) + parts[0]
-    parts[-1] = parts[-1] + list(TORCHTITAN_FQN["head"])
+def fqns_per_part(s: Strategy, n_blocks: int, fqn: dict[str, Any] = TORCHTITAN_FQN) -> list[list[str]]:
+    """torchtitan's module FQNs of each virtual stage (:meth:`Strategy.stage_blocks`); ``fqn``: the
+    release's module names (the embedding's, a block's, the head's)."""
+    parts = [[str(fqn["block"]).format(i=j) for j in held] for held in s.stage_blocks(n_blocks)]
+    parts[0] = list(fqn["embedding"]) + parts[0]
+    parts[-1] = parts[-1] + list(fqn["head"])
     return parts
+
+
+def data_parallel(n: Nearest, s: Strategy) -> tuple[int, int, str]:
+    """(replicate degree, shard degree, the sharding) as torchtitan takes them: a plan that shards nothing
+    replicates over every data-parallel rank."""
+    m, units = s.mesh, n.units
+    shard = s.for_unit(units[0]).sharding if units else s.default.sharding
+    if all(s.for_unit(u).sharding == "replicate" for u in units):
+        return m.dp_replicate * m.dp_shard, 1, shard
+    return m.dp_replicate, m.dp_shard, shard
 
 
 def render(n: Nearest, s: Strategy, cost: str) -> str:
     K, m, w = TORCHTITAN, s.mesh, n.workload_model()
     units = n.units
-    shard = s.for_unit(units[0]).sharding if units else s.default.sharding
-    all_replicate = all(s.for_unit(u).sharding == "replicate" for u in units)
-    rep, shd = (m.dp_replicate * m.dp_shard, 1) if all_replicate else (m.dp_replicate, m.dp_shard)
+    rep, shd, shard = data_parallel(n, s)
     n_mb = s.num_microbatches(w.global_batch)
     par: list[tuple[str | None, Any]] = [
         (K["dp_replicate"], rep), (K["dp_shard"], shd), (K["reshard"], TORCHTITAN_RESHARD.get(shard, "default")),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import shlex
 
 from planner.trainers.exporting import Nearest, collapse, header
+from planner.trainers.torchtitan import export as titan
 from planner.trainers.torchtitan.cli.keys import (
     AC,
     AC_POLICIES,
@@ -30,10 +31,7 @@ def adjust(n: Nearest) -> None:
 
 def fqns_per_part(s: Strategy, n_blocks: int) -> list[str]:
     """Each virtual stage's module names, comma-joined (one token per stage, as the flag takes them)."""
-    parts = [[str(FQN["block"]).format(i=j) for j in held] for held in s.stage_blocks(n_blocks)]
-    parts[0] = list(FQN["embedding"]) + parts[0]
-    parts[-1] = parts[-1] + list(FQN["head"])
-    return [",".join(p) for p in parts]
+    return [",".join(p) for p in titan.fqns_per_part(s, n_blocks, FQN)]
 
 
 def _flag(key: str, value: object) -> list[str]:
@@ -58,10 +56,8 @@ def _model(n: Nearest) -> list[str]:
 
 
 def _parallelism(n: Nearest, s: Strategy) -> list[str]:
-    m, units = s.mesh, n.units
-    shard = s.for_unit(units[0]).sharding if units else s.default.sharding
-    all_replicate = all(s.for_unit(u).sharding == "replicate" for u in units)
-    rep, shd = (m.dp_replicate * m.dp_shard, 1) if all_replicate else (m.dp_replicate, m.dp_shard)
+    m = s.mesh
+    rep, shd, shard = titan.data_parallel(n, s)
     out = [*_flag("dp_replicate", rep), *_flag("dp_shard", shd),
            *_flag("reshard", TORCHTITAN_RESHARD.get(shard, "default")), *_flag("tp", m.tp)]
     if m.tp > 1:
@@ -88,7 +84,7 @@ def render(n: Nearest, s: Strategy, cost: str) -> str:
     args.append(f"{AC}:{AC_POLICIES[policies.pop()]}")  # the subcommand comes after every flag
     c = n.plan.inputs.cluster
     lines = [f"exec torchrun --nnodes {c.nodes} --nproc-per-node {c.gpus_per_node} \"$@\" -m {ENTRY}"]
-    lines += ["  " + " ".join(shlex.quote(a) for a in _pairs(args, i)) for i in _starts(args)]
+    lines += ["  " + " ".join(shlex.quote(a) for a in group) for group in _by_flag(args)]
     script = " \\\n".join(lines) + "\n"
     notes = ("# placeholders: set --hf_assets_path and --dataloader.dataset_path to the run's tokenizer and data "
              "(torchtitan stops on them once it builds the tokenizer and the dataloader)\n"
@@ -96,12 +92,11 @@ def render(n: Nearest, s: Strategy, cost: str) -> str:
     return "#!/bin/sh\n" + header(n.plan, n.label, n.losses, cost) + notes + script
 
 
-def _starts(args: list[str]) -> list[int]:
-    """Where each line of the script starts: at every flag, and at the subcommand."""
-    return [i for i, a in enumerate(args) if a.startswith("--") or a.startswith(f"{AC}:")]
-
-
-def _pairs(args: list[str], i: int) -> list[str]:
-    """A flag and its values: the tokens from ``i`` to the next line's start."""
-    later = [j for j in _starts(args) if j > i]
-    return args[i: later[0] if later else len(args)]
+def _by_flag(args: list[str]) -> list[list[str]]:
+    """The words one line each: a flag with its values, or the subcommand."""
+    groups: list[list[str]] = []
+    for a in args:
+        if a.startswith("--") or a.startswith(f"{AC}:") or not groups:
+            groups.append([])
+        groups[-1].append(a)
+    return groups
