@@ -43,7 +43,9 @@ def _path(name: str) -> str:
 
 
 def parse(text: str, origin: str, t: Target | None = None) -> dict[str, Any]:
-    """``{"module", "config", "flags": {path: value}, "policy"}`` of the launch's torchtitan flags."""
+    """``{"module", "config", "flags": {path: value}, "policy"}`` of the launch's torchtitan flags, with the
+    registry function's record (``entry``; ``recorded``: whether the snapshot has it) and the launch as
+    0.2.2's job config (``job``)."""
     snap = key_snapshot(t or by_exporter(EXPORTER))
     types, subcommands = snap["flags"], snap["subcommands"]
     doc: dict[str, Any] = {"module": None, "config": None, "flags": {}, "policy": None}
@@ -71,6 +73,9 @@ def parse(text: str, origin: str, t: Target | None = None) -> dict[str, Any]:
     for key in ("module", "config"):
         if not doc[key]:
             raise ConfigError(f"{origin} gives no --{key} (torchtitan 0.3 requires --module and --config)")
+    doc["recorded"] = doc["config"] in snap["registry"].get(doc["module"], {})
+    doc["entry"] = _registry(doc, snap, origin)
+    doc["job"] = _job(doc, origin)
     return doc
 
 
@@ -127,10 +132,9 @@ def _typed(flag: str, kind: str, values: list[str], origin: str) -> Any:
     return values if kind.startswith("list[") else v
 
 
-def _registry(doc: dict[str, Any], origin: str) -> dict[str, Any]:
+def _registry(doc: dict[str, Any], snap: dict[str, Any], origin: str) -> dict[str, Any]:
     """The snapshot's record of ``--module``/``--config``; for a function it has not recorded (one of the
     user's own), ``Trainer.Config``'s defaults, no model to check, no converters, the all-to-all dispatcher."""
-    snap = key_snapshot(by_exporter(EXPORTER))
     entry = snap["registry"].get(doc["module"], {}).get(doc["config"])
     refused = snap["refused_on_cpu"].get(f"{doc['module']}.{doc['config']}")
     if refused is not None:  # a function that turns on low-precision converters (checked at call time)
@@ -144,7 +148,7 @@ def _registry(doc: dict[str, Any], origin: str) -> dict[str, Any]:
 
 def _job(doc: dict[str, Any], origin: str) -> dict[str, Any]:
     """The launch as torchtitan 0.2.2's job config sections (the registry's defaults under the flags)."""
-    entry = _registry(doc, origin)
+    entry = doc["entry"]
     values = {**entry["defaults"], **doc["flags"]}
     job: dict[str, Any] = {"model": {"name": entry["name"], "flavor": entry["flavor"]}}
     for path, value in values.items():
@@ -159,7 +163,7 @@ def _job(doc: dict[str, Any], origin: str) -> dict[str, Any]:
 
 
 def workload(doc: dict[str, Any], origin: str) -> dict[str, Any]:
-    entry = _registry(doc, origin)
+    entry = doc["entry"]
     if entry["converters"]:
         raise ConfigError(f"{origin}: {shown(doc['config'])} trains with {', '.join(entry['converters'])}; low precision "
                           "is not priced for torchtitan 0.3")
@@ -167,8 +171,7 @@ def workload(doc: dict[str, Any], origin: str) -> dict[str, Any]:
     if None in dispatch:
         raise ConfigError(f"{origin}: {shown(doc['config'])}'s token dispatcher {', '.join(entry['token_dispatchers'])} "
                           f"is not priced for torchtitan 0.3 (only {', '.join(DISPATCHERS)})")
-    job = _job(doc, origin)
-    train = job.get("training", {})
+    train = doc["job"].get("training", {})
     out: dict[str, Any] = {"seq_len": count(train.get("seq_len"), "training.seq_len", origin)}
     if train.get("global_batch_size", -1) != -1:
         out["global_batch"] = count(train["global_batch_size"], "training.global_batch_size", origin)
@@ -179,7 +182,7 @@ def workload(doc: dict[str, Any], origin: str) -> dict[str, Any]:
 
 
 def strategy(doc: dict[str, Any], ctx: Context) -> dict[str, Any]:
-    job = _job(doc, ctx.origin)
+    job = doc["job"]
     fields = titan.strategy(job, ctx, FQN)
     par = job.get("parallelism", {})
     fields["sequence_parallel"] = fields["mesh"]["tp"] > 1 and par.get("enable_sequence_parallel", True) is True
@@ -190,8 +193,7 @@ def assumed(doc: dict[str, Any]) -> list[str]:
     """What the import assumed: a registry function the key snapshot does not record is read with
     ``Trainer.Config``'s defaults, without low-precision converters, with the all-to-all dispatcher and no
     model check."""
-    snap = key_snapshot(by_exporter(EXPORTER))
-    if doc["config"] in snap["registry"].get(doc["module"], {}):
+    if doc["recorded"]:
         return []
     return [f"--module {shown(doc['module'])} --config {shown(doc['config'])} is not a registry function shardplan has recorded: "
             "read with Trainer.Config's defaults where the flags say nothing, no low-precision converters, the "
