@@ -83,12 +83,15 @@ def check_fits(graph: LayerGraph, micro_batch: int, dtype: str, device: torch.de
     return need
 
 
-def check_request(graph: LayerGraph | None, micro_batch: int, seq_len: int, repeats: int, dtype: str,
-                  device: torch.device) -> None:
-    """Refuse a measurement before it starts: sizes that are not positive, or a slice that does not fit."""
-    if micro_batch < 1 or seq_len < 1 or repeats < 1 or graph is None:
+def checked_graph(cfg: TransformerConfig, layers: int, micro_batch: int, seq_len: int, repeats: int, dtype: str,
+                  device: torch.device) -> LayerGraph:
+    """The layer graph a measurement of ``layers`` blocks of ``cfg`` runs (:func:`layers_graph`), refused
+    before it starts: sizes that are not positive, or a slice that does not fit."""
+    if micro_batch < 1 or seq_len < 1 or repeats < 1:
         raise ShardplanError("--micro-batch, --seq-len and --repeats must be positive")
+    graph = layers_graph(cfg, layers, seq_len)
     check_fits(graph, micro_batch, dtype, device)
+    return graph
 
 
 # ---- measuring -------------------------------------------------------------------------------------
@@ -184,10 +187,8 @@ def measure_layers(
 ) -> list[LayerMeasurement]:
     """Per-node and per-block measurements of ``layers`` blocks of ``cfg``, with the layer graph's
     saved bytes beside them (``costmodel.compute.with_predicted_times`` adds predicted times)."""
+    graph = checked_graph(cfg, layers, micro_batch, seq_len, repeats, dtype, device)
     cut = cut_config(cfg, layers)
-    graph = build_graph(cut, seq_len) if seq_len >= 1 else None
-    check_request(graph, micro_batch, seq_len, repeats, dtype, device)
-    assert graph is not None
     blocks = [n for n in graph.nodes if n.block is not None]
     torch.manual_seed(0)
     dt = DTYPES[dtype]

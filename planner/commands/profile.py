@@ -209,7 +209,7 @@ def model(o: Values) -> None:
     """Run a few real layers; record per-layer time and saved bytes beside the cost model's prediction."""
     from costmodel.compute import with_predicted_times
     from profiler.measure_compute import device_info, resolve_device, resolve_dtype
-    from profiler.measure_model import accelerator_for, check_request, layers_graph, measure_layers
+    from profiler.measure_model import accelerator_for, checked_graph, measure_layers
     from profiler.models import resolve_config
     from profiler.profile_schema import Profile, load_profile
 
@@ -224,13 +224,11 @@ def model(o: Values) -> None:
     if calib is not None:
         calib.check_kind("gpu" if dev.type == "cuda" else "cpu", f"--device {device}")
     base = _base(output, o.merge, "gpu" if dev.type == "cuda" else "cpu")
-    graph = layers_graph(cfg, layers, seq_len) if seq_len >= 1 else None
     acc = accelerator_for(dev, o.accelerator)  # before measuring
-    check_request(graph, micro_batch, seq_len, o.repeats, dtype, dev)  # refused before the busy-host warning
+    graph = checked_graph(cfg, layers, micro_batch, seq_len, o.repeats, dtype, dev)  # refused before the warning
     load = _warn_if_busy(dev.type == "cpu")
     rows = measure_layers(cfg, dev, layers=layers, micro_batch=micro_batch, seq_len=seq_len, dtype=dtype,
                           repeats=o.repeats, model_name=model_name)
-    assert graph is not None  # check_request refused a missing one
     rows = with_predicted_times(rows, graph, acc, calib)
     _write(Profile(device=device_info(dev, load), model=rows), base, output)
     if o.as_json:
