@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.reprice import recorded_graph, reprice, units_of
-from planner.trainers.exporting import Exported, Loss, change_lines, normalize
+from planner.trainers.exporting import EXPORT_TITLE, Exported, Loss, change_lines, normalize
 from planner.trainers.reading import INPUTS_TAG, ConfigError, Context, read_inputs
 from profiler.graph import LayerGraph
 from vocab.arguments import typed
@@ -234,7 +234,7 @@ def read_config(path: str | Path, trainer: str | None = None, model: str | None 
 def _release_named(text: str, key: str) -> str:
     """The importer of the release an export's header names (``shardplan export for megatron-core 0.19.2``)
     among those of ``key``'s folder; ``key`` where the header names none of them."""
-    m = re.search(r"^# shardplan export for (.+)$", text, re.MULTILINE)
+    m = re.search(rf"^# {re.escape(EXPORT_TITLE)}(.+)$", text, re.MULTILINE)
     if m is None:
         return key
     same = [n for n in IMPORTERS if PACKAGES[n] == PACKAGES[key] and by_exporter(n).label == m.group(1).strip()]

@@ -476,12 +476,16 @@ def change_lines(plan: Plan, s: Strategy, units: list[str]) -> list[str]:
     return [describe_diff(d) for d in diff_strategies(plan.strategy, s, units)]
 
 
+#: the first line of an export's header, before the release it was written for (``import`` reads it back)
+EXPORT_TITLE = "shardplan export for "
+
+
 def header(plan: Plan, version: str, losses: list[Loss], cost: str = "", comment: str = "#") -> str:
     """Comment lines naming the tool version, the plan, and what the export does not keep. Each line
     is one comment line: what is not printable on one line is written escaped
     (:func:`vocab.names.escape_unprintable`), so no document string can end a comment."""
     c, w, pr = plan.inputs.cluster, plan.inputs.workload, plan.predicted
-    lines = [f"shardplan export for {version}",
+    lines = [f"{EXPORT_TITLE}{version}",
              f"{plan.inputs.model} on {c.world_size}x {c.accelerator} ({c.nodes} nodes x {c.gpus_per_node}), "
              f"seq_len {w.seq_len}, global batch {w.global_batch}, {w.precision}",
              f"plan: predicted {pr.step_time_s:.4g} s/step, {pr.memory_peak_gib:.1f} GiB peak per GPU",
